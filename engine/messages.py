@@ -1,0 +1,245 @@
+"""What crosses the queue between the GUI (or CLI) and the engine thread.
+
+Only frozen dataclasses of text and numbers live here: no tensors, no Qt objects.
+Requests travel into the engine thread; events travel out of it. This module is
+imported on every thread and imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+Role = Literal["system", "user", "assistant"]
+FinishReason = Literal["eos", "stop_string", "max_tokens", "context_full", "cancelled", "error"]
+OverflowPolicy = Literal["drop_oldest", "stop"]
+EngineState = Literal["idle", "fetching", "loading", "ready", "generating", "error"]
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One turn of a conversation as the model sees it."""
+
+    role: Role
+    content: str
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen. ``temperature == 0`` means greedy."""
+
+    temperature: float = 0.7
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repetition_penalty: float = 1.1
+    max_new_tokens: int = 512
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+GREEDY = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0)
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to load a model: ``device`` auto|cpu|cuda, ``precision`` auto|fp32|bf16|fp16|int8|nf4."""
+
+    device: str = "auto"
+    precision: str = "auto"
+    context_length: int | None = None
+
+
+# ---------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class LoadModel:
+    """Load ``path`` ("default" for the built-in model, a folder or a .gguf file)."""
+
+    request_id: str
+    path: str
+    options: LoadOptions = LoadOptions()
+
+
+@dataclass(frozen=True)
+class Generate:
+    """Reply to the last user message of ``messages`` in conversation ``conversation_id``."""
+
+    request_id: str
+    conversation_id: str
+    messages: tuple[ChatMessage, ...]
+    sampling: SamplingParams = SamplingParams()
+    overflow: OverflowPolicy = "drop_oldest"
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Stop the request ``request_id`` (a generation or a load) as soon as possible."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class ForgetConversation:
+    """Release the KV cache kept for a conversation (it was deleted)."""
+
+    conversation_id: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Stop the engine thread after the request in progress."""
+
+
+Request = Union[LoadModel, Generate, Cancel, ForgetConversation, Shutdown]
+
+
+# ---------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """Memory figures at one moment, in bytes. ``device`` is "cuda" or "cpu"."""
+
+    device: str = "cpu"
+    weight_bytes: int = 0
+    kv_bytes_conversation: int = 0
+    kv_bytes_total: int = 0
+    device_used_bytes: int = 0
+    device_free_bytes: int = 0
+    device_total_bytes: int = 0
+    process_rss_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class StatusChanged:
+    """What the engine is doing now, with a human-readable detail."""
+
+    state: EngineState
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class FetchProgress:
+    """Download progress of the default model."""
+
+    done_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class LoadProgress:
+    """Progress of loading a model; ``unit`` says what ``done``/``total`` count."""
+
+    request_id: str
+    done: int
+    total: int
+    unit: str = "tensors"
+
+
+@dataclass(frozen=True)
+class ModelLoaded:
+    request_id: str
+    name: str
+    path: str
+    device: str
+    precision: str
+    context_length: int
+    load_s: float
+    memory: MemoryStats = MemoryStats()
+
+
+@dataclass(frozen=True)
+class LoadFailed:
+    """A model could not be loaded; ``message`` says what, where, and what to do."""
+
+    request_id: str
+    message: str
+
+
+@dataclass(frozen=True)
+class PrefillDone:
+    """The prompt is in the KV cache; sent just before the first token."""
+
+    request_id: str
+    tokenize_ms: float
+    prompt_tokens: int
+    reused_tokens: int
+    prefill_ms: float
+    context_length: int
+    dropped_turns: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenStreamed:
+    """New reply text. ``text`` may hold several tokens' worth, or none (a split character)."""
+
+    request_id: str
+    text: str
+    tokens_generated: int
+    decode_tok_s: float
+    timestamp: float
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """Everything measured for one reply."""
+
+    tokenize_ms: float = 0.0
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    prefill_ms: float = 0.0
+    ttft_ms: float = 0.0
+    decode_ms: float = 0.0
+    decode_tok_s: float = 0.0
+    tokens_generated: int = 0
+    finish_reason: FinishReason = "eos"
+    context_length: int = 0
+    dropped_turns: tuple[int, ...] = ()
+    memory: MemoryStats = field(default_factory=MemoryStats)
+    started_at: float = 0.0
+    finished_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class ReplyFinished:
+    """The reply is complete; ``text`` is all of it."""
+
+    request_id: str
+    text: str
+    stats: RequestStats
+
+
+@dataclass(frozen=True)
+class ReplyFailed:
+    """The reply broke off; ``partial_text`` is what was produced before."""
+
+    request_id: str
+    message: str
+    partial_text: str = ""
+
+
+@dataclass(frozen=True)
+class EngineError:
+    """Something failed outside any single request."""
+
+    message: str
+
+
+Event = Union[
+    StatusChanged,
+    FetchProgress,
+    LoadProgress,
+    ModelLoaded,
+    LoadFailed,
+    PrefillDone,
+    TokenStreamed,
+    ReplyFinished,
+    ReplyFailed,
+    EngineError,
+]
