@@ -225,6 +225,14 @@ class ReplyFailed:
 
 
 @dataclass(frozen=True)
+class MemorySampled:
+    """A periodic memory reading (about once a second while the engine is busy or loaded)."""
+
+    memory: MemoryStats
+    timestamp: float
+
+
+@dataclass(frozen=True)
 class EngineError:
     """Something failed outside any single request."""
 
@@ -241,5 +249,6 @@ Event = Union[
     TokenStreamed,
     ReplyFinished,
     ReplyFailed,
+    MemorySampled,
     EngineError,
 ]
