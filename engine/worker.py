@@ -17,12 +17,17 @@ from typing import Callable, Protocol
 from engine.messages import Cancel, EngineError, Event, Request, Shutdown
 
 EventSink = Callable[[Event], None]
+IDLE_TICK_S = 1.0
 
 
 class Runtime(Protocol):
     """What the engine thread drives: one request at a time, on the engine thread."""
 
     def handle(self, request: Request) -> None: ...
+
+    def idle(self) -> None:
+        """Called about once a second while no request is waiting (for periodic readings)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -44,11 +49,14 @@ class CancelWatch:
         self._drain()
         return self._shutting_down or request_id in self._cancelled
 
-    def next_request(self) -> Request:
-        """The next request to handle: a deferred one first, else wait on the inbox."""
+    def next_request(self, timeout: float | None = None) -> Request | None:
+        """The next request: a deferred one first, else wait on the inbox (``None`` after ``timeout``)."""
         if self._deferred:
             return self._deferred.popleft()
-        request = self._inbox.get()
+        try:
+            request = self._inbox.get(timeout=timeout)
+        except queue.Empty:
+            return None
         if isinstance(request, Cancel):
             self._cancelled.add(request.request_id)
         return request
@@ -118,7 +126,10 @@ class EngineThread:
 
     def _serve(self, runtime: Runtime) -> None:
         while True:
-            request = self._watch.next_request()
+            request = self._watch.next_request(timeout=IDLE_TICK_S)
+            if request is None:
+                runtime.idle()
+                continue
             if isinstance(request, Shutdown):
                 return
             if isinstance(request, Cancel):
