@@ -32,7 +32,7 @@ class SamplingParams:
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
-    repetition_penalty: float = 1.1
+    repetition_penalty: float = 1.0
     max_new_tokens: int = 512
     seed: int | None = None
     stop: tuple[str, ...] = ()

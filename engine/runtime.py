@@ -32,7 +32,7 @@ from engine.messages import (
     StatusChanged,
     TokenStreamed,
 )
-from engine.model_source import ModelOpenError, open_model
+from engine.model_open import ModelOpenError, open_model
 from engine.prompt import ContextOverflow, PromptPlan, plan_prompt, reply_budget
 from engine.worker import CancelWatch, EventSink
 
