@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from app.storage.errors import DamagedDatabaseError, StorageError, describe, is_damage
-from app.storage.schema import migrate
+from app.storage.schema import check_version, migrate
 from engine import paths
 
 DATABASE_NAME = "hearth.sqlite3"
@@ -36,6 +36,8 @@ def connect(path: Path) -> sqlite3.Connection:
     except sqlite3.Error as error:
         raise StorageError(f"Could not open the conversation database {path}: {describe(error)}.") from error
     try:
+        connection.execute("SELECT count(*) FROM sqlite_master").fetchone()  # reads the schema: finds damage now
+        check_version(connection)  # before anything is written, even the journal mode
         _configure(connection)
         migrate(connection)
     except sqlite3.Error as error:
@@ -59,7 +61,6 @@ def _configure(connection: sqlite3.Connection) -> None:
         raise StorageError(f"The database could not switch to write-ahead logging (mode is {mode}).")
     connection.execute("PRAGMA synchronous = NORMAL")
     connection.execute("PRAGMA foreign_keys = ON")
-    connection.execute("SELECT count(*) FROM sqlite_master").fetchone()  # reads the schema: finds damage now
 
 
 def set_aside(path: Path) -> Path:

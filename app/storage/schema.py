@@ -57,11 +57,8 @@ def schema_version(connection: sqlite3.Connection) -> int:
     return int(connection.execute("PRAGMA user_version").fetchone()[0])
 
 
-def migrate(connection: sqlite3.Connection) -> None:
-    """Bring the database to ``SCHEMA_VERSION``, one committed step per migration.
-
-    Raises ``NewerDatabaseError`` (and changes nothing) when the file is from a newer Hearth.
-    """
+def check_version(connection: sqlite3.Connection) -> int:
+    """The file's schema version; ``NewerDatabaseError`` when it is from a newer Hearth. Writes nothing."""
     version = schema_version(connection)
     if version > SCHEMA_VERSION:
         raise NewerDatabaseError(
@@ -69,6 +66,12 @@ def migrate(connection: sqlite3.Connection) -> None:
             f"versions up to {SCHEMA_VERSION}. It was written by a newer Hearth: update Hearth to "
             "open it. The file was left unchanged."
         )
+    return version
+
+
+def migrate(connection: sqlite3.Connection) -> None:
+    """Bring the database to ``SCHEMA_VERSION``, one committed step per migration."""
+    version = check_version(connection)
     for target in range(version + 1, SCHEMA_VERSION + 1):
         connection.execute("BEGIN IMMEDIATE")
         try:
