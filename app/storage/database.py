@@ -19,6 +19,7 @@ from engine import paths
 
 DATABASE_NAME = "hearth.sqlite3"
 _COMPANION_SUFFIXES = ("-wal", "-shm")
+_LOCK_TIMEOUT_S = 1.0
 
 
 def default_database_path() -> Path:
@@ -32,20 +33,19 @@ def connect(path: Path) -> sqlite3.Connection:
     ``NewerDatabaseError`` for one from a newer Hearth, ``StorageError`` for anything else.
     """
     try:
-        connection = sqlite3.connect(path, isolation_level=None)
+        # A short lock timeout: this runs on the GUI thread, and a lock held for long means a second Hearth.
+        connection = sqlite3.connect(path, isolation_level=None, timeout=_LOCK_TIMEOUT_S)
     except sqlite3.Error as error:
         raise StorageError(f"Could not open the conversation database {path}: {describe(error)}.") from error
     try:
-        connection.execute("SELECT count(*) FROM sqlite_master").fetchone()  # reads the schema: finds damage now
+        connection.execute("SELECT count(*) FROM sqlite_master").fetchone()  # reads the schema: finds damage
         check_version(connection)  # before anything is written, even the journal mode
         _configure(connection)
         migrate(connection)
     except sqlite3.Error as error:
         connection.close()
         if is_damage(error):
-            raise DamagedDatabaseError(
-                f"The conversation database {path} is damaged ({error}). It was left as it is.", path
-            ) from error
+            raise DamagedDatabaseError(path, str(error)) from error
         raise StorageError(f"Could not open the conversation database {path}: {describe(error)}.") from error
     except BaseException:
         connection.close()

@@ -23,9 +23,10 @@ class NotFoundError(StorageError):
 class DamagedDatabaseError(StorageError):
     """The database file is not a usable SQLite database. The file itself is left untouched."""
 
-    def __init__(self, message: str, path: Path) -> None:
-        super().__init__(message)
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"The conversation database {path} is damaged ({reason}). It was left as it is.")
         self.path = path
+        self.reason = reason
 
 
 class NewerDatabaseError(StorageError):

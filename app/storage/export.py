@@ -24,7 +24,7 @@ def export_markdown(conversation: Conversation) -> str:
 
 
 def _message_markdown(message: Message) -> list[str]:
-    heading = f"## {_ROLE_HEADINGS.get(message.role, message.role)}"
+    heading = f"## {_ROLE_HEADINGS[message.role]}"
     note = _STATE_NOTES.get(message.state)
     lines = [heading, "", message.content]
     if note:

@@ -23,7 +23,9 @@ class ReplyRecorder:
     attempt comes a full interval later (not on every token).
     """
 
-    def __init__(self, store: ChatStore, message_id: str, now: float, interval_s: float = CHECKPOINT_INTERVAL_S) -> None:
+    def __init__(
+        self, store: ChatStore, message_id: str, now: float, interval_s: float = CHECKPOINT_INTERVAL_S
+    ) -> None:
         self.message_id = message_id
         self._store = store
         self._interval_s = interval_s

@@ -35,7 +35,7 @@ from app.storage.settings import SamplingSettings
 from engine.messages import RequestStats, Role
 
 Clock = Callable[[], float]
-_LIVE_ORDER = "WHERE deleted_at IS NULL ORDER BY updated_at DESC, rowid DESC"
+_NEWEST_FIRST = "ORDER BY updated_at DESC, rowid DESC"
 
 
 class ChatStore:
@@ -52,7 +52,9 @@ class ChatStore:
         return cls(database.connect(path or database.default_database_path()), clock)
 
     @classmethod
-    def open_or_start_fresh(cls, path: Path | None = None, clock: Clock = time.time) -> tuple[ChatStore, str | None]:
+    def open_or_start_fresh(
+        cls, path: Path | None = None, clock: Clock = time.time
+    ) -> tuple[ChatStore, str | None]:
         """Open the database; if it is damaged, move it aside and start an empty one.
 
         Returns the store and, when the damaged file was moved aside, a notice for the user.
@@ -63,8 +65,10 @@ class ChatStore:
             return cls.open(path, clock), None
         except DamagedDatabaseError as error:
             kept = database.set_aside(path)
-            notice = (f"{error} It was kept as {kept} (nothing was deleted) and a new, empty "
-                      "conversation database was started.")
+            notice = (
+                f"The conversation database was damaged ({error.reason}) and could not be opened. "
+                f"It was kept as {kept} (nothing was deleted) and a new, empty one was started."
+            )
             return cls.open(path, clock), notice
 
     def close(self) -> None:
@@ -96,12 +100,14 @@ class ChatStore:
                 " system_prompt, sampling_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (conversation_id, clean_title, bool(clean_title), now, now, system_prompt, _sampling_json(sampling)),
             )
-        return Conversation(conversation_id, clean_title, bool(clean_title), now, now, system_prompt, sampling, None, ())
+        return Conversation(
+            conversation_id, clean_title, bool(clean_title), now, now, system_prompt, sampling, None, ()
+        )
 
     def list_conversations(self) -> list[ConversationSummary]:
         """Conversations not deleted, most recently updated first."""
         with reading("the conversation list"):
-            rows = self._db.execute(f"SELECT * FROM conversations {_LIVE_ORDER}").fetchall()
+            rows = self._db.execute(f"SELECT * FROM conversations WHERE deleted_at IS NULL {_NEWEST_FIRST}").fetchall()
         return [summary_from_row(row) for row in rows]
 
     def search(self, text: str) -> list[ConversationSummary]:
@@ -110,7 +116,7 @@ class ChatStore:
         query = (
             "SELECT * FROM conversations c WHERE deleted_at IS NULL AND (title LIKE :p ESCAPE '\\'"
             " OR EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id AND m.content LIKE :p ESCAPE '\\'))"
-            " ORDER BY updated_at DESC, rowid DESC"
+            f" {_NEWEST_FIRST}"
         )
         with reading("the search results"):
             rows = self._db.execute(query, {"p": pattern}).fetchall()

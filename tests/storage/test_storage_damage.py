@@ -44,7 +44,8 @@ def test_unknown_state_or_wrongly_typed_sampling_is_reported(store: ChatStore, d
     conversation = store.create_conversation()
     message = store.add_user_message(conversation.id, "hi")
     _raw_update(db_path, "UPDATE messages SET state = 'thinking' WHERE id = ?", message.id)
-    _raw_update(db_path, """UPDATE conversations SET sampling_json = '{"top_k": "many"}' WHERE id = ?""", conversation.id)
+    bad_sampling = """UPDATE conversations SET sampling_json = '{"top_k": "many"}' WHERE id = ?"""
+    _raw_update(db_path, bad_sampling, conversation.id)
 
     loaded = store.load_conversation(conversation.id)
 
@@ -56,7 +57,7 @@ def test_unknown_state_or_wrongly_typed_sampling_is_reported(store: ChatStore, d
 def test_garbage_file_is_refused_and_left_untouched(db_path: Path) -> None:
     db_path.write_bytes(GARBAGE)
 
-    with pytest.raises(DamagedDatabaseError, match="is damaged") as caught:
+    with pytest.raises(DamagedDatabaseError, match="is damaged .*not a database") as caught:
         ChatStore.open(db_path)
 
     assert caught.value.path == db_path
@@ -124,7 +125,8 @@ def test_read_only_database_gives_a_clear_error_and_keeps_what_was_saved(store: 
     # SQLite's read-only mode, which fails writes with SQLITE_READONLY as a read-only folder does.
     read_only = ChatStore(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, isolation_level=None))
 
-    with pytest.raises(StorageError, match="Could not save your message: the data folder or database file is read-only"):
+    expected = "Could not save your message: the data folder or database file is read-only"
+    with pytest.raises(StorageError, match=expected):
         read_only.add_user_message(conversation.id, "lost?")
     assert [m.content for m in read_only.load_conversation(conversation.id).messages] == ["kept"]
     read_only.close()

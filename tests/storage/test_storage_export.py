@@ -11,7 +11,8 @@ from engine.messages import RequestStats
 def _conversation(store: ChatStore):
     conversation = store.create_conversation(system_prompt="Answer in haiku.", sampling=SamplingSettings(top_k=7))
     store.add_user_message(conversation.id, "Describe rain in Zürich")
-    store.finish_reply(store.begin_reply(conversation.id), "Grey sky **softly** falls", stats=RequestStats(prompt_tokens=4))
+    reply = store.begin_reply(conversation.id)
+    store.finish_reply(reply, "Grey sky **softly** falls", stats=RequestStats(prompt_tokens=4))
     store.add_user_message(conversation.id, "Again")
     store.finish_reply(store.begin_reply(conversation.id), "Grey", state="interrupted")
     return store.load_conversation(conversation.id)
