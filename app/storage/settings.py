@@ -1,0 +1,210 @@
+"""Global settings in ``data_dir()/settings.json``: load with fallbacks, save atomically (GUI thread).
+
+A settings file that cannot be read is never overwritten blindly: it is copied aside as
+``settings.json.damaged-<YYYYmmdd-HHMMSS>``, the values that could be read are kept, the others
+fall back to their defaults, and ``LoadedSettings.notice`` says so. Keys Hearth does not know
+are ignored (and dropped on the next save).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from app.storage.errors import StorageError
+from engine import paths
+from engine.messages import SamplingParams
+
+Theme = Literal["system", "light", "dark"]
+THEMES: tuple[str, ...] = ("system", "light", "dark")
+SETTINGS_NAME = "settings.json"
+RECENT_MODELS_LIMIT = 10
+_DEFAULTS = SamplingParams()
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """The user's sampling choices; the same fields and defaults as ``engine.messages.SamplingParams``."""
+
+    temperature: float = _DEFAULTS.temperature
+    top_p: float = _DEFAULTS.top_p
+    top_k: int = _DEFAULTS.top_k
+    min_p: float = _DEFAULTS.min_p
+    repetition_penalty: float = _DEFAULTS.repetition_penalty
+    max_new_tokens: int = _DEFAULTS.max_new_tokens
+    seed: int | None = _DEFAULTS.seed
+
+    def to_sampling_params(self) -> SamplingParams:
+        return SamplingParams(**asdict(self))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> SamplingSettings:
+        """Read what ``to_dict`` wrote; missing keys take defaults. Raises ValueError on a bad value."""
+        if not isinstance(data, dict):
+            raise ValueError("sampling settings are not a JSON object")
+        values = {f.name: _checked_number(f.name, data[f.name]) for f in fields(cls) if f.name in data}
+        return cls(**values)
+
+
+_INTEGER_FIELDS = frozenset({"top_k", "max_new_tokens", "seed"})
+
+
+def _checked_number(name: str, value: object) -> float | int | None:
+    if name == "seed" and value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, not {value!r}")
+    if name in _INTEGER_FIELDS:
+        if value != int(value):
+            raise ValueError(f"{name} must be a whole number, not {value!r}")
+        return int(value)
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Settings:
+    system_prompt: str = ""
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    theme: Theme = "system"
+    last_model_path: str | None = None
+    recent_models: tuple[str, ...] = ()
+
+    def with_recent_model(self, model_path: str) -> Settings:
+        """These settings with ``model_path`` as the last model, first in the recent list (no duplicates)."""
+        recent = (model_path, *(p for p in self.recent_models if p != model_path))
+        return replace(self, last_model_path=model_path, recent_models=recent[:RECENT_MODELS_LIMIT])
+
+
+@dataclass(frozen=True)
+class LoadedSettings:
+    """Settings as loaded, with a sentence for the user when the file could not be fully read."""
+
+    settings: Settings
+    notice: str | None = None
+
+
+def default_settings_path() -> Path:
+    return paths.data_dir() / SETTINGS_NAME
+
+
+def load_settings(path: Path | None = None) -> LoadedSettings:
+    """Read the settings file; a missing file gives the defaults without a notice."""
+    path = path or default_settings_path()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return LoadedSettings(Settings())
+    except (OSError, UnicodeDecodeError) as error:
+        return _damaged(path, Settings(), [f"the file could not be read ({error})"])
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return _damaged(path, Settings(), ["the file is not valid JSON"])
+    if not isinstance(data, dict):
+        return _damaged(path, Settings(), ["the file does not hold a settings object"])
+    settings, problems = _settings_from_dict(data)
+    return _damaged(path, settings, problems) if problems else LoadedSettings(settings)
+
+
+def _settings_from_dict(data: dict[str, Any]) -> tuple[Settings, list[str]]:
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    for name, read in _FIELD_READERS.items():
+        if name not in data:
+            continue
+        try:
+            values[name] = read(data[name])
+        except (ValueError, TypeError) as error:
+            problems.append(f"{name}: {error}")
+    return Settings(**values), problems
+
+
+def _read_text(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected text, not {value!r}")
+    return value
+
+
+def _read_optional_text(value: object) -> str | None:
+    return None if value is None else _read_text(value)
+
+
+def _read_theme(value: object) -> str:
+    if value not in THEMES:
+        raise ValueError(f"expected one of {', '.join(THEMES)}, not {value!r}")
+    return str(value)
+
+
+def _read_recent(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of paths, not {value!r}")
+    return tuple(_read_text(item) for item in value)[:RECENT_MODELS_LIMIT]
+
+
+_FIELD_READERS = {
+    "system_prompt": _read_text,
+    "sampling": SamplingSettings.from_dict,
+    "theme": _read_theme,
+    "last_model_path": _read_optional_text,
+    "recent_models": _read_recent,
+}
+
+
+def _damaged(path: Path, settings: Settings, problems: list[str]) -> LoadedSettings:
+    kept = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        shutil.copy2(path, kept)
+        where = f"The damaged file was kept as {kept}."
+    except OSError as error:
+        where = f"The damaged file could not be copied aside ({error.strerror})."
+    notice = f"Some settings in {path} could not be read ({'; '.join(problems)}); defaults are used for them. {where}"
+    return LoadedSettings(settings, notice)
+
+
+def save_settings(settings: Settings, path: Path | None = None) -> None:
+    """Write the settings atomically: a temporary file, fsync, then rename over the old file.
+
+    Raises ``StorageError`` with a clear message when it cannot be written; the old file is then intact.
+    """
+    path = path or default_settings_path()
+    data = asdict(settings)
+    data["recent_models"] = list(settings.recent_models)
+    text = json.dumps(data, indent=2, ensure_ascii=False)
+    try:
+        _write_atomically(path, text)
+    except OSError as error:
+        raise StorageError(f"Could not save the settings to {path}: {error.strerror or error}.") from error
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(folder: Path) -> None:
+    # The rename itself is durable only once the folder's entry is on disk (POSIX; a no-op elsewhere).
+    if os.name != "posix":
+        return
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
