@@ -67,6 +67,24 @@ class MemoryEstimate:
     total_bytes: int
 
 
+# Names that config.json files of different model families use for the same size.
+HF_SHAPE_KEYS = {
+    "layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "hidden": ("hidden_size", "n_embd", "d_model"),
+    "heads": ("num_attention_heads", "n_head", "num_heads"),
+}
+
+
+def _required(config: Mapping[str, Any], names: tuple[str, ...], what: str) -> int:
+    for name in names:
+        if isinstance(config.get(name), int):
+            return config[name]
+    raise ModelFileError(
+        f"The model's config does not give its {what} ({' or '.join(names)}), "
+        f"so Hearth cannot estimate its memory use."
+    )
+
+
 def model_shape(config: Mapping[str, Any]) -> ModelShape:
     """Read the shape from an HF config (``num_hidden_layers``…) or a GGUF config (``block_count``…)."""
     if "block_count" in config:
@@ -78,12 +96,15 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
             vocab=config.get("vocab_size") or 0, intermediate=config.get("feed_forward_length") or 0,
             tied_embeddings=bool(config.get("tied_embeddings", True)),
         )
-    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    config = config.get("text_config") or config
+    hidden = _required(config, HF_SHAPE_KEYS["hidden"], "hidden size")
+    heads = _required(config, HF_SHAPE_KEYS["heads"], "number of attention heads")
     return ModelShape(
-        layers=config["num_hidden_layers"], hidden=hidden, heads=heads,
+        layers=_required(config, HF_SHAPE_KEYS["layers"], "number of layers"), hidden=hidden, heads=heads,
         kv_heads=config.get("num_key_value_heads") or heads,
         head_dim=config.get("head_dim") or hidden // heads,
-        vocab=config.get("vocab_size") or 0, intermediate=config.get("intermediate_size") or 0,
+        vocab=config.get("vocab_size") or 0,
+        intermediate=config.get("intermediate_size") or config.get("n_inner") or 4 * hidden,
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
     )
 

@@ -111,3 +111,15 @@ def test_real_default_model_fits_on_cpu(smollm2_gguf: Path) -> None:
     assert found.weight_bytes == 4 * source.n_params
     assert found.kv_bytes == 2 * 30 * 3 * 64 * 8192 * 4
     assert choose_precision(source, "cpu", 8192, available_bytes=8 * GIB) == "fp32"
+
+
+def test_gpt2_style_config_names_are_understood() -> None:
+    gpt2 = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257}
+    assert estimate_kv_bytes(gpt2, 1024, 4) == 2 * 12 * 12 * 64 * 1024 * 4
+
+
+def test_config_without_a_shape_cannot_be_estimated() -> None:
+    from engine.model_source import ModelFileError
+
+    with pytest.raises(ModelFileError, match="does not give its hidden size"):
+        estimate_kv_bytes({"model_type": "mystery"}, 1024, 2)
