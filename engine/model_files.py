@@ -27,6 +27,16 @@ NOT_TEXT_GENERATORS = {"general", "tokenizer", "t5", "umt5"}
 def inspect_model(path: str | Path) -> ModelSource:
     """Check ``path`` (a Hugging Face model folder or a .gguf file) without loading it."""
     path = Path(path).expanduser()
+    try:
+        return _inspect_path(path)
+    except OSError as error:
+        raise ModelFileError(
+            f"Hearth could not read {error.filename or path}: {error.strerror or error}. "
+            f"Check that the file is readable by you and the disk is working."
+        ) from None
+
+
+def _inspect_path(path: Path) -> ModelSource:
     if not path.exists():
         raise ModelFileError(f"{path} does not exist. Pick a model folder or a .gguf file that is there.")
     if path.is_dir():

@@ -166,3 +166,14 @@ def test_tokenizer_config_that_is_not_json(hf_copy: Callable[[], Path]) -> None:
     folder = hf_copy()
     (folder / "tokenizer_config.json").write_text("{")
     assert "tokenizer_config.json is not valid JSON" in refusal(folder)
+
+
+def test_unreadable_file_is_explained(tiny_gguf: Callable[..., Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tiny_gguf()
+
+    def denied(self: Path, *args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "open", denied)
+    message = refusal(path)
+    assert f"could not read {path}: Permission denied" in message
