@@ -1,0 +1,46 @@
+"""What Hearth knows about a model file before loading it (any thread).
+
+``ModelSource`` is the result of inspecting a model folder or GGUF file; it holds
+plain data only, so it may be logged, compared in tests, or summarised in a
+``ModelLoaded`` event. ``ModelFileError`` is raised for every file that Hearth
+refuses; its message says what is wrong, in which file, and what to do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+SourceKind = Literal["hf_folder", "gguf"]
+
+
+class ModelFileError(Exception):
+    """A model file or folder that Hearth will not load; ``str(error)`` is for the user."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A checked model: nothing in it has been executed or loaded into memory.
+
+    ``config`` is the parsed config.json for ``hf_folder``; for ``gguf`` it holds the
+    architecture metadata (see ``engine.gguf_check.GGUF_CONFIG_KEYS``).
+    ``n_params`` counts weight elements read from the safetensors headers or the
+    GGUF tensor table. ``chat_template_source`` is the template text, and
+    ``chat_template_origin`` names where it came from (for error messages).
+    """
+
+    kind: SourceKind
+    path: Path
+    name: str
+    config: dict[str, Any]
+    weight_files: tuple[Path, ...]
+    total_weight_bytes: int
+    n_params: int
+    chat_template_source: str | None = None
+    chat_template_origin: str | None = None
+    notes: tuple[str, ...] = field(default=())
