@@ -14,7 +14,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from engine.backend import Backend, HFBackend
-from engine.messages import ChatMessage, LoadOptions
+from engine.chat_template import ChatTemplate
+from engine.messages import ChatMessage
 
 Progress = Callable[[int, int], None]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -40,11 +41,14 @@ class LoadedModel:
     weight_bytes: int
     eos_ids: frozenset[int]
     load_s: float
+    template: ChatTemplate
+    notices: tuple[str, ...] = ()
 
     def render(self, messages: Sequence[ChatMessage]) -> str:
-        """The chat as prompt text, ending where the assistant's reply begins."""
-        turns = [{"role": m.role, "content": m.content} for m in messages]
-        return self.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        """The chat as prompt text, ending where the assistant's reply begins (sandboxed template)."""
+        bos = self.tokenizer.bos_token or ""
+        eos = self.tokenizer.eos_token or ""
+        return self.template.render(messages, add_generation_prompt=True, bos_token=bos, eos_token=eos)
 
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -58,43 +62,42 @@ def resolve_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
-def resolve_precision(requested: str, device: torch.device) -> str:
-    """``auto``: bf16 on a GPU, fp32 on the CPU (exact, and fast for small models)."""
-    if requested != "auto":
-        return requested
-    return "bf16" if device.type == "cuda" else "fp32"
+@dataclass(frozen=True)
+class LoadPlan:
+    """What to load and how, decided before any weight is read."""
+
+    folder: Path
+    name: str
+    device: torch.device
+    precision: str
+    context_length: int
+    template: ChatTemplate
+    notices: tuple[str, ...] = ()
 
 
-def load_model(
-    folder: Path,
-    name: str,
-    options: LoadOptions,
-    progress: Progress,
-    is_cancelled: Callable[[], bool],
-) -> LoadedModel:
-    """Load the Hugging Face folder ``folder`` (already checked for safety)."""
+def load_model(plan: LoadPlan, progress: Progress, is_cancelled: Callable[[], bool]) -> LoadedModel:
+    """Load the Hugging Face folder of ``plan`` (already inspected and found safe)."""
     started = time.perf_counter()
-    device = resolve_device(options.device)
-    precision = resolve_precision(options.precision, device)
     steps = 3
     progress(0, steps)
-    tokenizer = _load_tokenizer(folder)
+    tokenizer = _load_tokenizer(plan.folder)
     _checkpoint(is_cancelled, progress, 1, steps)
-    model = _load_weights(folder, device, precision)
+    model = _load_weights(plan.folder, plan.device, plan.precision)
     _checkpoint(is_cancelled, progress, 2, steps)
-    context_length = _context_length(model.config, options.context_length)
     loaded = LoadedModel(
-        name=name,
-        path=str(folder),
+        name=plan.name,
+        path=str(plan.folder),
         model=model,
         tokenizer=tokenizer,
         backend=HFBackend(model),
-        device=device.type,
-        precision=precision,
-        context_length=context_length,
+        device=plan.device.type,
+        precision=plan.precision,
+        context_length=plan.context_length,
         weight_bytes=weight_bytes(model),
         eos_ids=_eos_ids(model, tokenizer),
         load_s=time.perf_counter() - started,
+        template=plan.template,
+        notices=plan.notices,
     )
     progress(steps, steps)
     return loaded
@@ -115,7 +118,7 @@ def _load_tokenizer(folder: Path) -> Any:
 def _load_weights(folder: Path, device: torch.device, precision: str) -> Any:
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"trust_remote_code": False}
+    kwargs: dict[str, Any] = {"trust_remote_code": False, "use_safetensors": True}
     if precision in QUANTIZED:
         kwargs["quantization_config"] = _bnb_config(precision)
         kwargs["dtype"] = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -134,11 +137,6 @@ def _bnb_config(precision: str) -> Any:
     if precision == "int8":
         return BitsAndBytesConfig(load_in_8bit=True)
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
-
-
-def _context_length(config: Any, requested: int | None) -> int:
-    native = getattr(config, "max_position_embeddings", None) or 2048
-    return min(requested, native) if requested else native
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:

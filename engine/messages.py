@@ -152,6 +152,7 @@ class ModelLoaded:
     context_length: int
     load_s: float
     memory: MemoryStats = MemoryStats()
+    notices: tuple[str, ...] = ()  # things the user should know (e.g. "no chat template: using a plain one")
 
 
 @dataclass(frozen=True)

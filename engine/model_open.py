@@ -1,23 +1,27 @@
 """From what the user picked to a loaded model (engine thread).
 
-"default" is fetched first if needed; a GGUF file is converted once into a cached
-folder; then the folder is loaded. Every failure becomes a ``ModelOpenError`` whose
-message says what is wrong, where, and what to do.
+"default" is fetched first if needed. Every path is inspected before anything is
+allocated (``model_files``): a file Hearth refuses raises ``ModelFileError`` with a
+message for the user. Then the memory estimate picks or checks the precision, a
+GGUF file is converted once into a cached folder, and the folder is loaded.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from engine import default_model, gguf_convert
-from engine.loading import LoadedModel, Progress, load_model
+from engine.chat_template import ChatTemplate
+from engine.gguf_check import explain_gguf_errors
+from engine.loading import LoadedModel, LoadPlan, Progress, load_model, resolve_device
+from engine.memory_estimate import NotEnoughMemoryError, available_memory, choose_precision, estimate, fit_verdict
 from engine.messages import FetchProgress, LoadOptions, StatusChanged
+from engine.model_files import inspect_model
+from engine.model_source import ModelFileError, ModelSource
 from engine.worker import EventSink
 
-
-class ModelOpenError(Exception):
-    """The model cannot be opened; the message is meant for the user."""
+DEFAULT_CONTEXT = 2048
 
 
 def open_model(
@@ -28,12 +32,24 @@ def open_model(
     is_cancelled: Callable[[], bool],
 ) -> LoadedModel:
     path = _fetch_if_default(requested, emit, is_cancelled)
-    if not path.exists():
-        raise ModelOpenError(f"{path} does not exist. Pick a model folder or a .gguf file.")
-    name = path.stem if path.is_file() else path.name
-    folder = _as_folder(path, emit)
-    emit(StatusChanged("loading", f"Loading {name}…"))
-    return load_model(folder, name, options, progress, is_cancelled)
+    source = inspect_model(path)
+    device = resolve_device(options.device)
+    context_length = options.context_length or native_context(source.config)
+    precision = _pick_precision(source, device.type, options.precision, context_length)
+    folder = _as_folder(source, emit)
+    template = ChatTemplate.for_model(source)
+    emit(StatusChanged("loading", f"Loading {source.name} ({precision} on {device.type})…"))
+    plan = LoadPlan(folder, source.name, device, precision, context_length, template, _notices(source, template))
+    return load_model(plan, progress, is_cancelled)
+
+
+def native_context(config: dict[str, Any]) -> int:
+    """The context length the model was trained for (HF config or GGUF metadata)."""
+    for key in ("max_position_embeddings", "context_length", "n_positions", "max_seq_len"):
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return DEFAULT_CONTEXT
 
 
 def _fetch_if_default(requested: str, emit: EventSink, is_cancelled: Callable[[], bool]) -> Path:
@@ -45,14 +61,32 @@ def _fetch_if_default(requested: str, emit: EventSink, is_cancelled: Callable[[]
     try:
         return default_model.fetch_default_model(lambda done, total: emit(FetchProgress(done, total)), is_cancelled)
     except default_model.DefaultModelUnavailable as exc:
-        raise ModelOpenError(str(exc)) from exc
+        raise ModelFileError(str(exc)) from exc
 
 
-def _as_folder(path: Path, emit: EventSink) -> Path:
-    if path.is_dir():
-        return path
-    if path.suffix.lower() != ".gguf":
-        raise ModelOpenError(f"{path.name} is neither a model folder nor a .gguf file.")
-    if not gguf_convert.is_converted(gguf_convert.converted_dir_for(path)):
-        emit(StatusChanged("loading", f"Converting {path.name} (first time only)…"))
-    return gguf_convert.convert_gguf(path)
+def _pick_precision(source: ModelSource, device: str, requested: str, context_length: int) -> str:
+    """``auto`` takes the best precision that fits; an explicit one is refused if it cannot fit."""
+    if requested == "auto":
+        return choose_precision(source, device, context_length)
+    needed = estimate(source, requested, context_length)
+    available = available_memory(device)
+    if fit_verdict(needed.total_bytes, available) == "won't fit":
+        raise NotEnoughMemoryError(
+            f"{source.name} at {requested} needs about {needed.total_bytes / 1024**3:.2f} GiB on {device} "
+            f"(weights and a {context_length}-token KV cache), but only {available / 1024**3:.2f} GiB is free. "
+            "Pick a smaller precision, a shorter context, or close other programs."
+        )
+    return requested
+
+
+def _as_folder(source: ModelSource, emit: EventSink) -> Path:
+    if source.kind == "hf_folder":
+        return source.path
+    if not gguf_convert.is_converted(gguf_convert.converted_dir_for(source.path)):
+        emit(StatusChanged("loading", f"Converting {source.path.name} (first time only)…"))
+    with explain_gguf_errors(source.path):
+        return gguf_convert.convert_gguf(source.path)
+
+
+def _notices(source: ModelSource, template: ChatTemplate) -> tuple[str, ...]:
+    return source.notes + ((template.notice,) if template.notice else ())

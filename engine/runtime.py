@@ -8,7 +8,7 @@ loop (``generation``), and reports figures (``RequestStats``).
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from dataclasses import replace
 
 import torch
 
@@ -32,7 +32,8 @@ from engine.messages import (
     StatusChanged,
     TokenStreamed,
 )
-from engine.model_open import ModelOpenError, open_model
+from engine.model_open import open_model
+from engine.model_source import ModelFileError
 from engine.prompt import ContextOverflow, PromptPlan, plan_prompt, reply_budget
 from engine.worker import CancelWatch, EventSink
 
@@ -73,7 +74,7 @@ class ModelRuntime:
             self._emit(LoadFailed(request.request_id, "Loading was cancelled; the previous model stays."))
             self._emit_ready()
             return
-        except (ModelOpenError, OSError, RuntimeError, ValueError) as exc:
+        except (ModelFileError, OSError, RuntimeError, ValueError) as exc:
             self._emit(LoadFailed(request.request_id, str(exc)))
             self._emit_ready()
             return
@@ -82,7 +83,7 @@ class ModelRuntime:
         self._swap_in(loaded)
         self._emit(ModelLoaded(
             request.request_id, loaded.name, loaded.path, loaded.device, loaded.precision,
-            loaded.context_length, loaded.load_s, self._memory(""),
+            loaded.context_length, loaded.load_s, self._memory(""), loaded.notices,
         ))
         self._emit_ready()
 
@@ -109,7 +110,7 @@ class ModelRuntime:
         started = time.perf_counter()
         try:
             plan = self._plan(loaded, request)
-        except ContextOverflow as exc:
+        except (ContextOverflow, ModelFileError) as exc:  # ModelFileError: the chat template failed
             self._emit(ReplyFailed(request.request_id, str(exc)))
             return
         tokenize_ms = (time.perf_counter() - started) * 1000
@@ -117,8 +118,9 @@ class ModelRuntime:
         seq = caches.checkout(request.conversation_id)
         stream = _Stream(self._emit, request.request_id, plan, tokenize_ms, loaded.context_length)
         try:
+            sampling = replace(request.sampling, stop=request.sampling.stop + loaded.template.stop_strings)
             loop = DecodeLoop(
-                loaded.backend, loaded.tokenizer, request.sampling, loaded.eos_ids, loaded.context_length,
+                loaded.backend, loaded.tokenizer, sampling, loaded.eos_ids, loaded.context_length,
                 is_cancelled=lambda: self._watch.is_cancelled(request.request_id),
                 on_prefill=stream.prefilled,
                 on_text=stream.token,
