@@ -93,10 +93,10 @@ class PerformancePanel(QWidget):
 
     def on_event(self, event: Event) -> None:
         """Take one engine event; the labels catch up on the next timer tick."""
-        if not self.state.apply(event):
-            return
+        if not self.state.apply(event) or self._dirty:
+            return  # already dirty: the timer runs, or showEvent will start it
         self._dirty = True
-        if not self._timer.isActive() and self.isVisible():
+        if self.isVisible():
             self._timer.start()
 
     def value_text(self, key: str) -> str:
@@ -169,7 +169,9 @@ class PerformancePanel(QWidget):
         return box
 
     def _set(self, key: str, text: str) -> None:
-        self._values[key].setText(text)
+        label = self._values[key]
+        if label.text() != text:
+            label.setText(text)
 
     def _show_model(self) -> None:
         model = self.state.model

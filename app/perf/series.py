@@ -9,11 +9,10 @@ one (the chart cannot show them apart anyway), and points older than
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Point:
+class Point(NamedTuple):
     """One sample: engine-clock seconds, the value, and whether a new line starts here."""
 
     time: float

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from PySide6.QtCore import QPointF, QRectF, Qt
+from PySide6.QtCore import QLineF, QRectF, Qt
 from PySide6.QtGui import QBrush, QColor, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
@@ -201,11 +201,8 @@ class _TimelineBar(QWidget):
         tick_color = QColor(STAGE_COLORS["decode"])
         tick_color.setAlpha(170)
         painter.setPen(QPen(tick_color, 1))
-        for tick in layout.ticks:
-            if tick > span:
-                break
-            x = min(round(tick * scale), round(bar.right()))
-            painter.drawLine(QPointF(x, top), QPointF(x, top + self.TICK_HEIGHT))
+        columns = sorted({min(round(tick * scale), round(bar.right())) for tick in layout.ticks if tick <= span})
+        painter.drawLines([QLineF(x, top, x, top + self.TICK_HEIGHT) for x in columns])
 
 
 def _nowrap(text: str) -> str:
