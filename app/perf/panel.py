@@ -49,7 +49,9 @@ MEMORY_ROWS = (
     ("weights", "Model weights"),
     ("kv_conversation", "KV cache, this chat"),
     ("kv_total", "KV cache, all kept chats"),
-    ("device_memory", "Device memory"),
+    ("device_used", "Device memory used"),
+    ("device_free", "Device memory free"),
+    ("device_total", "Device memory total"),
     ("process_rss", "Process RSS"),
 )
 
@@ -59,11 +61,9 @@ def value_label_name(key: str) -> str:
     return f"{key}_value"
 
 
-def device_memory_text(memory: MemoryStats) -> str:
-    used = format_bytes(memory.device_used_bytes)
-    free = format_bytes(memory.device_free_bytes)
-    total = format_bytes(memory.device_total_bytes)
-    return f"{used} used / {free} free / {total} total"
+def device_kind(memory: MemoryStats) -> str:
+    """"GPU" when the engine measures a CUDA device, else "System" (it reports RAM)."""
+    return "GPU" if memory.device == "cuda" else "System"
 
 
 def dropped_turns_text(dropped_turns: tuple[int, ...]) -> str:
@@ -208,11 +208,14 @@ class PerformancePanel(QWidget):
             for key, _ in MEMORY_ROWS:
                 self._set(key, UNKNOWN)
             return
-        self._captions["device_memory"].setText("GPU memory" if memory.device == "cuda" else "System memory")
+        for part in ("used", "free", "total"):
+            self._captions[f"device_{part}"].setText(f"{device_kind(memory)} memory {part}")
         self._set("weights", format_bytes(memory.weight_bytes))
         self._set("kv_conversation", format_bytes(memory.kv_bytes_conversation))
         self._set("kv_total", format_bytes(memory.kv_bytes_total))
-        self._set("device_memory", device_memory_text(memory))
+        self._set("device_used", format_bytes(memory.device_used_bytes))
+        self._set("device_free", format_bytes(memory.device_free_bytes))
+        self._set("device_total", format_bytes(memory.device_total_bytes))
         self._set("process_rss", format_bytes(memory.process_rss_bytes))
 
     def _show_context(self) -> None:

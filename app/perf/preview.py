@@ -78,7 +78,8 @@ def render_preview(path: str, width: int = DEFAULT_WIDTH) -> None:
     for event in scripted_session():
         panel.on_event(event)
     panel.refresh()
-    panel.resize(width, panel.sizeHint().height())
+    height = panel.heightForWidth(width)
+    panel.resize(width, height if height > 0 else panel.sizeHint().height())
     if not panel.grab().save(path):
         raise OSError(f"could not write the preview image to {path}")
 

@@ -26,6 +26,7 @@ from engine.messages import (
 
 DECODE_WINDOW_S = 120.0
 MEMORY_WINDOW_S = 300.0
+CHART_POINTS = 400  # about one point per pixel of a docked chart; closer samples merge
 
 
 @dataclass
@@ -124,9 +125,9 @@ class PerfState:
         self.session = SessionPerf()
         self.memory: MemoryStats | None = None
         self.now: float | None = None
-        self.decode_speed = RollingSeries(DECODE_WINDOW_S, resolution_s=0.1)
-        self.device_used = RollingSeries(MEMORY_WINDOW_S, resolution_s=0.5)
-        self.process_rss = RollingSeries(MEMORY_WINDOW_S, resolution_s=0.5)
+        self.decode_speed = RollingSeries(DECODE_WINDOW_S, DECODE_WINDOW_S / CHART_POINTS)
+        self.device_used = RollingSeries(MEMORY_WINDOW_S, MEMORY_WINDOW_S / CHART_POINTS)
+        self.process_rss = RollingSeries(MEMORY_WINDOW_S, MEMORY_WINDOW_S / CHART_POINTS)
 
     def apply(self, event: Event) -> bool:
         handler = _HANDLERS.get(type(event))

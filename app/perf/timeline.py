@@ -10,7 +10,9 @@ measured prefill rate, capped at half the bar. It is a picture of work that was
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
+from typing import Sequence
 
 from PySide6.QtCore import QLineF, QRectF, Qt
 from PySide6.QtGui import QBrush, QColor, QPainter, QPaintEvent, QPen
@@ -46,16 +48,44 @@ class TimelineLayout:
     """Segments and one tick per streamed token, all on the same millisecond axis.
 
     ``first_token`` is where the first token lands (the end of prefill until the
-    engine reports the time to first token); the zoomed row ends there.
+    engine reports the time to first token); the zoomed row ends there. The
+    ticks are ``token_times`` (engine seconds) shifted so the first one sits
+    at ``first_token``; they are not copied, as a reply may stream thousands.
     """
 
     segments: tuple[Segment, ...]
-    ticks: tuple[float, ...]
     span: float
     first_token: float
+    token_times: Sequence[float]
 
     def segment(self, kind: str) -> Segment | None:
         return next((s for s in self.segments if s.kind == kind), None)
+
+    @property
+    def tick_count(self) -> int:
+        return len(self.token_times)
+
+    def tick_ms(self, index: int) -> float:
+        return self.first_token + (self.token_times[index] - self.token_times[0]) * 1000
+
+    def tick_columns(self, width: int, span: float) -> list[int]:
+        """The pixel columns (of ``width`` showing ``span`` ms) that hold at least one tick.
+
+        One binary search per column, so painting costs the same for ten tokens
+        or ten thousand.
+        """
+        times = self.token_times
+        if not times or span <= 0 or width <= 0:
+            return []
+        ms_per_px = span / width
+        columns, seen = [], 0
+        for x in range(width):
+            column_end_ms = (x + 0.5) * ms_per_px if x < width - 1 else span * (1 + 1e-9)
+            end = bisect.bisect_left(times, times[0] + (column_end_ms - self.first_token) / 1000, seen)
+            if end > seen:
+                columns.append(x)
+            seen = end
+        return columns
 
 
 def build_layout(reply: ReplyPerf) -> TimelineLayout:
@@ -65,12 +95,12 @@ def build_layout(reply: ReplyPerf) -> TimelineLayout:
     cached = Segment("cached", tokenize.end, cached_length)
     prefill = Segment("prefill", cached.end, reply.prefill_ms)
     first_token = prefill.end if reply.ttft_ms is None else reply.ttft_ms + cached_length
-    ticks = _tick_positions(reply.token_times, first_token)
-    decode_length = reply.decode_ms if reply.decode_ms is not None else _streamed_ms(ticks)
-    decode = Segment("decode", first_token, decode_length)
+    times = reply.token_times
+    streamed_ms = (times[-1] - times[0]) * 1000 if times else 0.0
+    decode = Segment("decode", first_token, streamed_ms if reply.decode_ms is None else reply.decode_ms)
     segments = (tokenize, cached, prefill, decode) if cached_length > 0 else (tokenize, prefill, decode)
-    span = max([decode.end, prefill.end, *ticks[-1:]])
-    return TimelineLayout(segments, tuple(ticks), span, first_token)
+    span = max(decode.end, prefill.end, first_token + streamed_ms)
+    return TimelineLayout(segments, span, first_token, times)
 
 
 def _cached_length(reply: ReplyPerf) -> float:
@@ -81,17 +111,6 @@ def _cached_length(reply: ReplyPerf) -> float:
         return CACHED_SHARE_WHEN_NO_RATE * max(real_work, 1.0)
     at_prefill_rate = reply.reused_tokens / reply.prefill_tok_s * 1000
     return min(at_prefill_rate, max(real_work, 1.0))
-
-
-def _tick_positions(token_times: list[float], first_tick: float) -> list[float]:
-    if not token_times:
-        return []
-    first_time = token_times[0]
-    return [first_tick + (time - first_time) * 1000 for time in token_times]
-
-
-def _streamed_ms(ticks: list[float]) -> float:
-    return ticks[-1] - ticks[0] if ticks else 0.0
 
 
 def to_pixels(layout: TimelineLayout, width: float, span: float) -> list[tuple[Segment, float, float]]:
@@ -196,22 +215,21 @@ class _TimelineBar(QWidget):
         painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, text)
 
     def _paint_ticks(self, painter: QPainter, layout: TimelineLayout, bar: QRectF, span: float) -> None:
-        scale = bar.width() / span
         top = bar.bottom() + 2
         tick_color = QColor(STAGE_COLORS["decode"])
         tick_color.setAlpha(170)
         painter.setPen(QPen(tick_color, 1))
-        columns = sorted({min(round(tick * scale), round(bar.right())) for tick in layout.ticks if tick <= span})
-        painter.drawLines([QLineF(x, top, x, top + self.TICK_HEIGHT) for x in columns])
+        columns = layout.tick_columns(round(bar.width()), span)
+        painter.drawLines([QLineF(x + 0.5, top, x + 0.5, top + self.TICK_HEIGHT) for x in columns])
 
 
 def _nowrap(text: str) -> str:
     return text.replace(" ", "&nbsp;")
 
 
-def _swatch(kind: str, text: str) -> str:
+def _swatch(kind: str, text: str, mark: str = "■") -> str:
     color = STAGE_COLORS[kind].name()
-    mark = "▨" if kind == "cached" else "■"
+    mark = "▨" if kind == "cached" else mark
     return f'<span style="color:{color}">{mark}</span>&nbsp;{_nowrap(text)}'
 
 
@@ -223,5 +241,5 @@ def _legend_html(reply: ReplyPerf) -> str:
     items.append(_swatch("prefill", prefill_text))
     decode_text = "decode running…" if reply.decode_ms is None else f"decode {format_ms(reply.decode_ms)}"
     items.append(_swatch("decode", decode_text))
-    items.append(_nowrap(f"│ {format_tokens(reply.tokens_generated)} streamed"))
+    items.append(_swatch("decode", f"{format_tokens(reply.tokens_generated)} streamed", mark="┃"))
     return " &nbsp; ".join(items)

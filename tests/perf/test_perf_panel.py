@@ -98,8 +98,10 @@ def test_labels_show_the_figures_the_engine_sent(panel, qtbot):
     assert label_text(panel, "kv_conversation") == format_bytes(stats.memory.kv_bytes_conversation)
     assert label_text(panel, "kv_total") == format_bytes(stats.memory.kv_bytes_total)
     assert label_text(panel, "weights") == "3.00 GiB"
-    assert label_text(panel, "device_memory") == f"{format_bytes(5 * GIB + 80)} used / 11.0 GiB free / 16.0 GiB total"
-    assert panel.findChild(QLabel, "device_memory_caption").text() == "GPU memory"
+    assert label_text(panel, "device_used") == format_bytes(5 * GIB + 80)
+    assert label_text(panel, "device_free") == "11.0 GiB"
+    assert label_text(panel, "device_total") == "16.0 GiB"
+    assert panel.findChild(QLabel, "device_used_caption").text() == "GPU memory used"
     assert panel.context_bar.format() == "780 / 8,192 tokens (10 %)"
     assert "TinyChat-1B" in panel.model_label.text()
 
@@ -195,8 +197,8 @@ def test_repainting_does_not_use_up_pythons_references_to_none(panel):
     engine = ScriptedEngine()
     feed(panel, engine.load() + reply_events(engine, "r1", 700, 560, 80))
     before = sys.getrefcount(None)
-    for _ in range(3):
+    for _ in range(20):
         panel.refresh()
         panel.repaint()
     lost = before - sys.getrefcount(None)
-    assert lost < 50, f"{lost} references to None lost in 3 refreshes: pin pyside6-essentials==6.11.3"
+    assert lost < 50, f"{lost} references to None lost in 20 refreshes: pin pyside6-essentials==6.11.3"

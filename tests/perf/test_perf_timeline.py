@@ -25,9 +25,18 @@ def test_segment_widths_are_proportional_to_stage_durations():
 
 def test_tokens_are_ticked_at_their_engine_times_from_the_first_token():
     layout = build_layout(finished_reply(reused=0))
-    assert layout.ticks[0] == pytest.approx(50.0)
-    assert layout.ticks[-1] == pytest.approx(550.0)
-    assert len(layout.ticks) == 11
+    assert layout.tick_ms(0) == pytest.approx(50.0)
+    assert layout.tick_ms(-1) == pytest.approx(550.0)
+    assert layout.tick_count == 11
+    assert layout.tick_columns(550, layout.span) == [50 + 50 * i for i in range(10)] + [549]
+    assert layout.tick_columns(55, layout.span) == [5 + 5 * i for i in range(10)] + [54]
+
+
+def test_ticks_closer_than_a_pixel_share_one_column():
+    reply = finished_reply(reused=0)
+    reply.token_times = [5.0 + i * 0.0001 for i in range(1000)]
+    layout = build_layout(reply)
+    assert len(layout.tick_columns(100, layout.span)) < 100
 
 
 def test_cached_part_is_as_wide_as_prefilling_it_would_have_taken():
