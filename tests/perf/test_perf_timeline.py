@@ -71,3 +71,9 @@ def test_no_cached_caption_without_reuse(qtbot):
     qtbot.addWidget(timeline)
     timeline.show_reply(finished_reply(reused=0))
     assert "cached" not in timeline.legend.text()
+
+
+def test_a_long_cached_history_takes_at_most_half_the_bar():
+    layout = build_layout(finished_reply(reused=1_000_000))
+    real_work = 10.0 + 40.0 + 500.0
+    assert layout.segment("cached").length == pytest.approx(real_work)
