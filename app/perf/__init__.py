@@ -1,0 +1,12 @@
+"""The live performance panel (View > Performance): figures, plots and a stage timeline.
+
+GUI thread only. The main window docks ``PerformanceDock`` and forwards every
+engine event to ``dock.panel.on_event``; ``PerfState`` is the Qt-free model
+behind it.
+"""
+
+from app.perf.dock import PerformanceDock
+from app.perf.panel import PerformancePanel
+from app.perf.state import PerfState
+
+__all__ = ["PerfState", "PerformanceDock", "PerformancePanel"]

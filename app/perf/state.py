@@ -1,0 +1,204 @@
+"""What the performance panel knows, built only from the engine's events.
+
+``PerfState.apply(event)`` folds one event into plain fields in O(1) time; it has
+no Qt and does no drawing, so it is cheap to call for every streamed token and
+easy to test. It runs on the GUI thread (the events arrive there from the
+engine client). The few derived figures (prefill tokens/s, session throughput,
+context in use) are simple arithmetic on figures the engine sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from app.perf.series import RollingSeries
+from engine.messages import (
+    Event,
+    MemorySampled,
+    MemoryStats,
+    ModelLoaded,
+    PrefillDone,
+    ReplyFailed,
+    ReplyFinished,
+    RequestStats,
+    TokenStreamed,
+)
+
+DECODE_WINDOW_S = 120.0
+MEMORY_WINDOW_S = 300.0
+CHART_POINTS = 400  # about one point per pixel of a docked chart; closer samples merge
+
+
+@dataclass
+class ModelInfo:
+    """The loaded model as the engine described it."""
+
+    name: str
+    device: str
+    precision: str
+    context_length: int
+
+
+@dataclass
+class ReplyPerf:
+    """Figures of the reply in progress, or of the last one once it finished."""
+
+    request_id: str
+    tokenize_ms: float = 0.0
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    prefill_ms: float = 0.0
+    context_length: int = 0
+    dropped_turns: tuple[int, ...] = ()
+    tokens_generated: int = 0
+    decode_tok_s: float | None = None
+    ttft_ms: float | None = None
+    decode_ms: float | None = None
+    finish_reason: str | None = None
+    failure: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def new_tokens(self) -> int:
+        """Prompt tokens that had to be prefilled (not found in the cache)."""
+        return self.prompt_tokens - self.reused_tokens
+
+    @property
+    def prefill_tok_s(self) -> float | None:
+        if self.prefill_ms <= 0 or self.new_tokens <= 0:
+            return None
+        return self.new_tokens / (self.prefill_ms / 1000)
+
+    @property
+    def context_in_use(self) -> int:
+        return self.prompt_tokens + self.tokens_generated
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def take_stats(self, stats: RequestStats) -> None:
+        """Overwrite with the engine's final, authoritative figures."""
+        self.tokenize_ms = stats.tokenize_ms
+        self.prompt_tokens = stats.prompt_tokens
+        self.reused_tokens = stats.reused_tokens
+        self.prefill_ms = stats.prefill_ms
+        self.context_length = stats.context_length
+        self.dropped_turns = stats.dropped_turns
+        self.tokens_generated = stats.tokens_generated
+        self.decode_tok_s = stats.decode_tok_s
+        self.ttft_ms = stats.ttft_ms
+        self.decode_ms = stats.decode_ms
+        self.finish_reason = stats.finish_reason
+        self.started_at = stats.started_at
+        self.finished_at = stats.finished_at
+
+
+@dataclass
+class SessionPerf:
+    """Totals over the replies finished since the model was loaded."""
+
+    replies: int = 0
+    tokens_generated: int = 0
+    decode_ms: float = 0.0
+
+    @property
+    def throughput_tok_s(self) -> float | None:
+        if self.decode_ms <= 0:
+            return None
+        return self.tokens_generated / (self.decode_ms / 1000)
+
+    def add(self, stats: RequestStats) -> None:
+        self.replies += 1
+        self.tokens_generated += stats.tokens_generated
+        self.decode_ms += stats.decode_ms
+
+
+class PerfState:
+    """Everything the panel shows; ``apply`` returns whether the event changed it."""
+
+    def __init__(self) -> None:
+        self.model: ModelInfo | None = None
+        self.reply: ReplyPerf | None = None
+        self.session = SessionPerf()
+        self.memory: MemoryStats | None = None
+        self.now: float | None = None
+        self.decode_speed = RollingSeries(DECODE_WINDOW_S, DECODE_WINDOW_S / CHART_POINTS)
+        self.device_used = RollingSeries(MEMORY_WINDOW_S, MEMORY_WINDOW_S / CHART_POINTS)
+        self.process_rss = RollingSeries(MEMORY_WINDOW_S, MEMORY_WINDOW_S / CHART_POINTS)
+
+    def apply(self, event: Event) -> bool:
+        handler = _HANDLERS.get(type(event))
+        if handler is None:
+            return False
+        handler(self, event)
+        return True
+
+    @property
+    def context_length(self) -> int | None:
+        if self.reply is not None and self.reply.context_length > 0:
+            return self.reply.context_length
+        return self.model.context_length if self.model is not None else None
+
+    def _model_loaded(self, event: ModelLoaded) -> None:
+        self.model = ModelInfo(event.name, event.device, event.precision, event.context_length)
+        self.memory = event.memory
+        self.reply = None
+        self.session = SessionPerf()
+
+    def _prefill_done(self, event: PrefillDone) -> None:
+        self.reply = ReplyPerf(
+            request_id=event.request_id,
+            tokenize_ms=event.tokenize_ms,
+            prompt_tokens=event.prompt_tokens,
+            reused_tokens=event.reused_tokens,
+            prefill_ms=event.prefill_ms,
+            context_length=event.context_length,
+            dropped_turns=event.dropped_turns,
+        )
+        self.decode_speed.break_line()
+
+    def _token_streamed(self, event: TokenStreamed) -> None:
+        reply = self.reply
+        if reply is None or reply.request_id != event.request_id or reply.done:
+            return
+        reply.tokens_generated = event.tokens_generated
+        reply.decode_tok_s = event.decode_tok_s
+        reply.token_times.append(event.timestamp)
+        self.decode_speed.add(event.timestamp, event.decode_tok_s)
+        self._advance_clock(event.timestamp)
+
+    def _reply_finished(self, event: ReplyFinished) -> None:
+        if self.reply is None or self.reply.request_id != event.request_id:
+            self.reply = ReplyPerf(request_id=event.request_id)
+        self.reply.take_stats(event.stats)
+        self.session.add(event.stats)
+        self.memory = event.stats.memory
+        self._advance_clock(event.stats.finished_at)
+
+    def _reply_failed(self, event: ReplyFailed) -> None:
+        if self.reply is not None and self.reply.request_id == event.request_id:
+            self.reply.finish_reason = "error"
+            self.reply.failure = event.message
+
+    def _memory_sampled(self, event: MemorySampled) -> None:
+        self.memory = event.memory
+        self.device_used.add(event.timestamp, event.memory.device_used_bytes)
+        self.process_rss.add(event.timestamp, event.memory.process_rss_bytes)
+        self._advance_clock(event.timestamp)
+
+    def _advance_clock(self, timestamp: float) -> None:
+        if self.now is None or timestamp > self.now:
+            self.now = timestamp
+
+
+_HANDLERS = {
+    ModelLoaded: PerfState._model_loaded,
+    PrefillDone: PerfState._prefill_done,
+    TokenStreamed: PerfState._token_streamed,
+    ReplyFinished: PerfState._reply_finished,
+    ReplyFailed: PerfState._reply_failed,
+    MemorySampled: PerfState._memory_sampled,
+}
