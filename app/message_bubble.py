@@ -49,7 +49,9 @@ class MessageBubble(QFrame):
         layout.setSpacing(4)
         for label in (self.title, self.body, self.note):
             layout.addWidget(label)
-        self._render_timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
+        self._render_timer = QTimer(self)
+        self._render_timer.setSingleShot(True)
+        self._render_timer.setInterval(RENDER_INTERVAL_MS)
         self._render_timer.timeout.connect(self._render)
         self._render()
 

@@ -2,7 +2,8 @@
 
 The left side follows the engine (downloading N%, loading, ready with the model
 and device, generating, errors); the right side keeps the last reply's speed and
-time to first token. ``show_notice`` covers the left side for a few seconds.
+time to first token. ``show_notice`` covers the left side for a few seconds:
+refused sends and errors that end a reply, so the next state does not hide them.
 """
 
 from __future__ import annotations
@@ -70,7 +71,6 @@ class StatusLine(QStatusBar):
         self.showMessage(text, NOTICE_MS)
 
     def show_state(self, text: str) -> None:
-        self.clearMessage()
         self.state_label.setText(text)
 
     def _connect(self, controller: EngineController) -> None:
@@ -101,6 +101,7 @@ class StatusLine(QStatusBar):
         self.show_state(f"{self._ready_text()}, loaded in {event.load_s:.1f} s")
 
     def _on_load_failed(self, event: LoadFailed) -> None:
+        self._model_text = ""
         self.show_state(f"Could not load the model: {event.message}")
 
     def _on_reply_finished(self, event: ReplyFinished) -> None:
@@ -108,7 +109,7 @@ class StatusLine(QStatusBar):
         self.show_state(self._ready_text())
 
     def _on_reply_failed(self, event: ReplyFailed) -> None:
-        self.show_state(f"The reply failed: {event.message}")
+        self.show_notice(f"The reply failed: {event.message}")
 
     def _on_engine_error(self, event: EngineError) -> None:
-        self.show_state(f"Engine error: {event.message}")
+        self.show_notice(f"Engine error: {event.message}")

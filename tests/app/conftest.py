@@ -23,6 +23,7 @@ from engine.messages import (
     LoadFailed,
     LoadModel,
     ModelLoaded,
+    ReplyFailed,
     ReplyFinished,
     Request,
     RequestStats,
@@ -31,9 +32,6 @@ from engine.messages import (
 )
 from engine.worker import CancelWatch, EventSink
 
-BROKEN_MODEL = "broken-model"
-
-
 @dataclass
 class FakeScript:
     """How the fake model behaves; ``reply_tokens`` are streamed one per step."""
@@ -41,6 +39,11 @@ class FakeScript:
     reply_tokens: tuple[str, ...] = ("Hello", " from", " the", " **fake**", " model.")
     token_delay_s: float = 0.005
     load_delay_s: float = 0.0
+    broken_path: str = "broken-model"
+    reply_failure: str = ""
+    """When set, a reply breaks off with a ReplyFailed of this message after two tokens."""
+    crash: str = ""
+    """When set, Generate raises RuntimeError(crash) after two tokens (the engine reports it)."""
     generates: list[Generate] = field(default_factory=list)
     closed: threading.Event = field(default_factory=threading.Event)
 
@@ -72,11 +75,19 @@ class FakeRuntime:
     def _load(self, request: LoadModel) -> None:
         self._emit(StatusChanged("loading", request.path))
         time.sleep(self._script.load_delay_s)
-        if request.path == BROKEN_MODEL:
+        if request.path == self._script.broken_path:
             self._emit(LoadFailed(request.request_id, f"No model found at {request.path}: pick a folder or .gguf file."))
             return
         self._emit(ModelLoaded(request.request_id, "Fake model", request.path, "cpu", "fp32", 2048, 0.25))
         self._emit(StatusChanged("ready"))
+
+    def _break_off(self, request: Generate, text: str) -> bool:
+        if self._script.crash:
+            raise RuntimeError(self._script.crash)
+        if self._script.reply_failure:
+            self._emit(ReplyFailed(request.request_id, self._script.reply_failure, text))
+            return True
+        return False
 
     def _generate(self, request: Generate) -> None:
         text = ""
@@ -88,6 +99,8 @@ class FakeRuntime:
             time.sleep(self._script.token_delay_s)
             text += token
             self._emit(TokenStreamed(request.request_id, token, count, 123.4, time.time()))
+            if count == 2 and self._break_off(request, text):
+                return
         self._watch.forget(request.request_id)
         stats = RequestStats(ttft_ms=42.0, decode_tok_s=123.4, tokens_generated=len(text.split()), finish_reason=finish_reason)
         self._emit(ReplyFinished(request.request_id, text, stats))
