@@ -32,6 +32,7 @@ def markdown_to_html(text: str) -> str:
         text += "\n```"
     _CONVERTER.reset()
     body = _CONVERTER.convert(text)
+    body = body.replace("\n</code></pre>", "</code></pre>")
     body = body.replace("<pre>", f"<pre style=\"{CODE_STYLE} background: #f3f0ea;\">")
     return body.replace("<code>", f"<code style=\"{CODE_STYLE}\">")
 

@@ -7,7 +7,8 @@ Markdown. While a reply streams, re-rendering is coalesced to at most one every
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QSize, Qt, QTimer
+from PySide6.QtGui import QTextDocument
 from PySide6.QtWidgets import QFrame, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from app.conversation import DisplayMessage
@@ -53,6 +54,7 @@ class MessageBubble(QFrame):
         self._render_timer.setSingleShot(True)
         self._render_timer.setInterval(RENDER_INTERVAL_MS)
         self._render_timer.timeout.connect(self._render)
+        self._natural_width = 0
         self._render()
 
     def refresh(self) -> None:
@@ -64,13 +66,26 @@ class MessageBubble(QFrame):
         self._render_timer.stop()
         self._render()
 
+    def sizeHint(self) -> QSize:
+        """As wide as the text wants (up to the maximum width), as tall as that makes it."""
+        margins = self.layout().contentsMargins()
+        width = min(self.maximumWidth(), self._natural_width + margins.left() + margins.right())
+        width = max(width, super().minimumSizeHint().width())
+        return QSize(width, self.heightForWidth(width))
+
     def _render(self) -> None:
+        document = QTextDocument()
+        document.setDefaultFont(self.body.font())
         if self.message.role == "assistant":
             self.body.setTextFormat(Qt.TextFormat.RichText)
             self.body.setText(markdown_to_html(self.message.content))
+            document.setHtml(self.body.text())
         else:
             self.body.setTextFormat(Qt.TextFormat.PlainText)
             self.body.setText(self.message.content)
+            document.setPlainText(self.message.content)
+        self._natural_width = max(int(document.idealWidth()) + 1, self.title.sizeHint().width())
+        self.updateGeometry()
         self.body.setVisible(bool(self.message.content))
         note = state_note(self.message)
         self.note.setText(note)
