@@ -111,3 +111,17 @@ def test_empty_prompt_sends_nothing(chat, script):
 
     assert script.generates == []
     assert chat.window.chat_view.bubbles == ()
+
+
+def test_a_new_conversation_starts_empty_with_its_own_id(chat, script, window):
+    chat.wait_until_ready()
+    chat.type_and_press_enter("First chat")
+    chat.wait_until_reply_ends()
+    chat.qtbot.keyClick(chat.prompt, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+    chat.qtbot.waitUntil(lambda: window.chat_view.bubbles == (), timeout=2000)
+    chat.type_and_press_enter("Second chat")
+    chat.wait_until_reply_ends()
+
+    assert script.generates[1].messages == (ChatMessage("user", "Second chat"),)
+    assert script.generates[1].conversation_id != script.generates[0].conversation_id
+    assert len(window.chat_view.bubbles) == 2
