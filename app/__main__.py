@@ -1,0 +1,5 @@
+"""``python -m app``: start Hearth (GUI thread)."""
+
+from app.main import main
+
+raise SystemExit(main())

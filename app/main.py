@@ -1,0 +1,80 @@
+"""Start Hearth: parse arguments, show the window, then start the engine (GUI thread).
+
+The window is on screen before anything heavy happens: this package never imports
+torch; the engine thread does, once it starts, after the first paint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Callable
+
+import qasync
+from PySide6.QtGui import QIcon
+from PySide6.QtWidgets import QApplication
+
+from app.controller import EngineController
+from app.main_window import DEFAULT_MODEL, MainWindow
+from engine.client import AsyncEngine
+
+RESOURCES_DIR = Path(__file__).resolve().parent.parent / "resources"
+ICON_NAMES = ("hearth.svg", "hearth.png")
+FIRST_PAINT_DELAY_S = 0.05  # lets Qt paint the window before the engine thread competes for the GIL
+ENGINE_STOP_TIMEOUT_S = 5.0
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Hearth's own options, and the rest (left for Qt, e.g. ``-platform offscreen``)."""
+    parser = argparse.ArgumentParser(prog="hearth", description="Chat with a local language model.")
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        metavar="PATH",
+        help='a model folder or .gguf file; "default" downloads and uses the built-in model',
+    )
+    return parser.parse_known_args(argv)
+
+
+def find_icon() -> QIcon | None:
+    for name in ICON_NAMES:
+        path = RESOURCES_DIR / name
+        if path.is_file():
+            return QIcon(str(path))
+    return None
+
+
+def create_application(qt_args: list[str]) -> QApplication:
+    app = QApplication([sys.argv[0], *qt_args])
+    app.setApplicationName("Hearth")
+    app.setApplicationDisplayName("Hearth")
+    app.setQuitOnLastWindowClosed(False)  # run_window decides when to quit, after stopping the engine
+    icon = find_icon()
+    if icon is not None:
+        app.setWindowIcon(icon)
+    return app
+
+
+async def run_window(model_path: str, engine_factory: Callable[[], AsyncEngine] = AsyncEngine) -> int:
+    """Show the window, start the engine, load ``model_path``; return when the window closes."""
+    controller = EngineController()
+    window = MainWindow(controller)
+    closed = asyncio.Event()
+    window.closed.connect(closed.set)
+    window.show()
+    await asyncio.sleep(FIRST_PAINT_DELAY_S)
+    controller.start(engine_factory())
+    window.session.load_model(model_path)
+    await closed.wait()
+    controller.close(ENGINE_STOP_TIMEOUT_S)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, qt_args = parse_args(sys.argv[1:] if argv is None else argv)
+    app = create_application(qt_args)  # must stay referenced while the loop runs
+    exit_code = qasync.run(run_window(args.model))  # asyncio.run on a qasync.QEventLoop
+    app.processEvents()
+    return exit_code

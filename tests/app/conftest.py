@@ -1,0 +1,171 @@
+"""Fixtures for the GUI tests: a fake runtime on a real engine thread, a qasync loop, a window.
+
+The fake runtime runs on the engine thread exactly where the model would, so the
+tests exercise the real queue, cancellation and hand-over to the GUI thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+import qasync
+from PySide6.QtCore import Qt
+
+from app.controller import EngineController
+from app.main_window import MainWindow
+from engine.client import AsyncEngine
+from engine.messages import (
+    Generate,
+    LoadFailed,
+    LoadModel,
+    ModelLoaded,
+    ReplyFailed,
+    ReplyFinished,
+    Request,
+    RequestStats,
+    StatusChanged,
+    TokenStreamed,
+)
+from engine.worker import CancelWatch, EventSink
+
+@dataclass
+class FakeScript:
+    """How the fake model behaves; ``reply_tokens`` are streamed one per step."""
+
+    reply_tokens: tuple[str, ...] = ("Hello", " from", " the", " **fake**", " model.")
+    token_delay_s: float = 0.005
+    load_delay_s: float = 0.0
+    broken_path: str = "broken-model"
+    reply_failure: str = ""
+    """When set, a reply breaks off with a ReplyFailed of this message after two tokens."""
+    crash: str = ""
+    """When set, Generate raises RuntimeError(crash) after two tokens (the engine reports it)."""
+    generates: list[Generate] = field(default_factory=list)
+    closed: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def full_reply(self) -> str:
+        return "".join(self.reply_tokens)
+
+
+class FakeRuntime:
+    """Answers LoadModel and Generate like the real runtime, without a model."""
+
+    def __init__(self, emit: EventSink, watch: CancelWatch, script: FakeScript) -> None:
+        self._emit = emit
+        self._watch = watch
+        self._script = script
+
+    def handle(self, request: Request) -> None:
+        if isinstance(request, LoadModel):
+            self._load(request)
+        elif isinstance(request, Generate):
+            self._script.generates.append(request)
+            self._emit(StatusChanged("generating"))
+            self._generate(request)
+            self._emit(StatusChanged("ready"))
+
+    def close(self) -> None:
+        self._script.closed.set()
+
+    def _load(self, request: LoadModel) -> None:
+        self._emit(StatusChanged("loading", request.path))
+        time.sleep(self._script.load_delay_s)
+        if request.path == self._script.broken_path:
+            self._emit(LoadFailed(request.request_id, f"No model found at {request.path}: pick a folder or .gguf file."))
+            return
+        self._emit(ModelLoaded(request.request_id, "Fake model", request.path, "cpu", "fp32", 2048, 0.25))
+        self._emit(StatusChanged("ready"))
+
+    def _break_off(self, request: Generate, text: str) -> bool:
+        if self._script.crash:
+            raise RuntimeError(self._script.crash)
+        if self._script.reply_failure:
+            self._emit(ReplyFailed(request.request_id, self._script.reply_failure, text))
+            return True
+        return False
+
+    def _generate(self, request: Generate) -> None:
+        text = ""
+        finish_reason = "eos"
+        for count, token in enumerate(self._script.reply_tokens, start=1):
+            if self._watch.is_cancelled(request.request_id):
+                finish_reason = "cancelled"
+                break
+            time.sleep(self._script.token_delay_s)
+            text += token
+            self._emit(TokenStreamed(request.request_id, token, count, 123.4, time.time()))
+            if count == 2 and self._break_off(request, text):
+                return
+        self._watch.forget(request.request_id)
+        stats = RequestStats(ttft_ms=42.0, decode_tok_s=123.4, tokens_generated=len(text.split()), finish_reason=finish_reason)
+        self._emit(ReplyFinished(request.request_id, text, stats))
+
+
+@pytest.fixture
+def script() -> FakeScript:
+    return FakeScript()
+
+
+@pytest.fixture
+def fake_engine_factory(script: FakeScript):
+    """Builds an AsyncEngine whose runtime is the fake one (call it with the loop running)."""
+    return lambda: AsyncEngine(lambda emit, watch: FakeRuntime(emit, watch, script))
+
+
+@pytest.fixture
+def qasync_loop(qapp):
+    """A qasync loop that counts as running while pytest-qt spins Qt's event loop."""
+    loop = qasync.QEventLoop(qapp, already_running=True)
+    yield loop
+    loop._QEventLoop__is_running = False  # stop() would call QApplication.exit(), breaking later tests
+    loop.close()
+    asyncio.events._set_running_loop(None)
+
+
+@pytest.fixture
+def window(qtbot, qasync_loop, fake_engine_factory):
+    """The main window with a started fake engine; the model "fake-model" is loading."""
+    controller = EngineController()
+    main_window = MainWindow(controller)
+    qtbot.addWidget(main_window)
+    main_window.show()
+    controller.start(fake_engine_factory())
+    main_window.session.load_model("fake-model")
+    yield main_window
+    controller.close()
+    qtbot.wait(10)
+
+
+class ChatDriver:
+    """Does what a user does in the window, and waits for what they would wait for."""
+
+    def __init__(self, window: MainWindow, qtbot) -> None:
+        self.window = window
+        self.qtbot = qtbot
+        self.prompt = window.input_bar.prompt
+
+    def wait_until_ready(self) -> None:
+        self.qtbot.waitUntil(self.window.input_bar.send_button.isEnabled, timeout=5000)
+
+    def type_and_press_enter(self, text: str) -> None:
+        self.qtbot.keyClicks(self.prompt, text)
+        self.qtbot.keyClick(self.prompt, Qt.Key.Key_Return)
+
+    def wait_until_reply_ends(self) -> None:
+        self.qtbot.waitUntil(lambda: not self.window.session.generating, timeout=5000)
+
+    def last_reply(self):
+        return self.window.session.conversation.messages[-1]
+
+    def shown_texts(self) -> list[str]:
+        return [bubble.body.text() for bubble in self.window.chat_view.bubbles]
+
+
+@pytest.fixture
+def chat(window, qtbot) -> ChatDriver:
+    return ChatDriver(window, qtbot)

@@ -1,0 +1,80 @@
+"""The GUI never imports the model stack, and the engine never imports Qt.
+
+Each side is imported in a fresh interpreter, so modules other tests loaded do
+not hide a violation; an AST scan of import statements double-checks imports
+that only happen inside functions.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FORBIDDEN = {
+    "app": ("torch", "transformers", "bitsandbytes"),
+    "engine": ("PySide6", "qasync"),
+}
+_IMPORT_ALL = """
+import importlib, json, pkgutil, sys
+package = importlib.import_module({package!r})
+names = [package.__name__] + [
+    info.name for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+    if info.name != {package!r} + ".__main__"
+]
+for name in names:
+    importlib.import_module(name)
+print(json.dumps({{"imported": names, "loaded": sorted(sys.modules)}}))
+"""
+
+
+def _modules_loaded_by_importing(package: str) -> tuple[list[str], set[str]]:
+    result = subprocess.run(
+        [sys.executable, "-c", _IMPORT_ALL.format(package=package)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    return report["imported"], set(report["loaded"])
+
+
+def _top_level_names(loaded: set[str]) -> set[str]:
+    return {name.split(".")[0] for name in loaded}
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_importing_every_module_loads_nothing_forbidden(package):
+    imported, loaded = _modules_loaded_by_importing(package)
+
+    assert len(imported) > 1
+    assert _top_level_names(loaded).isdisjoint(FORBIDDEN[package])
+
+
+def _imported_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_no_import_statement_names_a_forbidden_package(package):
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(_imported_names(path) & set(FORBIDDEN[package]))
+        for path in sorted((ROOT / package).rglob("*.py"))
+    }
+
+    assert {path: names for path, names in offenders.items() if names} == {}
