@@ -69,6 +69,9 @@ class FakeRuntime:
             self._generate(request)
             self._emit(StatusChanged("ready"))
 
+    def idle(self) -> None:
+        """The fake holds no memory worth sampling."""
+
     def close(self) -> None:
         self._script.closed.set()
 
