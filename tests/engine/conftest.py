@@ -39,7 +39,7 @@ def _save_model(folder: Path, vocab_size: int, eos_id: int) -> None:
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
         eos_token_id=eos_id, bos_token_id=1, pad_token_id=0, tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config)
@@ -68,5 +68,5 @@ def tiny_loaded(tiny_model_dir: Path):
     from engine.loading import LoadPlan, load_model
 
     source, origin = find_folder_template(tiny_model_dir)
-    plan = LoadPlan(tiny_model_dir, "tiny", torch.device("cpu"), "fp32", 256, ChatTemplate(source, origin))
+    plan = LoadPlan(tiny_model_dir, "tiny", torch.device("cpu"), "fp32", 1024, ChatTemplate(source, origin))
     return load_model(plan, lambda done, total: None, lambda: False)
