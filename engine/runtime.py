@@ -7,6 +7,7 @@ loop (``generation``), and reports figures (``RequestStats``).
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import replace
 
@@ -14,14 +15,15 @@ import torch
 
 from engine.cache_store import CacheStore
 from engine.generation import DecodeLoop, ReplyOutcome
-from engine.loading import LoadCancelled, LoadedModel
+from engine.background_load import CANCELLED_MESSAGE, BackgroundLoad, LoadDone
+from engine.loading import LoadedModel
 from engine.memory import read_memory
 from engine.messages import (
+    Cancel,
     ForgetConversation,
     Generate,
     LoadFailed,
     LoadModel,
-    LoadProgress,
     MemorySampled,
     ModelLoaded,
     PrefillDone,
@@ -32,10 +34,12 @@ from engine.messages import (
     StatusChanged,
     TokenStreamed,
 )
-from engine.model_open import open_model
 from engine.model_source import ModelFileError
 from engine.prompt import ContextOverflow, PromptPlan, plan_prompt, reply_budget
 from engine.worker import CancelWatch, EventSink
+
+
+SUPERSEDED_MESSAGE = "Another model was chosen before this one finished loading."
 
 
 class ModelRuntime:
@@ -46,12 +50,19 @@ class ModelRuntime:
         self._watch = watch
         self._loaded: LoadedModel | None = None
         self._caches: CacheStore | None = None
+        self._pending: BackgroundLoad | None = None
 
-    def handle(self, request: Request) -> None:
+    def handle(self, request: Request | LoadDone) -> None:
         if isinstance(request, LoadModel):
-            self._load(request)
+            self._start_load(request)
+        elif isinstance(request, LoadDone):
+            self._finish_load(request)
+        elif isinstance(request, Cancel):
+            self._cancel_load_if(request.request_id)
         elif isinstance(request, Generate):
             self._generate(request)
+            if self._pending:  # a Cancel for the load may have arrived during the reply
+                self._cancel_load_if(self._pending.request.request_id)
         elif isinstance(request, ForgetConversation) and self._caches:
             self._caches.forget(request.conversation_id)
 
@@ -60,37 +71,48 @@ class ModelRuntime:
             self._emit(MemorySampled(self._memory(""), time.perf_counter()))
 
     def close(self) -> None:
+        if self._pending:
+            self._pending.cancel()
+            self._pending.join(timeout=5)
         self._loaded = None
         self._caches = None
 
     # ------------------------------------------------------------ loading
 
-    def _load(self, request: LoadModel) -> None:
-        cancelled = lambda: self._watch.is_cancelled(request.request_id)  # noqa: E731
-        progress = lambda done, total: self._emit(LoadProgress(request.request_id, done, total, "steps"))  # noqa: E731
-        try:
-            loaded = open_model(request.path, request.options, self._emit, progress, cancelled)
-        except LoadCancelled:
-            self._emit(LoadFailed(request.request_id, "Loading was cancelled; the previous model stays."))
-            self._emit_ready()
-            return
-        except (ModelFileError, OSError, RuntimeError, ValueError) as exc:
-            self._emit(LoadFailed(request.request_id, str(exc)))
-            self._emit_ready()
-            return
-        finally:
-            self._watch.forget(request.request_id)
-        self._swap_in(loaded)
-        self._emit(ModelLoaded(
-            request.request_id, loaded.name, loaded.path, loaded.device, loaded.precision,
-            loaded.context_length, loaded.load_s, self._memory(""), loaded.notices,
-        ))
+    def _start_load(self, request: LoadModel) -> None:
+        """The newest load wins: one still in flight is cancelled."""
+        if self._pending:
+            self._pending.cancel()
+            self._emit(LoadFailed(self._pending.request.request_id, SUPERSEDED_MESSAGE))
+        self._pending = BackgroundLoad(request, self._emit, self._watch.post)
+        self._pending.start()
+
+    def _cancel_load_if(self, request_id: str) -> None:
+        if self._pending and self._pending.request.request_id == request_id and self._watch.is_cancelled(request_id):
+            self._pending.cancel()
+
+    def _finish_load(self, done: LoadDone) -> None:
+        load = self._pending
+        if load is None or load.request.request_id != done.request_id:
+            return  # a superseded load: its LoadFailed went out when the newer load started
+        self._pending = None
+        self._watch.forget(done.request_id)
+        if load.result is None:
+            self._emit(LoadFailed(done.request_id, load.error or CANCELLED_MESSAGE))
+        else:
+            self._swap_in(load.result)
+            loaded = load.result
+            self._emit(ModelLoaded(
+                done.request_id, loaded.name, loaded.path, loaded.device, loaded.precision,
+                loaded.context_length, loaded.load_s, self._memory(""), loaded.notices,
+            ))
         self._emit_ready()
 
     def _swap_in(self, loaded: LoadedModel) -> None:
         """The new model replaces the old one only now that it is ready; the old one's memory is freed."""
         self._loaded = loaded
         self._caches = CacheStore(loaded.backend.new_cache, loaded.backend.cache_bytes)
+        gc.collect()
         if loaded.device == "cuda":
             torch.cuda.empty_cache()
 

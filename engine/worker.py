@@ -64,6 +64,10 @@ class CancelWatch:
     def forget(self, request_id: str) -> None:
         self._cancelled.discard(request_id)
 
+    def post(self, request: object) -> None:
+        """Queue a follow-up for the engine thread; safe from any thread (a background load uses it)."""
+        self._inbox.put(request)  # type: ignore[arg-type]
+
     def _drain(self) -> None:
         while True:
             try:
@@ -132,8 +136,6 @@ class EngineThread:
                 continue
             if isinstance(request, Shutdown):
                 return
-            if isinstance(request, Cancel):
-                continue  # nothing is running: the cancelled request never started or already ended
             try:
                 runtime.handle(request)
             except Exception as exc:

@@ -1,11 +1,18 @@
-"""A tiny random Llama with a real byte-level BPE tokenizer and a ChatML template, built once per session."""
+"""Engine fixtures: a tiny random Llama with a real byte-level BPE tokenizer and a ChatML template,
+built once per session, and a driver for the real engine thread (test thread + engine thread)."""
 
 from __future__ import annotations
 
 import json
+import queue
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from engine.messages import ChatMessage, Generate, LoadFailed, LoadModel, ModelLoaded, PrefillDone, ReplyFailed, ReplyFinished, SamplingParams
+from engine.worker import EngineThread
 
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
@@ -70,3 +77,46 @@ def tiny_loaded(tiny_model_dir: Path):
     source, origin = find_folder_template(tiny_model_dir)
     plan = LoadPlan(tiny_model_dir, "tiny", torch.device("cpu"), "fp32", 1024, ChatTemplate(source, origin))
     return load_model(plan, lambda done, total: None, lambda: False)
+
+
+SHORT_GREEDY = SamplingParams(temperature=0, max_new_tokens=8)
+
+
+@dataclass
+class Turn:
+    prefill: PrefillDone
+    reply: ReplyFinished
+
+
+class EngineDriver:
+    """The real engine thread and runtime, driven synchronously."""
+
+    def __init__(self) -> None:
+        self.events: queue.Queue = queue.Queue()
+        self.thread = EngineThread(self.events.put)
+        self.thread.start()
+
+    def wait_for(self, *kinds, timeout: float = 120):
+        while True:
+            event = self.events.get(timeout=timeout)
+            if isinstance(event, kinds):
+                return event
+
+    def load(self, path: str):
+        self.thread.submit(LoadModel("load", path))
+        return self.wait_for(ModelLoaded, LoadFailed)
+
+    def ask(self, conversation_id: str, messages: list[ChatMessage], sampling=SHORT_GREEDY, overflow="drop_oldest") -> Turn:
+        self.thread.submit(Generate(uuid.uuid4().hex, conversation_id, tuple(messages), sampling, overflow))
+        prefill = self.wait_for(PrefillDone, ReplyFailed)
+        if isinstance(prefill, ReplyFailed):
+            raise AssertionError(prefill.message)
+        return Turn(prefill, self.wait_for(ReplyFinished))
+
+
+
+
+@pytest.fixture(scope="session")
+def engine_driver():
+    """The ``EngineDriver`` class: ``engine_driver()`` starts a real engine thread."""
+    return EngineDriver

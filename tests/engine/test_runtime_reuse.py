@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import queue
 import uuid
-from dataclasses import dataclass
 
 import pytest
 
@@ -22,52 +20,20 @@ from engine.messages import (
     SamplingParams,
     TokenStreamed,
 )
-from engine.worker import EngineThread
+
 
 SHORT_GREEDY = SamplingParams(temperature=0, max_new_tokens=8)
 
 
-@dataclass
-class Turn:
-    prefill: PrefillDone
-    reply: ReplyFinished
-
-
-class Engine:
-    """The real engine thread and runtime, driven synchronously."""
-
-    def __init__(self) -> None:
-        self.events: queue.Queue = queue.Queue()
-        self.thread = EngineThread(self.events.put)
-        self.thread.start()
-
-    def wait_for(self, *kinds, timeout: float = 120):
-        while True:
-            event = self.events.get(timeout=timeout)
-            if isinstance(event, kinds):
-                return event
-
-    def load(self, path: str):
-        self.thread.submit(LoadModel("load", path))
-        return self.wait_for(ModelLoaded, LoadFailed)
-
-    def ask(self, conversation_id: str, messages: list[ChatMessage], sampling=SHORT_GREEDY, overflow="drop_oldest") -> Turn:
-        self.thread.submit(Generate(uuid.uuid4().hex, conversation_id, tuple(messages), sampling, overflow))
-        prefill = self.wait_for(PrefillDone, ReplyFailed)
-        if isinstance(prefill, ReplyFailed):
-            raise AssertionError(prefill.message)
-        return Turn(prefill, self.wait_for(ReplyFinished))
-
-
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    engine = Engine()
+def engine(tiny_model_dir, engine_driver):
+    engine = engine_driver()
     assert isinstance(engine.load(str(tiny_model_dir)), ModelLoaded)
     yield engine
     engine.thread.stop()
 
 
-def _fresh(engine: Engine, messages: list[ChatMessage]) -> Turn:
+def _fresh(engine, messages: list[ChatMessage]) -> Turn:
     return engine.ask(uuid.uuid4().hex, messages)
 
 
