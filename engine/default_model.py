@@ -157,6 +157,7 @@ def _follow_pip(
     while True:
         if cancelled():
             _stop(pip)
+            reader.join()  # pip is gone, so its output ends: the reader is never cut off
             raise FetchCancelled(_CANCELLED)
         try:
             line = lines.get(timeout=_POLL_SECONDS)
