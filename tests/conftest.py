@@ -27,7 +27,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 
 def _present_model_under(hearth_home: str | None) -> Path | None:
-    """The built-in model's path with HEARTH_HOME set to ``hearth_home`` (None: unset), if fetched."""
+    """The built-in model's path under ``hearth_home`` (None: HEARTH_HOME unset), if fetched."""
     saved = os.environ.pop("HEARTH_HOME", None)
     if hearth_home is not None:
         os.environ["HEARTH_HOME"] = hearth_home

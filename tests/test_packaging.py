@@ -6,6 +6,7 @@ import configparser
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[zipfile.ZipFile]:
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
@@ -27,7 +28,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
 
 
 def test_wheel_installs_the_hearth_launcher(wheel: zipfile.ZipFile) -> None:
-    (entry_points_name,) = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
+    names = wheel.namelist()
+    (entry_points_name,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
     entry_points = configparser.ConfigParser()
     entry_points.read_string(wheel.read(entry_points_name).decode())
 
