@@ -109,6 +109,14 @@ class FakeRuntime:
         self._emit(ReplyFinished(request.request_id, text, stats))
 
 
+@pytest.fixture(autouse=True)
+def hearth_home(tmp_path, monkeypatch):
+    """Each test gets its own data folder, so conversations and settings never leak between tests."""
+    home = tmp_path / "hearth-home"
+    monkeypatch.setenv("HEARTH_HOME", str(home))
+    return home
+
+
 @pytest.fixture
 def script() -> FakeScript:
     return FakeScript()
