@@ -29,6 +29,7 @@ DARK_STYLE_SHEET = """
 #inputBar { background: #262422; border-top: 1px solid #3a3734; }
 #prompt { background: #2f2c2a; color: #ece8e3; border: 1px solid #4a4541; border-radius: 8px; padding: 4px; }
 #prompt:focus { border: 1px solid #d08a4a; }
+#damageBanner { background: #4a1f1c; color: #ffb4ab; border: 1px solid #8c1d18; border-radius: 6px; padding: 6px; }
 #sendButton, #stopButton { min-width: 72px; padding: 6px 12px; }
 """
 

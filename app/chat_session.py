@@ -77,8 +77,8 @@ class ChatSession(QObject):
             return False
         self._conversation = conversation
         self._view.show_messages(conversation.messages)
-        if conversation.damage:
-            self.notice.emit(f"Part of this conversation could not be read: {conversation.damage}.")
+        damage = f"Part of this conversation could not be read: {conversation.damage}." if conversation.damage else ""
+        self._view.set_banner(damage)
         return True
 
     def load_model(self, path: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QResizeEvent
-from PySide6.QtWidgets import QHBoxLayout, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from app.conversation import DisplayMessage
 from app.message_bubble import MessageBubble
@@ -44,6 +44,12 @@ class ChatView(QScrollArea):
         self._column = QVBoxLayout(container)
         self._column.setContentsMargins(16, 16, 16, 16)
         self._column.setSpacing(10)
+        self.banner = QLabel("", container)
+        self.banner.setObjectName("damageBanner")
+        self.banner.setAccessibleName("Conversation problem")
+        self.banner.setWordWrap(True)
+        self.banner.hide()
+        self._column.addWidget(self.banner)
         self._column.addStretch(1)
         self.setWidget(container)
         bar = self.verticalScrollBar()
@@ -58,6 +64,11 @@ class ChatView(QScrollArea):
     def loading(self) -> bool:
         """True while older cards of a long conversation are still being added."""
         return bool(self._older)
+
+    def set_banner(self, text: str) -> None:
+        """Show ``text`` above the messages (e.g. why part of the conversation is missing); "" hides it."""
+        self.banner.setText(text)
+        self.banner.setVisible(bool(text))
 
     def add_message(self, message: DisplayMessage) -> MessageBubble:
         """Append a card for ``message`` and scroll to it."""
@@ -81,7 +92,7 @@ class ChatView(QScrollArea):
             return
         index = self._bubbles.index(bubble)
         self._bubbles.pop(index)
-        row = self._column.takeAt(index)
+        row = self._column.takeAt(index + 1)
         bubble.deleteLater()
         if row is not None:
             row.layout().deleteLater()
@@ -99,8 +110,8 @@ class ChatView(QScrollArea):
         self._older_timer.stop()
         for bubble in self._bubbles:
             bubble.deleteLater()
-        while self._column.count() > 1:
-            row = self._column.takeAt(0)
+        while self._column.count() > 2:
+            row = self._column.takeAt(1)
             row.layout().deleteLater()
         self._bubbles.clear()
 
@@ -114,7 +125,7 @@ class ChatView(QScrollArea):
         row.addWidget(bubble)
         if message.role != "user":
             row.addStretch(1)
-        self._column.insertLayout(index, row)
+        self._column.insertLayout(index + 1, row)  # after the banner
         self._bubbles.insert(index, bubble)
         return bubble
 
