@@ -58,10 +58,15 @@ def wants_dark(theme: str) -> bool:
     return theme == "dark" or (theme == "system" and system_is_dark())
 
 
+_DARK_DISABLED_TEXT = "#7a736c"
+
+
 def dark_palette() -> QPalette:
     palette = QPalette()
     for role, colour in _DARK_COLOURS.items():
         palette.setColor(role, QColor(colour))
+    for role in (QPalette.ColorRole.Text, QPalette.ColorRole.ButtonText, QPalette.ColorRole.WindowText):
+        palette.setColor(QPalette.ColorGroup.Disabled, role, QColor(_DARK_DISABLED_TEXT))
     return palette
 
 

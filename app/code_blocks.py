@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
@@ -68,8 +69,12 @@ def _lexer(language: str):
         return TextLexer()
 
 
+@lru_cache(maxsize=512)
 def highlighted(block: CodeBlock, colours: CodeColours) -> str:
-    """The code as HTML spans with inline colours (no classes: Qt has no style sheet for them)."""
+    """The code as HTML spans with inline colours (no classes: Qt has no style sheet for them).
+
+    Cached: while a reply streams it is re-rendered many times, and only its last block changes.
+    """
     formatter = HtmlFormatter(noclasses=True, nowrap=True, style=colours.pygments_style)
     return highlight(block.code, _lexer(block.language), formatter).rstrip("\n")
 

@@ -8,7 +8,9 @@ search box and buttons are reachable with Tab.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, QObject, Qt, Signal
+from collections.abc import Callable
+
+from PySide6.QtCore import QEvent, QObject, QPoint, Qt, Signal
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -124,6 +126,9 @@ class Sidebar(QWidget):
         conversation_list.setAccessibleName("Conversations")
         conversation_list.setAccessibleDescription("Enter opens, F2 renames, Delete deletes.")
         conversation_list.setEditTriggers(QAbstractItemView.EditTrigger.EditKeyPressed)
+        conversation_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        conversation_list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        conversation_list.setSpacing(2)
         conversation_list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         conversation_list.customContextMenuRequested.connect(self._show_context_menu)
         conversation_list.itemActivated.connect(lambda item: self.chosen.emit(item.data(ID_ROLE)))
@@ -132,7 +137,7 @@ class Sidebar(QWidget):
         conversation_list.installEventFilter(self)
         return conversation_list
 
-    def _show_context_menu(self, position) -> None:
+    def _show_context_menu(self, position: QPoint) -> None:
         item = self.list.itemAt(position)
         if item is None:
             return
@@ -141,7 +146,7 @@ class Sidebar(QWidget):
         menu.addAction("&Delete").triggered.connect(lambda: self.delete_requested.emit(item.data(ID_ROLE)))
         menu.popup(self.list.viewport().mapToGlobal(position))
 
-    def _button(self, text: str, accessible_name: str, slot) -> QPushButton:
+    def _button(self, text: str, accessible_name: str, slot: Callable[[], object]) -> QPushButton:
         button = QPushButton(text, self)
         button.setAccessibleName(accessible_name)
         button.clicked.connect(slot)
