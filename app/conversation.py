@@ -3,6 +3,11 @@
 It holds what the user sees, message by message, including replies that are still
 streaming, were stopped or broke off, and turns it into the history the engine
 needs for the next reply. No Qt here, so persistence can store and restore it.
+
+What the model sees (``history``): the system prompt, if any, then every finished
+message that has text, in order. A reply that was stopped or broke off keeps its
+partial text and is sent as an assistant turn (the model continues from what the
+user saw); a reply that failed before writing anything is left out.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Literal
 
+from app.storage.settings import SamplingSettings
 from engine.messages import ChatMessage, Role
 
 MessageState = Literal["streaming", "done", "interrupted", "error"]
@@ -24,14 +30,32 @@ class DisplayMessage:
     content: str
     state: MessageState = "done"
     error: str = ""
+    message_id: str = ""
+    """The id the store gave this message ("" until it is saved)."""
+    position: int = -1
+    """The message's position in the store (gaps are possible after deletions)."""
+    dropped: bool = False
+    """True when the model's context overflowed and this turn was left out of it."""
 
 
 class Conversation:
     """An ordered list of messages with at most one reply streaming, at the end."""
 
-    def __init__(self, conversation_id: str | None = None) -> None:
+    def __init__(
+        self,
+        conversation_id: str | None = None,
+        messages: tuple[DisplayMessage, ...] = (),
+        saved: bool = False,
+    ) -> None:
         self.id = conversation_id or uuid.uuid4().hex
-        self._messages: list[DisplayMessage] = []
+        self.saved = saved
+        """False for a new conversation that has no row in the store yet (it gets one on the first send)."""
+        self.damage = ""
+        """Why some of this conversation's saved rows could not be read ("" when all could)."""
+        self.system_prompt = ""
+        self.sampling: SamplingSettings | None = None
+        """This conversation's own sampling; None follows the global defaults."""
+        self._messages: list[DisplayMessage] = list(messages)
 
     @property
     def messages(self) -> tuple[DisplayMessage, ...]:
@@ -77,13 +101,27 @@ class Conversation:
         message.error = error
         return message
 
-    def history(self) -> tuple[ChatMessage, ...]:
-        """What the model should see: every finished message that has text."""
+    def truncate(self, keep: int) -> None:
+        """Keep only the first ``keep`` messages (for edit and regenerate)."""
+        del self._messages[keep:]
+
+    def remove(self, message: DisplayMessage) -> None:
+        self._messages.remove(message)
+
+    def index_of(self, message: DisplayMessage) -> int:
+        """The position of ``message`` on screen (by identity, not by equal content)."""
+        return next(index for index, shown in enumerate(self._messages) if shown is message)
+
+    def history_sources(self) -> tuple[DisplayMessage, ...]:
+        """The messages the model sees, in order (see the module docstring)."""
         return tuple(
-            ChatMessage(message.role, message.content)
-            for message in self._messages
-            if message.state != "streaming" and message.content.strip()
+            message for message in self._messages if message.state != "streaming" and message.content.strip()
         )
+
+    def history(self, system_prompt: str = "") -> tuple[ChatMessage, ...]:
+        """What the model should see: the system prompt, if any, then ``history_sources``."""
+        system = (ChatMessage("system", system_prompt),) if system_prompt.strip() else ()
+        return system + tuple(ChatMessage(message.role, message.content) for message in self.history_sources())
 
     def _require_streaming(self) -> DisplayMessage:
         message = self.streaming

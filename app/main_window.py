@@ -15,8 +15,10 @@ from PySide6.QtWidgets import QFileDialog, QMainWindow, QMenu, QMessageBox, QVBo
 from app.chat_session import ChatSession
 from app.chat_view import ChatView
 from app.controller import EngineController
-from app.conversation import Conversation
+from app.app_settings import SettingsHolder
+from app.conversation_ui import install_conversations
 from app.input_box import InputBar
+from app.persistence import open_journal
 from app.status_line import StatusLine
 from app.theme import STYLE_SHEET
 from engine.messages import EngineError, LoadFailed
@@ -39,12 +41,16 @@ class MainWindow(QMainWindow):
         self.input_bar = InputBar(self)
         self.status_line = StatusLine(controller, self)
         self.setStatusBar(self.status_line)
-        self.session = ChatSession(controller, self.chat_view, self.input_bar, self)
+        self.settings_holder = SettingsHolder(parent=self)
+        self.journal, startup_notices = open_journal(lambda: self.settings_holder.settings)
+        startup_notices += [self.settings_holder.load_notice] if self.settings_holder.load_notice else []
+        self.session = ChatSession(controller, self.chat_view, self.input_bar, self.journal, self)
         self.session.notice.connect(self.status_line.show_notice)
         controller.load_failed.connect(lambda event: self._show_error("The model could not be loaded", event))
         controller.engine_error.connect(lambda event: self._show_error("The engine reported an error", event))
         self._build_central()
         self._build_menus()
+        self.conversations = install_conversations(self, controller, startup_notices)
         self.input_bar.prompt.setFocus()
 
     def closeEvent(self, event: QCloseEvent) -> None:
@@ -80,7 +86,7 @@ class MainWindow(QMainWindow):
         menu.addAction(action)
 
     def _new_conversation(self) -> None:
-        self.session.show_conversation(Conversation())
+        self.conversations.new_conversation()
 
     def _load_default_model(self) -> None:
         self.session.load_model(DEFAULT_MODEL)

@@ -2,15 +2,20 @@
 
 User messages show their text as typed; assistant replies are rendered from
 Markdown. While a reply streams, re-rendering is coalesced to at most one every
-``RENDER_INTERVAL_MS``, so hundreds of tokens a second stay smooth.
+``RENDER_INTERVAL_MS``, so hundreds of tokens a second stay smooth. The header holds
+a Copy button and a menu of actions (Edit, Regenerate, Delete) that the card only
+announces through ``action_requested``; code blocks' Copy links copy their code.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSize, Qt, QTimer
-from PySide6.QtGui import QTextDocument
-from PySide6.QtWidgets import QFrame, QLabel, QSizePolicy, QVBoxLayout, QWidget
+from collections.abc import Callable
 
+from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextDocument
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QMenu, QSizePolicy, QToolButton, QVBoxLayout, QWidget
+
+from app.code_blocks import DARK_CODE, LIGHT_CODE, CodeColours, code_index, split_fences
 from app.conversation import DisplayMessage
 from app.markdown_render import markdown_to_html
 
@@ -18,21 +23,37 @@ RENDER_INTERVAL_MS = 50
 
 _ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
 _ACCESSIBLE_NAMES = {"user": "Your message", "assistant": "Assistant reply", "system": "System message"}
+_ACTIONS = {
+    "user": (("edit", "&Edit…"), ("delete", "&Delete")),
+    "assistant": (("regenerate", "&Regenerate"), ("delete", "&Delete")),
+    "system": (("delete", "&Delete"),),
+}
+DROPPED_NOTE = "Left out of the model's context: the conversation is longer than the model can read."
 
 
 def state_note(message: DisplayMessage) -> str:
-    """The line under a message that says how it ended, if not normally."""
-    if message.state == "streaming":
-        return "writing…"
-    if message.state == "interrupted":
-        return "Stopped: this reply is incomplete."
-    if message.state == "error":
-        return f"The reply broke off: {message.error}"
-    return ""
+    """The lines under a message that say how it ended, if not normally, and if the model no longer sees it."""
+    notes = {
+        "streaming": "writing…",
+        "interrupted": "Stopped: this reply is incomplete.",
+        "error": f"The reply broke off: {message.error}",
+    }
+    lines = [notes[message.state]] if message.state in notes else []
+    if message.dropped:
+        lines.append(DROPPED_NOTE)
+    return "\n".join(lines)
+
+
+def code_colours(widget: QWidget) -> CodeColours:
+    """Code colours that suit the widget's palette (dark or light)."""
+    return DARK_CODE if widget.palette().window().color().lightness() < 128 else LIGHT_CODE
 
 
 class MessageBubble(QFrame):
     """Shows a ``DisplayMessage``; call ``refresh`` after the message changed."""
+
+    action_requested = Signal(str)
+    """"edit", "regenerate" or "delete", chosen from the card's menu."""
 
     def __init__(self, message: DisplayMessage, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -43,12 +64,15 @@ class MessageBubble(QFrame):
         self.title = self._label(_ROLE_TITLES[message.role], "bubbleTitle", "Author")
         self.body = self._label("", "bubbleBody", "Message text")
         self.body.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
-        self.body.setOpenExternalLinks(True)
+        self.body.linkActivated.connect(self._open_link)
         self.note = self._label("", "bubbleNote", "Message status")
+        self.copy_button = self._tool_button("Copy", "Copy message", self.copy_text)
+        self.actions_button = self._tool_button("⋯", "Message actions", self._show_actions)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 8, 12, 10)
         layout.setSpacing(4)
-        for label in (self.title, self.body, self.note):
+        layout.addLayout(self._header())
+        for label in (self.body, self.note):
             layout.addWidget(label)
         self._render_timer = QTimer(self)
         self._render_timer.setSingleShot(True)
@@ -56,6 +80,17 @@ class MessageBubble(QFrame):
         self._render_timer.timeout.connect(self._render)
         self._natural_width = 0
         self._render()
+
+    def copy_text(self) -> None:
+        QGuiApplication.clipboard().setText(self.message.content)
+
+    def actions_menu(self) -> QMenu:
+        """The card's menu: one entry per action allowed for this kind of message."""
+        menu = QMenu(self)
+        menu.setAccessibleName("Message actions")
+        for name, text in _ACTIONS[self.message.role]:
+            menu.addAction(text).triggered.connect(lambda _checked=False, n=name: self.action_requested.emit(n))
+        return menu
 
     def refresh(self) -> None:
         """Show the message's current text and state (coalesced while it streams)."""
@@ -78,13 +113,14 @@ class MessageBubble(QFrame):
         document.setDefaultFont(self.body.font())
         if self.message.role == "assistant":
             self.body.setTextFormat(Qt.TextFormat.RichText)
-            self.body.setText(markdown_to_html(self.message.content))
+            self.body.setText(markdown_to_html(self.message.content, code_colours(self)))
             document.setHtml(self.body.text())
         else:
             self.body.setTextFormat(Qt.TextFormat.PlainText)
             self.body.setText(self.message.content)
             document.setPlainText(self.message.content)
-        self._natural_width = max(int(document.idealWidth()) + 1, self.title.sizeHint().width())
+        header_width = self.title.sizeHint().width() + 2 * self.copy_button.sizeHint().width() + 16
+        self._natural_width = max(int(document.idealWidth()) + 1, header_width)
         self.updateGeometry()
         self.body.setVisible(bool(self.message.content))
         note = state_note(self.message)
@@ -92,6 +128,40 @@ class MessageBubble(QFrame):
         self.note.setProperty("state", self.message.state)
         self.note.style().polish(self.note)
         self.note.setVisible(bool(note))
+
+    def _header(self) -> QHBoxLayout:
+        header = QHBoxLayout()
+        header.setSpacing(4)
+        header.addWidget(self.title)
+        header.addStretch(1)
+        header.addWidget(self.copy_button)
+        header.addWidget(self.actions_button)
+        return header
+
+    def _show_actions(self) -> None:
+        menu = self.actions_menu()
+        menu.popup(self.actions_button.mapToGlobal(self.actions_button.rect().bottomLeft()))
+
+    def _open_link(self, link: str) -> None:
+        """Copy a code block for its Copy link; open any other link in the browser."""
+        index = code_index(link)
+        if index is None:
+            QDesktopServices.openUrl(QUrl(link))
+            return
+        _prose, blocks = split_fences(self.message.content)
+        if index < len(blocks):
+            QGuiApplication.clipboard().setText(blocks[index].code)
+
+    def _tool_button(self, text: str, accessible_name: str, slot: Callable[[], object]) -> QToolButton:
+        button = QToolButton(self)
+        button.setText(text)
+        button.setObjectName("bubbleButton")
+        button.setAccessibleName(accessible_name)
+        button.setToolTip(accessible_name)
+        button.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+        button.setAutoRaise(True)
+        button.clicked.connect(slot)
+        return button
 
     def _label(self, text: str, object_name: str, accessible_name: str) -> QLabel:
         label = QLabel(text, self)

@@ -22,5 +22,6 @@ STYLE_SHEET = """
     background: #ffffff; color: #1f1f1f; border: 1px solid #d8d0c4; border-radius: 8px; padding: 4px;
 }
 #prompt:focus { border: 1px solid #c47a3a; }
+#damageBanner { background: #fdecea; color: #8c1d18; border: 1px solid #f2b8b5; border-radius: 6px; padding: 6px; }
 #sendButton, #stopButton { min-width: 72px; padding: 6px 12px; }
 """

@@ -17,12 +17,14 @@ from PySide6.QtCore import Qt
 
 from app.controller import EngineController
 from app.main_window import MainWindow
+from app.sidebar import Sidebar
 from engine.client import AsyncEngine
 from engine.messages import (
     Generate,
     LoadFailed,
     LoadModel,
     ModelLoaded,
+    PrefillDone,
     ReplyFailed,
     ReplyFinished,
     Request,
@@ -44,6 +46,8 @@ class FakeScript:
     """When set, a reply breaks off with a ReplyFailed of this message after two tokens."""
     crash: str = ""
     """When set, Generate raises RuntimeError(crash) after two tokens (the engine reports it)."""
+    dropped_turns: tuple[int, ...] = ()
+    """Reported in PrefillDone, as if the context had overflowed."""
     generates: list[Generate] = field(default_factory=list)
     closed: threading.Event = field(default_factory=threading.Event)
 
@@ -93,6 +97,7 @@ class FakeRuntime:
         return False
 
     def _generate(self, request: Generate) -> None:
+        self._emit(PrefillDone(request.request_id, 1.0, 10, 0, 5.0, 2048, self._script.dropped_turns))
         text = ""
         finish_reason = "eos"
         for count, token in enumerate(self._script.reply_tokens, start=1):
@@ -107,6 +112,14 @@ class FakeRuntime:
         self._watch.forget(request.request_id)
         stats = RequestStats(ttft_ms=42.0, decode_tok_s=123.4, tokens_generated=len(text.split()), finish_reason=finish_reason)
         self._emit(ReplyFinished(request.request_id, text, stats))
+
+
+@pytest.fixture(autouse=True)
+def hearth_home(tmp_path, monkeypatch):
+    """Each test gets its own data folder, so conversations and settings never leak between tests."""
+    home = tmp_path / "hearth-home"
+    monkeypatch.setenv("HEARTH_HOME", str(home))
+    return home
 
 
 @pytest.fixture
@@ -144,6 +157,19 @@ def window(qtbot, qasync_loop, fake_engine_factory):
     qtbot.wait(10)
 
 
+@pytest.fixture
+def reopen(qtbot):
+    """Builds another window on the same data folder, as if Hearth were started again (no engine)."""
+
+    def open_window() -> MainWindow:
+        reopened = MainWindow(EngineController())
+        qtbot.addWidget(reopened)
+        reopened.show()
+        return reopened
+
+    return open_window
+
+
 class ChatDriver:
     """Does what a user does in the window, and waits for what they would wait for."""
 
@@ -167,6 +193,14 @@ class ChatDriver:
 
     def shown_texts(self) -> list[str]:
         return [bubble.body.text() for bubble in self.window.chat_view.bubbles]
+
+    def send_and_wait(self, text: str) -> None:
+        self.wait_until_ready()
+        self.type_and_press_enter(text)
+        self.wait_until_reply_ends()
+
+    def sidebar_titles(self) -> list[str]:
+        return self.window.findChild(Sidebar).titles()
 
 
 @pytest.fixture

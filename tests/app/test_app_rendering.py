@@ -14,7 +14,7 @@ def test_code_blocks_are_monospaced_even_while_the_fence_is_still_open():
     html = markdown_to_html("Look:\n\n```python\nprint('hi')")
 
     assert "<pre style=\"font-family: 'DejaVu Sans Mono'" in html
-    assert "print('hi')" in html
+    assert "print" in html and "'hi'" in html
 
 
 def test_html_written_by_the_model_is_shown_as_text():
@@ -26,7 +26,7 @@ def test_html_written_by_the_model_is_shown_as_text():
 
 def test_a_streaming_reply_is_rendered_at_most_once_per_interval(qtbot, monkeypatch):
     renders: list[str] = []
-    monkeypatch.setattr(message_bubble, "markdown_to_html", lambda text: renders.append(text) or text)
+    monkeypatch.setattr(message_bubble, "markdown_to_html", lambda text, _colours: renders.append(text) or text)
     message = DisplayMessage("assistant", "", state="streaming")
     bubble = message_bubble.MessageBubble(message)
     qtbot.addWidget(bubble)

@@ -1,0 +1,156 @@
+"""GUI-stall benchmark: ``python -m app.bench_gui --json`` (GUI thread, offscreen by default).
+
+Streams ``--tokens`` tokens at ``--rate`` tokens/s from a fake engine into a real window (with
+Markdown and a code block, as a model writes), then opens a ``--messages``-message conversation
+and scrolls it from top to bottom. A 2 ms QTimer records the gaps between event-loop ticks; a
+gap is the longest time the window could not react. One JSON line per phase with the longest
+and the 99th-percentile gap in ms. Data goes to a temporary HEARTH_HOME.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import time
+
+TICK_MS = 2
+
+
+class StallMeter:
+    """Records the gaps between ticks of a fast QTimer while it runs."""
+
+    def __init__(self) -> None:
+        from PySide6.QtCore import QTimer
+
+        self.gaps_ms: list[float] = []
+        self._last = time.perf_counter()
+        self._timer = QTimer()
+        self._timer.setInterval(TICK_MS)
+        self._timer.timeout.connect(self._tick)
+
+    def start(self) -> None:
+        self.gaps_ms.clear()
+        self._last = time.perf_counter()
+        self._timer.start()
+
+    def stop(self) -> dict[str, float]:
+        self._timer.stop()
+        gaps = sorted(self.gaps_ms) or [0.0]
+        return {"max_stall_ms": round(gaps[-1], 1), "p99_stall_ms": round(gaps[int(len(gaps) * 0.99)], 1), "ticks": len(gaps)}
+
+    def _tick(self) -> None:
+        now = time.perf_counter()
+        self.gaps_ms.append((now - self._last) * 1000)
+        self._last = now
+
+
+def streaming_runtime(tokens: int, rate: float):
+    """A fake runtime that writes ``tokens`` tokens of Markdown with a code block at ``rate`` per second."""
+    from engine.messages import Generate, LoadModel, ModelLoaded, ReplyFinished, RequestStats, TokenStreamed
+
+    prose = ["Here ", "is ", "**some** ", "text ", "that ", "a ", "model ", "writes.\n\n"] * 6
+    pieces = prose + ["```python\n", "def f(x):\n", "    return x\n", "```\n\n"]
+
+    class Runtime:
+        def __init__(self, emit, _watch) -> None:
+            self._emit = emit
+
+        def handle(self, request) -> None:
+            if isinstance(request, LoadModel):
+                self._emit(ModelLoaded(request.request_id, "Bench", request.path, "cpu", "fp32", 4096, 0.0))
+            elif isinstance(request, Generate):
+                self._stream(request)
+
+        def _stream(self, request) -> None:
+            started, text = time.perf_counter(), ""
+            for index in range(tokens):
+                time.sleep(max(0.0, started + index / rate - time.perf_counter()))
+                piece = pieces[index % len(pieces)]
+                text += piece
+                self._emit(TokenStreamed(request.request_id, piece, index + 1, rate, time.time()))
+            self._emit(ReplyFinished(request.request_id, text, RequestStats(tokens_generated=tokens)))
+
+        def idle(self) -> None:
+            """Nothing to sample."""
+
+        def close(self) -> None:
+            """Nothing to release."""
+
+    return Runtime
+
+
+def long_conversation(journal, count: int) -> str:
+    """Store a conversation of ``count`` messages (user and assistant alternating); return its id."""
+    from app.conversation import Conversation
+
+    conversation = Conversation()
+    for index in range(count // 2):
+        journal.add_user_message(conversation, f"Question {index}: how does step {index} work?")
+        reply = journal.begin_reply(conversation)
+        reply.content, reply.state = f"Step **{index}** works like this:\n\n```python\nstep({index})\n```\n", "done"
+        journal.finish_reply(reply)
+    return conversation.id
+
+
+async def run(args: argparse.Namespace) -> list[dict[str, object]]:
+    from app.controller import EngineController
+    from app.main_window import MainWindow
+    from engine.client import AsyncEngine
+
+    controller = EngineController()
+    window = MainWindow(controller)
+    window.resize(1100, 800)
+    window.show()
+    controller.start(AsyncEngine(streaming_runtime(args.tokens, args.rate)))
+    window.session.load_model("bench")
+    while not window.session.send("Stream, please"):
+        await asyncio.sleep(0.01)
+    meter, results = StallMeter(), []
+    meter.start()
+    while window.session.generating:
+        await asyncio.sleep(0.01)
+    results.append({"phase": "stream", "tokens": args.tokens, "rate_tok_s": args.rate, **meter.stop()})
+    conversation_id = long_conversation(window.journal, args.messages)
+    meter.start()
+    window.conversations.open(conversation_id)
+    while window.chat_view.loading:
+        await asyncio.sleep(0.005)
+    results.append({"phase": "open", "messages": args.messages, **meter.stop()})
+    results.append({"phase": "scroll", "messages": args.messages, **await scroll(window, meter)})
+    controller.close()
+    return results
+
+
+async def scroll(window, meter: StallMeter) -> dict[str, float]:
+    bar = window.chat_view.verticalScrollBar()
+    meter.start()
+    bar.setValue(0)
+    for value in range(0, bar.maximum(), max(1, bar.pageStep() // 2)):
+        bar.setValue(value)
+        await asyncio.sleep(0.016)
+    return meter.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print JSON lines (the default output is the same)")
+    parser.add_argument("--rate", type=float, default=500.0)
+    parser.add_argument("--tokens", type=int, default=2000)
+    parser.add_argument("--messages", type=int, default=1000)
+    args = parser.parse_args()
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    os.environ["HEARTH_HOME"] = tempfile.mkdtemp(prefix="hearth-bench-")
+    import qasync
+    from PySide6.QtWidgets import QApplication
+
+    application = QApplication([])
+    for result in qasync.run(run(args)):
+        print(json.dumps(result))
+    application.processEvents()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Fenced code blocks of a reply: found, highlighted with Pygments, each with a Copy link (any thread).
+
+``split_fences`` takes the fenced blocks out of the Markdown (replacing each by a placeholder
+paragraph) so Markdown never touches code; ``block_html`` renders one block for Qt's rich
+text: a header with the language and a ``copy-code:<index>`` link above the highlighted code.
+The link's index is the block's position in ``split_fences``'s list, which is how a click
+finds the code to copy. A fence still open while the reply streams counts as closed.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import TextLexer, get_lexer_by_name
+from pygments.util import ClassNotFound
+
+COPY_LINK_PREFIX = "copy-code:"
+CODE_FONT = "font-family: 'DejaVu Sans Mono', 'Menlo', 'Consolas', monospace;"
+PLACEHOLDER = "HEARTHCODEBLOCK{index}END"
+_FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[^\s`]*)[^\n]*\n", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class CodeBlock:
+    language: str
+    code: str
+
+
+@dataclass(frozen=True)
+class CodeColours:
+    """How code blocks look in one theme."""
+
+    pygments_style: str
+    background: str
+    header: str
+
+
+LIGHT_CODE = CodeColours("friendly", "#f3f0ea", "#7a7066")
+DARK_CODE = CodeColours("monokai", "#1e1f22", "#a89f94")
+
+
+def split_fences(text: str) -> tuple[str, list[CodeBlock]]:
+    """``text`` with each fenced block replaced by a placeholder line, and the blocks in order."""
+    parts: list[str] = []
+    blocks: list[CodeBlock] = []
+    position = 0
+    while (opening := _FENCE.search(text, position)) is not None:
+        fence = opening.group("fence")
+        closing = re.compile(rf"^ {{0,3}}{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$", re.MULTILINE)
+        end = closing.search(text, opening.end())
+        code_end, resume = (end.start(), end.end()) if end else (len(text), len(text))
+        parts.append(text[position : opening.start()])
+        parts.append("\n\n" + PLACEHOLDER.format(index=len(blocks)) + "\n\n")
+        blocks.append(CodeBlock(opening.group("lang"), text[opening.end() : code_end].rstrip("\n")))
+        position = resume
+    parts.append(text[position:])
+    return "".join(parts), blocks
+
+
+def _lexer(language: str):
+    try:
+        return get_lexer_by_name(language) if language else TextLexer()
+    except ClassNotFound:
+        return TextLexer()
+
+
+@lru_cache(maxsize=512)
+def highlighted(block: CodeBlock, colours: CodeColours) -> str:
+    """The code as HTML spans with inline colours (no classes: Qt has no style sheet for them).
+
+    Cached: while a reply streams it is re-rendered many times, and only its last block changes.
+    """
+    formatter = HtmlFormatter(noclasses=True, nowrap=True, style=colours.pygments_style)
+    return highlight(block.code, _lexer(block.language), formatter).rstrip("\n")
+
+
+def block_html(block: CodeBlock, index: int, colours: CodeColours) -> str:
+    """One block as a shaded table: language and Copy link on top, the highlighted code below."""
+    language = html.escape(block.language or "code")
+    header = (
+        f'<tr><td style="color: {colours.header}; font-size: small;">{language}</td>'
+        f'<td align="right" style="font-size: small;"><a href="{COPY_LINK_PREFIX}{index}">Copy code</a></td></tr>'
+    )
+    code = f'<tr><td colspan="2"><pre style="{CODE_FONT} margin: 0;">{highlighted(block, colours)}</pre></td></tr>'
+    return (
+        f'<table width="100%" cellspacing="0" cellpadding="6" style="background-color: {colours.background};">'
+        f"{header}{code}</table>"
+    )
+
+
+def code_index(link: str) -> int | None:
+    """The block index of a ``copy-code:<n>`` link, or None for any other link."""
+    if not link.startswith(COPY_LINK_PREFIX):
+        return None
+    number = link[len(COPY_LINK_PREFIX) :]
+    return int(number) if number.isdigit() else None

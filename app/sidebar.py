@@ -1,0 +1,153 @@
+"""The conversation list beside the chat: search, new, rename, delete and undo (GUI thread).
+
+The sidebar only shows and asks: it lists ``ConversationSummary`` rows newest first and
+emits what the user wants (``chosen``, ``rename_requested``...). ``ConversationManager``
+does the work. Keyboard: Enter opens, F2 renames in place, Delete deletes, and the list,
+search box and buttons are reachable with Tab.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from PySide6.QtCore import QEvent, QObject, QPoint, Qt, Signal
+from PySide6.QtGui import QKeyEvent
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMenu,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.storage import ConversationSummary
+
+ID_ROLE = Qt.ItemDataRole.UserRole
+
+
+class Sidebar(QWidget):
+    """Search box, New button, the list of conversations, and an Undo bar after a deletion."""
+
+    chosen = Signal(str)
+    new_requested = Signal()
+    rename_requested = Signal(str, str)
+    """Conversation id and the title typed in place."""
+    delete_requested = Signal(str)
+    undo_requested = Signal()
+    search_changed = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("sidebar")
+        self.search_box = QLineEdit(self)
+        self.search_box.setObjectName("searchBox")
+        self.search_box.setPlaceholderText("Search conversations")
+        self.search_box.setAccessibleName("Search conversations")
+        self.search_box.setClearButtonEnabled(True)
+        self.new_button = self._button("New", "New conversation", self.new_requested.emit)
+        self.list = self._build_list()
+        self.undo_label = QLabel("", self)
+        self.undo_label.setObjectName("undoLabel")
+        self.undo_label.setAccessibleName("Deleted conversation")
+        self.undo_button = self._button("Undo", "Undo delete", self.undo_requested.emit)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 8, 8, 8)
+        top = QHBoxLayout()
+        top.addWidget(self.search_box, 1)
+        top.addWidget(self.new_button)
+        layout.addLayout(top)
+        layout.addWidget(self.list, 1)
+        undo_row = QHBoxLayout()
+        undo_row.addWidget(self.undo_label, 1)
+        undo_row.addWidget(self.undo_button)
+        layout.addLayout(undo_row)
+        self.hide_undo()
+        self.search_box.textChanged.connect(self.search_changed)
+
+    def set_conversations(self, summaries: list[ConversationSummary], current_id: str | None) -> None:
+        """Show ``summaries`` in order and select ``current_id`` if it is among them."""
+        self.list.blockSignals(True)
+        self.list.clear()
+        for summary in summaries:
+            item = QListWidgetItem(summary.display_title)
+            item.setData(ID_ROLE, summary.id)
+            item.setToolTip(summary.display_title)
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
+            self.list.addItem(item)
+            if summary.id == current_id:
+                self.list.setCurrentItem(item)
+        self.list.blockSignals(False)
+
+    def titles(self) -> list[str]:
+        return [self.list.item(row).text() for row in range(self.list.count())]
+
+    def item_for(self, conversation_id: str) -> QListWidgetItem | None:
+        for row in range(self.list.count()):
+            if self.list.item(row).data(ID_ROLE) == conversation_id:
+                return self.list.item(row)
+        return None
+
+    def start_rename(self, conversation_id: str) -> None:
+        item = self.item_for(conversation_id)
+        if item is not None:
+            self.list.setCurrentItem(item)
+            self.list.editItem(item)
+
+    def show_undo(self, title: str) -> None:
+        self.undo_label.setText(f"Deleted “{title}”")
+        self.undo_label.show()
+        self.undo_button.show()
+
+    def hide_undo(self) -> None:
+        self.undo_label.hide()
+        self.undo_button.hide()
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        """Delete and F2 on the list (while no title is being edited)."""
+        if watched is self.list and event.type() == QEvent.Type.KeyPress and isinstance(event, QKeyEvent):
+            item = self.list.currentItem()
+            if item is not None and self.list.state() != QAbstractItemView.State.EditingState:
+                if event.key() == Qt.Key.Key_Delete:
+                    self.delete_requested.emit(item.data(ID_ROLE))
+                    return True
+                if event.key() == Qt.Key.Key_F2:
+                    self.list.editItem(item)
+                    return True
+        return super().eventFilter(watched, event)
+
+    def _build_list(self) -> QListWidget:
+        conversation_list = QListWidget(self)
+        conversation_list.setObjectName("conversationList")
+        conversation_list.setAccessibleName("Conversations")
+        conversation_list.setAccessibleDescription("Enter opens, F2 renames, Delete deletes.")
+        conversation_list.setEditTriggers(QAbstractItemView.EditTrigger.EditKeyPressed)
+        conversation_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        conversation_list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        conversation_list.setSpacing(2)
+        conversation_list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        conversation_list.customContextMenuRequested.connect(self._show_context_menu)
+        conversation_list.itemActivated.connect(lambda item: self.chosen.emit(item.data(ID_ROLE)))
+        conversation_list.itemClicked.connect(lambda item: self.chosen.emit(item.data(ID_ROLE)))
+        conversation_list.itemChanged.connect(lambda item: self.rename_requested.emit(item.data(ID_ROLE), item.text()))
+        conversation_list.installEventFilter(self)
+        return conversation_list
+
+    def _show_context_menu(self, position: QPoint) -> None:
+        item = self.list.itemAt(position)
+        if item is None:
+            return
+        menu = QMenu(self)
+        menu.addAction("&Rename").triggered.connect(lambda: self.list.editItem(item))
+        menu.addAction("&Delete").triggered.connect(lambda: self.delete_requested.emit(item.data(ID_ROLE)))
+        menu.popup(self.list.viewport().mapToGlobal(position))
+
+    def _button(self, text: str, accessible_name: str, slot: Callable[[], object]) -> QPushButton:
+        button = QPushButton(text, self)
+        button.setAccessibleName(accessible_name)
+        button.clicked.connect(slot)
+        return button
