@@ -14,11 +14,13 @@ import torch
 
 from engine.cache_store import CacheStore
 from engine.generation import DecodeLoop, ReplyOutcome
+from engine.inspection import inspect_request
 from engine.loading import LoadCancelled, LoadedModel
 from engine.memory import read_memory
 from engine.messages import (
     ForgetConversation,
     Generate,
+    InspectModel,
     LoadFailed,
     LoadModel,
     LoadProgress,
@@ -52,6 +54,8 @@ class ModelRuntime:
             self._load(request)
         elif isinstance(request, Generate):
             self._generate(request)
+        elif isinstance(request, InspectModel):
+            self._emit(inspect_request(request))
         elif isinstance(request, ForgetConversation) and self._caches:
             self._caches.forget(request.conversation_id)
 
