@@ -4,6 +4,8 @@
 engine's events: it sends the history on Send, appends streamed text, and marks a
 reply as stopped or broken off while keeping what was written. It refuses to send
 (keeping the typed text) while no model is loaded or a reply is being written.
+When loading another model fails, the engine keeps the previous one, and so does
+the session: sending works again with it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,15 @@ from app.controller import EngineController
 from app.conversation import Conversation
 from app.input_box import InputBar
 from app.message_bubble import MessageBubble
-from engine.messages import EngineError, LoadFailed, ModelLoaded, ReplyFailed, ReplyFinished, TokenStreamed
+from engine.messages import (
+    EngineError,
+    LoadFailed,
+    LoadOptions,
+    ModelLoaded,
+    ReplyFailed,
+    ReplyFinished,
+    TokenStreamed,
+)
 
 
 class ChatSession(QObject):
@@ -37,6 +47,7 @@ class ChatSession(QObject):
         self._input = input_bar
         self._conversation = Conversation()
         self._model_ready = False
+        self._has_model = False
         self._active_request: str | None = None
         self._reply_bubble: MessageBubble | None = None
         self._connect()
@@ -61,12 +72,12 @@ class ChatSession(QObject):
             self._view.add_message(message)
         return True
 
-    def load_model(self, path: str) -> None:
-        """Load another model; sending waits until it is loaded."""
+    def load_model(self, path: str, options: LoadOptions = LoadOptions()) -> str:
+        """Load another model and return the request id; sending waits until it is loaded."""
         self.stop()
         self._model_ready = False
         self._update_controls()
-        self._controller.load_model(path)
+        return self._controller.load_model(path, options)
 
     def send(self, text: str) -> bool:
         """Send ``text`` as the next user message; False (text kept) if not possible now."""
@@ -109,11 +120,11 @@ class ChatSession(QObject):
         self._input.set_ready(self._model_ready, self.generating)
 
     def _on_model_loaded(self, _event: ModelLoaded) -> None:
-        self._model_ready = True
+        self._model_ready = self._has_model = True
         self._update_controls()
 
     def _on_load_failed(self, _event: LoadFailed) -> None:
-        self._model_ready = False
+        self._model_ready = self._has_model
         self._update_controls()
 
     def _on_token(self, event: TokenStreamed) -> None:
