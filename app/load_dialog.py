@@ -34,10 +34,11 @@ PRECISIONS = (
 MIN_CONTEXT = 256
 MAX_CONTEXT = 1 << 20
 REINSPECT_DELAY_MS = 300
-VERDICT_TEXT = {
-    "fits": "Fits",
-    "tight": "Tight: it should load, but leaves little memory for other programs",
-    "won't fit": "Won't fit: pick a smaller precision, a shorter context, or the other device",
+VERDICT_TEXT = {"fits": "Fits", "tight": "Tight", "won't fit": "Won't fit"}
+ADVICE = {
+    "fits": "Uses {share:.0%} of the free {memory}.",
+    "tight": "Uses {share:.0%} of the free {memory}: it should load, but leaves little for other programs.",
+    "won't fit": "Needs {missing} more than the free {memory}. Pick a smaller precision or a shorter context.",
 }
 VERDICT_COLOUR = {"fits": "#2e7d32", "tight": "#b26a00", "won't fit": "#b3261e"}
 KIND_WORDS = {"gguf": "GGUF file", "hf_folder": "Hugging Face folder"}
@@ -54,6 +55,15 @@ def free_memory_text(found: ModelInspected) -> tuple[str, str]:
     """(free GPU memory, free system memory) as the dialog words them."""
     gpu = format_bytes(found.available_bytes_cuda) if found.cuda_available else "no CUDA GPU"
     return gpu, format_bytes(found.available_bytes_cpu)
+
+
+def advice(found: ModelInspected, shown: PrecisionEstimate) -> str:
+    """One sentence under the verdict: how much of the free memory the model takes, or lacks."""
+    free = found.available_bytes_cuda if found.device == "cuda" else found.available_bytes_cpu
+    memory = "GPU memory" if found.device == "cuda" else "system memory"
+    share = shown.total_bytes / max(free, 1)
+    missing = format_bytes(max(shown.total_bytes - free, 0))
+    return ADVICE[shown.verdict].format(share=share, memory=memory, missing=missing)
 
 
 class LoadDialog(QDialog):
@@ -127,6 +137,7 @@ class LoadDialog(QDialog):
         self.precision_box = self._combo(PRECISIONS, "Precision")
         self.context_box = QSpinBox(self, minimum=MIN_CONTEXT, maximum=MAX_CONTEXT, singleStep=1024, suffix=" tokens")
         self.context_box.setAccessibleName("Context length")
+        self.context_box.setGroupSeparatorShown(True)
         self.context_box.setEnabled(False)
         form.addRow("Device", self.device_box)
         form.addRow("Precision", self.precision_box)
@@ -152,9 +163,10 @@ class LoadDialog(QDialog):
             label.setAlignment(Qt.AlignmentFlag.AlignRight)
             self.estimate_labels[key] = label
             form.addRow(QLabel("", group, objectName=f"estimate_{key}_name"), label)
-        self.verdict_label = self._wrapping_label("Estimating…", "font-weight: bold;")
-        self.verdict_label.setObjectName("loadDialogVerdict")
+        self.verdict_label = QLabel("Estimating…", group, objectName="loadDialogVerdict")
+        self.advice_label = self._wrapping_label("", "")
         form.addRow(self.verdict_label)
+        form.addRow(self.advice_label)
         return group
 
     @staticmethod
@@ -192,7 +204,7 @@ class LoadDialog(QDialog):
         self.context_box.blockSignals(False)
 
     def _show_notes(self, notes: tuple[str, ...]) -> None:
-        self.message_label.setStyleSheet("color: #6b6259;")
+        self.message_label.setStyleSheet("color: #6b6259; font-style: italic;")
         self.message_label.setText("\n".join(notes))
         self.message_label.setVisible(bool(notes))
 
@@ -205,6 +217,7 @@ class LoadDialog(QDialog):
         self.message_label.setText(failed.message)
         self.message_label.show()
         self.verdict_label.setText("")
+        self.advice_label.setText("")
         self.load_button.setEnabled(False)
 
     def _show_estimate(self) -> None:
@@ -216,8 +229,10 @@ class LoadDialog(QDialog):
             self.findChild(QLabel, f"estimate_{key}_name").setText(name)
             self.estimate_labels[key].setText(value)
         self.verdict_label.setText(VERDICT_TEXT[shown.verdict])
-        self.verdict_label.setStyleSheet(f"font-weight: bold; color: {VERDICT_COLOUR[shown.verdict]};")
+        self.verdict_label.setStyleSheet(f"font-weight: bold; font-size: 14px; color: {VERDICT_COLOUR[shown.verdict]};")
+        self.advice_label.setText(advice(found, shown))
         self.load_button.setEnabled(shown.verdict != "won't fit")
+        self.adjustSize()  # the advice may take another line
 
     @staticmethod
     def _estimate_rows(found: ModelInspected, shown: PrecisionEstimate) -> dict[str, tuple[str, str]]:

@@ -25,6 +25,9 @@ from app.status_line import StatusLine
 from app.theme import STYLE_SHEET
 
 
+PERFORMANCE_DOCK_WIDTH = 380
+
+
 class MainWindow(QMainWindow):
     """Conversation above, prompt below, engine status at the bottom."""
 
@@ -76,6 +79,7 @@ class MainWindow(QMainWindow):
         """The performance panel, docked on the right, closed until View > Performance opens it."""
         self.performance_dock = PerformanceDock(self)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.performance_dock)
+        self.resizeDocks([self.performance_dock], [PERFORMANCE_DOCK_WIDTH], Qt.Orientation.Horizontal)
         self.performance_dock.hide()
         self.menuBar().addMenu("&View").addAction(self.performance_dock.toggleViewAction())
         controller.event_received.connect(self.performance_dock.panel.on_event)
