@@ -115,7 +115,9 @@ def _recent_paths(menu: RecentModelsMenu) -> list[str]:
     return [action.data() for action in menu.actions() if action.data()]
 
 
-def test_recent_models_lists_loaded_models_across_restarts(hearth_home, qtbot, qasync_loop, fake_engine_factory, script):
+def test_recent_models_lists_loaded_models_across_restarts(
+    hearth_home, qtbot, qasync_loop, fake_engine_factory, script
+):
     first, controller = _start_window(qtbot, fake_engine_factory)
     assert _recent_paths(first.model_loader.recent_menu) == []
     first.model_loader.load("/models/one.gguf")
