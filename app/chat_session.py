@@ -6,6 +6,8 @@ on Send, appends streamed text, and marks a reply as stopped or broken off while
 what was written. It refuses to send (keeping the typed text) while no model is loaded,
 a reply is being written, or the message could not be saved. Regenerate, edit and delete
 replace later turns; the engine reuses its KV cache up to the first changed token.
+When loading another model fails, the engine keeps the previous one, and so does
+the session: sending works again with it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from app.storage import StorageError
 from engine.messages import (
     EngineError,
     LoadFailed,
+    LoadOptions,
     ModelLoaded,
     PrefillDone,
     ReplyFailed,
@@ -56,6 +59,7 @@ class ChatSession(QObject):
         self._journal = journal
         self._conversation = journal.new_conversation()
         self._model_ready = False
+        self._has_model = False
         self._active_request: str | None = None
         self._reply_bubble: MessageBubble | None = None
         self._history_sources: tuple[DisplayMessage, ...] = ()
@@ -81,12 +85,12 @@ class ChatSession(QObject):
         self._view.set_banner(damage)
         return True
 
-    def load_model(self, path: str) -> None:
-        """Load another model; sending waits until it is loaded."""
+    def load_model(self, path: str, options: LoadOptions = LoadOptions()) -> str:
+        """Load another model and return the request id; sending waits until it is loaded."""
         self.stop()
         self._model_ready = False
         self._update_controls()
-        self._controller.load_model(path)
+        return self._controller.load_model(path, options)
 
     def send(self, text: str) -> bool:
         """Send ``text`` as the next user message; False (text kept) if not possible now."""
@@ -194,11 +198,11 @@ class ChatSession(QObject):
         self._input.set_ready(self._model_ready, self.generating)
 
     def _on_model_loaded(self, _event: ModelLoaded) -> None:
-        self._model_ready = True
+        self._model_ready = self._has_model = True
         self._update_controls()
 
     def _on_load_failed(self, _event: LoadFailed) -> None:
-        self._model_ready = False
+        self._model_ready = self._has_model
         self._update_controls()
 
     def _on_prefill_done(self, event: PrefillDone) -> None:

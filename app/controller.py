@@ -2,8 +2,9 @@
 
 ``EngineController`` submits requests to an ``AsyncEngine`` and runs a pump task
 that awaits its events and re-emits each one as a Qt signal, one signal per event
-kind, carrying the frozen event dataclass. Widgets connect to the signals they
-care about and never see the engine itself.
+kind, carrying the frozen event dataclass, and ``event_received`` for every event
+(for views that show all of them, like the performance panel). Widgets connect
+to the signals they care about and never see the engine itself.
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ from engine.messages import (
     Event,
     FetchProgress,
     Generate,
+    InspectFailed,
+    InspectModel,
     LoadFailed,
     LoadModel,
     LoadOptions,
     LoadProgress,
     MemorySampled,
+    ModelInspected,
     ModelLoaded,
     PrefillDone,
     ReplyFailed,
@@ -48,6 +52,8 @@ SIGNAL_FOR_EVENT: dict[type, str] = {
     ReplyFailed: "reply_failed",
     MemorySampled: "memory_sampled",
     EngineError: "engine_error",
+    ModelInspected: "model_inspected",
+    InspectFailed: "inspect_failed",
 }
 
 
@@ -69,6 +75,10 @@ class EngineController(QObject):
     reply_failed = Signal(object)
     memory_sampled = Signal(object)
     engine_error = Signal(object)
+    model_inspected = Signal(object)
+    inspect_failed = Signal(object)
+    event_received = Signal(object)
+    """Every event, after its own signal."""
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -110,6 +120,12 @@ class EngineController(QObject):
         self.submit(LoadModel(request_id, path, options))
         return request_id
 
+    def inspect_model(self, path: str, options: LoadOptions = LoadOptions()) -> str:
+        """Ask for a memory estimate of ``path`` (answered by ModelInspected or InspectFailed)."""
+        request_id = new_request_id()
+        self.submit(InspectModel(request_id, path, options))
+        return request_id
+
     def close(self, timeout: float = 5.0) -> None:
         """Stop pumping events and stop the engine thread (a reply in progress is cancelled)."""
         if self._pump_task is not None:
@@ -119,8 +135,9 @@ class EngineController(QObject):
             self._engine.close(timeout)
 
     def _dispatch(self, event: Event) -> None:
-        """Emit the signal for ``event``."""
+        """Emit the signal for ``event``, then ``event_received``."""
         getattr(self, SIGNAL_FOR_EVENT[type(event)]).emit(event)
+        self.event_received.emit(event)
 
     async def _pump(self, engine: AsyncEngine) -> None:
         while True:

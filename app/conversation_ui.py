@@ -9,11 +9,9 @@ conversation.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QDockWidget, QMainWindow, QMenu, QMessageBox
+from PySide6.QtGui import QKeySequence
+from PySide6.QtWidgets import QDockWidget, QMessageBox
 
 from app.appearance import ThemeSwitcher
 from app.conversation_manager import ConversationManager
@@ -21,24 +19,8 @@ from app.conversation_settings import open_conversation_settings
 from app.export_dialog import export_conversation
 from app.message_actions import MessageActions
 from app.settings_dialog import open_settings_dialog
+from app.menus import add_action, menu_named
 from app.sidebar import Sidebar
-
-
-def menu_named(window: QMainWindow, title: str) -> QMenu:
-    """The menu bar's menu called ``title``, created at the end if there is none yet."""
-    for action in window.menuBar().actions():
-        if action.menu() is not None and action.text() == title:
-            return action.menu()
-    return window.menuBar().addMenu(title)
-
-
-def add_action(menu: QMenu, text: str, shortcut: QKeySequence | str | None, slot: Callable[[], object]) -> QAction:
-    action = QAction(text, menu)
-    if shortcut is not None:
-        action.setShortcut(QKeySequence(shortcut))
-    action.triggered.connect(slot)
-    menu.addAction(action)
-    return action
 
 
 def install_conversations(window, controller, startup_notices: list[str]) -> ConversationManager:

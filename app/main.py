@@ -17,7 +17,8 @@ from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
 from app.controller import EngineController
-from app.main_window import DEFAULT_MODEL, MainWindow
+from app.main_window import MainWindow
+from app.model_picker import DEFAULT_MODEL
 from engine.client import AsyncEngine
 
 RESOURCES_DIR = Path(__file__).resolve().parent.parent / "resources"
@@ -66,7 +67,7 @@ async def run_window(model_path: str, engine_factory: Callable[[], AsyncEngine] 
     window.show()
     await asyncio.sleep(FIRST_PAINT_DELAY_S)
     controller.start(engine_factory())
-    window.session.load_model(model_path)
+    window.model_loader.load(model_path)
     await closed.wait()
     controller.close(ENGINE_STOP_TIMEOUT_S)
     return 0

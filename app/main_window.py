@@ -1,16 +1,16 @@
 """Hearth's main window: lays out the conversation, the input bar and the status line (GUI thread).
 
 The window only assembles parts: ``ChatSession`` runs the conversation, ``StatusLine``
-reports the engine, and errors that need attention open a non-blocking dialog.
+reports the engine, ``ModelLoader`` opens models (File menu, drops), the
+performance dock shows every engine event, and errors that need attention open a
+non-blocking dialog.
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
-from PySide6.QtCore import Signal
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
-from PySide6.QtWidgets import QFileDialog, QMainWindow, QMenu, QMessageBox, QVBoxLayout, QWidget
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QCloseEvent, QKeySequence
+from PySide6.QtWidgets import QMainWindow, QMessageBox, QVBoxLayout, QWidget
 
 from app.chat_session import ChatSession
 from app.chat_view import ChatView
@@ -18,12 +18,15 @@ from app.controller import EngineController
 from app.app_settings import SettingsHolder
 from app.conversation_ui import install_conversations
 from app.input_box import InputBar
+from app.menus import MENU_ORDER, add_action, menu_named
 from app.persistence import open_journal
+from app.model_picker import ModelLoader
+from app.perf.dock import PerformanceDock
 from app.status_line import StatusLine
 from app.theme import STYLE_SHEET
-from engine.messages import EngineError, LoadFailed
 
-DEFAULT_MODEL = "default"
+
+PERFORMANCE_DOCK_WIDTH = 380
 
 
 class MainWindow(QMainWindow):
@@ -46,11 +49,12 @@ class MainWindow(QMainWindow):
         startup_notices += [self.settings_holder.load_notice] if self.settings_holder.load_notice else []
         self.session = ChatSession(controller, self.chat_view, self.input_bar, self.journal, self)
         self.session.notice.connect(self.status_line.show_notice)
-        controller.load_failed.connect(lambda event: self._show_error("The model could not be loaded", event))
-        controller.engine_error.connect(lambda event: self._show_error("The engine reported an error", event))
+        controller.engine_error.connect(lambda event: self.show_error("The engine reported an error", event.message))
         self._build_central()
         self._build_menus()
         self.conversations = install_conversations(self, controller, startup_notices)
+        self._build_model_menu(controller)
+        self._build_performance_dock(controller)
         self.input_bar.prompt.setFocus()
 
     def closeEvent(self, event: QCloseEvent) -> None:
@@ -67,42 +71,33 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(central)
 
     def _build_menus(self) -> None:
-        chat_menu = self.menuBar().addMenu("&Conversation")
-        self._add_action(chat_menu, "&New conversation", QKeySequence.StandardKey.New, self._new_conversation)
-        chat_menu.addSeparator()
-        self._add_action(chat_menu, "&Quit", QKeySequence.StandardKey.Quit, self.close)
-        model_menu = self.menuBar().addMenu("&Model")
-        self._add_action(model_menu, "Load the &default model", None, self._load_default_model)
-        self._add_action(model_menu, "Load a model &folder…", None, self._choose_model_folder)
-        self._add_action(model_menu, "Load a &GGUF file…", None, self._choose_gguf_file)
+        """The menus in their order; each part of the window adds its own entries to them."""
+        for title in MENU_ORDER:
+            menu_named(self, title)
+        add_action(menu_named(self, "&Conversation"), "&New conversation", QKeySequence.StandardKey.New, self._new_conversation)
 
-    def _add_action(
-        self, menu: QMenu, text: str, shortcut: QKeySequence.StandardKey | None, slot: Callable[[], object]
-    ) -> None:
-        action = QAction(text, self)
-        if shortcut is not None:
-            action.setShortcut(shortcut)
-        action.triggered.connect(slot)
-        menu.addAction(action)
+    def _build_model_menu(self, controller: EngineController) -> None:
+        self.model_loader = ModelLoader(self, self.session, controller, self.status_line, self.show_error)
+        file_menu = menu_named(self, "&File")
+        self.model_loader.fill_menu(file_menu)
+        file_menu.addSeparator()
+        add_action(file_menu, "&Quit", QKeySequence.StandardKey.Quit, self.close)
+
+    def _build_performance_dock(self, controller: EngineController) -> None:
+        """The performance panel, docked on the right, closed until View > Performance opens it."""
+        self.performance_dock = PerformanceDock(self)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.performance_dock)
+        self.resizeDocks([self.performance_dock], [PERFORMANCE_DOCK_WIDTH], Qt.Orientation.Horizontal)
+        self.performance_dock.hide()
+        menu_named(self, "&View").addAction(self.performance_dock.toggleViewAction())
+        controller.event_received.connect(self.performance_dock.panel.on_event)
 
     def _new_conversation(self) -> None:
         self.conversations.new_conversation()
 
-    def _load_default_model(self) -> None:
-        self.session.load_model(DEFAULT_MODEL)
-
-    def _choose_model_folder(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Load a model folder")
-        if folder:
-            self.session.load_model(folder)
-
-    def _choose_gguf_file(self) -> None:
-        path, _filter = QFileDialog.getOpenFileName(self, "Load a GGUF file", "", "GGUF models (*.gguf)")
-        if path:
-            self.session.load_model(path)
-
-    def _show_error(self, title: str, event: LoadFailed | EngineError) -> None:
-        box = QMessageBox(QMessageBox.Icon.Warning, title, event.message, QMessageBox.StandardButton.Ok, self)
+    def show_error(self, title: str, message: str) -> None:
+        """A non-blocking warning dialog: the app stays usable while it is open."""
+        box = QMessageBox(QMessageBox.Icon.Warning, title, message, QMessageBox.StandardButton.Ok, self)
         box.setAccessibleName(title)
         box.setObjectName("errorDialog")
         box.open()

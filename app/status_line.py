@@ -2,7 +2,8 @@
 
 The left side follows the engine (downloading N%, loading, ready with the model
 and device, generating, errors); the right side keeps the last reply's speed and
-time to first token. ``show_notice`` covers the left side for a few seconds:
+time to first token. A failed load keeps the previous model's name: the engine
+keeps that model. ``show_notice`` covers the left side for a few seconds:
 refused sends and errors that end a reply, so the next state does not hide them.
 """
 
@@ -101,8 +102,8 @@ class StatusLine(QStatusBar):
         self.show_state(f"{self._ready_text()}, loaded in {event.load_s:.1f} s")
 
     def _on_load_failed(self, event: LoadFailed) -> None:
-        self._model_text = ""
         self.show_state(f"Could not load the model: {event.message}")
+        self.show_notice(f"Could not load the model: {event.message}")
 
     def _on_reply_finished(self, event: ReplyFinished) -> None:
         self.stats_label.setText(describe_stats(event.stats))

@@ -96,7 +96,16 @@ class Shutdown:
     """Stop the engine thread after the request in progress."""
 
 
-Request = Union[LoadModel, Generate, Cancel, ForgetConversation, Shutdown]
+@dataclass(frozen=True)
+class InspectModel:
+    """Check ``path`` and estimate its memory use under ``options``, without loading it."""
+
+    request_id: str
+    path: str
+    options: LoadOptions = LoadOptions()
+
+
+Request = Union[LoadModel, Generate, Cancel, ForgetConversation, Shutdown, InspectModel]
 
 
 # ---------------------------------------------------------------- events
@@ -240,6 +249,48 @@ class EngineError:
     message: str
 
 
+@dataclass(frozen=True)
+class PrecisionEstimate:
+    """Memory to run the model at ``precision``; ``verdict`` is "fits", "tight" or "won't fit"."""
+
+    precision: str
+    weight_bytes: int
+    kv_bytes: int
+    total_bytes: int
+    verdict: str
+
+
+@dataclass(frozen=True)
+class ModelInspected:
+    """What ``InspectModel`` found: the model, and its estimates on ``device`` for ``context_length`` tokens.
+
+    ``auto_precision`` is what ``precision="auto"`` would pick, or None when nothing fits.
+    """
+
+    request_id: str
+    path: str
+    name: str
+    kind: str
+    n_params: int
+    native_context_length: int
+    context_length: int
+    device: str
+    estimates: tuple[PrecisionEstimate, ...]
+    available_bytes_cpu: int
+    available_bytes_cuda: int
+    cuda_available: bool
+    auto_precision: str | None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class InspectFailed:
+    """``InspectModel`` refused the path; ``message`` says what is wrong and what to do."""
+
+    request_id: str
+    message: str
+
+
 Event = Union[
     StatusChanged,
     FetchProgress,
@@ -252,4 +303,6 @@ Event = Union[
     ReplyFailed,
     MemorySampled,
     EngineError,
+    ModelInspected,
+    InspectFailed,
 ]

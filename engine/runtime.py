@@ -17,11 +17,13 @@ from engine.cache_store import CacheStore
 from engine.generation import DecodeLoop, ReplyOutcome
 from engine.background_load import CANCELLED_MESSAGE, BackgroundLoad, LoadDone
 from engine.loading import LoadedModel
+from engine.inspection import inspect_request
 from engine.memory import read_memory
 from engine.messages import (
     Cancel,
     ForgetConversation,
     Generate,
+    InspectModel,
     LoadFailed,
     LoadModel,
     MemorySampled,
@@ -63,6 +65,8 @@ class ModelRuntime:
             self._generate(request)
             if self._pending:  # a Cancel for the load may have arrived during the reply
                 self._cancel_load_if(self._pending.request.request_id)
+        elif isinstance(request, InspectModel):
+            self._emit(inspect_request(request))
         elif isinstance(request, ForgetConversation) and self._caches:
             self._caches.forget(request.conversation_id)
 

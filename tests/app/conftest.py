@@ -21,10 +21,15 @@ from app.sidebar import Sidebar
 from engine.client import AsyncEngine
 from engine.messages import (
     Generate,
+    InspectFailed,
+    InspectModel,
     LoadFailed,
     LoadModel,
+    LoadProgress,
+    ModelInspected,
     ModelLoaded,
     PrefillDone,
+    PrecisionEstimate,
     ReplyFailed,
     ReplyFinished,
     Request,
@@ -33,6 +38,11 @@ from engine.messages import (
     TokenStreamed,
 )
 from engine.worker import CancelWatch, EventSink
+
+GIB = 1024**3
+FAKE_WEIGHTS_FP32 = 2 * GIB
+FAKE_KV_PER_TOKEN_FP32 = 64 * 1024
+LOAD_STEPS = 10
 
 @dataclass
 class FakeScript:
@@ -48,7 +58,11 @@ class FakeScript:
     """When set, Generate raises RuntimeError(crash) after two tokens (the engine reports it)."""
     dropped_turns: tuple[int, ...] = ()
     """Reported in PrefillDone, as if the context had overflowed."""
+    free_cpu_bytes: int = 16 * GIB
+    """What the fake reports as free system memory when asked to inspect a model."""
     generates: list[Generate] = field(default_factory=list)
+    loads: list[LoadModel] = field(default_factory=list)
+    inspections: list[InspectModel] = field(default_factory=list)
     closed: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -57,16 +71,21 @@ class FakeScript:
 
 
 class FakeRuntime:
-    """Answers LoadModel and Generate like the real runtime, without a model."""
+    """Answers LoadModel, InspectModel and Generate like the real runtime, without a model."""
 
     def __init__(self, emit: EventSink, watch: CancelWatch, script: FakeScript) -> None:
         self._emit = emit
         self._watch = watch
         self._script = script
+        self._loaded_name = ""
 
     def handle(self, request: Request) -> None:
         if isinstance(request, LoadModel):
+            self._script.loads.append(request)
             self._load(request)
+        elif isinstance(request, InspectModel):
+            self._script.inspections.append(request)
+            self._emit(self._inspect(request))
         elif isinstance(request, Generate):
             self._script.generates.append(request)
             self._emit(StatusChanged("generating"))
@@ -80,13 +99,44 @@ class FakeRuntime:
         self._script.closed.set()
 
     def _load(self, request: LoadModel) -> None:
+        """Loads in ``LOAD_STEPS`` steps over ``load_delay_s``; a failed or cancelled load keeps the old model."""
         self._emit(StatusChanged("loading", request.path))
-        time.sleep(self._script.load_delay_s)
+        for step in range(LOAD_STEPS):
+            if self._watch.is_cancelled(request.request_id):
+                self._fail(request, "Loading was cancelled; the previous model stays.")
+                return
+            self._emit(LoadProgress(request.request_id, step, LOAD_STEPS, "steps"))
+            time.sleep(self._script.load_delay_s / LOAD_STEPS)
+        self._watch.forget(request.request_id)
         if request.path == self._script.broken_path:
-            self._emit(LoadFailed(request.request_id, f"No model found at {request.path}: pick a folder or .gguf file."))
+            self._fail(request, f"No model found at {request.path}: pick a folder or .gguf file.")
             return
-        self._emit(ModelLoaded(request.request_id, "Fake model", request.path, "cpu", "fp32", 2048, 0.25))
+        name = "Fake model" if request.path == "fake-model" else f"Fake {request.path.rsplit('/', 1)[-1]}"
+        self._loaded_name = name
+        notices = ("no chat template: using a plain one",) if "plain" in request.path else ()
+        self._emit(ModelLoaded(request.request_id, name, request.path, "cpu", "fp32", 2048, 0.25, notices=notices))
         self._emit(StatusChanged("ready"))
+
+    def _fail(self, request: LoadModel, message: str) -> None:
+        self._watch.forget(request.request_id)
+        self._emit(LoadFailed(request.request_id, message))
+        if self._loaded_name:
+            self._emit(StatusChanged("ready"))
+
+    def _inspect(self, request: InspectModel) -> ModelInspected | InspectFailed:
+        """A 0.5 B-parameter model; the KV cache grows with the asked context length."""
+        if request.path == self._script.broken_path:
+            return InspectFailed(request.request_id, f"No model found at {request.path}: pick a folder or .gguf file.")
+        context = request.options.context_length or 4096
+        estimates = tuple(
+            _fake_estimate(precision, scale, context, self._script.free_cpu_bytes)
+            for precision, scale in (("fp32", 1.0), ("bf16", 0.5), ("fp16", 0.5))
+        )
+        fitting = [item.precision for item in estimates if item.verdict == "fits"]
+        return ModelInspected(
+            request.request_id, request.path, "Fake inspected", "gguf", 500_000_000, 4096, context, "cpu",
+            estimates, self._script.free_cpu_bytes, 0, False, fitting[0] if fitting else None,
+        )
 
     def _break_off(self, request: Generate, text: str) -> bool:
         if self._script.crash:
@@ -120,6 +170,11 @@ def hearth_home(tmp_path, monkeypatch):
     home = tmp_path / "hearth-home"
     monkeypatch.setenv("HEARTH_HOME", str(home))
     return home
+def _fake_estimate(precision: str, scale: float, context: int, free: int) -> PrecisionEstimate:
+    weights, kv = int(FAKE_WEIGHTS_FP32 * scale), int(FAKE_KV_PER_TOKEN_FP32 * scale) * context
+    total = weights + kv
+    verdict = "fits" if total <= 0.85 * free else "tight" if total <= free else "won't fit"
+    return PrecisionEstimate(precision, weights, kv, total, verdict)
 
 
 @pytest.fixture

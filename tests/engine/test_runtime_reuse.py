@@ -12,9 +12,7 @@ from engine.messages import (
     ChatMessage,
     Generate,
     LoadFailed,
-    LoadModel,
     ModelLoaded,
-    PrefillDone,
     ReplyFailed,
     ReplyFinished,
     SamplingParams,
@@ -33,7 +31,7 @@ def engine(tiny_model_dir, engine_driver):
     engine.thread.stop()
 
 
-def _fresh(engine, messages: list[ChatMessage]) -> Turn:
+def _fresh(engine, messages: list[ChatMessage]):
     return engine.ask(uuid.uuid4().hex, messages)
 
 
