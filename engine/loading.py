@@ -2,6 +2,8 @@
 
 Nothing from a model folder ever runs as code: ``trust_remote_code`` stays off.
 GGUF files are converted once into a cached folder (see ``gguf_convert``).
+On the CPU, Llama-family models run on the fast path (``fast_llama``) in fp32 or
+fp16 weights; everything else runs through transformers (``HFBackend``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from engine.backend import Backend, HFBackend
+from engine.fast_llama import FastLlama, FastLlamaBackend, unsupported_reason
+from engine.quant import CPU_FORMATS
 from engine.messages import ChatMessage, LoadOptions
 
 Progress = Callable[[int, int], None]
@@ -58,11 +62,19 @@ def resolve_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
-def resolve_precision(requested: str, device: torch.device) -> str:
-    """``auto``: bf16 on a GPU, fp32 on the CPU (exact, and fast for small models)."""
+def resolve_precision(requested: str, device: torch.device, fast_path: bool) -> str:
+    """``auto``: bf16 on a GPU; on the CPU fp16 weights on the fast path (fp32 sums, half
+    the bytes to read per token, logits within rounding of fp32), else fp32."""
     if requested != "auto":
         return requested
-    return "bf16" if device.type == "cuda" else "fp32"
+    if device.type == "cuda":
+        return "bf16"
+    return "fp16" if fast_path else "fp32"
+
+
+def fast_path_applies(config: Any, device: torch.device) -> bool:
+    """Whether ``fast_llama`` can run this model here (the CPU, a Llama-family architecture)."""
+    return device.type == "cpu" and unsupported_reason(config) is None
 
 
 def load_model(
@@ -75,29 +87,41 @@ def load_model(
     """Load the Hugging Face folder ``folder`` (already checked for safety)."""
     started = time.perf_counter()
     device = resolve_device(options.device)
-    precision = resolve_precision(options.precision, device)
     steps = 3
     progress(0, steps)
     tokenizer = _load_tokenizer(folder)
     _checkpoint(is_cancelled, progress, 1, steps)
-    model = _load_weights(folder, device, precision)
+    fast = fast_path_applies(_load_config(folder), device)
+    precision = resolve_precision(options.precision, device, fast)
+    model = _load_weights(folder, device, "fp32" if fast and precision in CPU_FORMATS else precision)  # repacked later
     _checkpoint(is_cancelled, progress, 2, steps)
-    context_length = _context_length(model.config, options.context_length)
-    loaded = LoadedModel(
-        name=name,
-        path=str(folder),
-        model=model,
-        tokenizer=tokenizer,
-        backend=HFBackend(model),
-        device=device.type,
-        precision=precision,
-        context_length=context_length,
-        weight_bytes=weight_bytes(model),
-        eos_ids=_eos_ids(model, tokenizer),
-        load_s=time.perf_counter() - started,
-    )
+    loaded = wrap_model(model, tokenizer, name, str(folder), precision, options.context_length, started)
     progress(steps, steps)
     return loaded
+
+
+def wrap_model(
+    model: Any, tokenizer: Any, name: str, path: str, precision: str, context_length: int | None, started: float
+) -> LoadedModel:
+    """A loaded transformers model as a ``LoadedModel``, repacked for the fast path where it applies."""
+    device = next(model.parameters()).device
+    eos_ids = _eos_ids(model, tokenizer)
+    fast = fast_path_applies(model.config, device) and precision in CPU_FORMATS
+    if fast:
+        model = FastLlama(model.config, model.state_dict(), precision, device)  # the transformers copy is dropped
+    return LoadedModel(
+        name=name,
+        path=path,
+        model=model,
+        tokenizer=tokenizer,
+        backend=FastLlamaBackend(model) if fast else HFBackend(model),
+        device=device.type,
+        precision=precision,
+        context_length=_context_length(model.config, context_length),
+        weight_bytes=model.weight_bytes if fast else weight_bytes(model),
+        eos_ids=eos_ids,
+        load_s=time.perf_counter() - started,
+    )
 
 
 def _checkpoint(is_cancelled: Callable[[], bool], progress: Progress, done: int, total: int) -> None:
@@ -110,6 +134,12 @@ def _load_tokenizer(folder: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+
+
+def _load_config(folder: Path) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
 
 
 def _load_weights(folder: Path, device: torch.device, precision: str) -> Any:
