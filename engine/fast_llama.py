@@ -116,16 +116,12 @@ class FastLlama:
 
     def _attention(self, layer: _Layer, index: int, h: torch.Tensor, cache: KVCache, start: int,
                    cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        length, hd = h.shape[0], self.head_dim
-        q, k, v = layer.qkv(h).split([self.heads * hd, self.kv_heads * hd, self.kv_heads * hd], dim=-1)
-        q = _rotate(q.view(length, self.heads, hd).transpose(0, 1), cos, sin)  # [H, S, hd]
-        k = _rotate(k.view(length, self.kv_heads, hd).transpose(0, 1), cos, sin)  # [Hkv, S, hd]
-        v = v.view(length, self.kv_heads, hd).transpose(0, 1)  # [Hkv, S, hd]
-        keys, values = cache.write(index, start, k, v)  # [Hkv, T, hd] each
-        attended = F.scaled_dot_product_attention(
-            q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, enable_gqa=True
-        )  # [1, H, S, hd]
-        return layer.out(attended[0].transpose(0, 1).reshape(length, self.heads * hd))  # [S, D]
+        length, hd, heads = h.shape[0], self.head_dim, self.heads
+        qkv = layer.qkv(h).view(length, heads + 2 * self.kv_heads, hd).transpose(0, 1)  # [H + 2Hkv, S, hd]
+        qk = _rotate(qkv[: heads + self.kv_heads], cos, sin)  # queries and keys rotated together
+        keys, values = cache.write(index, start, qk[heads:], qkv[heads + self.kv_heads :])  # [Hkv, T, hd] each
+        attended = _attend(qk[:heads], keys, values, mask)  # [H, S, hd]
+        return layer.out(attended.transpose(0, 1).reshape(length, heads * hd))  # [S, D]
 
     def _rope(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         if end > self._cos.shape[0]:
@@ -145,15 +141,27 @@ def _rotary_module(config: Any, device: torch.device) -> torch.nn.Module:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.float()  # [S, D]
-    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * normed.to(x.dtype)
+    """``x`` [S, D]; PyTorch's fused kernel (a hand-written mean costs several slow copies per call)."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary positions in Hugging Face's half-split layout; ``x`` [H, S, hd], ``cos``/``sin`` [S, hd]."""
     first, second = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-second, first), dim=-1) * sin
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``q`` [H, S, hd] over ``keys``/``values`` [Hkv, T, hd]; query head ``h`` uses kv head ``h // (H / Hkv)``."""
+    heads, length, hd = q.shape
+    kv_heads = keys.shape[0]
+    if mask is not None:
+        return F.scaled_dot_product_attention(q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
+                                              attn_mask=mask, enable_gqa=True)[0]
+    # One query: three small matmuls beat the fused kernel's setup cost.
+    grouped = q.view(kv_heads, heads // kv_heads, hd)  # [Hkv, G, hd]
+    scores = (grouped @ keys.transpose(1, 2)) * hd**-0.5  # [Hkv, G, T]
+    return (scores.softmax(dim=-1) @ values).view(heads, 1, hd)  # [H, 1, hd]
 
 
 def _causal_mask(start: int, length: int, device: torch.device) -> torch.Tensor | None:
