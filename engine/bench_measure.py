@@ -70,7 +70,7 @@ class _TokenClock:
         self._prompt_seen = True  # the first call carries the prompt
 
     def end(self) -> None:
-        pass
+        """Nothing to close: the times are read after ``generate()`` returns."""
 
 
 @torch.inference_mode()

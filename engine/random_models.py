@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from engine.loading import LoadedModel, fast_path_applies, resolve_device, resolve_precision, wrap_model
+from engine.loading import DTYPES, LoadedModel, fast_path_applies, resolve_device, resolve_precision, wrap_model
 
 PREFIX = "random:"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -93,10 +93,9 @@ def load_random(path: str, device_name: str, requested_precision: str, context_l
     name = path[len(PREFIX):]
     device = resolve_device(device_name)
     precision = resolve_precision(requested_precision, device, fast_path_applies(llama_config(name), device))
-    if precision not in ("fp32", "bf16", "fp16"):
+    if precision not in DTYPES:
         raise RandomModelError(f"Random models cannot be built in {precision}; use an unquantized precision.")
-    build_dtype = torch.float32 if device.type == "cpu" else {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-    model = build_hf_model(name, device, build_dtype)
+    model = build_hf_model(name, device, torch.float32 if device.type == "cpu" else DTYPES[precision])
     return wrap_model(model, byte_tokenizer(), path, path, precision, context_length, started)
 
 
