@@ -2,6 +2,8 @@
 
 Nothing from a model folder ever runs as code: ``trust_remote_code`` stays off.
 GGUF files are converted once into a cached folder (see ``gguf_convert``).
+On the CPU, Llama-family models run on the fast path (``fast_llama``) in fp32 or
+fp16 weights; everything else runs through transformers (``HFBackend``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import torch
 
 from engine.backend import Backend, HFBackend
 from engine.chat_template import ChatTemplate
+from engine.fast_llama import FastLlama, FastLlamaBackend, unsupported_reason
 from engine.messages import ChatMessage
+from engine.quant import CPU_FORMATS
 
 Progress = Callable[[int, int], None]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -64,7 +68,11 @@ def resolve_device(requested: str) -> torch.device:
 
 @dataclass(frozen=True)
 class LoadPlan:
-    """What to load and how, decided before any weight is read."""
+    """What to load and how, decided before any weight is read.
+
+    ``precision`` passed the memory check; ``precision_is_auto`` says the user left
+    the choice to Hearth, which then takes fp16 weights over fp32 on the fast path.
+    """
 
     folder: Path
     name: str
@@ -73,6 +81,25 @@ class LoadPlan:
     context_length: int
     template: ChatTemplate
     notices: tuple[str, ...] = ()
+    precision_is_auto: bool = False
+
+
+def resolve_precision(requested: str, device: torch.device, fast_path: bool) -> str:
+    """``auto`` without a memory estimate (random models): bf16 on a GPU, else fp32, then ``prefer_fast``."""
+    if requested != "auto":
+        return requested
+    return prefer_fast("bf16" if device.type == "cuda" else "fp32", fast_path)
+
+
+def prefer_fast(precision: str, fast_path: bool) -> str:
+    """On the CPU fast path fp16 weights read half the bytes per token with fp32 sums: logits
+    stay within rounding of fp32, so an automatic fp32 becomes fp16 there."""
+    return "fp16" if fast_path and precision == "fp32" else precision
+
+
+def fast_path_applies(config: Any, device: torch.device) -> bool:
+    """Whether ``fast_llama`` can run this model here (the CPU, a Llama-family architecture)."""
+    return device.type == "cpu" and unsupported_reason(config) is None
 
 
 def load_model(plan: LoadPlan, progress: Progress, is_cancelled: Callable[[], bool]) -> LoadedModel:
@@ -82,25 +109,37 @@ def load_model(plan: LoadPlan, progress: Progress, is_cancelled: Callable[[], bo
     progress(0, steps)
     tokenizer = _load_tokenizer(plan.folder)
     _checkpoint(is_cancelled, progress, 1, steps)
-    model = _load_weights(plan.folder, plan.device, plan.precision)
+    fast = fast_path_applies(_load_config(plan.folder), plan.device)
+    precision = prefer_fast(plan.precision, fast) if plan.precision_is_auto else plan.precision
+    fast = fast and precision in CPU_FORMATS
+    model = _load_weights(plan.folder, plan.device, "fp32" if fast else precision)  # repacked by wrap_model
     _checkpoint(is_cancelled, progress, 2, steps)
-    loaded = LoadedModel(
+    loaded = wrap_model(model, tokenizer, plan, precision, started)
+    progress(steps, steps)
+    return loaded
+
+
+def wrap_model(model: Any, tokenizer: Any, plan: LoadPlan, precision: str, started: float) -> LoadedModel:
+    """A loaded transformers model as a ``LoadedModel``, repacked for the fast path where it applies."""
+    eos_ids = _eos_ids(model, tokenizer)
+    fast = fast_path_applies(model.config, plan.device) and precision in CPU_FORMATS
+    if fast:
+        model = FastLlama(model.config, model.state_dict(), precision, plan.device)  # the transformers copy is dropped
+    return LoadedModel(
         name=plan.name,
         path=str(plan.folder),
         model=model,
         tokenizer=tokenizer,
-        backend=HFBackend(model),
+        backend=FastLlamaBackend(model) if fast else HFBackend(model),
         device=plan.device.type,
-        precision=plan.precision,
+        precision=precision,
         context_length=plan.context_length,
-        weight_bytes=weight_bytes(model),
-        eos_ids=_eos_ids(model, tokenizer),
+        weight_bytes=model.weight_bytes if fast else weight_bytes(model),
+        eos_ids=eos_ids,
         load_s=time.perf_counter() - started,
         template=plan.template,
         notices=plan.notices,
     )
-    progress(steps, steps)
-    return loaded
 
 
 def _checkpoint(is_cancelled: Callable[[], bool], progress: Progress, done: int, total: int) -> None:
@@ -113,6 +152,12 @@ def _load_tokenizer(folder: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+
+
+def _load_config(folder: Path) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
 
 
 def _load_weights(folder: Path, device: torch.device, precision: str) -> Any:

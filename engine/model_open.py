@@ -38,8 +38,11 @@ def open_model(
     precision = _pick_precision(source, device.type, options.precision, context_length)
     folder = _as_folder(source, emit)
     template = ChatTemplate.for_model(source)
-    emit(StatusChanged("loading", f"Loading {source.name} ({precision} on {device.type})…"))
-    plan = LoadPlan(folder, source.name, device, precision, context_length, template, _notices(source, template))
+    emit(StatusChanged("loading", f"Loading {source.name} on {device.type}…"))
+    plan = LoadPlan(
+        folder, source.name, device, precision, context_length, template, _notices(source, template),
+        precision_is_auto=options.precision == "auto",
+    )
     return load_model(plan, progress, is_cancelled)
 
 

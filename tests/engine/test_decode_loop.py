@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
 import torch
 
+from engine.backend import HFBackend
 from engine.generation import CachedSequence, DecodeLoop
 from engine.messages import GREEDY, ChatMessage, SamplingParams
 
@@ -24,25 +28,31 @@ def _prompt(loaded, *turns: str) -> list[int]:
     return loaded.tokenize(loaded.render(messages))
 
 
-def _hf_greedy(loaded, prompt_ids: list[int], new_tokens: int) -> list[int]:
+def _hf_greedy(hf_model, loaded, prompt_ids: list[int], new_tokens: int) -> list[int]:
     with torch.inference_mode():
-        out = loaded.model.generate(
+        out = hf_model.generate(
             torch.tensor([prompt_ids]), max_new_tokens=new_tokens, do_sample=False,
             eos_token_id=sorted(loaded.eos_ids), pad_token_id=0,
         )
     return out[0, len(prompt_ids):].tolist()
 
 
-def test_greedy_tokens_equal_model_generate(tiny_loaded) -> None:
-    prompt = _prompt(tiny_loaded, "Paris is the capital of")
-    expected = _hf_greedy(tiny_loaded, prompt, 24)
-    seq = CachedSequence(tiny_loaded.backend.new_cache())
-    outcome = _loop(tiny_loaded, SamplingParams(temperature=0, max_new_tokens=24, repetition_penalty=1.0)).run(seq, prompt)
+@pytest.mark.parametrize("backend", ["fast", "transformers"])
+def test_greedy_tokens_equal_model_generate(tiny_loaded, tiny_model_dir, backend: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    hf_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    loaded = tiny_loaded if backend == "fast" else replace(tiny_loaded, backend=HFBackend(hf_model))
+    assert type(loaded.backend).__name__ == {"fast": "FastLlamaBackend", "transformers": "HFBackend"}[backend]
+    prompt = _prompt(loaded, "Paris is the capital of")
+    expected = _hf_greedy(hf_model, loaded, prompt, 24)
+    seq = CachedSequence(loaded.backend.new_cache())
+    outcome = _loop(loaded, SamplingParams(temperature=0, max_new_tokens=24, repetition_penalty=1.0)).run(seq, prompt)
     generated = seq.token_ids[len(prompt):]
     # The cache holds every generated token but the last, which was sampled and not fed back.
     assert generated == expected[: len(generated)]
-    assert outcome.tokens_generated == len(expected) - (expected[-1] in tiny_loaded.eos_ids)
-    assert outcome.text == tiny_loaded.tokenizer.decode(expected, skip_special_tokens=True)
+    assert outcome.tokens_generated == len(expected) - (expected[-1] in loaded.eos_ids)
+    assert outcome.text == loaded.tokenizer.decode(expected, skip_special_tokens=True)
 
 
 def test_reused_cache_gives_the_same_reply_as_a_fresh_one(tiny_loaded) -> None:
@@ -110,8 +120,6 @@ def test_cancel_is_acknowledged_within_one_step(tiny_loaded) -> None:
 
 
 def test_context_full_stops_the_reply(tiny_loaded) -> None:
-    from dataclasses import replace
-
     prompt = _prompt(tiny_loaded, "Hello")
     loop = _loop(tiny_loaded, SamplingParams(temperature=0, max_new_tokens=100), stop_at_eos=False)
     outcome = replace(loop, context_length=len(prompt) + 4).run(CachedSequence(tiny_loaded.backend.new_cache()), prompt)
