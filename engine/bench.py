@@ -86,7 +86,10 @@ def _decode(args: argparse.Namespace, show) -> dict[str, Any]:
     import torch
 
     from engine import bench_measure as measure
+    from engine.cpu_threads import apply_engine_threads
 
+    torch_default_threads = torch.get_num_threads()
+    engine_threads = apply_engine_threads()
     loaded = _open(args.model, args.device, args.quant)
     device = torch.device(loaded.device)
     prompt = measure.filler_prompt(loaded.tokenize, args.prompt_tokens)
@@ -99,10 +102,11 @@ def _decode(args: argparse.Namespace, show) -> dict[str, Any]:
         "engine_decode_tok_s": round(engine.decode_tok_s, 2), "engine_ttft_ms": round(engine.ttft_ms, 1),
         "weight_bytes": loaded.weight_bytes, "copy_bandwidth_bytes_s": round(bandwidth),
         "bandwidth_limit_tok_s": round(bandwidth / loaded.weight_bytes, 1),  # each weight read once per token
-        "peak_memory_bytes": measure.peak_memory_bytes(device),
+        "peak_memory_bytes": measure.peak_memory_bytes(device), "engine_threads": engine_threads,
     }
-    if args.baseline:
-        summary |= _baseline(args.model, loaded, prompt, args.new_tokens, engine)
+    if args.baseline:  # plain generate() as a user would run it: torch's own thread count
+        torch.set_num_threads(torch_default_threads)
+        summary |= _baseline(args.model, loaded, prompt, args.new_tokens, engine) | {"hf_threads": torch_default_threads}
     return summary
 
 
@@ -136,7 +140,9 @@ def _hf_model(model_path: str, folder: str, device: Any, dtype: Any) -> Any:
 
 def _turns(args: argparse.Namespace, show) -> dict[str, Any]:
     from engine import bench_measure as measure
+    from engine.cpu_threads import apply_engine_threads
 
+    apply_engine_threads()
     loaded = _open(args.model, "auto", "auto")
     rows = []
     for row in measure.run_turns(loaded, args.turns, args.reply_tokens):

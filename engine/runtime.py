@@ -14,6 +14,7 @@ from dataclasses import replace
 import torch
 
 from engine.cache_store import CacheStore
+from engine.cpu_threads import apply_engine_threads
 from engine.generation import DecodeLoop, ReplyOutcome
 from engine.background_load import CANCELLED_MESSAGE, BackgroundLoad, LoadDone
 from engine.loading import LoadedModel
@@ -53,6 +54,7 @@ class ModelRuntime:
         self._loaded: LoadedModel | None = None
         self._caches: CacheStore | None = None
         self._pending: BackgroundLoad | None = None
+        apply_engine_threads()
 
     def handle(self, request: Request | LoadDone) -> None:
         if isinstance(request, LoadModel):
