@@ -50,7 +50,7 @@ class BackgroundLoad:
         self._thread.join(timeout)
 
     def _progress(self, done: int, total: int) -> None:
-        self._emit(LoadProgress(self.request.request_id, done, total, "steps"))
+        self._emit(LoadProgress(self.request.request_id, done, total, "tensors"))
 
     def _run(self) -> None:
         try:

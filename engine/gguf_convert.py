@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from engine import paths
+from engine.weight_progress import TensorProgress, report_tensors
 
 _DONE_MARKER = "hearth-converted.json"
 FORMAT_VERSION = 1
@@ -30,15 +31,20 @@ def is_converted(folder: Path) -> bool:
     return (folder / _DONE_MARKER).is_file()
 
 
-def convert_gguf(gguf_path: Path) -> Path:
-    """The converted folder for ``gguf_path``, converting first if needed."""
+def convert_gguf(gguf_path: Path, report: TensorProgress = lambda done, total: None) -> Path:
+    """The converted folder for ``gguf_path``, converting first if needed.
+
+    ``report`` counts tensors as they are converted; raising from it abandons the
+    conversion and leaves no partial folder behind.
+    """
     target = converted_dir_for(gguf_path)
     if is_converted(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
     try:
-        _write_converted(gguf_path, staging)
+        with report_tensors(report):
+            _write_converted(gguf_path, staging)
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
     finally:

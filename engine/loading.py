@@ -20,8 +20,9 @@ from engine.chat_template import ChatTemplate
 from engine.fast_llama import FastLlama, FastLlamaBackend, unsupported_reason
 from engine.messages import ChatMessage
 from engine.quant import CPU_FORMATS
+from engine.weight_progress import report_tensors
 
-Progress = Callable[[int, int], None]
+Progress = Callable[[int, int], None]  # (tensors done, tensors in all)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 QUANTIZED = ("int8", "nf4")
 
@@ -103,20 +104,19 @@ def fast_path_applies(config: Any, device: torch.device) -> bool:
 
 
 def load_model(plan: LoadPlan, progress: Progress, is_cancelled: Callable[[], bool]) -> LoadedModel:
-    """Load the Hugging Face folder of ``plan`` (already inspected and found safe)."""
+    """Load the Hugging Face folder of ``plan`` (already inspected and found safe).
+
+    ``progress`` counts tensors; a cancel is noticed between two of them.
+    """
     started = time.perf_counter()
-    steps = 3
-    progress(0, steps)
     tokenizer = _load_tokenizer(plan.folder)
-    _checkpoint(is_cancelled, progress, 1, steps)
+    _raise_if_cancelled(is_cancelled)
     fast = fast_path_applies(_load_config(plan.folder), plan.device)
     precision = prefer_fast(plan.precision, fast) if plan.precision_is_auto else plan.precision
     fast = fast and precision in CPU_FORMATS
-    model = _load_weights(plan.folder, plan.device, "fp32" if fast else precision)  # repacked by wrap_model
-    _checkpoint(is_cancelled, progress, 2, steps)
-    loaded = wrap_model(model, tokenizer, plan, precision, started)
-    progress(steps, steps)
-    return loaded
+    with report_tensors(lambda done, total: (_raise_if_cancelled(is_cancelled), progress(done, total))):
+        model = _load_weights(plan.folder, plan.device, "fp32" if fast else precision)  # repacked by wrap_model
+    return wrap_model(model, tokenizer, plan, precision, started)
 
 
 def wrap_model(model: Any, tokenizer: Any, plan: LoadPlan, precision: str, started: float) -> LoadedModel:
@@ -142,10 +142,9 @@ def wrap_model(model: Any, tokenizer: Any, plan: LoadPlan, precision: str, start
     )
 
 
-def _checkpoint(is_cancelled: Callable[[], bool], progress: Progress, done: int, total: int) -> None:
+def _raise_if_cancelled(is_cancelled: Callable[[], bool]) -> None:
     if is_cancelled():
         raise LoadCancelled()
-    progress(done, total)
 
 
 def _load_tokenizer(folder: Path) -> Any:

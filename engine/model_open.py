@@ -14,7 +14,7 @@ from typing import Any, Callable
 from engine import default_model, gguf_convert
 from engine.chat_template import ChatTemplate
 from engine.gguf_check import explain_gguf_errors
-from engine.loading import LoadedModel, LoadPlan, Progress, load_model, resolve_device
+from engine.loading import LoadCancelled, LoadedModel, LoadPlan, Progress, load_model, resolve_device
 from engine.memory_estimate import NotEnoughMemoryError, available_memory, choose_precision, estimate, fit_verdict
 from engine.messages import FetchProgress, LoadOptions, StatusChanged
 from engine.model_files import inspect_model
@@ -36,7 +36,7 @@ def open_model(
     device = resolve_device(options.device)
     context_length = options.context_length or native_context(source.config)
     precision = _pick_precision(source, device.type, options.precision, context_length)
-    folder = _as_folder(source, emit)
+    folder = _as_folder(source, emit, progress, is_cancelled)
     template = ChatTemplate.for_model(source)
     emit(StatusChanged("loading", f"Loading {source.name} on {device.type}…"))
     plan = LoadPlan(
@@ -82,13 +82,19 @@ def _pick_precision(source: ModelSource, device: str, requested: str, context_le
     return requested
 
 
-def _as_folder(source: ModelSource, emit: EventSink) -> Path:
+def _as_folder(source: ModelSource, emit: EventSink, progress: Progress, is_cancelled: Callable[[], bool]) -> Path:
     if source.kind == "hf_folder":
         return source.path
     if not gguf_convert.is_converted(gguf_convert.converted_dir_for(source.path)):
         emit(StatusChanged("loading", f"Converting {source.path.name} (first time only)…"))
+
+    def report(done: int, total: int) -> None:
+        if is_cancelled():
+            raise LoadCancelled()
+        progress(done, total)
+
     with explain_gguf_errors(source.path):
-        return gguf_convert.convert_gguf(source.path)
+        return gguf_convert.convert_gguf(source.path, report)
 
 
 def _notices(source: ModelSource, template: ChatTemplate) -> tuple[str, ...]:
