@@ -15,7 +15,7 @@ import torch
 
 from engine.cache_store import CacheStore
 from engine.cpu_threads import apply_engine_threads
-from engine.generation import DecodeLoop, ReplyOutcome
+from engine.generation import CachedSequence, DecodeLoop, ReplyOutcome
 from engine.background_load import CANCELLED_MESSAGE, BackgroundLoad, LoadDone
 from engine.loading import LoadedModel
 from engine.inspection import inspect_request
@@ -169,12 +169,20 @@ class ModelRuntime:
             request.messages, loaded.render, loaded.tokenize, loaded.context_length, budget, request.overflow
         )
 
-    def _fail(self, request: Generate, exc: Exception, partial: str, seq) -> None:
-        """A reply broke off (out of memory, say): free its working memory, keep what was said."""
+    def _fail(self, request: Generate, exc: Exception, partial: str, seq: CachedSequence) -> None:
+        """A reply broke off (out of memory, say): free its working memory, keep what was said.
+
+        The conversation's cache is dropped too: it may hold a half-written step. The next
+        reply prefills from scratch.
+        """
         seq.kv = self._loaded.backend.new_cache() if self._loaded else seq.kv
         seq.token_ids.clear()
-        if isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower():
-            message = "The model ran out of memory while replying. The partial reply is kept; try a shorter context or a smaller precision."
+        gc.collect()
+        if _is_out_of_memory(exc):
+            message = (
+                "The model ran out of memory while replying. The partial reply is kept, and the next "
+                "message will work; a shorter context or a smaller precision leaves more room."
+            )
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         else:
@@ -207,6 +215,11 @@ class ModelRuntime:
         if loaded is None or caches is None:
             return read_memory("cpu", 0, 0, 0)
         return read_memory(loaded.device, loaded.weight_bytes, caches.bytes_of(conversation_id), caches.total_bytes())
+
+
+def _is_out_of_memory(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text or "can't allocate memory" in text
 
 
 class _Stream:
