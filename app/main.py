@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 from pathlib import Path
 from typing import Callable
 
 import qasync
+from PySide6.QtCore import QTimer
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
@@ -25,6 +27,7 @@ RESOURCES_DIR = Path(__file__).resolve().parent.parent / "resources"
 ICON_NAMES = ("hearth.svg", "hearth.png")
 FIRST_PAINT_DELAY_S = 0.05  # lets Qt paint the window before the engine thread competes for the GIL
 ENGINE_STOP_TIMEOUT_S = 5.0
+SIGNAL_POLL_MS = 250
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -65,12 +68,26 @@ async def run_window(model_path: str, engine_factory: Callable[[], AsyncEngine] 
     closed = asyncio.Event()
     window.closed.connect(closed.set)
     window.show()
+    _close_on_terminate(window)
     await asyncio.sleep(FIRST_PAINT_DELAY_S)
     controller.start(engine_factory())
     window.model_loader.load(model_path)
     await closed.wait()
     controller.close(ENGINE_STOP_TIMEOUT_S)
     return 0
+
+
+def _close_on_terminate(window: MainWindow) -> None:
+    """Ctrl+C or a plain ``kill`` closes the window as the user would: the reply is saved, the engine stops.
+
+    Python runs signal handlers only when it gets control, so a timer hands it control
+    a few times a second while Qt waits for events.
+    """
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: window.close())
+    wake = QTimer(window)
+    wake.timeout.connect(lambda: None)
+    wake.start(SIGNAL_POLL_MS)
 
 
 def main(argv: list[str] | None = None) -> int:
