@@ -21,6 +21,7 @@ TICK_MS = 2
 FRAME_S = 0.016
 SETTLE_S = 0.3
 SWITCHES = 6
+SCROLL_LIMIT_S = 60.0
 
 
 class StallMeter:
@@ -123,7 +124,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, object]]:
     window.conversations.open(first)
     await settle(window)
     results.append({"phase": "open", "messages": args.messages, **meter.stop()})
-    results.append({"phase": "scroll", "messages": args.messages, **await scroll(window, meter)})
+    results.append({"phase": "scroll", "messages": args.messages, **await scroll(window, meter, args.messages)})
     results.append({"phase": "switch", "messages": args.messages, **await switch(window, meter, (second, first))})
     controller.close()
     return results
@@ -136,18 +137,19 @@ async def settle(window) -> None:
     await asyncio.sleep(SETTLE_S)
 
 
-async def scroll(window, meter: StallMeter) -> dict[str, float]:
+async def scroll(window, meter: StallMeter, messages: int) -> dict[str, float]:
     """Scroll up to the first message, half a page a frame (older cards made on the way), then down to the last."""
     view = window.chat_view
     bar = view.verticalScrollBar()
+    deadline = time.perf_counter() + SCROLL_LIMIT_S
     meter.start()
-    while bar.value() > 0 or view.loading:
+    while (bar.value() > 0 or view.loading or len(view.bubbles) < messages) and time.perf_counter() < deadline:
         bar.setValue(bar.value() - bar.pageStep() // 2)
         await asyncio.sleep(FRAME_S)
     while bar.value() < bar.maximum():
         bar.setValue(bar.value() + bar.pageStep() // 2)
         await asyncio.sleep(FRAME_S)
-    return meter.stop()
+    return {**meter.stop(), "cards": len(view.bubbles)}
 
 
 async def switch(window, meter: StallMeter, conversation_ids: tuple[str, str]) -> dict[str, float]:

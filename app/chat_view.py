@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import time
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QPoint, Qt, QTimer, Signal
 from PySide6.QtGui import QResizeEvent
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QLabel, QScrollArea, QWidget
 
+from app.card_column import CardColumn
 from app.conversation import DisplayMessage
 from app.message_bubble import MessageBubble
 
 MAX_BUBBLE_WIDTH_FRACTION = 0.8
 FOLLOW_SLACK_PX = 24
-BUDGET_S = 0.015
+BUDGET_S = 0.010
 """How long one turn of the event loop may spend making cards."""
-FIRST_CARDS = 6
+FIRST_CARDS = 4
 """Cards made at once when a conversation opens, however long they take."""
 SCREENS_AHEAD = 1.5
 """How many screens of cards are kept ready above the one the user sees."""
@@ -51,16 +52,14 @@ class ChatView(QScrollArea):
         self._older_timer = QTimer(self)
         self._older_timer.setInterval(0)
         self._older_timer.timeout.connect(self._add_older_cards)
-        self._column = QVBoxLayout(self._container())
-        self._column.setContentsMargins(16, 16, 16, 16)
-        self._column.setSpacing(10)
-        self.banner = QLabel("", self.widget())
+        self.banner = QLabel("")
         self.banner.setObjectName("damageBanner")
         self.banner.setAccessibleName("Conversation problem")
         self.banner.setWordWrap(True)
         self.banner.hide()
-        self._column.addWidget(self.banner)
-        self._column.addStretch(1)
+        self._cards = CardColumn(self.banner, self)
+        self._cards.setObjectName("chatContainer")
+        self.setWidget(self._cards)
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(self._on_scrolled)
         bar.rangeChanged.connect(self._on_range_changed)
@@ -106,12 +105,10 @@ class ChatView(QScrollArea):
         bubble = self.bubble_for(message)
         if bubble is None:
             return
-        self._column.takeAt(self._bubbles.index(bubble) + 1).layout().deleteLater()
         self._bubbles.remove(bubble)
         if self._anchor is not None and self._anchor[0] is bubble:
             self._anchor = None
-        bubble.hide()
-        bubble.deleteLater()
+        self._cards.remove(bubble)
 
     def bubble_for(self, message: DisplayMessage) -> MessageBubble | None:
         return next((bubble for bubble in self._bubbles if bubble.message is message), None)
@@ -125,10 +122,7 @@ class ChatView(QScrollArea):
         self._older.clear()
         self._older_timer.stop()
         self._anchor = None
-        for bubble in self._bubbles:
-            bubble.hide()
-            bubble.deleteLater()
-            self._column.takeAt(1).layout().deleteLater()
+        self._cards.clear()
         self._bubbles.clear()
 
     def resizeEvent(self, event: QResizeEvent) -> None:
@@ -137,24 +131,13 @@ class ChatView(QScrollArea):
         for bubble in self._bubbles:
             bubble.setMaximumWidth(width)
 
-    def _container(self) -> QWidget:
-        container = QWidget(self)
-        container.setObjectName("chatContainer")
-        self.setWidget(container)
-        return container
-
     def _insert(self, index: int, message: DisplayMessage) -> MessageBubble:
         bubble = MessageBubble(message)
         bubble.setMaximumWidth(self._max_bubble_width())
         bubble.action_requested.connect(lambda action: self.message_action.emit(action, message))
-        row = QHBoxLayout()
-        if message.role == "user":
-            row.addStretch(1)
-        row.addWidget(bubble)
-        if message.role != "user":
-            row.addStretch(1)
-        self._column.insertLayout(index + 1, row)  # after the banner
+        self._cards.insert(index, bubble, on_the_right=message.role == "user")
         self._bubbles.insert(index, bubble)
+        bubble.show()  # now, where the time slice counts it (styling it costs as much as making it)
         return bubble
 
     def _add_older_cards(self) -> None:
@@ -170,7 +153,10 @@ class ChatView(QScrollArea):
     def _pin_first_card(self) -> None:
         if self._bubbles and not self._follow_bottom:
             first = self._bubbles[0]
-            self._anchor = (first, first.y() - self.verticalScrollBar().value())
+            self._anchor = (first, self._top_of(first) - self.verticalScrollBar().value())
+
+    def _top_of(self, bubble: MessageBubble) -> int:
+        return bubble.mapTo(self._cards, QPoint(0, 0)).y()
 
     def _max_bubble_width(self) -> int:
         return max(240, int(self.viewport().width() * MAX_BUBBLE_WIDTH_FRACTION))
@@ -190,5 +176,5 @@ class ChatView(QScrollArea):
             self.verticalScrollBar().setValue(maximum)
         elif self._anchor is not None:
             bubble, offset = self._anchor
-            self.verticalScrollBar().setValue(bubble.y() - offset)
+            self.verticalScrollBar().setValue(self._top_of(bubble) - offset)
         self._restoring = False

@@ -65,9 +65,9 @@ class ReplyView(QTextBrowser):
         rendered = QTextDocument()
         rendered.setHtml(chunk_html(chunk, colours))
         first_format = rendered.firstBlock().blockFormat()
-        if self._chunks:
+        if cursor.block().length() > 1:
             cursor.insertBlock(first_format)
-        else:
+        else:  # an empty document, or the empty line Qt keeps after a table
             cursor.setBlockFormat(first_format)
         cursor.insertFragment(QTextDocumentFragment(rendered))
         self._chunks.append(chunk)
