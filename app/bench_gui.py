@@ -1,8 +1,9 @@
 """GUI-stall benchmark: ``python -m app.bench_gui --json`` (GUI thread, offscreen by default).
 
 Streams ``--tokens`` tokens at ``--rate`` tokens/s from a fake engine into a real window (with
-Markdown and a code block, as a model writes), then opens a ``--messages``-message conversation
-and scrolls it from top to bottom. A 2 ms QTimer records the gaps between event-loop ticks; a
+Markdown and a code block, as a model writes), then opens a ``--messages``-message conversation,
+scrolls it up to its first message and down again, and switches between it and another as
+long a few times. A 2 ms QTimer records the gaps between event-loop ticks; a
 gap is the longest time the window could not react. One JSON line per phase with the longest
 and the 99th-percentile gap in ms. Data goes to a temporary HEARTH_HOME.
 """
@@ -17,6 +18,10 @@ import tempfile
 import time
 
 TICK_MS = 2
+FRAME_S = 0.016
+SETTLE_S = 0.3
+SWITCHES = 6
+SCROLL_LIMIT_S = 60.0
 
 
 class StallMeter:
@@ -113,24 +118,46 @@ async def run(args: argparse.Namespace) -> list[dict[str, object]]:
     while window.session.generating:
         await asyncio.sleep(0.01)
     results.append({"phase": "stream", "tokens": args.tokens, "rate_tok_s": args.rate, **meter.stop()})
-    conversation_id = long_conversation(window.journal, args.messages)
+    first = long_conversation(window.journal, args.messages)
+    second = long_conversation(window.journal, args.messages)
     meter.start()
-    window.conversations.open(conversation_id)
-    while window.chat_view.loading:
-        await asyncio.sleep(0.005)
+    window.conversations.open(first)
+    await settle(window)
     results.append({"phase": "open", "messages": args.messages, **meter.stop()})
-    results.append({"phase": "scroll", "messages": args.messages, **await scroll(window, meter)})
+    results.append({"phase": "scroll", "messages": args.messages, **await scroll(window, meter, args.messages)})
+    results.append({"phase": "switch", "messages": args.messages, **await switch(window, meter, (second, first))})
     controller.close()
     return results
 
 
-async def scroll(window, meter: StallMeter) -> dict[str, float]:
-    bar = window.chat_view.verticalScrollBar()
+async def settle(window) -> None:
+    """Wait until the view made its cards, and a little longer for what follows (layout, painting)."""
+    while window.chat_view.loading:
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(SETTLE_S)
+
+
+async def scroll(window, meter: StallMeter, messages: int) -> dict[str, float]:
+    """Scroll up to the first message, half a page a frame (older cards made on the way), then down to the last."""
+    view = window.chat_view
+    bar = view.verticalScrollBar()
+    deadline = time.perf_counter() + SCROLL_LIMIT_S
     meter.start()
-    bar.setValue(0)
-    for value in range(0, bar.maximum(), max(1, bar.pageStep() // 2)):
-        bar.setValue(value)
-        await asyncio.sleep(0.016)
+    while (bar.value() > 0 or view.loading or len(view.bubbles) < messages) and time.perf_counter() < deadline:
+        bar.setValue(bar.value() - bar.pageStep() // 2)
+        await asyncio.sleep(FRAME_S)
+    while bar.value() < bar.maximum():
+        bar.setValue(bar.value() + bar.pageStep() // 2)
+        await asyncio.sleep(FRAME_S)
+    return {**meter.stop(), "cards": len(view.bubbles)}
+
+
+async def switch(window, meter: StallMeter, conversation_ids: tuple[str, str]) -> dict[str, float]:
+    """Switch back and forth between two long conversations (the one shown was scrolled through)."""
+    meter.start()
+    for turn in range(SWITCHES):
+        window.conversations.open(conversation_ids[turn % 2])
+        await settle(window)
     return meter.stop()
 
 

@@ -1,28 +1,37 @@
 """The scrolling list of message cards (GUI thread).
 
-User cards sit on the right, assistant cards on the left. While a reply streams
-the view follows the bottom, unless the user scrolled up to read. A long conversation
-is shown newest first: the last ``FIRST_BATCH`` cards at once, older ones a batch per
-event-loop turn above them, so opening 1 000 messages never freezes the window.
+User cards sit on the right, assistant cards on the left. While a reply streams the
+view follows the bottom, unless the user scrolled up to read. A long conversation opens
+at its end: cards are made only for the newest messages that fill the window and one
+screen above it; older ones get their cards as the user scrolls up towards them, a
+``BUDGET_S`` slice of the event loop at a time, while the text the user reads stays put.
+So opening or scrolling 1 000 messages never freezes the window.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QResizeEvent
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
+import time
 
+from PySide6.QtCore import QPoint, Qt, QTimer, Signal
+from PySide6.QtGui import QResizeEvent
+from PySide6.QtWidgets import QLabel, QScrollArea, QWidget
+
+from app.card_column import CardColumn
 from app.conversation import DisplayMessage
 from app.message_bubble import MessageBubble
 
 MAX_BUBBLE_WIDTH_FRACTION = 0.8
 FOLLOW_SLACK_PX = 24
-FIRST_BATCH = 30
-OLDER_BATCH = 8
+BUDGET_S = 0.010
+"""How long one turn of the event loop may spend making cards."""
+FIRST_CARDS = 4
+"""Cards made at once when a conversation opens, however long they take."""
+SCREENS_AHEAD = 1.5
+"""How many screens of cards are kept ready above the one the user sees."""
 
 
 class ChatView(QScrollArea):
-    """Message cards, one per ``DisplayMessage``, in order."""
+    """Message cards, one per ``DisplayMessage``, in order (older ones made on demand)."""
 
     message_action = Signal(str, object)
     """An action chosen on a card ("edit", "regenerate", "delete") and its ``DisplayMessage``."""
@@ -36,34 +45,38 @@ class ChatView(QScrollArea):
         self._bubbles: list[MessageBubble] = []
         self._follow_bottom = True
         self._older: list[DisplayMessage] = []
+        """Messages above the first card that have no card yet, oldest first."""
+        self._anchor: tuple[MessageBubble, int] | None = None
+        """The first card and its offset from the top of the view, kept while cards are added above it."""
+        self._restoring = False
         self._older_timer = QTimer(self)
         self._older_timer.setInterval(0)
-        self._older_timer.timeout.connect(self._add_older_batch)
-        container = QWidget(self)
-        container.setObjectName("chatContainer")
-        self._column = QVBoxLayout(container)
-        self._column.setContentsMargins(16, 16, 16, 16)
-        self._column.setSpacing(10)
-        self.banner = QLabel("", container)
+        self._older_timer.timeout.connect(self._add_older_cards)
+        self.banner = QLabel("")
         self.banner.setObjectName("damageBanner")
         self.banner.setAccessibleName("Conversation problem")
         self.banner.setWordWrap(True)
         self.banner.hide()
-        self._column.addWidget(self.banner)
-        self._column.addStretch(1)
-        self.setWidget(container)
+        self._cards = CardColumn(self.banner, self)
+        self._cards.setObjectName("chatContainer")
+        self.setWidget(self._cards)
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(self._on_scrolled)
         bar.rangeChanged.connect(self._on_range_changed)
 
     @property
     def bubbles(self) -> tuple[MessageBubble, ...]:
+        """The cards made so far, in order: the newest messages' cards, and older ones the user scrolled to."""
         return tuple(self._bubbles)
 
     @property
     def loading(self) -> bool:
-        """True while older cards of a long conversation are still being added."""
-        return bool(self._older)
+        """True while cards for older messages are being made."""
+        return self._older_timer.isActive()
+
+    @property
+    def following_bottom(self) -> bool:
+        return self._follow_bottom
 
     def set_banner(self, text: str) -> None:
         """Show ``text`` above the messages (e.g. why part of the conversation is missing); "" hides it."""
@@ -77,25 +90,25 @@ class ChatView(QScrollArea):
         return bubble
 
     def show_messages(self, messages: tuple[DisplayMessage, ...]) -> None:
-        """Show exactly ``messages``: the newest at once, older ones batch by batch above them."""
+        """Show exactly ``messages``, scrolled to the end; older cards are made as the user scrolls up."""
         self.clear()
-        split = max(0, len(messages) - FIRST_BATCH)
-        for message in messages[split:]:
-            self.add_message(message)
-        self._older = list(messages[:split])
+        self._follow_bottom = True
+        self._older = list(messages)
+        for message in reversed(self._older[-FIRST_CARDS:]):
+            self._insert(0, message)
+        del self._older[-FIRST_CARDS:]
         if self._older:
             self._older_timer.start()
 
     def remove_message(self, message: DisplayMessage) -> None:
+        self._older = [older for older in self._older if older is not message]
         bubble = self.bubble_for(message)
         if bubble is None:
             return
-        index = self._bubbles.index(bubble)
-        self._bubbles.pop(index)
-        row = self._column.takeAt(index + 1)
-        bubble.deleteLater()
-        if row is not None:
-            row.layout().deleteLater()
+        self._bubbles.remove(bubble)
+        if self._anchor is not None and self._anchor[0] is bubble:
+            self._anchor = None
+        self._cards.remove(bubble)
 
     def bubble_for(self, message: DisplayMessage) -> MessageBubble | None:
         return next((bubble for bubble in self._bubbles if bubble.message is message), None)
@@ -108,37 +121,9 @@ class ChatView(QScrollArea):
     def clear(self) -> None:
         self._older.clear()
         self._older_timer.stop()
-        for bubble in self._bubbles:
-            bubble.deleteLater()
-        while self._column.count() > 2:
-            row = self._column.takeAt(1)
-            row.layout().deleteLater()
+        self._anchor = None
+        self._cards.clear()
         self._bubbles.clear()
-
-    def _insert(self, index: int, message: DisplayMessage) -> MessageBubble:
-        bubble = MessageBubble(message)
-        bubble.setMaximumWidth(self._max_bubble_width())
-        bubble.action_requested.connect(lambda action: self.message_action.emit(action, message))
-        row = QHBoxLayout()
-        if message.role == "user":
-            row.addStretch(1)
-        row.addWidget(bubble)
-        if message.role != "user":
-            row.addStretch(1)
-        self._column.insertLayout(index + 1, row)  # after the banner
-        self._bubbles.insert(index, bubble)
-        return bubble
-
-    def _add_older_batch(self) -> None:
-        batch, self._older = self._older[-OLDER_BATCH:], self._older[:-OLDER_BATCH]
-        for message in reversed(batch):
-            self._insert(0, message)
-        if not self._older:
-            self._older_timer.stop()
-
-    @property
-    def following_bottom(self) -> bool:
-        return self._follow_bottom
 
     def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)
@@ -146,12 +131,50 @@ class ChatView(QScrollArea):
         for bubble in self._bubbles:
             bubble.setMaximumWidth(width)
 
+    def _insert(self, index: int, message: DisplayMessage) -> MessageBubble:
+        bubble = MessageBubble(message)
+        bubble.setMaximumWidth(self._max_bubble_width())
+        bubble.action_requested.connect(lambda action: self.message_action.emit(action, message))
+        self._cards.insert(index, bubble, on_the_right=message.role == "user")
+        self._bubbles.insert(index, bubble)
+        bubble.show()  # now, where the time slice counts it (styling it costs as much as making it)
+        return bubble
+
+    def _add_older_cards(self) -> None:
+        """Make cards for the newest older messages, for one time slice, while the user is near them."""
+        if not self._older or self.verticalScrollBar().value() > self.viewport().height() * SCREENS_AHEAD:
+            self._older_timer.stop()
+            return
+        self._pin_first_card()
+        deadline = time.perf_counter() + BUDGET_S
+        while self._older and time.perf_counter() < deadline:
+            self._insert(0, self._older.pop())
+
+    def _pin_first_card(self) -> None:
+        if self._bubbles and not self._follow_bottom:
+            first = self._bubbles[0]
+            self._anchor = (first, self._top_of(first) - self.verticalScrollBar().value())
+
+    def _top_of(self, bubble: MessageBubble) -> int:
+        return bubble.mapTo(self._cards, QPoint(0, 0)).y()
+
     def _max_bubble_width(self) -> int:
         return max(240, int(self.viewport().width() * MAX_BUBBLE_WIDTH_FRACTION))
 
     def _on_scrolled(self, value: int) -> None:
         self._follow_bottom = value >= self.verticalScrollBar().maximum() - FOLLOW_SLACK_PX
+        if self._restoring:
+            return
+        self._anchor = None
+        if self._older and not self._older_timer.isActive():
+            self._older_timer.start()
 
     def _on_range_changed(self, _minimum: int, maximum: int) -> None:
+        """Keep the bottom in view while following it, else keep the text the user reads in place."""
+        self._restoring = True
         if self._follow_bottom:
             self.verticalScrollBar().setValue(maximum)
+        elif self._anchor is not None:
+            bubble, offset = self._anchor
+            self.verticalScrollBar().setValue(self._top_of(bubble) - offset)
+        self._restoring = False

@@ -1,10 +1,9 @@
-"""Fenced code blocks of a reply: found, highlighted with Pygments, each with a Copy link (any thread).
+"""Fenced code blocks of a reply: highlighted with Pygments, each with a Copy link (any thread).
 
-``split_fences`` takes the fenced blocks out of the Markdown (replacing each by a placeholder
-paragraph) so Markdown never touches code; ``block_html`` renders one block for Qt's rich
-text: a header with the language and a ``copy-code:<index>`` link above the highlighted code.
-The link's index is the block's position in ``split_fences``'s list, which is how a click
-finds the code to copy. A fence still open while the reply streams counts as closed.
+``block_html`` renders one block for Qt's rich text: a header with the language and a
+``copy-code:<index>`` link above the highlighted code. The link's index is the block's
+position among the reply's code blocks, which is how a click finds the code to copy.
+Lexers, formatters and highlighted code are cached: a streaming reply is rendered many times.
 """
 
 from __future__ import annotations
@@ -16,13 +15,13 @@ from functools import lru_cache
 
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
+from pygments.lexer import Lexer
 from pygments.lexers import TextLexer, get_lexer_by_name
 from pygments.util import ClassNotFound
 
 COPY_LINK_PREFIX = "copy-code:"
 CODE_FONT = "font-family: 'DejaVu Sans Mono', 'Menlo', 'Consolas', monospace;"
-PLACEHOLDER = "HEARTHCODEBLOCK{index}END"
-_FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[^\s`]*)[^\n]*\n", re.MULTILINE)
+FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[^\s`]*)[^\n]*\n", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -44,29 +43,22 @@ LIGHT_CODE = CodeColours("friendly", "#f3f0ea", "#7a7066")
 DARK_CODE = CodeColours("monokai", "#1e1f22", "#a89f94")
 
 
-def split_fences(text: str) -> tuple[str, list[CodeBlock]]:
-    """``text`` with each fenced block replaced by a placeholder line, and the blocks in order."""
-    parts: list[str] = []
-    blocks: list[CodeBlock] = []
-    position = 0
-    while (opening := _FENCE.search(text, position)) is not None:
-        fence = opening.group("fence")
-        closing = re.compile(rf"^ {{0,3}}{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$", re.MULTILINE)
-        end = closing.search(text, opening.end())
-        code_end, resume = (end.start(), end.end()) if end else (len(text), len(text))
-        parts.append(text[position : opening.start()])
-        parts.append("\n\n" + PLACEHOLDER.format(index=len(blocks)) + "\n\n")
-        blocks.append(CodeBlock(opening.group("lang"), text[opening.end() : code_end].rstrip("\n")))
-        position = resume
-    parts.append(text[position:])
-    return "".join(parts), blocks
+def closing_fence(fence: str) -> re.Pattern[str]:
+    """The line that closes a block opened by ``fence`` (the same character, at least as many)."""
+    return re.compile(rf"^ {{0,3}}{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$", re.MULTILINE)
 
 
-def _lexer(language: str):
+@lru_cache(maxsize=64)
+def _lexer(language: str) -> Lexer:
     try:
         return get_lexer_by_name(language) if language else TextLexer()
     except ClassNotFound:
         return TextLexer()
+
+
+@lru_cache(maxsize=8)
+def _formatter(style: str) -> HtmlFormatter:
+    return HtmlFormatter(noclasses=True, nowrap=True, style=style)
 
 
 @lru_cache(maxsize=512)
@@ -75,8 +67,7 @@ def highlighted(block: CodeBlock, colours: CodeColours) -> str:
 
     Cached: while a reply streams it is re-rendered many times, and only its last block changes.
     """
-    formatter = HtmlFormatter(noclasses=True, nowrap=True, style=colours.pygments_style)
-    return highlight(block.code, _lexer(block.language), formatter).rstrip("\n")
+    return highlight(block.code, _lexer(block.language), _formatter(colours.pygments_style)).rstrip("\n")
 
 
 def block_html(block: CodeBlock, index: int, colours: CodeColours) -> str:

@@ -1,8 +1,10 @@
 """One message of the conversation as a card (GUI thread).
 
 User messages show their text as typed; assistant replies are rendered from
-Markdown. While a reply streams, re-rendering is coalesced to at most one every
-``RENDER_INTERVAL_MS``, so hundreds of tokens a second stay smooth. The header holds
+Markdown by a ``ReplyView``, which re-renders only what changed. While a reply streams,
+updates are coalesced to at most one every ``RENDER_INTERVAL_MS`` (the frame rate), so
+hundreds of tokens a second stay smooth. Assistant cards take the full width they may
+have, so a growing reply never changes the card's width. The header holds
 a Copy button and a menu of actions (Edit, Regenerate, Delete) that the card only
 announces through ``action_requested``; code blocks' Copy links copy their code.
 """
@@ -15,9 +17,10 @@ from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextDocument
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QMenu, QSizePolicy, QToolButton, QVBoxLayout, QWidget
 
-from app.code_blocks import DARK_CODE, LIGHT_CODE, CodeColours, code_index, split_fences
+from app.code_blocks import DARK_CODE, LIGHT_CODE, CodeColours, code_index
 from app.conversation import DisplayMessage
-from app.markdown_render import markdown_to_html
+from app.markdown_render import code_blocks
+from app.reply_view import ReplyView
 
 RENDER_INTERVAL_MS = 50
 
@@ -62,9 +65,7 @@ class MessageBubble(QFrame):
         self.setAccessibleName(_ACCESSIBLE_NAMES[message.role])
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
         self.title = self._label(_ROLE_TITLES[message.role], "bubbleTitle", "Author")
-        self.body = self._label("", "bubbleBody", "Message text")
-        self.body.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
-        self.body.linkActivated.connect(self._open_link)
+        self.body = self._reply_view() if message.role == "assistant" else self._text_label()
         self.note = self._label("", "bubbleNote", "Message status")
         self.copy_button = self._tool_button("Copy", "Copy message", self.copy_text)
         self.actions_button = self._tool_button("⋯", "Message actions", self._show_actions)
@@ -80,6 +81,10 @@ class MessageBubble(QFrame):
         self._render_timer.timeout.connect(self._render)
         self._natural_width = 0
         self._render()
+
+    def shown_text(self) -> str:
+        """The message's text as the card shows it (without Markdown's marks for a reply)."""
+        return self.body.toPlainText() if isinstance(self.body, ReplyView) else self.body.text()
 
     def copy_text(self) -> None:
         QGuiApplication.clipboard().setText(self.message.content)
@@ -102,32 +107,34 @@ class MessageBubble(QFrame):
         self._render()
 
     def sizeHint(self) -> QSize:
-        """As wide as the text wants (up to the maximum width), as tall as that makes it."""
+        """As wide as the text wants (a reply: the maximum width), as tall as that makes it."""
         margins = self.layout().contentsMargins()
-        width = min(self.maximumWidth(), self._natural_width + margins.left() + margins.right())
+        natural = self.maximumWidth() if isinstance(self.body, ReplyView) else self._natural_width
+        width = min(self.maximumWidth(), natural + margins.left() + margins.right())
         width = max(width, super().minimumSizeHint().width())
         return QSize(width, self.heightForWidth(width))
 
     def _render(self) -> None:
-        document = QTextDocument()
-        document.setDefaultFont(self.body.font())
-        if self.message.role == "assistant":
-            self.body.setTextFormat(Qt.TextFormat.RichText)
-            self.body.setText(markdown_to_html(self.message.content, code_colours(self)))
-            document.setHtml(self.body.text())
+        if isinstance(self.body, ReplyView):
+            self.body.show_markdown(self.message.content, code_colours(self))
         else:
-            self.body.setTextFormat(Qt.TextFormat.PlainText)
             self.body.setText(self.message.content)
-            document.setPlainText(self.message.content)
-        header_width = self.title.sizeHint().width() + 2 * self.copy_button.sizeHint().width() + 16
-        self._natural_width = max(int(document.idealWidth()) + 1, header_width)
+            self._natural_width = self._plain_text_width()
         self.updateGeometry()
         self.body.setVisible(bool(self.message.content))
         note = state_note(self.message)
         self.note.setText(note)
-        self.note.setProperty("state", self.message.state)
-        self.note.style().polish(self.note)
+        if self.note.property("state") != self.message.state:
+            self.note.setProperty("state", self.message.state)
+            self.note.style().polish(self.note)
         self.note.setVisible(bool(note))
+
+    def _plain_text_width(self) -> int:
+        document = QTextDocument()
+        document.setDefaultFont(self.body.font())
+        document.setPlainText(self.message.content)
+        header_width = self.title.sizeHint().width() + 2 * self.copy_button.sizeHint().width() + 16
+        return max(int(document.idealWidth()) + 1, header_width)
 
     def _header(self) -> QHBoxLayout:
         header = QHBoxLayout()
@@ -148,7 +155,7 @@ class MessageBubble(QFrame):
         if index is None:
             QDesktopServices.openUrl(QUrl(link))
             return
-        _prose, blocks = split_fences(self.message.content)
+        blocks = code_blocks(self.message.content)
         if index < len(blocks):
             QGuiApplication.clipboard().setText(blocks[index].code)
 
@@ -163,8 +170,21 @@ class MessageBubble(QFrame):
         button.clicked.connect(slot)
         return button
 
+    def _reply_view(self) -> ReplyView:
+        view = ReplyView(self)
+        view.setObjectName("bubbleBody")
+        view.setAccessibleName("Message text")
+        view.anchorClicked.connect(lambda url: self._open_link(url.toString()))
+        return view
+
+    def _text_label(self) -> QLabel:
+        label = self._label("", "bubbleBody", "Message text")
+        label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.TextSelectableByKeyboard)
+        return label
+
     def _label(self, text: str, object_name: str, accessible_name: str) -> QLabel:
         label = QLabel(text, self)
+        label.setTextFormat(Qt.TextFormat.PlainText)
         label.setObjectName(object_name)
         label.setWordWrap(True)
         label.setAccessibleName(accessible_name)

@@ -247,7 +247,7 @@ class ChatDriver:
         return self.window.session.conversation.messages[-1]
 
     def shown_texts(self) -> list[str]:
-        return [bubble.body.text() for bubble in self.window.chat_view.bubbles]
+        return [bubble.shown_text() for bubble in self.window.chat_view.bubbles]
 
     def send_and_wait(self, text: str) -> None:
         self.wait_until_ready()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QFont
 
 from engine.messages import ChatMessage
 
@@ -19,7 +20,9 @@ def test_enter_sends_one_request_and_the_reply_streams_into_the_view(chat, scrip
     assert chat.shown_texts()[0] == "What is a hearth?"
     assert chat.last_reply().content == script.full_reply
     assert chat.last_reply().state == "done"
-    assert "<strong>fake</strong>" in chat.shown_texts()[-1]
+    assert chat.shown_texts()[-1] == "Hello from the fake model."
+    reply_document = chat.window.chat_view.bubbles[-1].body.document()
+    assert reply_document.find("fake").charFormat().fontWeight() == QFont.Weight.Bold
 
 
 def test_shift_enter_inserts_a_line_break_and_does_not_send(chat, script):

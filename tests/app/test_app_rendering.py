@@ -8,6 +8,7 @@ from app import message_bubble
 from app.chat_view import ChatView
 from app.conversation import DisplayMessage
 from app.markdown_render import markdown_to_html
+from app.reply_view import ReplyView
 
 
 def test_code_blocks_are_monospaced_even_while_the_fence_is_still_open():
@@ -26,7 +27,7 @@ def test_html_written_by_the_model_is_shown_as_text():
 
 def test_a_streaming_reply_is_rendered_at_most_once_per_interval(qtbot, monkeypatch):
     renders: list[str] = []
-    monkeypatch.setattr(message_bubble, "markdown_to_html", lambda text, _colours: renders.append(text) or text)
+    monkeypatch.setattr(ReplyView, "show_markdown", lambda _view, text, _colours: renders.append(text))
     message = DisplayMessage("assistant", "", state="streaming")
     bubble = message_bubble.MessageBubble(message)
     qtbot.addWidget(bubble)
