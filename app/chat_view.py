@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from PySide6.QtCore import QPoint, Qt, QTimer, Signal
+from PySide6.QtCore import QCoreApplication, QEvent, QPoint, Qt, QTimer, Signal
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QLabel, QScrollArea, QWidget
 
@@ -145,15 +145,24 @@ class ChatView(QScrollArea):
         if not self._older or self.verticalScrollBar().value() > self.viewport().height() * SCREENS_AHEAD:
             self._older_timer.stop()
             return
-        self._pin_first_card()
+        self._pin_reading_card()
         deadline = time.perf_counter() + BUDGET_S
         while self._older and time.perf_counter() < deadline:
             self._insert(0, self._older.pop())
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.LayoutRequest)  # lay the new cards out now
+        self._restore_anchor()
 
-    def _pin_first_card(self) -> None:
-        if self._bubbles and not self._follow_bottom:
-            first = self._bubbles[0]
-            self._anchor = (first, self._top_of(first) - self.verticalScrollBar().value())
+    def _pin_reading_card(self) -> None:
+        """Remember the first card in view and where it is, until the user scrolls again.
+
+        Cards made above it, and cards above it that settle their height later, must not move it.
+        """
+        if self._anchor is not None or self._follow_bottom:
+            return
+        top = self.verticalScrollBar().value()
+        reading = next((b for b in self._bubbles if self._top_of(b) + b.height() > top), None)
+        if reading is not None:
+            self._anchor = (reading, self._top_of(reading) - top)
 
     def _top_of(self, bubble: MessageBubble) -> int:
         return bubble.mapTo(self._cards, QPoint(0, 0)).y()
@@ -171,10 +180,18 @@ class ChatView(QScrollArea):
 
     def _on_range_changed(self, _minimum: int, maximum: int) -> None:
         """Keep the bottom in view while following it, else keep the text the user reads in place."""
-        self._restoring = True
         if self._follow_bottom:
+            self._restoring = True
             self.verticalScrollBar().setValue(maximum)
-        elif self._anchor is not None:
-            bubble, offset = self._anchor
-            self.verticalScrollBar().setValue(self._top_of(bubble) - offset)
+            self._restoring = False
+        else:
+            self._restore_anchor()
+
+    def _restore_anchor(self) -> None:
+        """Scroll so the card the user was reading sits where it was."""
+        if self._anchor is None or self._follow_bottom:
+            return
+        bubble, offset = self._anchor
+        self._restoring = True
+        self.verticalScrollBar().setValue(self._top_of(bubble) - offset)
         self._restoring = False

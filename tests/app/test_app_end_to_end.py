@@ -35,6 +35,6 @@ def test_the_built_in_model_answers_paris_in_the_window(qtbot, qasync_loop, defa
         reply = window.session.conversation.messages[-1]
         assert reply.role == "assistant"
         assert "Paris" in reply.content
-        assert "Paris" in window.chat_view.bubbles[-1].body.text()
+        assert "Paris" in window.chat_view.bubbles[-1].shown_text()
     finally:
         controller.close()
