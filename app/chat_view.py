@@ -172,14 +172,18 @@ class ChatView(QScrollArea):
 
     def _on_scrolled(self, value: int) -> None:
         self._follow_bottom = value >= self.verticalScrollBar().maximum() - FOLLOW_SLACK_PX
-        if self._restoring:
-            return
-        self._anchor = None
+        self._make_older_cards_if_near()
+        if not self._restoring:
+            self._anchor = None  # the user moved: pin what they read now, next time cards are made
+
+    def _make_older_cards_if_near(self) -> None:
+        """Older messages get cards while the view is within a few screens of the first card."""
         if self._older and not self._older_timer.isActive():
             self._older_timer.start()
 
     def _on_range_changed(self, _minimum: int, maximum: int) -> None:
         """Keep the bottom in view while following it, else keep the text the user reads in place."""
+        self._make_older_cards_if_near()
         if self._follow_bottom:
             self._restoring = True
             self.verticalScrollBar().setValue(maximum)
