@@ -39,7 +39,7 @@ from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from engine.messages import ChatMessage
-from engine.model_source import ModelFileError, ModelSource
+from engine.model_source import ModelFileError, ModelSource, read_model_json
 
 FALLBACK_TEMPLATE = (
     "{% for message in messages %}"
@@ -174,12 +174,7 @@ def find_folder_template(folder: Path) -> tuple[str, str] | None:
     config_path = folder / "tokenizer_config.json"
     if not config_path.is_file():
         return None
-    try:
-        tokenizer_config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ModelFileError(
-            f"tokenizer_config.json is not valid JSON ({error}). Download the model again. ({config_path})"
-        ) from None
+    tokenizer_config = read_model_json(config_path)
     template = tokenizer_config.get("chat_template") if isinstance(tokenizer_config, dict) else None
     if isinstance(template, list):
         named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}

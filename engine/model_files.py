@@ -9,13 +9,12 @@ file, and what to do. transformers is imported lazily, on the first folder check
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from engine.chat_template import find_folder_template
 from engine.gguf_check import gguf_config, read_gguf
-from engine.model_source import ModelFileError, ModelSource
+from engine.model_source import ModelFileError, ModelSource, read_model_json
 from engine.safetensors_check import INDEX_FILE, SafetensorsHeader, read_safetensors_header, read_sharded_headers
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
@@ -127,12 +126,7 @@ def _folder_without_config(folder: Path) -> ModelSource:
 
 
 def _read_config(config_path: Path) -> dict[str, Any]:
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ModelFileError(
-            f"config.json is not valid JSON ({error}). Download the model again. ({config_path})"
-        ) from None
+    config = read_model_json(config_path)
     if not isinstance(config, dict):
         raise ModelFileError(f"config.json does not hold a JSON object. Download the model again. ({config_path})")
     return config

@@ -8,6 +8,7 @@ refuses; its message says what is wrong, in which file, and what to do.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +22,14 @@ class ModelFileError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+def read_model_json(path: Path) -> Any:
+    """A JSON file of a model folder, parsed; a broken one is a ``ModelFileError`` naming the file."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ModelFileError(f"{path.name} is not valid JSON ({error}). Download the model again. ({path})") from None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.model_source import ModelFileError
+from engine.model_source import ModelFileError, read_model_json
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 INDEX_FILE = "model.safetensors.index.json"
@@ -154,12 +154,7 @@ def read_safetensors_header(path: Path) -> SafetensorsHeader:
 
 def _load_index(index_path: Path) -> dict[str, str]:
     """Return the index's tensor-name → shard-file map, checked for shape and safe names."""
-    try:
-        index = json.loads(index_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ModelFileError(
-            f"{index_path.name} is not valid JSON ({error}). Download the model again. ({index_path})"
-        ) from None
+    index = read_model_json(index_path)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise ModelFileError(
