@@ -41,11 +41,12 @@ def memory_at(tokens: int) -> MemoryStats:
 def scripted_reply(start: float, tokens: int, rate: float) -> list[Event]:
     """Events of one reply with engine timestamps from ``start`` (seconds), in the order sent."""
     events: list[Event] = [PrefillDone("bench", 2.5, 120, 0, 180.0, 8192)]
-    first_token_at = start + 0.2
+    first_token_at, next_sample_at = start + 0.2, start + 1.0
     for index in range(1, tokens + 1):
         at = first_token_at + (index - 1) / rate
-        if index > 1 and int(at - start) != int(at - 1 / rate - start):
+        if at >= next_sample_at:  # the engine samples memory about once a second
             events.append(MemorySampled(memory_at(index), at))
+            next_sample_at += 1.0
         speed = rate * (1 + 0.03 * math.sin(index / 7))  # the engine's figure drifts a little
         events.append(TokenStreamed("bench", "·", index, speed, at))
     last = first_token_at + (tokens - 1) / rate
