@@ -3,7 +3,11 @@
 Runs on the GUI thread. The chart only reads ``RollingSeries`` when it paints, so
 feeding samples costs nothing here; the x axis is the engine's clock, with the
 newest event at the right edge. The value axis starts at zero and ends at a
-round number above the largest visible value.
+round number above the largest visible value. To stay cheap while a reply
+streams, ``show_until`` repaints only once the time axis would move by a pixel
+(so the newest sample may be drawn up to a pixel's worth of time late), and the
+frame (axes, grid, labels, legend) is painted once per size and scale into a
+pixmap.
 """
 
 from __future__ import annotations
@@ -12,8 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from PySide6.QtCore import QPointF, QRectF, Qt
-from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen, QPolygonF
+from PySide6.QtCore import QEvent, QPointF, QRectF, Qt
+from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPen, QPixmap, QPolygonF
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from app.perf.series import Point, RollingSeries
@@ -41,7 +45,7 @@ def nice_ceiling(value: float, base: int = 10) -> float:
 
 
 class LineChart(QWidget):
-    """Rolling line chart; call ``set_now`` with the engine time, then ``update()``."""
+    """Rolling line chart; call ``show_until`` with the engine time to (maybe) repaint."""
 
     MARGIN_LEFT = 58
     MARGIN_TOP = 20
@@ -63,11 +67,29 @@ class LineChart(QWidget):
         self.window_s = window_s
         self.value_base = value_base
         self.now: float | None = None
+        self._frame: tuple[tuple[int, int, float, float], QPixmap] | None = None
         self.setMinimumHeight(110)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setAttribute(Qt.WidgetAttribute.WA_OpaquePaintEvent)  # the frame covers every pixel
 
-    def set_now(self, now: float | None) -> None:
+    def show_until(self, now: float | None, force: bool = False) -> bool:
+        """Put ``now`` at the right edge and repaint; unless forced, only once that moves the axis a pixel."""
+        if not force and not self._axis_moves(now):
+            return False
         self.now = now
+        self.update()
+        return True
+
+    def _axis_moves(self, now: float | None) -> bool:
+        if now is None or self.now is None:
+            return now != self.now
+        seconds_per_pixel = self.window_s / max(self.width() - self.MARGIN_LEFT - 8, 1)
+        return abs(now - self.now) >= seconds_per_pixel
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.FontChange, QEvent.Type.StyleChange):
+            self._frame = None
 
     def value_top(self) -> float:
         """The value at the top of the plot: a round number above every visible sample."""
@@ -75,8 +97,6 @@ class LineChart(QWidget):
         return nice_ceiling(max(visible, default=0.0), self.value_base)
 
     def paintEvent(self, event: QPaintEvent) -> None:
-        painter = QPainter(self)
-        painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
         plot = QRectF(
             self.MARGIN_LEFT,
             self.MARGIN_TOP,
@@ -84,11 +104,29 @@ class LineChart(QWidget):
             self.height() - self.MARGIN_TOP - self.MARGIN_BOTTOM,
         )
         top = self.value_top()
-        self._paint_frame(painter, plot, top)
+        painter = QPainter(self)
+        painter.drawPixmap(0, 0, self._frame_pixmap(plot, top))
         if self.now is not None:
+            painter.setClipRect(plot)
             for line in self.lines:
                 self._paint_line(painter, plot, top, line)
         painter.end()
+
+    def _frame_pixmap(self, plot: QRectF, top: float) -> QPixmap:
+        """The background, axes, grid, labels and legend for this size and scale, painted once."""
+        ratio = self.devicePixelRatioF()
+        key = (self.width(), self.height(), top, ratio)
+        if self._frame is None or self._frame[0] != key:
+            pixmap = QPixmap(round(self.width() * ratio), round(self.height() * ratio))
+            pixmap.setDevicePixelRatio(ratio)
+            pixmap.fill(self.palette().color(self.backgroundRole()))
+            painter = QPainter(pixmap)
+            painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
+            painter.setFont(self.font())
+            self._paint_frame(painter, plot, top)
+            painter.end()
+            self._frame = (key, pixmap)
+        return self._frame[1]
 
     def _paint_frame(self, painter: QPainter, plot: QRectF, top: float) -> None:
         text_color = self.palette().text().color()
@@ -128,7 +166,7 @@ class LineChart(QWidget):
             area = QPolygonF(polygon)
             area.append(QPointF(polygon.last().x(), plot.bottom()))
             area.append(QPointF(polygon.first().x(), plot.bottom()))
-            painter.setRenderHint(QPainter.RenderHint.Antialiasing, False)
+            painter.setRenderHint(QPainter.RenderHint.Antialiasing, False)  # a large fill: cheap unsmoothed
             painter.setPen(Qt.PenStyle.NoPen)
             painter.setBrush(shade)
             painter.drawPolygon(area)

@@ -1,17 +1,21 @@
 """The performance panel: the current reply, the session, memory, context fill, and plots.
 
 Runs on the GUI thread. ``on_event`` folds an engine event into ``PerfState``
-(O(1)) and marks the panel dirty; a single-shot timer then refreshes labels and
-repaints the plots, at most ``MAX_REFRESH_HZ`` times a second, and only while
-the panel is visible. Every figure shown is one the engine sent (or a sum or
-quotient of such figures), formatted by ``app.perf.format``.
+(O(1)) and notes which parts of the panel it touched; a single-shot timer then
+refreshes those parts, at most ``MAX_REFRESH_HZ`` times a second (a new stage of a
+reply), and ``STREAMING_REFRESH_HZ`` times while only tokens and memory samples
+arrive, and only while the panel is visible. Such a refresh is kept cheap: labels whose
+text is unchanged are left alone, the figures that change with every token sit
+in fixed-size labels (so the panel is not laid out again), and each plot repaints
+only when its picture changed. Every figure shown is one the engine sent (or a
+sum or quotient of such figures), formatted by ``app.perf.format``.
 """
 
 from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import QTimer, Signal
+from PySide6.QtCore import QEvent, QTimer, Signal
 from PySide6.QtGui import QColor, QHideEvent, QShowEvent
 from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QVBoxLayout, QWidget
 
@@ -29,9 +33,19 @@ from app.perf.format import (
 )
 from app.perf.state import DECODE_WINDOW_S, MEMORY_WINDOW_S, PerfState, ReplyPerf
 from app.perf.timeline import StageTimeline
-from engine.messages import Event, MemoryStats
+from engine.messages import Event, MemorySampled, MemoryStats, TokenStreamed
 
 MAX_REFRESH_HZ = 10
+STREAMING_REFRESH_HZ = 5  # live figures read fine at this rate, and it halves the panel's CPU time
+
+ALL_PARTS = frozenset({"model", "reply", "session", "memory", "context"})
+PARTS_CHANGED_BY = {TokenStreamed: frozenset({"tokens", "context"}), MemorySampled: frozenset({"memory"})}
+STREAMING_PARTS = frozenset({"tokens", "context", "memory"})
+LIVE_VALUE_SAMPLES = {
+    "decode_speed": format_tok_s(88_888.0),
+    "tokens_generated": format_count(88_888),
+    **{key: format_bytes(1000 * 1024**2) for key in ("kv_conversation", "kv_total", "device_used", "device_free", "process_rss")},
+}
 
 REPLY_ROWS = (
     ("ttft", "Time to first token"),
@@ -73,6 +87,37 @@ def dropped_turns_text(dropped_turns: tuple[int, ...]) -> str:
     return f"{count} oldest turn{'s' if count != 1 else ''} dropped to fit"
 
 
+class LiveValueLabel(QLabel):
+    """A value that changes with every token, in a fixed-size label: new text relays out nothing.
+
+    It is sized for ``sample`` and only grows (once) if a value is wider still.
+    """
+
+    def __init__(self, sample: str, object_name: str) -> None:
+        super().__init__(UNKNOWN, objectName=object_name)
+        self._sample = sample
+        self._fit(sample)
+
+    def show_text(self, text: str) -> None:
+        if text == self.text():
+            return
+        if len(text) > self._fitting_length and self.fontMetrics().horizontalAdvance(text) > self.contentsRect().width():
+            self._fit(text)
+        self.setText(text)
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):
+            self._fit(self._sample)
+
+    def _fit(self, text: str) -> None:
+        """Make room for ``text``; texts no longer than it (digits are of equal width) are not measured."""
+        margins = self.contentsMargins()
+        width = self.fontMetrics().horizontalAdvance(text) + margins.left() + margins.right() + 2 * self.margin() + 2
+        self.setFixedSize(max(width, self.minimumWidth()), self.fontMetrics().height() + margins.top() + margins.bottom())
+        self._fitting_length = len(text)
+
+
 class PerformancePanel(QWidget):
     """Live performance figures of the engine; feed it every event with ``on_event``."""
 
@@ -82,8 +127,8 @@ class PerformancePanel(QWidget):
         super().__init__(parent)
         self.setObjectName("performance_panel")
         self.state = PerfState()
-        self._dirty = False
-        self._timer = QTimer(self, singleShot=True, interval=1000 // MAX_REFRESH_HZ)
+        self._stale_parts: set[str] = set()
+        self._timer = QTimer(self, singleShot=True)
         self._timer.timeout.connect(self._refresh_if_visible)
         self._values: dict[str, QLabel] = {}
         self._captions: dict[str, QLabel] = {}
@@ -93,40 +138,57 @@ class PerformancePanel(QWidget):
 
     def on_event(self, event: Event) -> None:
         """Take one engine event; the labels catch up on the next timer tick."""
-        if not self.state.apply(event) or self._dirty:
-            return  # already dirty: the timer runs, or showEvent will start it
-        self._dirty = True
-        if self.isVisible():
-            self._timer.start()
+        if not self.state.apply(event):
+            return
+        parts = PARTS_CHANGED_BY.get(type(event), ALL_PARTS)
+        self._stale_parts |= parts
+        if self.isVisible() and (parts is ALL_PARTS or not self._timer.isActive()):
+            self._schedule_refresh()  # else the running timer will do, or showEvent starts it
+
+    def _schedule_refresh(self) -> None:
+        """Run the timer, or bring it forward: a new stage shows sooner than a new token."""
+        hz = STREAMING_REFRESH_HZ if self._stale_parts <= STREAMING_PARTS else MAX_REFRESH_HZ
+        if not self._timer.isActive() or self._timer.remainingTime() > 1000 // hz:
+            self._timer.start(1000 // hz)
 
     def value_text(self, key: str) -> str:
         return self._values[key].text()
 
     def refresh(self) -> None:
-        """Show the current state now (the timer calls this; so may a test)."""
-        self._dirty = False
-        self._show_model()
-        self._show_reply(self.state.reply)
-        self._show_session()
-        self._show_memory(self.state.memory)
-        self._show_context()
+        """Show the whole current state now (a test may call this)."""
+        self._stale_parts = set(ALL_PARTS)
+        self._refresh_stale_parts()
+
+    def _refresh_stale_parts(self) -> None:
+        stale, self._stale_parts = self._stale_parts, set()
+        if "model" in stale:
+            self._show_model()
+        if "reply" in stale:
+            self._show_reply(self.state.reply)
+        elif "tokens" in stale:
+            self._show_tokens(self.state.reply)
+        if "session" in stale:
+            self._show_session()
+        if "memory" in stale:
+            self._show_memory(self.state.memory)
         for chart in (self.decode_chart, self.memory_chart):
-            chart.set_now(self.state.now)
-            chart.update()
+            chart.show_until(self.state.now, force=stale == ALL_PARTS)
+        if "context" in stale:
+            self._show_context()  # last: a new fill paints at once, with what is pending
         self.refreshed.emit()
 
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
-        if self._dirty:
-            self._timer.start()
+        if self._stale_parts:
+            self._schedule_refresh()
 
     def hideEvent(self, event: QHideEvent) -> None:
         super().hideEvent(event)
         self._timer.stop()
 
     def _refresh_if_visible(self) -> None:
-        if self._dirty and self.isVisible():
-            self.refresh()
+        if self._stale_parts and self.isVisible():
+            self._refresh_stale_parts()
 
     def _build(self) -> None:
         column = QVBoxLayout(self)
@@ -156,7 +218,10 @@ class PerformancePanel(QWidget):
         box = QGroupBox(title)
         form = QFormLayout(box)
         for key, caption in rows:
-            value = QLabel(UNKNOWN, objectName=value_label_name(key))
+            if key in LIVE_VALUE_SAMPLES:
+                value = LiveValueLabel(LIVE_VALUE_SAMPLES[key], value_label_name(key))
+            else:
+                value = QLabel(UNKNOWN, objectName=value_label_name(key))
             self._values[key] = value
             self._captions[key] = QLabel(caption, objectName=f"{key}_caption")
             form.addRow(self._captions[key], value)
@@ -170,7 +235,9 @@ class PerformancePanel(QWidget):
 
     def _set(self, key: str, text: str) -> None:
         label = self._values[key]
-        if label.text() != text:
+        if isinstance(label, LiveValueLabel):
+            label.show_text(text)
+        elif label.text() != text:
             label.setText(text)
 
     def _show_model(self) -> None:
@@ -182,7 +249,7 @@ class PerformancePanel(QWidget):
         self.model_label.setText(f"<b>{html.escape(model.name)}</b> · {model.device} · {model.precision} · {context} context")
 
     def _show_reply(self, reply: ReplyPerf | None) -> None:
-        self.timeline.show_reply(reply)
+        self._show_tokens(reply)
         if reply is None:
             for key, _ in REPLY_ROWS:
                 self._set(key, UNKNOWN)
@@ -192,11 +259,16 @@ class PerformancePanel(QWidget):
         self._set("reused", format_tokens(reply.reused_tokens))
         self._set("prefilled", format_tokens(reply.new_tokens))
         self._set("prefill_speed", format_tok_s(reply.prefill_tok_s))
-        self._set("decode_speed", format_tok_s(reply.decode_tok_s))
-        self._set("tokens_generated", format_count(reply.tokens_generated))
         reason = format_finish_reason(reply.finish_reason)
         self._set("finish_reason", reason if reply.failure is None else f"{reason}: {reply.failure}")
         self._set("dropped_turns", dropped_turns_text(reply.dropped_turns))
+
+    def _show_tokens(self, reply: ReplyPerf | None) -> None:
+        """What a streamed token changes: the live figures and the timeline."""
+        self.timeline.show_reply(reply)
+        if reply is not None:
+            self._set("decode_speed", format_tok_s(reply.decode_tok_s))
+            self._set("tokens_generated", format_count(reply.tokens_generated))
 
     def _show_session(self) -> None:
         session = self.state.session

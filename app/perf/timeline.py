@@ -5,7 +5,8 @@ of milliseconds; ``StageTimeline`` paints it on the GUI thread. The part of the
 prompt found in the KV cache is drawn as a hatched "skipped" segment before the
 prefill, as wide as prefilling those tokens would have taken at this reply's
 measured prefill rate, capped at half the bar. It is a picture of work that was
-*not* done, and is labelled so; it never enters any figure.
+*not* done, and is labelled so; it never enters any figure. While tokens stream
+only the whole-reply bar changes, so only it is repainted.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import bisect
 from dataclasses import dataclass
 from typing import Sequence
 
-from PySide6.QtCore import QLineF, QRectF, Qt
-from PySide6.QtGui import QBrush, QColor, QPainter, QPaintEvent, QPen
+from PySide6.QtCore import QEvent, QPointF, QRectF, Qt
+from PySide6.QtGui import QBrush, QColor, QPainter, QPaintEvent, QPen, QStaticText
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
+from app.perf.backdrop import Backdrop
 from app.perf.format import format_ms, format_tokens
 from app.perf.state import ReplyPerf
 
@@ -28,6 +30,18 @@ STAGE_COLORS = {
     "decode": QColor("#3d85c6"),
 }
 CACHED_SHARE_WHEN_NO_RATE = 0.25
+
+
+def _with_alpha(color: QColor, alpha: int) -> QColor:
+    translucent = QColor(color)
+    translucent.setAlpha(alpha)
+    return translucent
+
+
+_LABEL_ON_STAGE = QColor("white")
+_TICK_COLOR = _with_alpha(STAGE_COLORS["decode"], 170)
+_CACHED_FILL = _with_alpha(STAGE_COLORS["cached"], 50)
+_STATIC_TEXTS_KEPT = 32
 
 
 @dataclass(frozen=True)
@@ -69,23 +83,36 @@ class TimelineLayout:
         return self.first_token + (self.token_times[index] - self.token_times[0]) * 1000
 
     def tick_columns(self, width: int, span: float) -> list[int]:
-        """The pixel columns (of ``width`` showing ``span`` ms) that hold at least one tick.
+        """The pixel columns (of ``width`` showing ``span`` ms) that hold at least one tick."""
+        return [x for first, count in self.tick_runs(width, span) for x in range(first, first + count)]
 
-        One binary search per column, so painting costs the same for ten tokens
-        or ten thousand.
+    def tick_runs(self, width: int, span: float) -> list[tuple[int, int]]:
+        """``(first, count)`` for each stretch of adjacent pixel columns holding ticks.
+
+        Column ``x`` holds the ticks before its right edge, ``x + 0.5`` pixels
+        in (the last column ends at ``span``). One binary search per column
+        that holds a tick (empty columns are jumped over), so painting costs
+        the same for a hundred tokens or ten thousand, and a dense stretch is
+        one rectangle.
         """
         times = self.token_times
         if not times or span <= 0 or width <= 0:
             return []
-        ms_per_px = span / width
-        columns, seen = [], 0
-        for x in range(width):
-            column_end_ms = (x + 0.5) * ms_per_px if x < width - 1 else span * (1 + 1e-9)
-            end = bisect.bisect_left(times, times[0] + (column_end_ms - self.first_token) / 1000, seen)
-            if end > seen:
-                columns.append(x)
-            seen = end
-        return columns
+        ms_per_px, start, first_token = span / width, times[0], self.first_token
+        edges = [start + ((x + 0.5) * ms_per_px - first_token) / 1000 for x in range(width - 1)]
+        edges.append(start + (span * (1 + 1e-9) - first_token) / 1000)
+        runs: list[tuple[int, int]] = []
+        index, column = 0, 0
+        while index < len(times):
+            column = bisect.bisect_right(edges, times[index], column)  # the first edge past the tick
+            if column == width:
+                break
+            if runs and runs[-1][0] + runs[-1][1] == column:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+            else:
+                runs.append((column, 1))
+            index = bisect.bisect_left(times, edges[column], index + 1)
+        return runs
 
 
 def build_layout(reply: ReplyPerf) -> TimelineLayout:
@@ -123,6 +150,15 @@ def to_pixels(layout: TimelineLayout, width: float, span: float) -> list[tuple[S
     return placed
 
 
+def stage_key(reply: ReplyPerf | None) -> tuple | None:
+    """What the legend and the zoomed row show: all of a reply but the tokens streamed so far."""
+    if reply is None:
+        return None
+    figures = (reply.tokenize_ms, reply.prompt_tokens, reply.reused_tokens, reply.prefill_ms, reply.ttft_ms, reply.decode_ms)
+    final_count = reply.tokens_generated if reply.done else None
+    return (reply.request_id, *figures, reply.finish_reason, final_count, bool(reply.token_times))
+
+
 class StageTimeline(QWidget):
     """Two bars (the whole reply; zoomed up to its first token) and a legend of durations."""
 
@@ -130,6 +166,7 @@ class StageTimeline(QWidget):
         super().__init__(parent)
         self.layout_data: TimelineLayout | None = None
         self.reply: ReplyPerf | None = None
+        self._stage_key: tuple | None = ()
         self.whole_bar = _TimelineBar(self, zoomed=False)
         self.zoom_bar = _TimelineBar(self, zoomed=True)
         self.legend = QLabel(objectName="timeline_legend", wordWrap=True)
@@ -142,11 +179,15 @@ class StageTimeline(QWidget):
         self.show_reply(None)
 
     def show_reply(self, reply: ReplyPerf | None) -> None:
+        """Redraw for ``reply``: the legend and zoomed row only when a stage changed, not for new tokens."""
         self.reply = reply
         self.layout_data = build_layout(reply) if reply is not None else None
-        self.legend.setText(_legend_html(reply) if reply is not None else "No reply yet.")
         self.whole_bar.update()
-        self.zoom_bar.update()
+        key = stage_key(reply)
+        if key != self._stage_key:
+            self._stage_key = key
+            self.legend.setText(_legend_html(reply) if reply is not None else "No reply yet.")
+            self.zoom_bar.update()
 
     def cached_caption(self) -> str:
         reused = self.reply.reused_tokens if self.reply is not None else 0
@@ -172,6 +213,26 @@ class _TimelineBar(QWidget):
         self.zoomed = zoomed
         self.setMinimumHeight(self.CAPTION_HEIGHT + self.BAR_HEIGHT + self.TICK_HEIGHT + 3)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setAttribute(Qt.WidgetAttribute.WA_OpaquePaintEvent)  # the backdrop covers every pixel
+        self._backdrop = Backdrop(self)
+        self._static_texts: dict[str, QStaticText] = {}
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.FontChange:
+            self._static_texts.clear()
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.StyleChange):
+            self._backdrop.invalidate()
+
+    def static_text(self, text: str) -> QStaticText:
+        """``text`` laid out once: the few captions and labels are repainted several times a second."""
+        if text not in self._static_texts:
+            if len(self._static_texts) >= _STATIC_TEXTS_KEPT:
+                self._static_texts.clear()  # old replies' captions
+            static = QStaticText(text)
+            static.prepare(font=self.font())
+            self._static_texts[text] = static
+        return self._static_texts[text]
 
     def span(self) -> float:
         layout = self._timeline.layout_data
@@ -180,12 +241,14 @@ class _TimelineBar(QWidget):
         return layout.first_token if self.zoomed else layout.span
 
     def paintEvent(self, event: QPaintEvent) -> None:
+        palette = self.palette()
         painter = QPainter(self)
-        painter.setPen(self.palette().text().color())
-        caption = QRectF(0, 0, self.width(), self.CAPTION_HEIGHT)
-        painter.drawText(caption, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, self._timeline.row_caption(self.zoomed))
+        painter.drawPixmap(0, 0, self._backdrop.pixmap())
+        painter.setPen(palette.text().color())
+        caption = self.static_text(self._timeline.row_caption(self.zoomed))
+        painter.drawStaticText(QPointF(0, (self.CAPTION_HEIGHT - caption.size().height()) / 2), caption)
         bar = QRectF(0, self.CAPTION_HEIGHT, self.width() - 1, self.BAR_HEIGHT)
-        painter.fillRect(bar, self.palette().alternateBase())
+        painter.fillRect(bar, palette.alternateBase())
         layout, span = self._timeline.layout_data, self.span()
         if layout is not None and span > 0:
             for segment, x, w in to_pixels(layout, bar.width(), span):
@@ -196,31 +259,27 @@ class _TimelineBar(QWidget):
     def _paint_segment(self, painter: QPainter, segment: Segment, rect: QRectF) -> None:
         color = STAGE_COLORS[segment.kind]
         if segment.kind == "cached":
-            ghost = QColor(color)
-            ghost.setAlpha(50)
-            painter.fillRect(rect, ghost)
+            painter.fillRect(rect, _CACHED_FILL)
             painter.fillRect(rect, QBrush(color, Qt.BrushStyle.BDiagPattern))
             painter.setPen(QPen(color, 1, Qt.PenStyle.DashLine))
             painter.drawRect(rect.adjusted(0, 0, -1, -1))
             self._paint_label(painter, rect, self._timeline.cached_caption(), self.palette().text().color())
         else:
             painter.fillRect(rect, color)
-            self._paint_label(painter, rect, segment.kind, QColor("white"))
+            self._paint_label(painter, rect, segment.kind, _LABEL_ON_STAGE)
 
-    @staticmethod
-    def _paint_label(painter: QPainter, rect: QRectF, text: str, color: QColor) -> None:
-        if painter.fontMetrics().horizontalAdvance(text) + 8 > rect.width():
+    def _paint_label(self, painter: QPainter, rect: QRectF, text: str, color: QColor) -> None:
+        label = self.static_text(text)
+        size = label.size()
+        if size.width() + 8 > rect.width():
             return
         painter.setPen(color)
-        painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, text)
+        painter.drawStaticText(QPointF(rect.center().x() - size.width() / 2, rect.center().y() - size.height() / 2), label)
 
     def _paint_ticks(self, painter: QPainter, layout: TimelineLayout, bar: QRectF, span: float) -> None:
         top = bar.bottom() + 2
-        tick_color = QColor(STAGE_COLORS["decode"])
-        tick_color.setAlpha(170)
-        painter.setPen(QPen(tick_color, 1))
-        columns = layout.tick_columns(round(bar.width()), span)
-        painter.drawLines([QLineF(x + 0.5, top, x + 0.5, top + self.TICK_HEIGHT) for x in columns])
+        for x, width in layout.tick_runs(round(bar.width()), span):
+            painter.fillRect(QRectF(x, top, width, self.TICK_HEIGHT + 1), _TICK_COLOR)
 
 
 def _nowrap(text: str) -> str:
@@ -234,6 +293,10 @@ def _swatch(kind: str, text: str, mark: str = "■") -> str:
 
 
 def _legend_html(reply: ReplyPerf) -> str:
+    """Stage durations; it changes with stages, not tokens (relaying out rich text costs ms).
+
+    While the reply streams, its live token count is the panel's "Tokens generated" row.
+    """
     items = [_swatch("tokenize", f"tokenize {format_ms(reply.tokenize_ms)}")]
     if reply.reused_tokens > 0:
         items.append(_swatch("cached", f"cached: {format_tokens(reply.reused_tokens)} skipped"))
@@ -241,5 +304,6 @@ def _legend_html(reply: ReplyPerf) -> str:
     items.append(_swatch("prefill", prefill_text))
     decode_text = "decode running…" if reply.decode_ms is None else f"decode {format_ms(reply.decode_ms)}"
     items.append(_swatch("decode", decode_text))
-    items.append(_swatch("decode", f"{format_tokens(reply.tokens_generated)} streamed", mark="┃"))
+    ticks_text = f"{format_tokens(reply.tokens_generated)} streamed" if reply.done else "a token streamed"
+    items.append(_swatch("decode", ticks_text, mark="┃"))
     return " &nbsp; ".join(items)
