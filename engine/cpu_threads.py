@@ -1,8 +1,9 @@
 """How many CPU threads torch may use for the model (engine thread, at start-up).
 
-One core is left to the GUI thread: a window that must never stall more than 50 ms
-and a decode loop whose worker threads spin-wait on each other do not share cores
-well. ``HEARTH_THREADS`` overrides the choice.
+One per physical core: decoding is bound by memory bandwidth, which more cores
+raise. The GUI thread's share while a reply streams is small (the performance
+panel's refresh costs ~2 % of a core), and ``python -m app.bench_panel`` checks
+that it does not slow decoding. ``HEARTH_THREADS`` overrides the choice.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ def engine_threads() -> int:
     override = os.environ.get("HEARTH_THREADS", "")
     if override.isdigit() and int(override) > 0:
         return int(override)
-    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    return max(1, cores - 1)
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
 def apply_engine_threads() -> int:
