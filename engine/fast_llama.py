@@ -61,8 +61,8 @@ class FastLlama:
         self.device = device
         self.layers = [self._layer(state, f"model.layers.{i}.", fmt) for i in range(config.num_hidden_layers)]
         self.dtype = self.layers[0].qkv.compute_dtype
-        self.embed = Embedding(state["model.embed_tokens.weight"].to(device), fmt, self.dtype)
-        head = state.get("lm_head.weight", state["model.embed_tokens.weight"])  # tied embeddings
+        table, head = _embedding_and_head(config, state)
+        self.embed = Embedding(table.to(device), fmt, self.dtype)
         self.lm_head = Linear(head.to(device), None, fmt)
         self.final_norm = state["model.norm.weight"].to(device, self.dtype)
         self._rotary = _rotary_module(config, device)
@@ -131,6 +131,16 @@ class FastLlama:
             cos, sin = self._rotary(probe, positions)  # [1, P, hd] each
             self._cos, self._sin = cos[0].to(self.dtype), sin[0].to(self.dtype)
         return self._cos[start:end], self._sin[start:end]
+
+
+def _embedding_and_head(config: Any, state: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token table and the output layer; with tied embeddings a checkpoint may hold either name once."""
+    table, head = state.get("model.embed_tokens.weight"), state.get("lm_head.weight")
+    if getattr(config, "tie_word_embeddings", False):
+        table = head = table if table is not None else head
+    if table is None or head is None:
+        raise ValueError("The checkpoint lacks its token embeddings or its output layer (lm_head).")
+    return table, head
 
 
 def _rotary_module(config: Any, device: torch.device) -> torch.nn.Module:

@@ -83,12 +83,26 @@ class _Cursor:
     def unpack(self, fmt: str, what: str) -> Any:
         return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
 
+    def skip_strings(self, count: int, what: str) -> None:
+        """Step over ``count`` strings, checking only that each fits in the file (a vocabulary: ~100 k)."""
+        position, end = self.position, len(self.buffer)
+        for _ in range(count):
+            if position + 8 > end:
+                raise _error(self.path, f"it ends at byte {end} while reading {what}")
+            position += 8 + _U64.unpack_from(self.buffer, position)[0]
+        if position > end:
+            raise _error(self.path, f"it ends at byte {end} while reading {what}")
+        self.position = position
+
     def string(self, what: str) -> str:
         length = self.unpack("<Q", f"the length of {what}")
         try:
             return self.take(length, what).decode("utf-8")
         except UnicodeDecodeError:
             raise _error(self.path, f"{what} is not UTF-8 text") from None
+
+
+_U64 = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -126,6 +140,8 @@ def _read_array(cursor: _Cursor, key: str) -> list[Any] | _LongArray:
         return [_read_value(cursor, item_type, key) for _ in range(count)]
     if scalar_format:
         cursor.take(count * smallest_item, f"metadata {key!r}")
+    elif item_type == GGUFValueType.STRING:
+        cursor.skip_strings(count, f"metadata {key!r}")
     else:
         for _ in range(count):
             _read_value(cursor, item_type, key)

@@ -106,40 +106,79 @@ def fast_path_applies(config: Any, device: torch.device) -> bool:
 def load_model(plan: LoadPlan, progress: Progress, is_cancelled: Callable[[], bool]) -> LoadedModel:
     """Load the Hugging Face folder of ``plan`` (already inspected and found safe).
 
-    ``progress`` counts tensors; a cancel is noticed between two of them.
+    ``progress`` counts tensors; a cancel is noticed between two of them. On the CPU
+    fast path the tensors go straight from the safetensors files into ``FastLlama``,
+    without building a transformers model first.
     """
     started = time.perf_counter()
     tokenizer = _load_tokenizer(plan.folder)
     _raise_if_cancelled(is_cancelled)
-    fast = fast_path_applies(_load_config(plan.folder), plan.device)
+    config = _load_config(plan.folder)
+    fast = fast_path_applies(config, plan.device)
     precision = prefer_fast(plan.precision, fast) if plan.precision_is_auto else plan.precision
-    fast = fast and precision in CPU_FORMATS
-    with report_tensors(lambda done, total: (_raise_if_cancelled(is_cancelled), progress(done, total))):
-        model = _load_weights(plan.folder, plan.device, "fp32" if fast else precision)  # repacked by wrap_model
-    return wrap_model(model, tokenizer, plan, precision, started)
+
+    def report(done: int, total: int) -> None:
+        _raise_if_cancelled(is_cancelled)
+        progress(done, total)
+
+    if fast and precision in CPU_FORMATS:
+        model = FastLlama(config, _read_safetensors(plan.folder, report), precision, plan.device)
+        eos_ids = _eos_ids(_generation_config(plan.folder), config, tokenizer)
+        return _assemble(model, FastLlamaBackend(model), model.weight_bytes, eos_ids, tokenizer, plan, precision, started)
+    with report_tensors(report):
+        hf_model = _load_weights(plan.folder, plan.device, precision)
+    return wrap_model(hf_model, tokenizer, plan, precision, started)
 
 
 def wrap_model(model: Any, tokenizer: Any, plan: LoadPlan, precision: str, started: float) -> LoadedModel:
     """A loaded transformers model as a ``LoadedModel``, repacked for the fast path where it applies."""
-    eos_ids = _eos_ids(model, tokenizer)
-    fast = fast_path_applies(model.config, plan.device) and precision in CPU_FORMATS
-    if fast:
-        model = FastLlama(model.config, model.state_dict(), precision, plan.device)  # the transformers copy is dropped
+    eos_ids = _eos_ids(getattr(model, "generation_config", None), model.config, tokenizer)
+    if fast_path_applies(model.config, plan.device) and precision in CPU_FORMATS:
+        fast = FastLlama(model.config, model.state_dict(), precision, plan.device)  # the transformers copy is dropped
+        return _assemble(fast, FastLlamaBackend(fast), fast.weight_bytes, eos_ids, tokenizer, plan, precision, started)
+    return _assemble(model, HFBackend(model), weight_bytes(model), eos_ids, tokenizer, plan, precision, started)
+
+
+def _assemble(
+    model: Any, backend: Backend, n_bytes: int, eos_ids: frozenset[int], tokenizer: Any,
+    plan: LoadPlan, precision: str, started: float,
+) -> LoadedModel:
     return LoadedModel(
         name=plan.name,
         path=str(plan.folder),
         model=model,
         tokenizer=tokenizer,
-        backend=FastLlamaBackend(model) if fast else HFBackend(model),
+        backend=backend,
         device=plan.device.type,
         precision=precision,
         context_length=plan.context_length,
-        weight_bytes=model.weight_bytes if fast else weight_bytes(model),
+        weight_bytes=n_bytes,
         eos_ids=eos_ids,
         load_s=time.perf_counter() - started,
         template=plan.template,
         notices=plan.notices,
     )
+
+
+def _read_safetensors(folder: Path, report: Progress) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's safetensors files (checked by ``model_files`` before), reported one by one."""
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    handles = [safe_open(str(path), framework="pt") for path in files]
+    total = sum(len(handle.keys()) for handle in handles)
+    state: dict[str, torch.Tensor] = {}
+    for handle in handles:
+        for name in handle.keys():
+            state[name] = handle.get_tensor(name)
+            report(len(state), total)
+    return state
+
+
+def _generation_config(folder: Path) -> Any:
+    from transformers import GenerationConfig
+
+    return GenerationConfig.from_pretrained(str(folder)) if (folder / "generation_config.json").is_file() else None
 
 
 def _raise_if_cancelled(is_cancelled: Callable[[], bool]) -> None:
@@ -183,9 +222,10 @@ def _bnb_config(precision: str) -> Any:
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+def _eos_ids(*sources: Any) -> frozenset[int]:
+    """Every end-of-sequence id named by the generation config, the model config or the tokenizer."""
     ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+    for source in sources:
         value = getattr(source, "eos_token_id", None)
         if isinstance(value, int):
             ids.add(value)
