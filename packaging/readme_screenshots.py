@@ -2,7 +2,7 @@
 
     xvfb-run -a -s "-screen 0 1400x900x24" .venv/bin/python packaging/readme_screenshots.py resources/
 
-Asks two questions (one answered with code), with the performance panel open, then
+Asks two questions in two conversations (one answered with code), with the performance panel open, then
 saves ``screenshot.png`` (the whole window) and ``perf-panel.png`` (the panel) into
 the folder given. Uses its own temporary data folder, so it never touches your chats.
 """
@@ -51,6 +51,7 @@ async def take(folder: Path, model: Path) -> None:
     window.model_loader.load(str(model))
     await _until(window.input_bar.send_button.isEnabled)
     for question in QUESTIONS:
+        window.conversations.new_conversation()
         window.input_bar.prompt.setPlainText(question)
         window.input_bar.send_button.click()
         await _until(lambda: window.session.generating, 10)
