@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 
-import pytest
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QLabel, QMainWindow
 
@@ -61,16 +60,6 @@ def reply_events(engine: ScriptedEngine, request_id: str, prompt: int, reused: i
 
 def label_text(panel: PerformancePanel, key: str) -> str:
     return panel.findChild(QLabel, value_label_name(key)).text()
-
-
-@pytest.fixture
-def panel(qtbot):
-    widget = PerformancePanel()
-    qtbot.addWidget(widget)
-    widget.resize(440, 900)
-    widget.show()
-    qtbot.waitExposed(widget)
-    return widget
 
 
 def feed(panel: PerformancePanel, events: list) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from PySide6.QtCore import QPoint
 from PySide6.QtGui import QColor
 
@@ -16,16 +15,6 @@ from app.perf.series import RollingSeries
 from app.perf.state import ReplyPerf
 from app.perf.timeline import build_layout
 from engine.messages import MemorySampled, MemoryStats, PrefillDone, TokenStreamed
-
-
-@pytest.fixture
-def panel(qtbot):
-    widget = PerformancePanel()
-    qtbot.addWidget(widget)
-    widget.resize(440, 1100)
-    widget.show()
-    qtbot.waitExposed(widget)
-    return widget
 
 
 def count_refreshes(panel: PerformancePanel) -> list[int]:
