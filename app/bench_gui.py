@@ -102,6 +102,7 @@ def long_conversation(journal, count: int) -> str:
 
 async def run(args: argparse.Namespace) -> list[dict[str, object]]:
     from app.controller import EngineController
+    from app.main import freeze_long_lived_objects
     from app.main_window import MainWindow
     from engine.client import AsyncEngine
 
@@ -109,6 +110,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, object]]:
     window = MainWindow(controller)
     window.resize(1100, 800)
     window.show()
+    freeze_long_lived_objects()  # as app.main does at start-up
     controller.start(AsyncEngine(streaming_runtime(args.tokens, args.rate)))
     window.session.load_model("bench")
     while not window.session.send("Stream, please"):

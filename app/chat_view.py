@@ -16,6 +16,7 @@ from PySide6.QtCore import QCoreApplication, QEvent, QPoint, Qt, QTimer, Signal
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QLabel, QScrollArea, QWidget
 
+from app import code_blocks
 from app.card_column import CardColumn
 from app.conversation import DisplayMessage
 from app.message_bubble import MessageBubble
@@ -38,6 +39,7 @@ class ChatView(QScrollArea):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        code_blocks.warm_up()  # the first highlighted block must not stall the window
         self.setObjectName("chatView")
         self.setAccessibleName("Conversation")
         self.setWidgetResizable(True)

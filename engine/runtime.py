@@ -118,7 +118,9 @@ class ModelRuntime:
         """The new model replaces the old one only now that it is ready; the old one's memory is freed."""
         self._loaded = loaded
         self._caches = CacheStore(loaded.backend.new_cache, loaded.backend.cache_bytes)
+        gc.unfreeze()  # the previous model's objects may go now
         gc.collect()
+        gc.freeze()  # torch, transformers and the model live long: keep full collections (GIL held) short
         if loaded.device == "cuda":
             torch.cuda.empty_cache()
 
