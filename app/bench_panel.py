@@ -70,28 +70,27 @@ async def first_of(*waiting: asyncio.Future[Any]) -> Any:
     return done.pop().result()
 
 
+async def outcome(done: SignalInstance, failed: SignalInstance, request_id: str, what: str) -> Any:
+    """The event ending ``request_id``; a failure ends the benchmark with its message."""
+    ending = await first_of(
+        asyncio.ensure_future(next_emission(done, request_id)),
+        asyncio.ensure_future(next_emission(failed, request_id)),
+    )
+    if isinstance(ending, (LoadFailed, ReplyFailed)):
+        raise SystemExit(f"{what} failed: {ending.message}")
+    return ending
+
+
 async def load(controller: EngineController, window: MainWindow, model: str) -> ModelLoaded:
     request_id = window.model_loader.load(model)
-    outcome = await first_of(
-        asyncio.ensure_future(next_emission(controller.model_loaded, request_id)),
-        asyncio.ensure_future(next_emission(controller.load_failed, request_id)),
-    )
-    if isinstance(outcome, LoadFailed):
-        raise SystemExit(f"The model could not be loaded: {outcome.message}")
-    return outcome
+    return await outcome(controller.model_loaded, controller.load_failed, request_id, "Loading the model")
 
 
 async def one_reply(controller: EngineController, max_new_tokens: int) -> ReplyFinished:
     """A greedy reply in a fresh conversation, so every reply prefills the same prompt."""
     sampling = replace(GREEDY, max_new_tokens=max_new_tokens)
     request_id = controller.send_prompt(uuid.uuid4().hex, (ChatMessage("user", PROMPT),), sampling)
-    outcome = await first_of(
-        asyncio.ensure_future(next_emission(controller.reply_finished, request_id)),
-        asyncio.ensure_future(next_emission(controller.reply_failed, request_id)),
-    )
-    if isinstance(outcome, ReplyFailed):
-        raise SystemExit(f"A reply failed: {outcome.message}")
-    return outcome
+    return await outcome(controller.reply_finished, controller.reply_failed, request_id, "A reply")
 
 
 def panel_order(round_index: int) -> tuple[bool, bool]:

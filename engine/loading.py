@@ -116,11 +116,7 @@ def load_model(plan: LoadPlan, progress: Progress, is_cancelled: Callable[[], bo
     config = _load_config(plan.folder)
     fast = fast_path_applies(config, plan.device)
     precision = prefer_fast(plan.precision, fast) if plan.precision_is_auto else plan.precision
-
-    def report(done: int, total: int) -> None:
-        _raise_if_cancelled(is_cancelled)
-        progress(done, total)
-
+    report = cancellable(progress, is_cancelled)
     if fast and precision in CPU_FORMATS:
         model = FastLlama(config, _read_safetensors(plan.folder, report), precision, plan.device)
         eos_ids = _eos_ids(_generation_config(plan.folder), config, tokenizer)
@@ -184,6 +180,16 @@ def _generation_config(folder: Path) -> Any:
 def _raise_if_cancelled(is_cancelled: Callable[[], bool]) -> None:
     if is_cancelled():
         raise LoadCancelled()
+
+
+def cancellable(progress: Progress, is_cancelled: Callable[[], bool]) -> Progress:
+    """``progress`` that first raises ``LoadCancelled`` once the load was cancelled (checked per tensor)."""
+
+    def report(done: int, total: int) -> None:
+        _raise_if_cancelled(is_cancelled)
+        progress(done, total)
+
+    return report
 
 
 def _load_tokenizer(folder: Path) -> Any:

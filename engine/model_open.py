@@ -14,7 +14,7 @@ from typing import Any, Callable
 from engine import default_model, gguf_convert
 from engine.chat_template import ChatTemplate
 from engine.gguf_check import explain_gguf_errors
-from engine.loading import LoadCancelled, LoadedModel, LoadPlan, Progress, load_model, resolve_device
+from engine.loading import LoadedModel, LoadPlan, Progress, cancellable, load_model, resolve_device
 from engine.memory_estimate import NotEnoughMemoryError, available_memory, choose_precision, estimate, fit_verdict
 from engine.messages import FetchProgress, LoadOptions, StatusChanged
 from engine.model_files import inspect_model
@@ -87,14 +87,8 @@ def _as_folder(source: ModelSource, emit: EventSink, progress: Progress, is_canc
         return source.path
     if not gguf_convert.is_converted(gguf_convert.converted_dir_for(source.path)):
         emit(StatusChanged("loading", f"Converting {source.path.name} (first time only)…"))
-
-    def report(done: int, total: int) -> None:
-        if is_cancelled():
-            raise LoadCancelled()
-        progress(done, total)
-
     with explain_gguf_errors(source.path):
-        return gguf_convert.convert_gguf(source.path, report)
+        return gguf_convert.convert_gguf(source.path, cancellable(progress, is_cancelled))
 
 
 def _notices(source: ModelSource, template: ChatTemplate) -> tuple[str, ...]:
