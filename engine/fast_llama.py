@@ -3,8 +3,11 @@
 Covers Llama, Mistral (without a sliding window) and Qwen2: RMSNorm, rotary
 positions (including Llama 3 and linear scaling), grouped-query attention, a SiLU
 gated MLP and optional q/k/v biases. Weights come from a Hugging Face state dict
-and are repacked into one weight format (``quant``): q/k/v become one matmul, gate
-and up another, so a decode step makes few calls. The KV cache is a ``KVCache``.
+and are repacked once into one weight format (``quant``) so that a decode step makes
+few calls, since at this size each call's fixed cost adds up: q/k/v become one
+matmul and gate/up another; each RMSNorm's weight is folded into the matmul after
+it, the attention scale into the query rows, and query/key rows are reordered so
+rotary positions are one complex multiply in place. The KV cache is a ``KVCache``.
 """
 
 from __future__ import annotations
@@ -41,11 +44,9 @@ def unsupported_reason(config: Any) -> str | None:
 
 @dataclass
 class _Layer:
-    input_norm: torch.Tensor  # [D]
-    qkv: Linear  # D -> (H + 2 Hkv) * hd
+    qkv: Linear  # D -> (H + 2 Hkv) * hd, on the normalised input
     out: Linear  # H * hd -> D
-    post_norm: torch.Tensor  # [D]
-    gate_up: Linear  # D -> 2 F
+    gate_up: Linear  # D -> 2 F, on the normalised input
     down: Linear  # F -> D
 
 
@@ -63,30 +64,30 @@ class FastLlama:
         self.dtype = self.layers[0].qkv.compute_dtype
         table, head = _embedding_and_head(config, state)
         self.embed = Embedding(table.to(device), fmt, self.dtype)
-        self.lm_head = Linear(head.to(device), None, fmt)
-        self.final_norm = state["model.norm.weight"].to(device, self.dtype)
+        self.lm_head = Linear(head.to(device, torch.float32) * _fp32(state["model.norm.weight"], device), None, fmt)
+        self._eps = torch.full((1, 1), self.eps, dtype=self.dtype, device=device)
         self._rotary = _rotary_module(config, device)
-        self._cos = self._sin = torch.empty(0, self.head_dim, device=device)
+        self._turns = torch.empty(0, 1, self.head_dim // 2, dtype=torch.complex64, device=device)
 
     def _layer(self, state: Mapping[str, torch.Tensor], prefix: str, fmt: str) -> _Layer:
+        """One layer's matmuls, with its norms' weights, the attention scale and the rotary order folded in."""
         def weight(name: str) -> torch.Tensor:
-            return state[prefix + name].to(self.device)
+            return _fp32(state[prefix + name], self.device)
 
-        def bias(name: str) -> torch.Tensor | None:
-            found = state.get(prefix + name)
-            return found.to(self.device) if found is not None else None
+        def optional(name: str) -> torch.Tensor | None:
+            return weight(name) if prefix + name in state else None
 
-        qkv_names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
-        qkv_biases = [bias(f"{n}.bias") for n in qkv_names]
-        qkv_bias = torch.cat(qkv_biases) if all(b is not None for b in qkv_biases) else None
-        qkv = Linear(torch.cat([weight(f"{n}.weight") for n in qkv_names]), qkv_bias, fmt)
+        def qkv_rows(kind: str) -> torch.Tensor | None:
+            q, k, v = (optional(f"self_attn.{p}_proj.{kind}") for p in "qkv")
+            if q is None or k is None or v is None:
+                return None
+            return torch.cat([_pair_rows(q * self.head_dim**-0.5, self.heads), _pair_rows(k, self.kv_heads), v])
+
         gate_up = torch.cat([weight("mlp.gate_proj.weight"), weight("mlp.up_proj.weight")])
         return _Layer(
-            input_norm=weight("input_layernorm.weight").to(qkv.compute_dtype),
-            qkv=qkv,
-            out=Linear(weight("self_attn.o_proj.weight"), bias("self_attn.o_proj.bias"), fmt),
-            post_norm=weight("post_attention_layernorm.weight").to(qkv.compute_dtype),
-            gate_up=Linear(gate_up, None, fmt),
+            qkv=Linear(qkv_rows("weight") * weight("input_layernorm.weight"), qkv_rows("bias"), fmt),
+            out=Linear(weight("self_attn.o_proj.weight"), optional("self_attn.o_proj.bias"), fmt),
+            gate_up=Linear(gate_up * weight("post_attention_layernorm.weight"), None, fmt),
             down=Linear(weight("mlp.down_proj.weight"), None, fmt),
         )
 
@@ -103,34 +104,42 @@ class FastLlama:
         """``token_ids`` [S] at positions ``start``…; logits of the last one, [V] fp32."""
         length = token_ids.shape[0]
         cache.reserve(start + length)
-        cos, sin = self._rope(start, start + length)  # [S, hd] each
+        turns = self._rotations(start, start + length)  # [S, 1, hd/2] complex
         mask = _causal_mask(start, length, self.device)  # [S, start+S] or None
         x = self.embed(token_ids)  # [S, D]
         for index, layer in enumerate(self.layers):
-            x = x + self._attention(layer, index, _rms_norm(x, layer.input_norm, self.eps), cache, start, cos, sin, mask)
-            gate, up = layer.gate_up(_rms_norm(x, layer.post_norm, self.eps)).chunk(2, dim=-1)  # [S, F] each
-            x = x + layer.down(F.silu(gate) * up)
+            x += self._attention(layer, index, self._normalise(x), cache, start, turns, mask)
+            x += layer.down(_gated(layer.gate_up(self._normalise(x))))
         cache.length = start + length
-        last = _rms_norm(x[-1:], self.final_norm, self.eps)  # [1, D]
-        return self.lm_head(last)[0].float()  # [V]
+        return self.lm_head(self._normalise(x[-1:]))[0].float()  # [V]
+
+    def _normalise(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [S, D] over its root mean square; the norm's own weight is folded into the next matmul."""
+        if x.shape[0] == 1 and x.dtype == torch.float32:
+            # One row: its mean square as one tiny matmul costs a fifth of the general kernel's several ops.
+            return x * torch.addmm(self._eps, x, x.t(), alpha=1 / x.shape[1]).rsqrt_()  # [1, D] * [1, 1]
+        return F.rms_norm(x, (x.shape[1],), eps=self.eps)
 
     def _attention(self, layer: _Layer, index: int, h: torch.Tensor, cache: KVCache, start: int,
-                   cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        length, hd, heads = h.shape[0], self.head_dim, self.heads
-        qkv = layer.qkv(h).view(length, heads + 2 * self.kv_heads, hd).transpose(0, 1)  # [H + 2Hkv, S, hd]
-        qk = _rotate(qkv[: heads + self.kv_heads], cos, sin)  # queries and keys rotated together
-        keys, values = cache.write(index, start, qk[heads:], qkv[heads + self.kv_heads :])  # [Hkv, T, hd] each
-        attended = _attend(qk[:heads], keys, values, mask)  # [H, S, hd]
-        return layer.out(attended.transpose(0, 1).reshape(length, heads * hd))  # [S, D]
+                   turns: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        length, heads, kv_heads = h.shape[0], self.heads, self.kv_heads
+        qkv = layer.qkv(h).view(length, heads + 2 * kv_heads, self.head_dim)  # [S, H + 2Hkv, hd]
+        _rotate_(qkv[:, : heads + kv_heads], turns)  # queries and keys rotated together
+        new_keys_values = qkv[:, heads:].transpose(0, 1).unflatten(0, (2, kv_heads))  # [2, Hkv, S, hd]
+        keys, values = cache.write(index, start, new_keys_values)  # [Hkv, T, hd] each
+        attended = _attend(qkv[:, :heads], keys, values, mask)  # [S, H, hd]
+        return layer.out(attended.reshape(length, heads * self.head_dim))  # [S, D]
 
-    def _rope(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if end > self._cos.shape[0]:
+    def _rotations(self, start: int, end: int) -> torch.Tensor:
+        """Unit complex numbers that turn each (even, odd) pair of a head at positions ``start``…``end``."""
+        if end > self._turns.shape[0]:
             size = -(-end // ROPE_TABLE_CHUNK) * ROPE_TABLE_CHUNK
             positions = torch.arange(size, device=self.device).unsqueeze(0)  # [1, P]
             probe = torch.empty(1, dtype=torch.float32, device=self.device)
-            cos, sin = self._rotary(probe, positions)  # [1, P, hd] each
-            self._cos, self._sin = cos[0].to(self.dtype), sin[0].to(self.dtype)
-        return self._cos[start:end], self._sin[start:end]
+            cos, sin = self._rotary(probe, positions)  # [1, P, hd] each, the two halves equal
+            half = self.head_dim // 2
+            self._turns = torch.complex(cos[0, :, :half], sin[0, :, :half]).unsqueeze(1)  # [P, 1, hd/2]
+        return self._turns[start:end]
 
 
 def _embedding_and_head(config: Any, state: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,28 +159,49 @@ def _rotary_module(config: Any, device: torch.device) -> torch.nn.Module:
     return LlamaRotaryEmbedding(config).to(device)
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x`` [S, D]; PyTorch's fused kernel (a hand-written mean costs several slow copies per call)."""
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+def _fp32(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return tensor.to(device, torch.float32)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary positions in Hugging Face's half-split layout; ``x`` [H, S, hd], ``cos``/``sin`` [S, hd]."""
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-second, first), dim=-1) * sin
+def _pair_rows(rows: torch.Tensor, heads: int) -> torch.Tensor:
+    """Each head's rows from Hugging Face's half-split rotary order to (even, odd) pairs: 0, hd/2, 1, hd/2 + 1, …
+
+    Queries and keys are reordered alike, so their dot products, and the attention, stay the same.
+    """
+    head_dim = rows.shape[0] // heads
+    order = torch.arange(head_dim).view(2, head_dim // 2).t().reshape(-1)  # [hd]
+    return rows.unflatten(0, (heads, head_dim))[:, order].flatten(0, 1)
+
+
+def _rotate_(x: torch.Tensor, turns: torch.Tensor) -> None:
+    """Rotary positions in place: ``x`` [S, N, hd] as hd/2 complex numbers, each times its ``turns`` [S, 1, hd/2]."""
+    if x.dtype == torch.float32:
+        torch.view_as_complex(x.unflatten(-1, (-1, 2))).mul_(turns)
+        return
+    turned = torch.view_as_complex(x.float().unflatten(-1, (-1, 2))) * turns  # [S, N, hd/2]
+    x.copy_(torch.view_as_real(turned).flatten(-2))
+
+
+def _gated(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up from ``gate_up`` [S, 2F], in place in its gate half; [S, F]."""
+    width = gate_up.shape[1] // 2
+    gate = F.silu(gate_up[:, :width], inplace=True)  # [S, F]
+    return gate.mul_(gate_up[:, width:])
 
 
 def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """``q`` [H, S, hd] over ``keys``/``values`` [Hkv, T, hd]; query head ``h`` uses kv head ``h // (H / Hkv)``."""
-    heads, length, hd = q.shape
+    """``q`` [S, H, hd] (already scaled) over ``keys``/``values`` [Hkv, T, hd]; query head ``h`` uses kv head
+    ``h // (H / Hkv)``. Returns [S, H, hd]."""
+    length, heads, hd = q.shape
     kv_heads = keys.shape[0]
     if mask is not None:
-        return F.scaled_dot_product_attention(q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
-                                              attn_mask=mask, enable_gqa=True)[0]
+        attended = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0),
+                                                  values.unsqueeze(0), attn_mask=mask, scale=1.0, enable_gqa=True)
+        return attended[0].transpose(0, 1)
     # One query: three small matmuls beat the fused kernel's setup cost.
     grouped = q.view(kv_heads, heads // kv_heads, hd)  # [Hkv, G, hd]
-    scores = (grouped @ keys.transpose(1, 2)) * hd**-0.5  # [Hkv, G, T]
-    return (scores.softmax(dim=-1) @ values).view(heads, 1, hd)  # [H, 1, hd]
+    scores = grouped @ keys.transpose(1, 2)  # [Hkv, G, T]
+    return (scores.softmax(dim=-1) @ values).view(1, heads, hd)
 
 
 def _causal_mask(start: int, length: int, device: torch.device) -> torch.Tensor | None:

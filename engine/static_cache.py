@@ -35,12 +35,13 @@ class KVCache:
         grown[:, :, :, : self.length] = self.buffer[:, :, :, : self.length]
         self.buffer = grown
 
-    def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store ``keys``/``values`` [Hkv, S, D] at ``start``; returns all keys and values so far, [Hkv, start+S, D]."""
-        end = start + keys.shape[1]
-        self.buffer[layer, 0, :, start:end] = keys
-        self.buffer[layer, 1, :, start:end] = values
-        return self.buffer[layer, 0, :, :end], self.buffer[layer, 1, :, :end]
+    def write(self, layer: int, start: int, keys_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store ``keys_values`` [2, Hkv, S, D] at ``start`` in one copy; returns all keys and all values so far,
+        [Hkv, start+S, D] each."""
+        end = start + keys_values.shape[2]
+        held = self.buffer[layer, :, :, :end]  # [2, Hkv, end, D]
+        held[:, :, start:] = keys_values
+        return held[0], held[1]
 
     def crop(self, length: int) -> None:
         self.length = max(0, min(length, self.length))

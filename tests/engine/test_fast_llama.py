@@ -28,7 +28,17 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def hf_model():
-    return build_hf_model("tiny", CPU, torch.float32)
+    return _randomised(build_hf_model("tiny", CPU, torch.float32), "norm.weight")
+
+
+def _randomised(model, *suffixes):
+    """Norm weights start at one and biases at zero; other values show that the repacking keeps the output."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(suffixes):
+                param.copy_(torch.rand(param.shape, generator=generator) + 0.5)
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +75,19 @@ def test_fp32_greedy_tokens_equal_hf_generate(hf_model, tokenizer, prompt_ids):
     assert isinstance(loaded.backend, FastLlamaBackend)
     expected = hf_model.generate(torch.tensor([prompt_ids]), max_new_tokens=40, min_new_tokens=40, do_sample=False)
     assert _greedy(loaded.backend, prompt_ids, 40) == expected[0, len(prompt_ids):].tolist()
+
+
+def test_qwen2_with_biases_greedy_tokens_equal_hf_generate(tokenizer, prompt_ids):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False, initializer_range=0.3,
+                         use_sliding_window=False)
+    model = _randomised(Qwen2ForCausalLM(config).eval(), "norm.weight", "proj.bias")
+    loaded = _wrap(model, tokenizer, "qwen2", "fp32")
+    assert isinstance(loaded.backend, FastLlamaBackend)
+    expected = model.generate(torch.tensor([prompt_ids]), max_new_tokens=30, min_new_tokens=30, do_sample=False)
+    assert _greedy(loaded.backend, prompt_ids, 30) == expected[0, len(prompt_ids):].tolist()
 
 
 def test_fp16_logits_close_to_fp32_and_text_mostly_same(hf_model, tokenizer, prompt_ids):
