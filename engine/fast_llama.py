@@ -120,8 +120,16 @@ class FastLlama:
         qkv = layer.qkv(h).view(length, heads + 2 * self.kv_heads, hd).transpose(0, 1)  # [H + 2Hkv, S, hd]
         qk = _rotate(qkv[: heads + self.kv_heads], cos, sin)  # queries and keys rotated together
         keys, values = cache.write(index, start, qk[heads:], qkv[heads + self.kv_heads :])  # [Hkv, T, hd] each
-        attended = _attend(qk[:heads], keys, values, mask)  # [H, S, hd]
+        attended = self._attend(qk[:heads], keys, values, mask)  # [H, S, hd]
         return layer.out(attended.transpose(0, 1).reshape(length, heads * hd))  # [S, D]
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention over the cache (``_attend``); ``cuda_backend`` overrides it with fused GPU kernels."""
+        return _attend(q, keys, values, mask)
+
+    def rope_tables(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary cos and sin of positions ``0 … end-1``, [end, hd] each (for steps that index them on the device)."""
+        return self._rope(0, end)
 
     def _rope(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         if end > self._cos.shape[0]:
