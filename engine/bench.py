@@ -2,6 +2,8 @@
 
     decode --model default|PATH|random:NAME --device auto|cpu|cuda --quant none|int8|nf4|auto
            --prompt-tokens N --new-tokens N [--baseline]
+    prefill --model … --device … --quant … --prompt-tokens 4096 [--repeats N]
+    chat   --model … --device … --quant … --context-tokens 4096 --new-tokens 50 [--repeats N]
     turns  --model default --turns 20
     load   --model PATH [--cycles N]
 
@@ -50,12 +52,21 @@ def _parser() -> argparse.ArgumentParser:
     decode.add_argument("--prompt-tokens", type=int, default=128)
     decode.add_argument("--new-tokens", type=int, default=128)
     decode.add_argument("--baseline", action="store_true", help="also time plain model.generate()")
+    prefill = commands.add_parser("prefill", help="time to feed a long prompt into an empty cache")
+    prefill.add_argument("--prompt-tokens", type=int, default=4096)
+    chat = commands.add_parser("chat", help="time to first token of a new message after a long cached chat")
+    chat.add_argument("--context-tokens", type=int, default=4096)
+    chat.add_argument("--new-tokens", type=int, default=50)
+    for command in (prefill, chat):
+        command.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+        command.add_argument("--quant", default="auto", choices=("none", "int8", "nf4", "auto"))
+        command.add_argument("--repeats", type=int, default=5)
     turns = commands.add_parser("turns", help="time to first token over a long conversation, reused vs fresh cache")
     turns.add_argument("--turns", type=int, default=20)
     turns.add_argument("--reply-tokens", type=int, default=48)
     load = commands.add_parser("load", help="load time and weight size")
     load.add_argument("--cycles", type=int, default=1, help="load and unload this many times, reporting memory")
-    for command in (decode, turns, load):
+    for command in (decode, prefill, chat, turns, load):
         command.add_argument("--model", default="default")
         command.add_argument("--json", action="store_true", help="JSON lines (else key=value lines)")
     return parser
@@ -93,8 +104,11 @@ def _decode(args: argparse.Namespace, show) -> dict[str, Any]:
     loaded = _open(args.model, args.device, args.quant)
     device = torch.device(loaded.device)
     prompt = measure.filler_prompt(loaded.tokenize, args.prompt_tokens)
+    measure.reset_peak_memory(device)
     measure.measure_engine_decode(loaded, prompt[:8], WARMUP_TOKENS)
     engine = measure.measure_engine_decode(loaded, prompt, args.new_tokens)
+    engine_peak = measure.peak_memory_bytes(device)
+    kv_bytes = measure.cache_bytes_for(loaded, prompt)
     bandwidth = measure.copy_bandwidth(device)
     summary = {
         "model": args.model, "device": loaded.device, "precision": loaded.precision,
@@ -103,6 +117,9 @@ def _decode(args: argparse.Namespace, show) -> dict[str, Any]:
         "weight_bytes": loaded.weight_bytes, "copy_bandwidth_bytes_s": round(bandwidth),
         "bandwidth_limit_tok_s": round(bandwidth / loaded.weight_bytes, 1),  # each weight read once per token
         "peak_memory_bytes": measure.peak_memory_bytes(device), "engine_threads": engine_threads,
+        "engine_peak_memory_bytes": engine_peak, "kv_cache_bytes": kv_bytes,
+        "peak_over_weights_kv": round(engine_peak / (loaded.weight_bytes + kv_bytes), 3) if device.type == "cuda" else None,
+        "notices": list(loaded.notices),
     }
     if args.baseline:  # plain generate() as a user would run it: torch's own thread count
         torch.set_num_threads(torch_default_threads)
@@ -138,6 +155,41 @@ def _hf_model(model_path: str, folder: str, device: Any, dtype: Any) -> Any:
     return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
 
 
+def _prefill(args: argparse.Namespace, show) -> dict[str, Any]:
+    """Median time to prefill ``--prompt-tokens`` tokens from an empty cache (after one warm-up run)."""
+    from engine import bench_measure as measure
+
+    loaded = _open(args.model, args.device, args.quant)
+    prompt = measure.filler_prompt(loaded.tokenize, args.prompt_tokens)
+    measure.measure_prefill_ms(loaded, prompt, 1)
+    times = sorted(measure.measure_prefill_ms(loaded, prompt, args.repeats))
+    median = times[len(times) // 2]
+    return {
+        **_described(args.model, loaded), "prompt_tokens": len(prompt), "prefill_ms": round(median, 2),
+        "prefill_ms_best": round(times[0], 2), "prefill_tok_s": round(len(prompt) / (median / 1000), 1),
+    }
+
+
+def _chat(args: argparse.Namespace, show) -> dict[str, Any]:
+    """Median time to first token for ``--new-tokens`` new tokens after ``--context-tokens`` cached ones."""
+    from engine import bench_measure as measure
+
+    loaded = _open(args.model, args.device, args.quant)
+    ids = measure.filler_prompt(loaded.tokenize, args.context_tokens + args.new_tokens)
+    context, new = ids[: args.context_tokens], ids[args.context_tokens :]
+    measure.measure_cached_ttft_ms(loaded, context[:64], new, 1)
+    times = sorted(measure.measure_cached_ttft_ms(loaded, context, new, args.repeats))
+    return {
+        **_described(args.model, loaded), "context_tokens": len(context), "new_tokens": len(new),
+        "ttft_ms": round(times[len(times) // 2], 2), "ttft_ms_best": round(times[0], 2),
+    }
+
+
+def _described(model_path: str, loaded: Any) -> dict[str, Any]:
+    return {"model": model_path, "device": loaded.device, "precision": loaded.precision,
+            "backend": type(loaded.backend).__name__}
+
+
 def _turns(args: argparse.Namespace, show) -> dict[str, Any]:
     from engine import bench_measure as measure
     from engine.cpu_threads import apply_engine_threads
@@ -171,7 +223,7 @@ def _load(args: argparse.Namespace, show) -> dict[str, Any]:
     return {"load_s": round(load_s, 3), "weight_bytes": loaded.weight_bytes, "precision": loaded.precision}
 
 
-COMMANDS = {"decode": _decode, "turns": _turns, "load": _load}
+COMMANDS = {"decode": _decode, "prefill": _prefill, "chat": _chat, "turns": _turns, "load": _load}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from engine.generation import CachedSequence, DecodeLoop
+from engine.generation import CachedSequence, DecodeLoop, feed
 from engine.loading import LoadedModel
 from engine.messages import GREEDY, ChatMessage
 from engine.prompt import plan_prompt, reply_budget
@@ -55,6 +55,49 @@ def measure_engine_decode(loaded: LoadedModel, prompt_ids: Sequence[int], new_to
     steps = max(outcome.tokens_generated - 1, 1)
     rate = steps / (outcome.decode_ms / 1000) if outcome.decode_ms > 0 else 0.0
     return DecodeFigures((outcome.first_token_at - started) * 1000, rate, outcome.text)
+
+
+def measure_prefill_ms(loaded: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> list[float]:
+    """Milliseconds to feed ``prompt_ids`` into an empty cache as the decode loop does, once per repeat."""
+    device = torch.device(loaded.device)
+    times = []
+    for _ in range(repeats):
+        seq = CachedSequence(loaded.backend.new_cache())
+        _sync(device)
+        started = time.perf_counter()
+        feed(loaded.backend, seq, prompt_ids)
+        _sync(device)
+        times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+def measure_cached_ttft_ms(loaded: LoadedModel, context_ids: Sequence[int], new_ids: Sequence[int], repeats: int) -> list[float]:
+    """Time to the first token of a reply to ``new_ids`` after ``context_ids``, already cached, once per repeat.
+
+    Each repeat crops the cache back to the context, as a reused conversation does.
+    """
+    seq = CachedSequence(loaded.backend.new_cache())
+    feed(loaded.backend, seq, context_ids)
+    loop = DecodeLoop(
+        loaded.backend, loaded.tokenizer, replace(GREEDY, max_new_tokens=1), frozenset(), loaded.context_length,
+        is_cancelled=lambda: False, on_prefill=lambda *_: None, on_text=lambda *_: None,
+    )
+    times = []
+    for _ in range(repeats):
+        seq.kv = loaded.backend.crop(seq.kv, len(context_ids))
+        del seq.token_ids[len(context_ids):]
+        started = time.perf_counter()
+        outcome = loop.run(seq, [*context_ids, *new_ids])
+        assert outcome.reused_tokens == len(context_ids), "the cached context was not reused"
+        times.append((outcome.first_token_at - started) * 1000)
+    return times
+
+
+def cache_bytes_for(loaded: LoadedModel, prompt_ids: Sequence[int]) -> int:
+    """Bytes of the KV cache that holds ``prompt_ids`` (a static cache holds its whole capacity)."""
+    seq = CachedSequence(loaded.backend.new_cache())
+    feed(loaded.backend, seq, prompt_ids)
+    return loaded.backend.cache_bytes(seq.kv)
 
 
 class _TokenClock:
@@ -107,6 +150,13 @@ def copy_bandwidth(device: torch.device, size_bytes: int = 256 * 1024**2, repeat
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start the GPU high-water mark afresh (after loading, which holds two copies of the weights for a while)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def peak_memory_bytes(device: torch.device) -> int:

@@ -104,16 +104,16 @@ class FastLlama:
         """``token_ids`` [S] at positions ``start``…; logits of the last one, [V] fp32."""
         length = token_ids.shape[0]
         cache.reserve(start + length)
-        turns = self._rotations(start, start + length)  # [S, 1, hd/2] complex
+        turns = self.rotations(start, start + length)  # [S, 1, hd/2] complex
         mask = _causal_mask(start, length, self.device)  # [S, start+S] or None
         x = self.embed(token_ids)  # [S, D]
         for index, layer in enumerate(self.layers):
-            x += self._attention(layer, index, self._normalise(x), cache, start, turns, mask)
-            x += layer.down(_gated(layer.gate_up(self._normalise(x))))
+            x += self._attention(layer, index, self.normalise(x), cache, start, turns, mask)
+            x += layer.down(swiglu(layer.gate_up(self.normalise(x))))
         cache.length = start + length
-        return self.lm_head(self._normalise(x[-1:]))[0].float()  # [V]
+        return self.lm_head(self.normalise(x[-1:]))[0].float()  # [V]
 
-    def _normalise(self, x: torch.Tensor) -> torch.Tensor:
+    def normalise(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` [S, D] over its root mean square; the norm's own weight is folded into the next matmul."""
         if x.shape[0] == 1 and x.dtype == torch.float32:
             # One row: its mean square as one tiny matmul costs a fifth of the general kernel's several ops.
@@ -124,13 +124,17 @@ class FastLlama:
                    turns: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         length, heads, kv_heads = h.shape[0], self.heads, self.kv_heads
         qkv = layer.qkv(h).view(length, heads + 2 * kv_heads, self.head_dim)  # [S, H + 2Hkv, hd]
-        _rotate_(qkv[:, : heads + kv_heads], turns)  # queries and keys rotated together
+        rotate_pairs_(qkv[:, : heads + kv_heads], turns)  # queries and keys rotated together
         new_keys_values = qkv[:, heads:].transpose(0, 1).unflatten(0, (2, kv_heads))  # [2, Hkv, S, hd]
         keys, values = cache.write(index, start, new_keys_values)  # [Hkv, T, hd] each
-        attended = _attend(qkv[:, :heads], keys, values, mask)  # [S, H, hd]
+        attended = self._attend(qkv[:, :heads], keys, values, mask)  # [S, H, hd]
         return layer.out(attended.reshape(length, heads * self.head_dim))  # [S, D]
 
-    def _rotations(self, start: int, end: int) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention over the cache (``attend``); ``cuda_backend`` overrides it with fused GPU kernels."""
+        return attend(q, keys, values, mask)
+
+    def rotations(self, start: int, end: int) -> torch.Tensor:
         """Unit complex numbers that turn each (even, odd) pair of a head at positions ``start``…``end``."""
         if end > self._turns.shape[0]:
             size = -(-end // ROPE_TABLE_CHUNK) * ROPE_TABLE_CHUNK
@@ -173,7 +177,7 @@ def _pair_rows(rows: torch.Tensor, heads: int) -> torch.Tensor:
     return rows.unflatten(0, (heads, head_dim))[:, order].flatten(0, 1)
 
 
-def _rotate_(x: torch.Tensor, turns: torch.Tensor) -> None:
+def rotate_pairs_(x: torch.Tensor, turns: torch.Tensor) -> None:
     """Rotary positions in place: ``x`` [S, N, hd] as hd/2 complex numbers, each times its ``turns`` [S, 1, hd/2]."""
     if x.dtype == torch.float32:
         torch.view_as_complex(x.unflatten(-1, (-1, 2))).mul_(turns)
@@ -182,17 +186,17 @@ def _rotate_(x: torch.Tensor, turns: torch.Tensor) -> None:
     x.copy_(torch.view_as_real(turned).flatten(-2))
 
 
-def _gated(gate_up: torch.Tensor) -> torch.Tensor:
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) * up from ``gate_up`` [S, 2F], in place in its gate half; [S, F]."""
     width = gate_up.shape[1] // 2
     gate = F.silu(gate_up[:, :width], inplace=True)  # [S, F]
     return gate.mul_(gate_up[:, width:])
 
 
-def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """``q`` [S, H, hd] (already scaled) over ``keys``/``values`` [Hkv, T, hd]; query head ``h`` uses kv head
     ``h // (H / Hkv)``. Returns [S, H, hd]."""
-    length, heads, hd = q.shape
+    _, heads, hd = q.shape
     kv_heads = keys.shape[0]
     if mask is not None:
         attended = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0),

@@ -2,14 +2,16 @@
 
 Nothing from a model folder ever runs as code: ``trust_remote_code`` stays off.
 GGUF files are converted once into a cached folder (see ``gguf_convert``).
-On the CPU, Llama-family models run on the fast path (``fast_llama``) in fp32 or
-fp16 weights; everything else runs through transformers (``HFBackend``).
+Llama-family models run on the fast path: on the CPU ``fast_llama`` in fp32 or fp16
+weights, on a GPU ``cuda_backend`` in bf16/fp16/fp32, int8 or 4-bit weights
+(``quant_cuda``). Everything else runs through transformers (``HFBackend``), with
+bitsandbytes for int8 and nf4.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -20,6 +22,7 @@ from engine.chat_template import ChatTemplate
 from engine.fast_llama import FastLlama, FastLlamaBackend, unsupported_reason
 from engine.messages import ChatMessage
 from engine.quant import CPU_FORMATS
+from engine.quant_cuda import gpu_format
 from engine.weight_progress import report_tensors
 
 Progress = Callable[[int, int], None]  # (tensors done, tensors in all)
@@ -99,8 +102,27 @@ def prefer_fast(precision: str, fast_path: bool) -> str:
 
 
 def fast_path_applies(config: Any, device: torch.device) -> bool:
-    """Whether ``fast_llama`` can run this model here (the CPU, a Llama-family architecture)."""
-    return device.type == "cpu" and unsupported_reason(config) is None
+    """Whether ``fast_llama`` can run this model here (the CPU or a GPU, a Llama-family architecture)."""
+    return device.type in ("cpu", "cuda") and unsupported_reason(config) is None
+
+
+def fast_format(precision: str, device: torch.device) -> str | None:
+    """The fast path's weight format for ``precision`` on ``device``; None: transformers runs it."""
+    if device.type == "cuda":
+        return gpu_format(precision)
+    return precision if precision in CPU_FORMATS else None
+
+
+def _fast_backend(config: Any, state: Any, fmt: str, plan: LoadPlan) -> tuple[Any, Backend, LoadPlan]:
+    """The fast path's model and backend; on a GPU the plan gains its context cap and notices."""
+    if plan.device.type != "cuda":
+        model = FastLlama(config, state, fmt, plan.device)
+        return model, FastLlamaBackend(model), plan
+    from engine.cuda_backend import open_gpu_backend
+
+    backend = open_gpu_backend(config, state, fmt, plan.device, plan.context_length)
+    notices = plan.notices + backend.notices(fmt, plan.context_length)
+    return backend.model, backend, replace(plan, context_length=min(plan.context_length, backend.capacity), notices=notices)
 
 
 def load_model(plan: LoadPlan, progress: Progress, is_cancelled: Callable[[], bool]) -> LoadedModel:
@@ -117,10 +139,11 @@ def load_model(plan: LoadPlan, progress: Progress, is_cancelled: Callable[[], bo
     fast = fast_path_applies(config, plan.device)
     precision = prefer_fast(plan.precision, fast) if plan.precision_is_auto else plan.precision
     report = cancellable(progress, is_cancelled)
-    if fast and precision in CPU_FORMATS:
-        model = FastLlama(config, _read_safetensors(plan.folder, report), precision, plan.device)
+    fmt = fast_format(precision, plan.device) if fast else None
+    if fmt:
+        model, backend, plan = _fast_backend(config, _read_safetensors(plan.folder, report), fmt, plan)
         eos_ids = _eos_ids(_generation_config(plan.folder), config, tokenizer)
-        return _assemble(model, FastLlamaBackend(model), model.weight_bytes, eos_ids, tokenizer, plan, precision, started)
+        return _assemble(model, backend, model.weight_bytes, eos_ids, tokenizer, plan, precision, started)
     with report_tensors(report):
         hf_model = _load_weights(plan.folder, plan.device, precision)
     return wrap_model(hf_model, tokenizer, plan, precision, started)
@@ -129,9 +152,10 @@ def load_model(plan: LoadPlan, progress: Progress, is_cancelled: Callable[[], bo
 def wrap_model(model: Any, tokenizer: Any, plan: LoadPlan, precision: str, started: float) -> LoadedModel:
     """A loaded transformers model as a ``LoadedModel``, repacked for the fast path where it applies."""
     eos_ids = _eos_ids(getattr(model, "generation_config", None), model.config, tokenizer)
-    if fast_path_applies(model.config, plan.device) and precision in CPU_FORMATS:
-        fast = FastLlama(model.config, model.state_dict(), precision, plan.device)  # the transformers copy is dropped
-        return _assemble(fast, FastLlamaBackend(fast), fast.weight_bytes, eos_ids, tokenizer, plan, precision, started)
+    fmt = fast_format(precision, plan.device) if fast_path_applies(model.config, plan.device) else None
+    if fmt:  # the transformers copy is dropped
+        fast, backend, plan = _fast_backend(model.config, model.state_dict(), fmt, plan)
+        return _assemble(fast, backend, fast.weight_bytes, eos_ids, tokenizer, plan, precision, started)
     return _assemble(model, HFBackend(model), weight_bytes(model), eos_ids, tokenizer, plan, precision, started)
 
 

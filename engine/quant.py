@@ -6,7 +6,8 @@ kernel, which PyTorch ships: weights in half precision, products and sums in
 fp32, so results stay within rounding of fp32 at half the bytes. (FBGEMM's int8
 kernel quantizes activations too and costs ~0.5 ms per call whatever the size,
 which is slower than fp32 for a small model, so it is not used.) Elsewhere
-``fp32``/``bf16``/``fp16`` are plain matmuls in that dtype.
+``fp32``/``bf16``/``fp16`` are plain matmuls in that dtype, and ``int8``/``int4``
+are weight-only quantized (``quant_cuda``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from engine.quant_cuda import QUANT_FORMATS, pack_quantized
 
 CPU_FORMATS = ("fp32", "fp16")
 PLAIN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -35,7 +38,7 @@ class Linear:
 def _compute_dtype(device: torch.device, fmt: str) -> torch.dtype:
     if device.type == "cpu":
         return torch.float32  # FBGEMM takes fp32 activations whatever the weight format
-    return PLAIN_DTYPES[fmt]
+    return PLAIN_DTYPES.get(fmt, torch.bfloat16)  # quantized formats compute in bf16 (see quant_cuda)
 
 
 def _pack(
@@ -44,6 +47,8 @@ def _pack(
     if weight.device.type == "cpu" and fmt == "fp16":
         packed = torch.ops.quantized.linear_prepack_fp16(weight.float(), _fp32(bias))
         return (lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed)), weight.numel() * 2
+    if fmt in QUANT_FORMATS:
+        return pack_quantized(weight, bias, fmt)
     if fmt not in PLAIN_DTYPES:
         raise ValueError(f"Weight format {fmt!r} is not supported on {weight.device.type}.")
     weight = weight.to(dtype).contiguous()

@@ -15,7 +15,9 @@ from typing import Any
 import torch
 
 from engine.chat_template import ChatTemplate
-from engine.loading import DTYPES, LoadedModel, LoadPlan, fast_path_applies, resolve_device, resolve_precision, wrap_model
+from engine.loading import (
+    DTYPES, LoadedModel, LoadPlan, fast_format, fast_path_applies, resolve_device, resolve_precision, wrap_model,
+)
 
 PREFIX = "random:"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -94,10 +96,14 @@ def load_random(path: str, device_name: str, requested_precision: str, context_l
     started = time.perf_counter()
     name = path[len(PREFIX):]
     device = resolve_device(device_name)
-    precision = resolve_precision(requested_precision, device, fast_path_applies(llama_config(name), device))
-    if precision not in DTYPES:
-        raise RandomModelError(f"Random models cannot be built in {precision}; use an unquantized precision.")
-    model = build_hf_model(name, device, torch.float32 if device.type == "cpu" else DTYPES[precision])
+    fast = fast_path_applies(llama_config(name), device)
+    precision = resolve_precision(requested_precision, device, fast)
+    if precision not in DTYPES and not (fast and fast_format(precision, device)):
+        raise RandomModelError(
+            f"Random models cannot be built in {precision} on {device.type}; use an unquantized precision "
+            "(int8 and nf4 work on a GPU, where the fast path quantizes them)."
+        )
+    model = build_hf_model(name, device, torch.float32 if device.type == "cpu" else DTYPES.get(precision, torch.bfloat16))
     tokenizer = byte_tokenizer()
     plan = LoadPlan(
         Path(path), path, device, precision, context_length or model.config.max_position_embeddings,
