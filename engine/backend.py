@@ -13,11 +13,15 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
+PREFILL_CHUNK = 512
+"""Prompt tokens per forward call: bounds the attention's working memory ([S, T] scores and mask)."""
+
 
 class Backend(Protocol):
     """What the decode loop needs from a model."""
 
     device: torch.device
+    prefill_chunk: int
 
     def new_cache(self) -> Any: ...
 
@@ -40,6 +44,8 @@ def _cache_keyword(model: torch.nn.Module) -> str:
 
 class HFBackend:
     """Any transformers causal LM, with a ``DynamicCache`` per conversation."""
+
+    prefill_chunk = PREFILL_CHUNK
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model

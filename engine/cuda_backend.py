@@ -53,6 +53,9 @@ class CudaLlama(FastLlama):
 class CudaLlamaBackend:
     """The decode loop's ``Backend`` for a ``FastLlama`` on a GPU (or, graphs off, eagerly on the CPU for tests)."""
 
+    prefill_chunk = 4096
+    """A long prompt in few calls keeps the GEMMs large; fused attention needs no [S, T] score matrix."""
+
     def __init__(self, model: FastLlama, capacity: int, use_graphs: bool = True) -> None:
         self.model = model
         self.device = model.device

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
+from engine.backend import PREFILL_CHUNK
 from engine.quant import Embedding, Linear
 from engine.static_cache import KVCache
 
@@ -219,6 +220,8 @@ def _causal_mask(start: int, length: int, device: torch.device) -> torch.Tensor 
 
 class FastLlamaBackend:
     """The decode loop's ``Backend`` over a ``FastLlama``."""
+
+    prefill_chunk = PREFILL_CHUNK
 
     def __init__(self, model: FastLlama) -> None:
         self.model = model

@@ -18,7 +18,6 @@ from engine.detokenize import IncrementalDetokenizer, StopStringFilter
 from engine.messages import FinishReason, SamplingParams
 from engine.sampling import Sampler
 
-PREFILL_CHUNK = 512
 OnText = Callable[[str, int], None]  # (new text, tokens generated so far)
 OnPrefill = Callable[[int, float], None]  # (tokens reused from the cache, prefill ms)
 
@@ -64,8 +63,9 @@ def reuse_prefix(backend: Backend, seq: CachedSequence, prompt_ids: Sequence[int
 def feed(backend: Backend, seq: CachedSequence, token_ids: Sequence[int]) -> torch.Tensor:
     """Append tokens to the cache in chunks; logits after the last one, [V]."""
     logits = None
-    for start in range(0, len(token_ids), PREFILL_CHUNK):
-        chunk = list(token_ids[start : start + PREFILL_CHUNK])
+    size = backend.prefill_chunk
+    for start in range(0, len(token_ids), size):
+        chunk = list(token_ids[start : start + size])
         logits = backend.forward(chunk, seq.kv, len(seq.token_ids))
         seq.token_ids.extend(chunk)
     assert logits is not None, "feed() needs at least one token"

@@ -1,9 +1,12 @@
 """``python -m engine.gpu_check OUT_DIR [--quick]``: every GPU test and benchmark of issue #5, in one run (main thread).
 
 On a CUDA machine it
-1. installs a bitsandbytes wheel from ``.whl/`` when bitsandbytes is missing
-   (``pip install --no-index --no-deps``), since such a machine has no internet;
-2. runs ``pytest -m gpu`` into ``OUT_DIR/gpu_tests.xml`` (JUnit) and ``gpu_tests.json``;
+1. installs the wheels in ``.whl/`` whose packages are missing (bitsandbytes,
+   platformdirs, gguf: ``packaging/fetch_gpu_wheels.sh`` fetches them) into a
+   folder of their own that every later step imports from, since such a machine
+   has no internet and its image's packages are not ours to change;
+2. runs ``pytest -m gpu tests/engine`` into ``OUT_DIR/gpu_tests.xml`` (JUnit) and
+   ``gpu_tests.json``;
 3. runs each benchmark line (Llama-3-8B shape in bf16, int8 and 4-bit with the
    ``generate()`` baseline, the SmolLM2-135M shape, a 4 096-token prefill, and the
    time to first token of 50 new tokens after a cached 4 096-token chat) as its own
@@ -17,8 +20,10 @@ this script's plumbing.
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -29,6 +34,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 WHEEL_DIR = REPO / ".whl"
+SITE_DIR = Path("/tmp/hearth-gpu-site")
 EIGHT_B, SMOL = "random:llama3-8b", "random:smollm2-135m"
 
 
@@ -78,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     results = args.out_dir / "gpu_bench.jsonl"
-    _append(results, _install_bitsandbytes())
+    _append(results, _install_wheels())
     _append(results, _environment())
     _append(results, _run_gpu_tests(args.out_dir, args.quick))
     device = "cpu" if args.quick else "cuda"
@@ -93,16 +99,27 @@ def _append(path: Path, record: dict[str, Any]) -> None:
     print(json.dumps(record), flush=True)
 
 
-def _install_bitsandbytes() -> dict[str, Any]:
-    record: dict[str, Any] = {"line": "bitsandbytes_wheel"}
-    if importlib.util.find_spec("bitsandbytes") is not None:
-        return record | {"ok": True, "action": "already installed"}
-    wheels = sorted(WHEEL_DIR.glob("bitsandbytes-*.whl"))
-    if not wheels:
-        return record | {"ok": False, "error": f"bitsandbytes is missing and {WHEEL_DIR} holds no wheel for it"}
-    command = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", str(wheels[-1])]
-    done = _run(command, timeout_s=120)
-    return record | {"ok": done["rc"] == 0, "action": f"installed {wheels[-1].name}", **_failure(done)}
+def _install_wheels() -> dict[str, Any]:
+    """Install each carried wheel whose package is missing into ``SITE_DIR``, then import from there."""
+    record: dict[str, Any] = {"line": "wheels"}
+    missing = [wheel for wheel in sorted(WHEEL_DIR.glob("*.whl")) if not _installed(wheel)]
+    if missing:
+        command = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                   "--upgrade", "--target", str(SITE_DIR), *map(str, missing)]
+        done = _run(command, timeout_s=180)
+        if done["rc"] != 0:
+            return record | {"ok": False, **_failure(done)}
+    if SITE_DIR.is_dir():
+        sys.path.insert(0, str(SITE_DIR))
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE_DIR), os.environ.get("PYTHONPATH")]))
+        importlib.invalidate_caches()
+    absent = [name for name in ("bitsandbytes", "platformdirs", "gguf") if importlib.util.find_spec(name) is None]
+    return record | {"ok": not absent, "installed": [wheel.name for wheel in missing], "still_missing": absent}
+
+
+def _installed(wheel: Path) -> bool:
+    """Whether the package a wheel holds (named before the first dash) can already be imported."""
+    return importlib.util.find_spec(wheel.name.split("-")[0].lower()) is not None
 
 
 def _environment() -> dict[str, Any]:
@@ -121,7 +138,7 @@ def _environment() -> dict[str, Any]:
 
 def _run_gpu_tests(out_dir: Path, quick: bool) -> dict[str, Any]:
     xml_path, json_path = out_dir / "gpu_tests.xml", out_dir / "gpu_tests.json"
-    where = "tests/engine/test_cuda_gpu.py" if quick else "tests"
+    where = "tests/engine/test_cuda_gpu.py" if quick else "tests/engine"  # app/ tests need Qt, which it lacks
     command = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
                "--import-mode=importlib", f"--junitxml={xml_path}", where]
     done = _run(command, timeout_s=60 if quick else 180)
