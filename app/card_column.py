@@ -20,8 +20,8 @@ from PySide6.QtCore import QEvent, QSize, QTimer
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QHBoxLayout, QVBoxLayout, QWidget
 
-PAGE_SIZE = 10
-BOOK_SIZE = 8
+PAGE_SIZE = 6
+BOOK_SIZE = 10
 CARD_SPACING = 10
 MARGIN = 16
 

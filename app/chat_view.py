@@ -27,7 +27,7 @@ MAX_BUBBLE_WIDTH_FRACTION = 0.8
 FOLLOW_SLACK_PX = 24
 BUDGET_S = 0.010
 """How long one turn of the event loop may spend making cards."""
-FIRST_CARDS_BUDGET_S = 0.012
+FIRST_CARDS_BUDGET_S = 0.006
 """How long opening a conversation may spend making its newest cards (at least one is made)."""
 SCREENS_AHEAD = 1.5
 """How many screens of cards are kept ready above the one the user sees."""
