@@ -5,7 +5,9 @@ view follows the bottom, unless the user scrolled up to read. A long conversatio
 at its end: cards are made only for the newest messages that fill the window and one
 screen above it; older ones get their cards as the user scrolls up towards them, a
 ``BUDGET_S`` slice of the event loop at a time, while the text the user reads stays put.
-So opening or scrolling 1 000 messages never freezes the window.
+Those cards are assembled out of sight, a page at a time, and each page is shown in a
+slice of its own (see ``card_column``). So opening or scrolling 1 000 messages never
+freezes the window.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QLabel, QScrollArea, QWidget
 
 from app import code_blocks
-from app.card_column import CardColumn
+from app.card_column import PAGE_SIZE, CardColumn
 from app.conversation import DisplayMessage
 from app.message_bubble import MessageBubble
 
@@ -25,8 +27,8 @@ MAX_BUBBLE_WIDTH_FRACTION = 0.8
 FOLLOW_SLACK_PX = 24
 BUDGET_S = 0.010
 """How long one turn of the event loop may spend making cards."""
-FIRST_CARDS = 4
-"""Cards made at once when a conversation opens, however long they take."""
+FIRST_CARDS_BUDGET_S = 0.006
+"""How long opening a conversation may spend making its newest cards (at least one is made)."""
 SCREENS_AHEAD = 1.5
 """How many screens of cards are kept ready above the one the user sees."""
 
@@ -68,8 +70,8 @@ class ChatView(QScrollArea):
 
     @property
     def bubbles(self) -> tuple[MessageBubble, ...]:
-        """The cards made so far, in order: the newest messages' cards, and older ones the user scrolled to."""
-        return tuple(self._bubbles)
+        """The cards on screen, in order: the newest messages' cards, and older ones the user scrolled to."""
+        return tuple(self._bubbles[self._cards.hidden_cards :])
 
     @property
     def loading(self) -> bool:
@@ -87,7 +89,7 @@ class ChatView(QScrollArea):
 
     def add_message(self, message: DisplayMessage) -> MessageBubble:
         """Append a card for ``message`` and scroll to it."""
-        bubble = self._insert(len(self._bubbles), message)
+        bubble = self._insert(len(self.bubbles), message)
         self._follow_bottom = True
         return bubble
 
@@ -96,9 +98,9 @@ class ChatView(QScrollArea):
         self.clear()
         self._follow_bottom = True
         self._older = list(messages)
-        for message in reversed(self._older[-FIRST_CARDS:]):
-            self._insert(0, message)
-        del self._older[-FIRST_CARDS:]
+        deadline = time.perf_counter() + FIRST_CARDS_BUDGET_S
+        while self._older and (not self._bubbles or time.perf_counter() < deadline):
+            self._insert(0, self._older.pop())
         if self._older:
             self._older_timer.start()
 
@@ -133,24 +135,50 @@ class ChatView(QScrollArea):
         for bubble in self._bubbles:
             bubble.setMaximumWidth(width)
 
-    def _insert(self, index: int, message: DisplayMessage) -> MessageBubble:
+    def changeEvent(self, event: QEvent) -> None:
+        """Cards waiting out of sight take the new colours too (``appearance`` refreshes those on screen)."""
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange:
+            for bubble in self._bubbles[: self._cards.hidden_cards]:
+                bubble.refresh()
+
+    def _make_bubble(self, message: DisplayMessage) -> MessageBubble:
         bubble = MessageBubble(message)
         bubble.setMaximumWidth(self._max_bubble_width())
         bubble.action_requested.connect(lambda action: self.message_action.emit(action, message))
+        return bubble
+
+    def _insert(self, index: int, message: DisplayMessage) -> MessageBubble:
+        """A card for ``message`` at ``index`` among the cards on screen, shown now."""
+        bubble = self._make_bubble(message)
         self._cards.insert(index, bubble, on_the_right=message.role == "user")
-        self._bubbles.insert(index, bubble)
+        self._bubbles.insert(self._cards.hidden_cards + index, bubble)
         bubble.show()  # now, where the time slice counts it (styling it costs as much as making it)
         return bubble
 
     def _add_older_cards(self) -> None:
-        """Make cards for the newest older messages, for one time slice, while the user is near them."""
-        if not self._older or self.verticalScrollBar().value() > self.viewport().height() * SCREENS_AHEAD:
+        """One time slice of work for older messages while the user is near them: assemble cards, or show them."""
+        waiting = self._cards.hidden_cards
+        if not (self._older or waiting) or self.verticalScrollBar().value() > self.viewport().height() * SCREENS_AHEAD:
             self._older_timer.stop()
-            return
+        elif waiting >= PAGE_SIZE or (waiting and not self._older):
+            self._reveal_assembled_cards()
+        else:
+            self._assemble_older_cards(time.perf_counter() + BUDGET_S)
+
+    def _assemble_older_cards(self, deadline: float) -> None:
+        """Make cards for the newest older messages, out of sight, until ``deadline`` or a full page."""
+        while self._older and self._cards.hidden_cards < PAGE_SIZE and time.perf_counter() < deadline:
+            message = self._older.pop()
+            bubble = self._make_bubble(message)
+            bubble.ensurePolished()  # styling it costs as much as making it: here, not when the page is shown
+            self._cards.prepend_hidden(bubble, on_the_right=message.role == "user")
+            self._bubbles.insert(0, bubble)
+
+    def _reveal_assembled_cards(self) -> None:
+        """Show the assembled cards above the others, keeping the card the user reads where it is."""
         self._pin_reading_card()
-        deadline = time.perf_counter() + BUDGET_S
-        while self._older and time.perf_counter() < deadline:
-            self._insert(0, self._older.pop())
+        self._cards.reveal_prepended()
         QCoreApplication.sendPostedEvents(None, QEvent.Type.LayoutRequest)  # lay the new cards out now
         self._restore_anchor()
 
@@ -162,7 +190,7 @@ class ChatView(QScrollArea):
         if self._anchor is not None or self._follow_bottom:
             return
         top = self.verticalScrollBar().value()
-        reading = next((b for b in self._bubbles if self._top_of(b) + b.height() > top), None)
+        reading = next((b for b in self.bubbles if self._top_of(b) + b.height() > top), None)
         if reading is not None:
             self._anchor = (reading, self._top_of(reading) - top)
 
@@ -180,7 +208,7 @@ class ChatView(QScrollArea):
 
     def _make_older_cards_if_near(self) -> None:
         """Older messages get cards while the view is within a few screens of the first card."""
-        if self._older and not self._older_timer.isActive():
+        if (self._older or self._cards.hidden_cards) and not self._older_timer.isActive():
             self._older_timer.start()
 
     def _on_range_changed(self, _minimum: int, maximum: int) -> None:
