@@ -1,15 +1,15 @@
 """``python -m engine.bench``: decode speed, multi-turn reuse and load time, as JSON lines (main thread).
 
     decode --model default|PATH|random:NAME --device auto|cpu|cuda --quant none|int8|nf4|auto
-           --prompt-tokens N --new-tokens N [--baseline]
+           --prompt-tokens N --new-tokens N [--baseline] [--rounds N]
     prefill --model … --device … --quant … --prompt-tokens 4096 [--repeats N]
     chat   --model … --device … --quant … --context-tokens 4096 --new-tokens 50 [--repeats N]
     turns  --model default --turns 20
     load   --model PATH [--cycles N]
 
 One JSON object per line on stdout (``--json``; without it, ``key=value`` lines);
-the last line is the summary. Baselines run in the same process, right after the
-engine, so both see the same machine load. A failure prints
+the last line is the summary. Baselines run in the same process, taking turns
+with the engine, so both see the same machine load; the summary gives medians. A failure prints
 ``{"ok": false, "error": …}`` as the last line and exits with status 2.
 """
 
@@ -52,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     decode.add_argument("--prompt-tokens", type=int, default=128)
     decode.add_argument("--new-tokens", type=int, default=128)
     decode.add_argument("--baseline", action="store_true", help="also time plain model.generate()")
+    decode.add_argument("--rounds", type=int, default=3, help="engine and baseline runs, taking turns")
     prefill = commands.add_parser("prefill", help="time to feed a long prompt into an empty cache")
     prefill.add_argument("--prompt-tokens", type=int, default=4096)
     chat = commands.add_parser("chat", help="time to first token of a new message after a long cached chat")
@@ -99,36 +100,67 @@ def _decode(args: argparse.Namespace, show) -> dict[str, Any]:
     from engine import bench_measure as measure
     from engine.cpu_threads import apply_engine_threads
 
-    torch_default_threads = torch.get_num_threads()
-    engine_threads = apply_engine_threads()
+    threads = {"hf": torch.get_num_threads(), "engine": apply_engine_threads()}  # generate() as a user runs it
     loaded = _open(args.model, args.device, args.quant)
     device = torch.device(loaded.device)
     prompt = measure.filler_prompt(loaded.tokenize, args.prompt_tokens)
     measure.reset_peak_memory(device)
     measure.measure_engine_decode(loaded, prompt[:8], WARMUP_TOKENS)
-    engine = measure.measure_engine_decode(loaded, prompt, args.new_tokens)
-    engine_peak = measure.peak_memory_bytes(device)
+    first = measure.measure_engine_decode(loaded, prompt, args.new_tokens)
+    engine_peak = measure.peak_memory_bytes(device)  # before any baseline model exists
     kv_bytes = measure.cache_bytes_for(loaded, prompt)
     bandwidth = measure.copy_bandwidth(device)
     summary = {
         "model": args.model, "device": loaded.device, "precision": loaded.precision,
         "backend": type(loaded.backend).__name__, "prompt_tokens": len(prompt), "new_tokens": args.new_tokens,
-        "engine_decode_tok_s": round(engine.decode_tok_s, 2), "engine_ttft_ms": round(engine.ttft_ms, 1),
         "weight_bytes": loaded.weight_bytes, "copy_bandwidth_bytes_s": round(bandwidth),
         "bandwidth_limit_tok_s": round(bandwidth / loaded.weight_bytes, 1),  # each weight read once per token
-        "peak_memory_bytes": measure.peak_memory_bytes(device), "engine_threads": engine_threads,
+        "peak_memory_bytes": engine_peak, "engine_threads": threads["engine"],
         "engine_peak_memory_bytes": engine_peak, "kv_cache_bytes": kv_bytes,
         "peak_over_weights_kv": round(engine_peak / (loaded.weight_bytes + kv_bytes), 3) if device.type == "cuda" else None,
         "notices": list(loaded.notices),
     }
-    if args.baseline:  # plain generate() as a user would run it: torch's own thread count
-        torch.set_num_threads(torch_default_threads)
-        summary |= _baseline(args.model, loaded, prompt, args.new_tokens, engine) | {"hf_threads": torch_default_threads}
-    return summary
+    hf_model = _baseline_model(args.model, loaded, prompt) if args.baseline else None
+    return summary | _rounds(loaded, hf_model, prompt, args, threads, first, show)
 
 
-def _baseline(model_path: str, loaded: Any, prompt: list[int], new_tokens: int, engine: Any) -> dict[str, Any]:
-    """Plain ``generate()`` on a transformers copy: fp32 on the CPU, the engine's dtype on a GPU."""
+def _rounds(loaded: Any, hf_model: Any, prompt: list[int], args: argparse.Namespace, threads: dict[str, int],
+            first: Any, show) -> dict[str, Any]:
+    """Engine and ``generate()`` take turns, ``--rounds`` times, so both see the same shifts in machine load;
+    the summary holds the medians."""
+    import torch
+
+    from engine import bench_measure as measure
+
+    engine_runs, hf_runs = [first], []
+    for index in range(args.rounds):
+        if index:
+            torch.set_num_threads(threads["engine"])
+            engine_runs.append(measure.measure_engine_decode(loaded, prompt, args.new_tokens))
+        if hf_model is not None:
+            torch.set_num_threads(threads["hf"])
+            hf_runs.append(measure.measure_hf_generate(hf_model, loaded.tokenizer, prompt, args.new_tokens))
+        show({"round": index + 1, "engine_decode_tok_s": round(engine_runs[-1].decode_tok_s, 2),
+              **({"hf_decode_tok_s": round(hf_runs[-1].decode_tok_s, 2)} if hf_runs else {})})
+    engine = _median_run(engine_runs)
+    found = {"rounds": args.rounds, "engine_decode_tok_s": round(engine.decode_tok_s, 2),
+             "engine_ttft_ms": round(engine.ttft_ms, 1)}
+    if not hf_runs:
+        return found
+    hf = _median_run(hf_runs)
+    return found | {
+        "hf_decode_tok_s": round(hf.decode_tok_s, 2), "hf_ttft_ms": round(hf.ttft_ms, 1), "hf_threads": threads["hf"],
+        "speedup": round(engine.decode_tok_s / hf.decode_tok_s, 2) if hf.decode_tok_s else None,
+        "same_text_as_hf": all(run.text == hf_runs[0].text for run in engine_runs + hf_runs),
+    }
+
+
+def _median_run(runs: list[Any]) -> Any:
+    return sorted(runs, key=lambda run: run.decode_tok_s)[len(runs) // 2]
+
+
+def _baseline_model(model_path: str, loaded: Any, prompt: list[int]) -> Any:
+    """A transformers copy for plain ``generate()``: fp32 on the CPU, the engine's dtype on a GPU; warmed up."""
     import torch
 
     from engine import bench_measure as measure
@@ -137,12 +169,7 @@ def _baseline(model_path: str, loaded: Any, prompt: list[int], new_tokens: int, 
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     model = _hf_model(model_path, loaded.path, device, dtype)
     measure.measure_hf_generate(model, loaded.tokenizer, prompt[:8], WARMUP_TOKENS)
-    hf = measure.measure_hf_generate(model, loaded.tokenizer, prompt, new_tokens)
-    return {
-        "hf_decode_tok_s": round(hf.decode_tok_s, 2), "hf_ttft_ms": round(hf.ttft_ms, 1),
-        "speedup": round(engine.decode_tok_s / hf.decode_tok_s, 2) if hf.decode_tok_s else None,
-        "same_text_as_hf": engine.text == hf.text,
-    }
+    return model
 
 
 def _hf_model(model_path: str, folder: str, device: Any, dtype: Any) -> Any:

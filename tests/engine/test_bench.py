@@ -21,9 +21,14 @@ def _bench(tmp_path, *args):
 
 def test_decode_reports_engine_and_baseline_speed(tmp_path):
     done, lines = _bench(tmp_path, "decode", "--model", "random:tiny", "--device", "cpu",
-                         "--prompt-tokens", "16", "--new-tokens", "8", "--baseline")
+                         "--prompt-tokens", "16", "--new-tokens", "8", "--baseline", "--rounds", "3")
     summary = lines[-1]
     assert done.returncode == 0, done.stderr
+    rounds = [line for line in lines if "round" in line]
+    assert [line["round"] for line in rounds] == [1, 2, 3] and all(line["hf_decode_tok_s"] > 0 for line in rounds)
+    medians = sorted(line["engine_decode_tok_s"] for line in rounds)[1], sorted(line["hf_decode_tok_s"] for line in rounds)[1]
+    assert (summary["engine_decode_tok_s"], summary["hf_decode_tok_s"]) == medians
+    assert isinstance(summary["same_text_as_hf"], bool)  # fp16 weights on a random model may pick other tokens
     assert summary["ok"] and summary["backend"] == "FastLlamaBackend"
     assert summary["engine_decode_tok_s"] > 0 and summary["hf_decode_tok_s"] > 0
     assert summary["speedup"] > 0 and summary["bandwidth_limit_tok_s"] > 0
