@@ -102,7 +102,7 @@ def long_conversation(journal, count: int) -> str:
 
 async def run(args: argparse.Namespace) -> list[dict[str, object]]:
     from app.controller import EngineController
-    from app.main import freeze_long_lived_objects
+    from app.main import quiet_collector
     from app.main_window import MainWindow
     from engine.client import AsyncEngine
 
@@ -110,7 +110,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, object]]:
     window = MainWindow(controller)
     window.resize(1100, 800)
     window.show()
-    freeze_long_lived_objects()  # as app.main does at start-up
+    collector = quiet_collector(controller, window)  # as app.main does at start-up
     controller.start(AsyncEngine(streaming_runtime(args.tokens, args.rate)))
     window.session.load_model("bench")
     while not window.session.send("Stream, please"):
@@ -129,6 +129,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, object]]:
     results.append({"phase": "scroll", "messages": args.messages, **await scroll(window, meter, args.messages)})
     results.append({"phase": "switch", "messages": args.messages, **await switch(window, meter, (second, first))})
     controller.close()
+    collector.stop()
     return results
 
 

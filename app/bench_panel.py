@@ -28,7 +28,7 @@ from PySide6.QtCore import SignalInstance
 from PySide6.QtWidgets import QApplication
 
 from app.controller import EngineController
-from app.main import freeze_long_lived_objects
+from app.main import quiet_collector
 from app.main_window import MainWindow
 from app.model_picker import DEFAULT_MODEL
 from engine.client import AsyncEngine
@@ -155,13 +155,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     window = MainWindow(controller)
     window.resize(1200, 800)
     window.show()
-    freeze_long_lived_objects()  # as app.main does at start-up
+    collector = quiet_collector(controller, window)  # as app.main does at start-up
     controller.start(AsyncEngine())
     try:
         loaded = await load(controller, window, args.model)
         summary = summarise(await measure(window, controller, args), loaded)
     finally:
         controller.close()
+        collector.stop()
         window.close()
     emit_row(summary, args.json)
     return summary

@@ -8,20 +8,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import signal
 import sys
 from pathlib import Path
 from typing import Callable
 
 import qasync
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QObject, QTimer
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
 from app.controller import EngineController
 from app.main_window import MainWindow
 from app.model_picker import DEFAULT_MODEL
+from app.quiet_gc import QuietCollector
 from engine.client import AsyncEngine
 
 RESOURCES_DIR = Path(__file__).resolve().parent.parent / "resources"
@@ -69,24 +69,21 @@ async def run_window(model_path: str, engine_factory: Callable[[], AsyncEngine] 
     closed = asyncio.Event()
     window.closed.connect(closed.set)
     window.show()
-    freeze_long_lived_objects()
+    collector = quiet_collector(controller, window)
     _close_on_terminate(window)
     await asyncio.sleep(FIRST_PAINT_DELAY_S)
     controller.start(engine_factory())
     window.model_loader.load(model_path)
     await closed.wait()
     controller.close(ENGINE_STOP_TIMEOUT_S)
+    collector.stop()
     return 0
 
 
-def freeze_long_lived_objects() -> None:
-    """Take what lives as long as the app (modules, Qt bindings, the window) out of the collector's sight.
-
-    A full garbage collection walks every tracked object while holding the GIL; with the
-    start-up objects in it that took 50–70 ms here, a visible stall while a reply streams.
-    """
-    gc.collect()
-    gc.freeze()
+def quiet_collector(controller: EngineController, parent: QObject) -> QuietCollector:
+    """Full garbage collections after replies and loads end, never in the middle of one."""
+    quiet_moments = (controller.reply_finished, controller.reply_failed, controller.model_loaded, controller.load_failed)
+    return QuietCollector(quiet_moments, parent)
 
 
 def _close_on_terminate(window: MainWindow) -> None:
