@@ -108,30 +108,20 @@ def test_a_llama_folder_loads_on_the_gpu_fast_path_and_replies(tiny_model_dir, p
     assert replies[0].tokens_generated == 16 and replies[0].text == replies[1].text, "a seeded draw repeats"
 
 
-def test_out_of_memory_mid_reply_keeps_the_partial_reply(tiny_model_dir, engine_driver, monkeypatch):
-    calls = {"left": None}
-    real_forward = CudaLlamaBackend.forward
-
-    def limited_forward(self, token_ids, cache, start):
-        if calls["left"] is not None:
-            if calls["left"] <= 0:
-                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
-            calls["left"] -= 1
-        return real_forward(self, token_ids, cache, start)
-
-    monkeypatch.setattr(CudaLlamaBackend, "forward", limited_forward)
+def test_out_of_memory_mid_reply_keeps_the_partial_reply(tiny_model_dir, engine_driver, out_of_memory_after):
+    limit = out_of_memory_after(CudaLlamaBackend)
     engine = engine_driver()
     try:
         engine.thread.submit(LoadModel("load", str(tiny_model_dir), LoadOptions("cuda", "bf16")))
         assert isinstance(engine.wait_for(ModelLoaded), ModelLoaded)
         history = [ChatMessage("user", "Tell me about the quick brown fox")]
-        calls["left"] = 6
+        limit["forwards"] = 6
         engine.thread.submit(Generate("oom", "conv", tuple(history), SamplingParams(temperature=0, max_new_tokens=60)))
         streamed = ""
         while not isinstance(event := engine.wait_for(TokenStreamed, ReplyFailed), ReplyFailed):
             streamed += event.text
         assert "out of memory" in event.message and event.partial_text == streamed and streamed
-        calls["left"] = None
+        limit["forwards"] = None
         history += [ChatMessage("assistant", event.partial_text), ChatMessage("user", "Go on")]
         assert engine.ask("conv", history).reply.stats.tokens_generated > 0
     finally:

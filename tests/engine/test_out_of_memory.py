@@ -3,27 +3,14 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from engine.fast_llama import FastLlamaBackend
 from engine.messages import ChatMessage, Generate, ModelLoaded, ReplyFailed, SamplingParams, TokenStreamed
 
 
 @pytest.fixture
-def memory_limit(monkeypatch):
-    """``limit["forwards"] = N`` lets N more forward passes run, then raises CUDA's out-of-memory error."""
-    limit: dict[str, int | None] = {"forwards": None}
-    real_forward = FastLlamaBackend.forward
-
-    def limited_forward(self, token_ids, cache, start):
-        if limit["forwards"] is not None:
-            if limit["forwards"] <= 0:
-                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
-            limit["forwards"] -= 1
-        return real_forward(self, token_ids, cache, start)
-
-    monkeypatch.setattr(FastLlamaBackend, "forward", limited_forward)
-    return limit
+def memory_limit(out_of_memory_after):
+    return out_of_memory_after(FastLlamaBackend)
 
 
 def test_out_of_memory_keeps_the_partial_reply_and_the_next_prompt_works(tiny_model_dir, engine_driver, memory_limit) -> None:
