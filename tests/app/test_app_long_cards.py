@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QPoint
+from PySide6.QtCore import QCoreApplication, QEvent, QPoint
 from PySide6.QtGui import QGuiApplication
 
 from app.chat_view import ChatView
@@ -28,6 +28,11 @@ def _view(qtbot) -> ChatView:
 
 def _top(view: ChatView, bubble: MessageBubble) -> int:
     return bubble.mapTo(view.widget(), QPoint(0, 0)).y()
+
+
+def _lay_out_now() -> None:
+    for _ in range(4):  # a card's page, its book, the column, the scroll area
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.LayoutRequest)
 
 
 def test_a_long_reply_ends_up_fully_shown_with_a_copy_link_on_every_code_block(qtbot):
@@ -88,6 +93,7 @@ def test_the_card_being_read_stays_in_place_while_a_long_card_above_it_grows(qtb
         qtbot.wait(2)
     else:
         raise AssertionError("the long card was never shown while growing")
+    _lay_out_now()  # what was just shown takes its place, as before the window is painted
     bar.setValue(bar.value() - 1)  # the user moves on: what they read now must stay
     height_before = card.height()
     reading = next(b for b in view.bubbles if _top(view, b) + b.height() > bar.value())
