@@ -1,7 +1,8 @@
 """GUI-stall benchmark: ``python -m app.bench_gui --json`` (GUI thread, offscreen by default).
 
 Streams ``--tokens`` tokens at ``--rate`` tokens/s from a fake engine into a real window (with
-Markdown and a code block, as a model writes), then opens a ``--messages``-message conversation,
+Markdown and a code block, as a model writes), then opens a ``--messages``-message conversation
+(short and medium replies, and every ninth a long one of ~12 000 characters with code),
 scrolls it up to its first message and down again, and switches between it and another as
 long a few times. A 2 ms QTimer records the gaps between event-loop ticks; a
 gap is the longest time the window could not react. One JSON line per phase with the longest
@@ -87,6 +88,38 @@ def streaming_runtime(tokens: int, rate: float):
     return Runtime
 
 
+def paragraph(index: int, number: int) -> str:
+    """About 600 characters of prose with some inline Markdown, different for each reply."""
+    sentence = (
+        f"In step {index}, part {number} of the answer explains how the *state* is kept and why the "
+        f"`cache_{number}` lookup stays cheap, even when the input grows to {index * 37 + number} items. "
+    )
+    return sentence * 3 + f"This is what makes **part {number}** of step {index} work."
+
+
+def code_block(index: int, lines: int) -> str:
+    body = "\n".join(f"    total_{line} = compute(step={index}, line={line}, scale={line * 3})  # line {line}" for line in range(lines))
+    return f"```python\ndef step_{index}(items):\n{body}\n    return total_0\n```"
+
+
+def long_reply(index: int) -> str:
+    """A long reply as models write them (~12 000 characters): prose, two code blocks, lists."""
+    parts = [paragraph(index, number) for number in range(8)] + [code_block(index, 40)]
+    parts += [paragraph(index, number) for number in range(8, 14)] + [code_block(index + 1, 12)]
+    parts += ["\n".join(f"- Point {point} of step {index}: keep the `{point}` case in mind." for point in range(10))]
+    parts += ["\n".join(f"{point}. Then do part {point} of step {index} again." for point in range(1, 8))]
+    return "\n\n".join(parts + [paragraph(index, 14)])
+
+
+def stored_reply(index: int) -> str:
+    """Every ninth reply is long, every third a few paragraphs with code, the others a short answer."""
+    if index % 9 == 4:
+        return long_reply(index)
+    if index % 3 == 1:
+        return "\n\n".join([paragraph(index, 0), code_block(index, 6), paragraph(index, 1)])
+    return f"Step **{index}** works like this:\n\n```python\nstep({index})\n```\n"
+
+
 def long_conversation(journal, count: int) -> str:
     """Store a conversation of ``count`` messages (user and assistant alternating); return its id."""
     from app.conversation import Conversation
@@ -95,7 +128,7 @@ def long_conversation(journal, count: int) -> str:
     for index in range(count // 2):
         journal.add_user_message(conversation, f"Question {index}: how does step {index} work?")
         reply = journal.begin_reply(conversation)
-        reply.content, reply.state = f"Step **{index}** works like this:\n\n```python\nstep({index})\n```\n", "done"
+        reply.content, reply.state = stored_reply(index), "done"
         journal.finish_reply(reply)
     return conversation.id
 

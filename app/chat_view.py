@@ -6,8 +6,10 @@ at its end: cards are made only for the newest messages that fill the window and
 screen above it; older ones get their cards as the user scrolls up towards them, a
 ``BUDGET_S`` slice of the event loop at a time, while the text the user reads stays put.
 Those cards are assembled out of sight, a page at a time, and each page is shown in a
-slice of its own (see ``card_column``). So opening or scrolling 1 000 messages never
-freezes the window.
+slice of its own (see ``card_column``). A long reply's card is made with only its first
+chunks (see ``message_bubble``) and grows in later slices, once it is on screen, newest
+made first; the text the user reads stays put then too. So opening or scrolling 1 000
+messages, long ones included, never freezes the window.
 """
 
 from __future__ import annotations
@@ -50,12 +52,14 @@ class ChatView(QScrollArea):
         self._follow_bottom = True
         self._older: list[DisplayMessage] = []
         """Messages above the first card that have no card yet, oldest first."""
+        self._growing: list[MessageBubble] = []
+        """Cards that show only the start of their message yet, in the order they were made."""
         self._anchor: tuple[MessageBubble, int] | None = None
         """The first card and its offset from the top of the view, kept while cards are added above it."""
         self._restoring = False
-        self._older_timer = QTimer(self)
-        self._older_timer.setInterval(0)
-        self._older_timer.timeout.connect(self._add_older_cards)
+        self._work_timer = QTimer(self)
+        self._work_timer.setInterval(0)
+        self._work_timer.timeout.connect(self._work_one_slice)
         self.banner = QLabel("")
         self.banner.setObjectName("damageBanner")
         self.banner.setAccessibleName("Conversation problem")
@@ -75,8 +79,8 @@ class ChatView(QScrollArea):
 
     @property
     def loading(self) -> bool:
-        """True while cards for older messages are being made."""
-        return self._older_timer.isActive()
+        """True while cards for older messages are being made, or long cards are still growing."""
+        return self._work_timer.isActive()
 
     @property
     def following_bottom(self) -> bool:
@@ -101,8 +105,7 @@ class ChatView(QScrollArea):
         deadline = time.perf_counter() + FIRST_CARDS_BUDGET_S
         while self._older and (not self._bubbles or time.perf_counter() < deadline):
             self._insert(0, self._older.pop())
-        if self._older:
-            self._older_timer.start()
+        self._start_work_if_any()
 
     def remove_message(self, message: DisplayMessage) -> None:
         self._older = [older for older in self._older if older is not message]
@@ -110,6 +113,8 @@ class ChatView(QScrollArea):
         if bubble is None:
             return
         self._bubbles.remove(bubble)
+        if bubble in self._growing:
+            self._growing.remove(bubble)
         if self._anchor is not None and self._anchor[0] is bubble:
             self._anchor = None
         self._cards.remove(bubble)
@@ -124,8 +129,9 @@ class ChatView(QScrollArea):
 
     def clear(self) -> None:
         self._older.clear()
-        self._older_timer.stop()
+        self._work_timer.stop()
         self._anchor = None
+        self._growing.clear()
         self._cards.clear()
         self._bubbles.clear()
 
@@ -146,6 +152,8 @@ class ChatView(QScrollArea):
         bubble = MessageBubble(message)
         bubble.setMaximumWidth(self._max_bubble_width())
         bubble.action_requested.connect(lambda action: self.message_action.emit(action, message))
+        if not bubble.complete:
+            self._growing.append(bubble)
         return bubble
 
     def _insert(self, index: int, message: DisplayMessage) -> MessageBubble:
@@ -154,13 +162,17 @@ class ChatView(QScrollArea):
         self._cards.insert(index, bubble, on_the_right=message.role == "user")
         self._bubbles.insert(self._cards.hidden_cards + index, bubble)
         bubble.show()  # now, where the time slice counts it (styling it costs as much as making it)
+        self._start_work_if_any()
         return bubble
 
-    def _add_older_cards(self) -> None:
-        """One time slice of work for older messages while the user is near them: assemble cards, or show them."""
+    def _work_one_slice(self) -> None:
+        """One time slice of work: grow the long cards on screen, else, while the user is near them, make older cards."""
+        if self._next_growing() is not None:
+            self._grow_cards(time.perf_counter() + BUDGET_S)
+            return
         waiting = self._cards.hidden_cards
         if not (self._older or waiting) or self.verticalScrollBar().value() > self.viewport().height() * SCREENS_AHEAD:
-            self._older_timer.stop()
+            self._work_timer.stop()
         elif waiting >= PAGE_SIZE or (waiting and not self._older):
             self._reveal_assembled_cards()
         else:
@@ -174,6 +186,19 @@ class ChatView(QScrollArea):
             bubble.ensurePolished()  # styling it costs as much as making it: here, not when the page is shown
             self._cards.prepend_hidden(bubble, on_the_right=message.role == "user")
             self._bubbles.insert(0, bubble)
+
+    def _next_growing(self) -> MessageBubble | None:
+        """The first made of the growing cards on screen (those waiting out of sight grow once shown)."""
+        return next((bubble for bubble in self._growing if bubble.isVisibleTo(self._cards)), None)
+
+    def _grow_cards(self, deadline: float) -> None:
+        """Show more of the first made long card on screen until ``deadline``, keeping the card the user reads in place."""
+        self._pin_reading_card()
+        bubble = self._next_growing()
+        if bubble is not None and bubble.grow(deadline):
+            self._growing.remove(bubble)
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.LayoutRequest)  # their new height, now
+        self._restore_anchor()
 
     def _reveal_assembled_cards(self) -> None:
         """Show the assembled cards above the others, keeping the card the user reads where it is."""
@@ -202,18 +227,18 @@ class ChatView(QScrollArea):
 
     def _on_scrolled(self, value: int) -> None:
         self._follow_bottom = value >= self.verticalScrollBar().maximum() - FOLLOW_SLACK_PX
-        self._make_older_cards_if_near()
+        self._start_work_if_any()
         if not self._restoring:
             self._anchor = None  # the user moved: pin what they read now, next time cards are made
 
-    def _make_older_cards_if_near(self) -> None:
-        """Older messages get cards while the view is within a few screens of the first card."""
-        if (self._older or self._cards.hidden_cards) and not self._older_timer.isActive():
-            self._older_timer.start()
+    def _start_work_if_any(self) -> None:
+        """Cards grow, and older messages get cards while the view is within a few screens of the first card."""
+        if (self._older or self._cards.hidden_cards or self._growing) and not self._work_timer.isActive():
+            self._work_timer.start()
 
     def _on_range_changed(self, _minimum: int, maximum: int) -> None:
         """Keep the bottom in view while following it, else keep the text the user reads in place."""
-        self._make_older_cards_if_near()
+        self._start_work_if_any()
         if self._follow_bottom:
             self._restoring = True
             self.verticalScrollBar().setValue(maximum)

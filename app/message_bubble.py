@@ -7,22 +7,31 @@ hundreds of tokens a second stay smooth. Assistant cards take the full width the
 have, so a growing reply never changes the card's width. The header holds
 a Copy button and a menu of actions (Edit, Regenerate, Delete) that the card only
 announces through ``action_requested``; code blocks' Copy links copy their code.
+A finished reply's card is made with its first ``FIRST_CHUNKS`` Markdown chunks and shows
+the rest through ``grow``, which its owner calls in later turns of the event loop (a long
+reply would otherwise freeze the window while its card is made); its buttons act on the
+whole message meanwhile.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextDocument
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QMenu, QSizePolicy, QToolButton, QVBoxLayout, QWidget
 
-from app.code_blocks import DARK_CODE, LIGHT_CODE, CodeColours, code_index
+from app.code_blocks import DARK_CODE, LIGHT_CODE, CodeColours, code_index, highlighted
 from app.conversation import DisplayMessage
-from app.markdown_render import code_blocks
+from app.markdown_render import Chunk, code_blocks
 from app.reply_view import ReplyView
 
 RENDER_INTERVAL_MS = 50
+FIRST_CHUNKS = 4
+"""How many Markdown chunks of a finished reply its card shows when it is made (``grow`` adds the rest)."""
+LONG_CODE_CHARS = 800
+"""Code blocks longer than this (~10 lines) are left to ``grow``: highlighting 40 lines takes ~15 ms."""
 
 _ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
 _ACCESSIBLE_NAMES = {"user": "Your message", "assistant": "Assistant reply", "system": "System message"}
@@ -45,6 +54,10 @@ def state_note(message: DisplayMessage) -> str:
     if message.dropped:
         lines.append(DROPPED_NOTE)
     return "\n".join(lines)
+
+
+def _is_long_code(chunk: Chunk | None) -> bool:
+    return chunk is not None and chunk.code is not None and len(chunk.code.code) > LONG_CODE_CHARS
 
 
 def code_colours(widget: QWidget) -> CodeColours:
@@ -80,7 +93,37 @@ class MessageBubble(QFrame):
         self._render_timer.setInterval(RENDER_INTERVAL_MS)
         self._render_timer.timeout.connect(self._render)
         self._natural_width = 0
-        self._render()
+        self._complete = True
+        self._highlighted: set[int] = set()
+        """The long code blocks ``grow`` highlighted, by index."""
+        self._render(FIRST_CHUNKS if message.state != "streaming" else None)
+
+    @property
+    def complete(self) -> bool:
+        """False while the card shows only the start of a long reply (``grow`` shows more)."""
+        return self._complete
+
+    def grow(self, deadline: float) -> bool:
+        """Show more of a long reply, a chunk at a time, until ``deadline``; True once all of it is shown.
+
+        A long code block takes a call of its own to be highlighted, and another to be shown.
+        """
+        colours = code_colours(self)
+        shown = 0
+        while not self._complete and (not shown or time.perf_counter() < deadline):
+            chunk = self._next_chunk(colours)
+            long_code = _is_long_code(chunk)
+            if long_code and shown:
+                break
+            if long_code and chunk.code_index not in self._highlighted:
+                highlighted(chunk.code, colours)  # cached: showing the block next time costs only its layout
+                self._highlighted.add(chunk.code_index)
+                break
+            self._complete = self.body.show_markdown(self.message.content, colours, most_new_chunks=1)
+            shown += 1
+            if long_code:
+                break
+        return self._complete
 
     def shown_text(self) -> str:
         """The message's text as the card shows it (without Markdown's marks for a reply)."""
@@ -114,9 +157,11 @@ class MessageBubble(QFrame):
         width = max(width, super().minimumSizeHint().width())
         return QSize(width, self.heightForWidth(width))
 
-    def _render(self) -> None:
-        if isinstance(self.body, ReplyView):
-            self.body.show_markdown(self.message.content, code_colours(self))
+    def _render(self, most_new_chunks: int | None = None) -> None:
+        if isinstance(self.body, ReplyView) and most_new_chunks is None:
+            self._complete = self.body.show_markdown(self.message.content, code_colours(self))
+        elif isinstance(self.body, ReplyView):
+            self._show_first_chunks(most_new_chunks)
         else:
             self.body.setText(self.message.content)
             self._natural_width = self._plain_text_width()
@@ -128,6 +173,17 @@ class MessageBubble(QFrame):
             self.note.setProperty("state", self.message.state)
             self.note.style().polish(self.note)
         self.note.setVisible(bool(note))
+
+    def _show_first_chunks(self, most: int) -> None:
+        """Show the reply's first ``most`` chunks, stopping before a long code block (``grow`` shows the rest)."""
+        colours = code_colours(self)
+        chunks = self.body.unshown_chunks(self.message.content, colours)[:most]
+        count = next((index for index, chunk in enumerate(chunks) if _is_long_code(chunk)), len(chunks))
+        self._complete = self.body.show_markdown(self.message.content, colours, count)
+
+    def _next_chunk(self, colours: CodeColours) -> Chunk | None:
+        """The first chunk of the reply not shown yet."""
+        return next(iter(self.body.unshown_chunks(self.message.content, colours)), None)
 
     def _plain_text_width(self) -> int:
         document = QTextDocument()

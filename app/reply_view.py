@@ -5,6 +5,7 @@ the conversation scrolls), so text can be selected and links clicked. ``show_mar
 compares the reply's chunks (see ``markdown_render``) with those already in the document
 and replaces only the ones that changed, normally the last: an update costs what the new
 text costs, not what the whole reply costs, in Markdown, HTML parsing and layout alike.
+The same lets a long finished reply be shown a few chunks at a time (``most_new_chunks``).
 """
 
 from __future__ import annotations
@@ -39,26 +40,42 @@ class ReplyView(QTextBrowser):
         self._colours: CodeColours | None = None
         self._fit_height(self.document().size())
 
-    def show_markdown(self, text: str, colours: CodeColours) -> None:
-        """Show ``text``; chunks already shown as they are now are kept, the rest re-rendered."""
+    def show_markdown(self, text: str, colours: CodeColours, most_new_chunks: int | None = None) -> bool:
+        """Show ``text``; chunks already shown as they are now are kept, the rest re-rendered.
+
+        With ``most_new_chunks``, at most that many of the chunks not shown yet are rendered
+        and a later call with the same text adds more. True once all of ``text`` is shown.
+        """
         if colours != self._colours:
             self._colours = colours
             self._chunks, self._chunk_ends = [], []
         chunks = split_chunks(text)
-        kept = 0
-        while kept < min(len(chunks), len(self._chunks)) and chunks[kept] == self._chunks[kept]:
-            kept += 1
+        kept = self._kept(chunks)
         if kept == len(chunks) == len(self._chunks):
-            return
+            return True
+        shown_up_to = len(chunks) if most_new_chunks is None else min(len(chunks), kept + most_new_chunks)
         cursor = QTextCursor(self.document())
         cursor.beginEditBlock()
         cursor.setPosition(self._chunk_ends[kept - 1] if kept else 0)
         cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
         cursor.removeSelectedText()
         del self._chunks[kept:], self._chunk_ends[kept:]
-        for chunk in chunks[kept:]:
+        for chunk in chunks[kept:shown_up_to]:
             self._append(cursor, chunk, colours)
         cursor.endEditBlock()
+        return shown_up_to == len(chunks)
+
+    def unshown_chunks(self, text: str, colours: CodeColours) -> list[Chunk]:
+        """The chunks of ``text`` that ``show_markdown`` would render now (all but those shown as they are)."""
+        chunks = split_chunks(text)
+        return chunks if colours != self._colours else chunks[self._kept(chunks) :]
+
+    def _kept(self, chunks: list[Chunk]) -> int:
+        """How many of ``chunks``, from the first, are shown as they are."""
+        kept = 0
+        while kept < min(len(chunks), len(self._chunks)) and chunks[kept] == self._chunks[kept]:
+            kept += 1
+        return kept
 
     def _append(self, cursor: QTextCursor, chunk: Chunk, colours: CodeColours) -> None:
         """Add one chunk as its own blocks, keeping its first block's margins and heading level."""
