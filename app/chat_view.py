@@ -28,6 +28,8 @@ from app.message_bubble import MessageBubble
 MAX_BUBBLE_WIDTH_FRACTION = 0.8
 FOLLOW_SLACK_PX = 24
 BUDGET_S = 0.010
+SLICE_GAP_MS = 1
+"""Between two slices the event loop runs other timers too: a zero interval let two slices run back to back."""
 """How long one turn of the event loop may spend making cards."""
 FIRST_CARDS_BUDGET_S = 0.006
 """How long opening a conversation may spend making its newest cards (at least one is made)."""
@@ -58,7 +60,7 @@ class ChatView(QScrollArea):
         """The first card and its offset from the top of the view, kept while cards are added above it."""
         self._restoring = False
         self._work_timer = QTimer(self)
-        self._work_timer.setInterval(0)
+        self._work_timer.setInterval(SLICE_GAP_MS)
         self._work_timer.timeout.connect(self._work_one_slice)
         self.banner = QLabel("")
         self.banner.setObjectName("damageBanner")
