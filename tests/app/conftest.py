@@ -261,3 +261,15 @@ class ChatDriver:
 @pytest.fixture
 def chat(window, qtbot) -> ChatDriver:
     return ChatDriver(window, qtbot)
+
+
+@pytest.fixture
+def chat_view(qtbot):
+    """A chat view on its own, 600 × 400, shown."""
+    from app.chat_view import ChatView
+
+    view = ChatView()
+    view.resize(600, 400)
+    qtbot.addWidget(view)
+    view.show()
+    return view

@@ -9,14 +9,6 @@ from app.conversation import DisplayMessage
 from app.message_bubble import MessageBubble
 
 
-def _view(qtbot) -> ChatView:
-    view = ChatView()
-    view.resize(600, 400)
-    qtbot.addWidget(view)
-    view.show()
-    return view
-
-
 def _messages(count: int, prefix: str = "Message") -> tuple[DisplayMessage, ...]:
     return tuple(DisplayMessage("user" if i % 2 == 0 else "assistant", f"{prefix} {i}\n\nsome text") for i in range(count))
 
@@ -30,8 +22,8 @@ def _scroll_to_first(qtbot, view: ChatView, first: DisplayMessage) -> None:
     raise AssertionError("the first message never got its card")
 
 
-def test_a_message_deleted_before_its_card_is_shown_never_appears(qtbot):
-    view = _view(qtbot)
+def test_a_message_deleted_before_its_card_is_shown_never_appears(qtbot, chat_view):
+    view = chat_view
     messages = _messages(200)
     view.show_messages(messages)
     qtbot.waitUntil(lambda: not view.loading, timeout=5000)
@@ -48,8 +40,8 @@ def test_a_message_deleted_before_its_card_is_shown_never_appears(qtbot):
     assert tops == sorted(tops) and len(set(tops)) == len(tops)  # in order, none on top of another
 
 
-def test_switching_away_from_a_long_conversation_shows_only_the_new_one_and_frees_the_old_cards(qtbot):
-    view = _view(qtbot)
+def test_switching_away_from_a_long_conversation_shows_only_the_new_one_and_frees_the_old_cards(qtbot, chat_view):
+    view = chat_view
     long_one = _messages(120)
     view.show_messages(long_one)
     _scroll_to_first(qtbot, view, long_one[0])
@@ -64,8 +56,8 @@ def test_switching_away_from_a_long_conversation_shows_only_the_new_one_and_free
     assert bar.maximum() == 0 or bar.value() == bar.maximum()
 
 
-def test_the_damage_banner_sits_above_the_first_card_and_moves_them_down(qtbot):
-    view = _view(qtbot)
+def test_the_damage_banner_sits_above_the_first_card_and_moves_them_down(qtbot, chat_view):
+    view = chat_view
     view.show_messages(_messages(2))
     qtbot.wait(20)
     first = view.bubbles[0]

@@ -18,14 +18,6 @@ def _long_reply() -> str:
     return "\n\n".join([*prose, first_code, *prose[:3], second_code, points, "The very last sentence."])
 
 
-def _view(qtbot) -> ChatView:
-    view = ChatView()
-    view.resize(600, 400)
-    qtbot.addWidget(view)
-    view.show()
-    return view
-
-
 def _top(view: ChatView, bubble: MessageBubble) -> int:
     return bubble.mapTo(view.widget(), QPoint(0, 0)).y()
 
@@ -35,8 +27,8 @@ def _lay_out_now() -> None:
         QCoreApplication.sendPostedEvents(None, QEvent.Type.LayoutRequest)
 
 
-def test_a_long_reply_ends_up_fully_shown_with_a_copy_link_on_every_code_block(qtbot):
-    view = _view(qtbot)
+def test_a_long_reply_ends_up_fully_shown_with_a_copy_link_on_every_code_block(qtbot, chat_view):
+    view = chat_view
     reply = DisplayMessage("assistant", _long_reply())
     view.show_messages((DisplayMessage("user", "Explain it all"), reply))
     card = view.bubble_for(reply)
@@ -51,8 +43,8 @@ def test_a_long_reply_ends_up_fully_shown_with_a_copy_link_on_every_code_block(q
     assert "copy-code:0" in html and "copy-code:1" in html
 
 
-def test_copying_a_card_that_is_still_growing_copies_the_whole_message(qtbot):
-    view = _view(qtbot)
+def test_copying_a_card_that_is_still_growing_copies_the_whole_message(qtbot, chat_view):
+    view = chat_view
     reply = DisplayMessage("assistant", _long_reply())
     view.show_messages((reply,))
     card = view.bubble_for(reply)
@@ -63,8 +55,8 @@ def test_copying_a_card_that_is_still_growing_copies_the_whole_message(qtbot):
     assert QGuiApplication.clipboard().text() == reply.content
 
 
-def test_a_conversation_whose_newest_reply_is_long_opens_at_the_end_of_that_reply(qtbot):
-    view = _view(qtbot)
+def test_a_conversation_whose_newest_reply_is_long_opens_at_the_end_of_that_reply(qtbot, chat_view):
+    view = chat_view
     messages = tuple(DisplayMessage("user" if i % 2 == 0 else "assistant", f"Message {i}") for i in range(20))
     reply = DisplayMessage("assistant", _long_reply())
     view.show_messages((*messages, DisplayMessage("user", "And now?"), reply))
@@ -78,8 +70,8 @@ def test_a_conversation_whose_newest_reply_is_long_opens_at_the_end_of_that_repl
     assert bar.maximum() > 0 and bar.value() == bar.maximum()
 
 
-def test_the_card_being_read_stays_in_place_while_a_long_card_above_it_grows(qtbot):
-    view = _view(qtbot)
+def test_the_card_being_read_stays_in_place_while_a_long_card_above_it_grows(qtbot, chat_view):
+    view = chat_view
     reply = DisplayMessage("assistant", _long_reply())
     later = tuple(DisplayMessage("user" if i % 2 == 0 else "assistant", f"Message {i}\n\nsome text") for i in range(60))
     view.show_messages((DisplayMessage("user", "Explain it all"), reply, *later))
