@@ -7,15 +7,16 @@ journal (a new conversation is saved first); a failure is shown and the dialog s
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QCheckBox, QDialog, QDialogButtonBox, QLabel, QPlainTextEdit, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QLabel, QPlainTextEdit, QVBoxLayout, QWidget
 
 from app.conversation import Conversation
 from app.persistence import ConversationJournal
 from app.sampling_form import SamplingForm
-from app.storage import SamplingSettings, StorageError
+from app.saving_dialog import SavingDialog
+from app.storage import SamplingSettings
 
 
-class ConversationSettingsDialog(QDialog):
+class ConversationSettingsDialog(SavingDialog):
     """Edits one conversation's system prompt and sampling."""
 
     def __init__(
@@ -37,25 +38,15 @@ class ConversationSettingsDialog(QDialog):
         self.sampling.set_values(conversation.sampling or defaults)
         self.sampling.setEnabled(conversation.sampling is not None)
         self.use_defaults.toggled.connect(lambda checked: self.sampling.setEnabled(not checked))
-        self.error_label = QLabel("", self)
-        self.error_label.setWordWrap(True)
-        self.error_label.hide()
         self._lay_out()
 
     def accept(self) -> None:
         sampling = None if self.use_defaults.isChecked() else self.sampling.values()
-        try:
-            self._journal.set_conversation_settings(self._conversation, self.system_prompt.toPlainText(), sampling)
-        except StorageError as error:
-            self.error_label.setText(str(error))
-            self.error_label.show()
-            return
-        super().accept()
+        self.save_then_close(
+            lambda: self._journal.set_conversation_settings(self._conversation, self.system_prompt.toPlainText(), sampling)
+        )
 
     def _lay_out(self) -> None:
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel, self)
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
         prompt_label = QLabel("System &prompt", self)
         prompt_label.setBuddy(self.system_prompt)
@@ -64,7 +55,7 @@ class ConversationSettingsDialog(QDialog):
         layout.addWidget(self.use_defaults)
         layout.addWidget(self.sampling)
         layout.addWidget(self.error_label)
-        layout.addWidget(buttons)
+        layout.addWidget(self.save_cancel_buttons())
 
 
 def open_conversation_settings(window) -> ConversationSettingsDialog | None:

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from PySide6.QtWidgets import QComboBox, QDialog, QDialogButtonBox, QFormLayout, QLabel, QPlainTextEdit, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QFormLayout, QLabel, QPlainTextEdit, QVBoxLayout, QWidget
 
 from app.app_settings import SettingsHolder
 from app.appearance import THEME_LABELS
 from app.sampling_form import SamplingForm
-from app.storage import StorageError
+from app.saving_dialog import SavingDialog
 
 
-class SettingsDialog(QDialog):
+class SettingsDialog(SavingDialog):
     """Edits the global defaults held by a ``SettingsHolder``."""
 
     def __init__(self, holder: SettingsHolder, parent: QWidget | None = None) -> None:
@@ -37,10 +37,7 @@ class SettingsDialog(QDialog):
         self.theme_box.setCurrentIndex(self.theme_box.findData(settings.theme))
         self.sampling = SamplingForm(self)
         self.sampling.set_values(settings.sampling)
-        self.error_label = QLabel("", self)
         self.error_label.setObjectName("settingsError")
-        self.error_label.setWordWrap(True)
-        self.error_label.hide()
         self._lay_out()
 
     def accept(self) -> None:
@@ -51,27 +48,18 @@ class SettingsDialog(QDialog):
             theme=self.theme_box.currentData(),
             sampling=self.sampling.values(),
         )
-        try:
-            self._holder.replace(settings)
-        except StorageError as error:
-            self.error_label.setText(str(error))
-            self.error_label.show()
-            return
-        super().accept()
+        self.save_then_close(lambda: self._holder.replace(settings))
 
     def _lay_out(self) -> None:
         form = QFormLayout()
         form.addRow("System &prompt for new conversations", self.system_prompt)
         form.addRow("T&heme", self.theme_box)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel, self)
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addWidget(QLabel("Sampling for conversations that have no settings of their own:", self))
         layout.addWidget(self.sampling)
         layout.addWidget(self.error_label)
-        layout.addWidget(buttons)
+        layout.addWidget(self.save_cancel_buttons())
 
 
 def open_settings_dialog(window) -> SettingsDialog:
