@@ -115,8 +115,7 @@ def _decode(args: argparse.Namespace, show) -> dict[str, Any]:
         "backend": type(loaded.backend).__name__, "prompt_tokens": len(prompt), "new_tokens": args.new_tokens,
         "weight_bytes": loaded.weight_bytes, "copy_bandwidth_bytes_s": round(bandwidth),
         "bandwidth_limit_tok_s": round(bandwidth / loaded.weight_bytes, 1),  # each weight read once per token
-        "peak_memory_bytes": engine_peak, "engine_threads": threads["engine"],
-        "engine_peak_memory_bytes": engine_peak, "kv_cache_bytes": kv_bytes,
+        "peak_memory_bytes": engine_peak, "engine_threads": threads["engine"], "kv_cache_bytes": kv_bytes,
         "peak_over_weights_kv": round(engine_peak / (loaded.weight_bytes + kv_bytes), 3) if device.type == "cuda" else None,
         "notices": list(loaded.notices),
     }
