@@ -22,7 +22,7 @@ AFTER_QUIET_MS = 1000
 SAFETY_NET_MS = 5 * 60 * 1000
 
 
-def freeze_long_lived_objects() -> None:
+def _freeze_long_lived_objects() -> None:
     """Take what lives as long as the app (modules, Qt bindings, the window) out of the collector's sight."""
     gc.collect()
     gc.freeze()
@@ -37,7 +37,7 @@ class QuietCollector(QObject):
         self._thresholds = gc.get_threshold()
         young, middle, _ = self._thresholds
         gc.set_threshold(young, middle, NEVER)
-        freeze_long_lived_objects()
+        _freeze_long_lived_objects()
         self._soon = QTimer(self, singleShot=True, interval=after_ms)
         self._soon.timeout.connect(gc.collect)
         self._safety_net = QTimer(self, interval=every_ms)
