@@ -29,7 +29,7 @@ from engine.messages import InspectFailed, LoadOptions, ModelInspected, Precisio
 
 DEVICES = (("Auto", "auto"), ("CUDA", "cuda"), ("CPU", "cpu"))
 PRECISIONS = (
-    ("Auto", "auto"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32"), ("8-bit", "int8"), ("4-bit NF4", "nf4"),
+    ("Auto", "auto"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32"), ("8-bit", "int8"), ("4-bit", "nf4"),
 )
 MIN_CONTEXT = 256
 MAX_CONTEXT = 1 << 20
@@ -189,7 +189,7 @@ class LoadDialog(QDialog):
         for _text, value in PRECISIONS[1:]:
             self._set_item_enabled(self.precision_box, value, value in estimated)
         if self.precision_box.currentData() not in estimated:
-            self.precision_box.setCurrentIndex(0)  # e.g. 4-bit was chosen, then the CPU: it runs on CUDA only
+            self.precision_box.setCurrentIndex(0)  # e.g. 8-bit was chosen, then the CPU: it runs on CUDA only
         auto = found.auto_precision or "none fits"
         self.precision_box.setItemText(0, f"Auto ({auto} on {found.device.upper()})")
         self._show_context(found)

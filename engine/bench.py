@@ -110,11 +110,12 @@ def _decode(args: argparse.Namespace, show) -> dict[str, Any]:
     engine_peak = measure.peak_memory_bytes(device)  # before any baseline model exists
     kv_bytes = measure.cache_bytes_for(loaded, prompt)
     bandwidth = measure.copy_bandwidth(device)
+    decode_bytes = getattr(loaded.model, "decode_bytes", loaded.weight_bytes)  # transformers models: all weights
     summary = {
         "model": args.model, "device": loaded.device, "precision": loaded.precision,
         "backend": type(loaded.backend).__name__, "prompt_tokens": len(prompt), "new_tokens": args.new_tokens,
-        "weight_bytes": loaded.weight_bytes, "copy_bandwidth_bytes_s": round(bandwidth),
-        "bandwidth_limit_tok_s": round(bandwidth / loaded.weight_bytes, 1),  # each weight read once per token
+        "weight_bytes": loaded.weight_bytes, "decode_bytes": decode_bytes, "copy_bandwidth_bytes_s": round(bandwidth),
+        "bandwidth_limit_tok_s": round(bandwidth / decode_bytes, 1),  # each weight read once per token
         "peak_memory_bytes": engine_peak, "engine_threads": threads["engine"], "kv_cache_bytes": kv_bytes,
         "peak_over_weights_kv": round(engine_peak / (loaded.weight_bytes + kv_bytes), 3) if device.type == "cuda" else None,
         "notices": list(loaded.notices),

@@ -5,9 +5,10 @@ positions (including Llama 3 and linear scaling), grouped-query attention, a SiL
 gated MLP and optional q/k/v biases. Weights come from a Hugging Face state dict
 and are repacked once into one weight format (``quant``) so that a decode step makes
 few calls, since at this size each call's fixed cost adds up: q/k/v become one
-matmul and gate/up another; each RMSNorm's weight is folded into the matmul after
-it, the attention scale into the query rows, and query/key rows are reordered so
-rotary positions are one complex multiply in place. The KV cache is a ``KVCache``.
+matmul and gate/up another; each RMSNorm's weight goes to the matmul after it
+(``Linear``'s ``input_scale``), the attention scale into the query rows, and
+query/key rows are reordered so rotary positions are one complex multiply in place.
+The KV cache is a ``KVCache``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 
 from engine.backend import PREFILL_CHUNK
 from engine.quant import Embedding, Linear
+from engine.quant_int import QUANT_FORMATS
 from engine.static_cache import KVCache
 
 ARCHITECTURES = ("llama", "mistral", "qwen2")
@@ -54,24 +56,31 @@ class _Layer:
 class FastLlama:
     """The model's weights in one format, and its forward pass over a ``KVCache``."""
 
-    def __init__(self, config: Any, state: Mapping[str, torch.Tensor], fmt: str, device: torch.device) -> None:
+    def __init__(
+        self, config: Any, state: Mapping[str, torch.Tensor], fmt: str, device: torch.device,
+        decode_fmt: str | None = None,
+    ) -> None:
+        """``decode_fmt``: a second copy of the layers' weights for decode steps (``loading.decode_format``)."""
         self.config = config
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
         self.device = device
-        self.layers = [self._layer(state, f"model.layers.{i}.", fmt) for i in range(config.num_hidden_layers)]
+        self.layers = [
+            self._layer(state, f"model.layers.{i}.", fmt, decode_fmt) for i in range(config.num_hidden_layers)
+        ]
         self.dtype = self.layers[0].qkv.compute_dtype
         table, head = _embedding_and_head(config, state)
-        self.embed = Embedding(table.to(device), fmt, self.dtype)
-        self.lm_head = Linear(head.to(device, torch.float32) * _fp32(state["model.norm.weight"], device), None, fmt)
+        head_fmt = _head_format(fmt, device)
+        self.embed = Embedding(table.to(device), torch.float16 if head_fmt == "fp16" else self.dtype, self.dtype)
+        self.lm_head = Linear(head.to(device, torch.float32), None, head_fmt, _fp32(state["model.norm.weight"], device))
         self._eps = torch.full((1, 1), self.eps, dtype=self.dtype, device=device)
         self._rotary = _rotary_module(config, device)
         self._turns = torch.empty(0, 1, self.head_dim // 2, dtype=torch.complex64, device=device)
 
-    def _layer(self, state: Mapping[str, torch.Tensor], prefix: str, fmt: str) -> _Layer:
-        """One layer's matmuls, with its norms' weights, the attention scale and the rotary order folded in."""
+    def _layer(self, state: Mapping[str, torch.Tensor], prefix: str, fmt: str, decode_fmt: str | None) -> _Layer:
+        """One layer's matmuls, given its norms' weights; the attention scale and the rotary order are folded in."""
         def weight(name: str) -> torch.Tensor:
             return _fp32(state[prefix + name], self.device)
 
@@ -84,18 +93,28 @@ class FastLlama:
                 return None
             return torch.cat([_pair_rows(q * self.head_dim**-0.5, self.heads), _pair_rows(k, self.kv_heads), v])
 
+        def linear(rows: torch.Tensor, bias: torch.Tensor | None, norm: str | None = None) -> Linear:
+            return Linear(rows, bias, fmt, weight(norm) if norm else None, decode_fmt)
+
         gate_up = torch.cat([weight("mlp.gate_proj.weight"), weight("mlp.up_proj.weight")])
         return _Layer(
-            qkv=Linear(qkv_rows("weight") * weight("input_layernorm.weight"), qkv_rows("bias"), fmt),
-            out=Linear(weight("self_attn.o_proj.weight"), optional("self_attn.o_proj.bias"), fmt),
-            gate_up=Linear(gate_up * weight("post_attention_layernorm.weight"), None, fmt),
-            down=Linear(weight("mlp.down_proj.weight"), None, fmt),
+            qkv=linear(qkv_rows("weight"), qkv_rows("bias"), "input_layernorm.weight"),
+            out=linear(weight("self_attn.o_proj.weight"), optional("self_attn.o_proj.bias")),
+            gate_up=linear(gate_up, None, "post_attention_layernorm.weight"),
+            down=linear(weight("mlp.down_proj.weight"), None),
         )
 
     @property
     def weight_bytes(self) -> int:
-        per_layer = sum(l.qkv.nbytes + l.out.nbytes + l.gate_up.nbytes + l.down.nbytes for l in self.layers)
-        return per_layer + self.embed.nbytes + self.lm_head.nbytes
+        return sum(linear.nbytes for linear in self._linears()) + self.embed.nbytes
+
+    @property
+    def decode_bytes(self) -> int:
+        """Weight bytes one decode step reads (each layer's one-row copy, the output layer); it sets the speed."""
+        return sum(linear.one_row_nbytes for linear in self._linears())
+
+    def _linears(self) -> list[Linear]:
+        return [l for layer in self.layers for l in (layer.qkv, layer.out, layer.gate_up, layer.down)] + [self.lm_head]
 
     def new_cache(self) -> KVCache:
         return KVCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)
@@ -115,7 +134,7 @@ class FastLlama:
         return self.lm_head(self.normalise(x[-1:]))[0].float()  # [V]
 
     def normalise(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` [S, D] over its root mean square; the norm's own weight is folded into the next matmul."""
+        """``x`` [S, D] over its root mean square; the norm's own weight goes to the next matmul."""
         if x.shape[0] == 1 and x.dtype == torch.float32:
             # One row: its mean square as one tiny matmul costs a fifth of the general kernel's several ops.
             return x * torch.addmm(self._eps, x, x.t(), alpha=1 / x.shape[1]).rsqrt_()  # [1, D] * [1, 1]
@@ -155,6 +174,12 @@ def _embedding_and_head(config: Any, state: Mapping[str, torch.Tensor]) -> tuple
     if table is None or head is None:
         raise ValueError("The checkpoint lacks its token embeddings or its output layer (lm_head).")
     return table, head
+
+
+def _head_format(fmt: str, device: torch.device) -> str:
+    """The output layer's (and token table's) format: fp16 on the CPU when the layers are quantized, since the
+    logits pick every token and a 4-bit GGUF file keeps this table in 8 bits or more."""
+    return "fp16" if device.type == "cpu" and fmt in QUANT_FORMATS else fmt
 
 
 def _rotary_module(config: Any, device: torch.device) -> torch.nn.Module:

@@ -20,8 +20,8 @@ from engine.model_files import inspect_model
 from engine.model_open import native_context
 from engine.model_source import ModelFileError, ModelSource
 
-PRECISIONS_ON = {"cuda": ("bf16", "fp16", "fp32", "int8", "nf4"), "cpu": ("fp32", "bf16", "fp16")}
-"""What each device can run: bitsandbytes' 8-bit and 4-bit layers need CUDA."""
+PRECISIONS_ON = {"cuda": ("bf16", "fp16", "fp32", "int8", "nf4"), "cpu": ("fp32", "bf16", "fp16", "nf4")}
+"""What each device offers: 8-bit only on CUDA (no fast CPU kernel); 4-bit on both (``quant_int``)."""
 
 MemoryProbe = Callable[[str], int]
 
@@ -91,7 +91,7 @@ def _model_path(requested: str) -> Path:
 def _estimates(source: ModelSource, device: str, context_length: int, available: int) -> tuple[PrecisionEstimate, ...]:
     found = []
     for precision in PRECISIONS_ON[device]:
-        needed = estimate(source, precision, context_length)
+        needed = estimate(source, precision, context_length, device)
         verdict = fit_verdict(needed.total_bytes, available)
         found.append(PrecisionEstimate(precision, needed.weight_bytes, needed.kv_bytes, needed.total_bytes, verdict))
     return tuple(found)

@@ -2,9 +2,10 @@
 
 Nothing from a model folder ever runs as code: ``trust_remote_code`` stays off.
 GGUF files are converted once into a cached folder (see ``gguf_convert``).
-Llama-family models run on the fast path: on the CPU ``fast_llama`` in fp32 or fp16
-weights, on a GPU ``cuda_backend`` in bf16/fp16/fp32, int8 or 4-bit weights
-(``quant_cuda``). Everything else runs through transformers (``HFBackend``), with
+Llama-family models run on the fast path: on the CPU ``fast_llama`` in fp32, fp16
+(with a 4-bit copy for decode steps when the file is 4-bit) or 4-bit weights, on a
+GPU ``cuda_backend`` in bf16/fp16/fp32, int8 or 4-bit weights (``quant_int``).
+Everything else runs through transformers (``HFBackend``), with
 bitsandbytes for int8 and nf4.
 """
 
@@ -21,8 +22,7 @@ from engine.backend import Backend, HFBackend
 from engine.chat_template import ChatTemplate
 from engine.fast_llama import FastLlama, FastLlamaBackend, unsupported_reason
 from engine.messages import ChatMessage
-from engine.quant import CPU_FORMATS
-from engine.quant_cuda import gpu_format
+from engine.quant_int import fast_format
 from engine.weight_progress import report_tensors
 
 Progress = Callable[[int, int], None]  # (tensors done, tensors in all)
@@ -76,6 +76,7 @@ class LoadPlan:
 
     ``precision`` passed the memory check; ``precision_is_auto`` says the user left
     the choice to Hearth, which then takes fp16 weights over fp32 on the fast path.
+    ``four_bit_source``: the file stores its layers in 4 bits (see ``decode_format``).
     """
 
     folder: Path
@@ -86,6 +87,7 @@ class LoadPlan:
     template: ChatTemplate
     notices: tuple[str, ...] = ()
     precision_is_auto: bool = False
+    four_bit_source: bool = False
 
 
 def resolve_precision(requested: str, device: torch.device, fast_path: bool) -> str:
@@ -101,22 +103,26 @@ def prefer_fast(precision: str, fast_path: bool) -> str:
     return "fp16" if fast_path and precision == "fp32" else precision
 
 
+def decode_format(fmt: str, plan: LoadPlan) -> str | None:
+    """The format of a second copy of the layers for decode steps, or None.
+
+    fp16 on the CPU keeps one in 4 bits when the file's layers are 4-bit: their blocks
+    come back exactly (``quant_int``) and a decode step reads a third of fp16's bytes,
+    while prompts (many rows at once) still run on fp16's faster kernel. It costs 0.63
+    bytes per layer weight on top of fp16's 2 (``memory_estimate`` counts them).
+    """
+    return "int4" if plan.four_bit_source and fmt == "fp16" and plan.device.type == "cpu" else None
+
+
 def fast_path_applies(config: Any, device: torch.device) -> bool:
     """Whether ``fast_llama`` can run this model here (the CPU or a GPU, a Llama-family architecture)."""
     return device.type in ("cpu", "cuda") and unsupported_reason(config) is None
 
 
-def fast_format(precision: str, device: torch.device) -> str | None:
-    """The fast path's weight format for ``precision`` on ``device``; None: transformers runs it."""
-    if device.type == "cuda":
-        return gpu_format(precision)
-    return precision if precision in CPU_FORMATS else None
-
-
 def _fast_backend(config: Any, state: Any, fmt: str, plan: LoadPlan) -> tuple[Any, Backend, LoadPlan]:
     """The fast path's model and backend; on a GPU the plan gains its context cap and notices."""
     if plan.device.type != "cuda":
-        model = FastLlama(config, state, fmt, plan.device)
+        model = FastLlama(config, state, fmt, plan.device, decode_format(fmt, plan))
         return model, FastLlamaBackend(model), plan
     from engine.cuda_backend import open_gpu_backend
 

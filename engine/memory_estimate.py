@@ -6,7 +6,9 @@ torch is imported only by ``available_memory("cuda")``.
 
 * Weights: parameters × bytes per parameter of the precision. Under int8 and nf4,
   bitsandbytes quantizes only the linear layers; the token embeddings and the
-  output head stay in 16-bit, and are counted so.
+  output head stay in 16-bit, and are counted so. fp16 on the CPU keeps a 4-bit
+  copy of a 4-bit file's layers for decode steps (``loading.decode_format``):
+  ``DECODE_COPY_BYTES`` more per layer weight.
 * KV cache: 2 (keys and values) × layers × KV heads × head size × context × bytes.
 * Overhead: activations, allocator slack and the runtime itself, taken as
   ``OVERHEAD_FIXED_BYTES`` plus ``OVERHEAD_FRACTION`` of weights and KV cache.
@@ -30,7 +32,8 @@ Verdict = Literal["fits", "tight", "won't fit"]
 BYTES_PER_PARAM = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "nf4": 0.5 + 4 / 64}  # nf4: fp32 scale per 64
 QUANTIZED_PRECISIONS = ("int8", "nf4")
 UNQUANTIZED_BYTES = 2.0  # embeddings and output head under int8/nf4 stay in bf16
-PRECISION_ORDER = {"cuda": ("bf16", "int8", "nf4"), "cpu": ("fp32", "bf16")}
+DECODE_COPY_BYTES = 0.5 + 4 / 32  # 4 bits, and a bf16 scale and zero point per 32 weights
+PRECISION_ORDER = {"cuda": ("bf16", "int8", "nf4"), "cpu": ("fp32", "bf16", "nf4")}
 TIGHT_FRACTION = 0.85
 OVERHEAD_FIXED_BYTES = 256 * 1024**2
 OVERHEAD_FRACTION = 0.05
@@ -138,10 +141,12 @@ def estimate_kv_bytes(config_like: Mapping[str, Any], context_length: int, dtype
     return 2 * shape.layers * shape.kv_heads * shape.head_dim * context_length * dtype_bytes
 
 
-def estimate(source: ModelSource, precision: str, context_length: int) -> MemoryEstimate:
-    """Memory to run ``source`` at ``precision`` with a KV cache of ``context_length`` tokens."""
+def estimate(source: ModelSource, precision: str, context_length: int, device: str) -> MemoryEstimate:
+    """Memory to run ``source`` at ``precision`` on ``device`` with a KV cache of ``context_length`` tokens."""
     shape = model_shape(source.config)
     weights = estimate_weight_bytes(source.n_params, precision, shape.embedding_params)
+    if device == "cpu" and precision == "fp16" and source.four_bit_layers:
+        weights += int(max(source.n_params - shape.embedding_params, 0) * DECODE_COPY_BYTES)
     kv = estimate_kv_bytes(source.config, context_length, 4 if precision == "fp32" else 2)
     overhead = OVERHEAD_FIXED_BYTES + int(OVERHEAD_FRACTION * (weights + kv))
     return MemoryEstimate(weights, kv, overhead, weights + kv + overhead)
@@ -171,14 +176,17 @@ def choose_precision(
     """The best precision that fits, for ``precision="auto"``.
 
     On CUDA: bf16, then int8, then nf4 (quality first, quantize only to fit). On CPU:
-    fp32, then bf16 — most CPUs run fp32 matrix products fastest and exactly, and
-    bf16 halves memory when fp32 would not fit. A precision that "fits" wins over
+    fp32, then bf16, then nf4 — most CPUs run fp32 matrix products fastest and exactly
+    (the fast path then reads fp16 weights: ``loading.prefer_fast``), bf16 halves memory
+    when fp32 would not fit, and 4 bits take a quarter. A precision that "fits" wins over
     one that is only "tight". Raises ``NotEnoughMemoryError`` when none fits.
     """
     if device not in PRECISION_ORDER:
         raise ValueError(f"unknown device {device!r} (expected 'cpu' or 'cuda')")
     available = available_memory(device) if available_bytes is None else available_bytes
-    estimates = {precision: estimate(source, precision, context_length) for precision in PRECISION_ORDER[device]}
+    estimates = {
+        precision: estimate(source, precision, context_length, device) for precision in PRECISION_ORDER[device]
+    }
     verdicts = {precision: fit_verdict(found.total_bytes, available) for precision, found in estimates.items()}
     for wanted in ("fits", "tight"):
         for precision, verdict in verdicts.items():

@@ -41,7 +41,7 @@ def open_model(
     emit(StatusChanged("loading", f"Loading {source.name} on {device.type}…"))
     plan = LoadPlan(
         folder, source.name, device, precision, context_length, template, _notices(source, template),
-        precision_is_auto=options.precision == "auto",
+        precision_is_auto=options.precision == "auto", four_bit_source=source.four_bit_layers,
     )
     return load_model(plan, progress, is_cancelled)
 
@@ -71,7 +71,7 @@ def _pick_precision(source: ModelSource, device: str, requested: str, context_le
     """``auto`` takes the best precision that fits; an explicit one is refused if it cannot fit."""
     if requested == "auto":
         return choose_precision(source, device, context_length)
-    needed = estimate(source, requested, context_length)
+    needed = estimate(source, requested, context_length, device)
     available = available_memory(device)
     if fit_verdict(needed.total_bytes, available) == "won't fit":
         raise NotEnoughMemoryError(

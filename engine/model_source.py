@@ -53,3 +53,8 @@ class ModelSource:
     chat_template_source: str | None = None
     chat_template_origin: str | None = None
     notes: tuple[str, ...] = field(default=())
+
+    @property
+    def four_bit_layers(self) -> bool:
+        """A GGUF file of a 4-bit llama.cpp file type (Q4_0, Q4_1, Q4_K_S, Q4_K_M…): its layers hold 4-bit blocks."""
+        return self.kind == "gguf" and str(self.config.get("file_type") or "").startswith("MOSTLY_Q4")

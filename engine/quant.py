@@ -7,7 +7,12 @@ fp32, so results stay within rounding of fp32 at half the bytes. (FBGEMM's int8
 kernel quantizes activations too and costs ~0.5 ms per call whatever the size,
 which is slower than fp32 for a small model, so it is not used.) Elsewhere
 ``fp32``/``bf16``/``fp16`` are plain matmuls in that dtype, and ``int8``/``int4``
-are weight-only quantized (``quant_cuda``).
+are weight-only quantized (``quant_int``): on the CPU ``int4`` is the fast one.
+
+An RMSNorm's weight scales the columns of the matmul after it. Every format but
+``int4`` folds it into the weight; ``int4`` scales the activations instead, since
+folding would break a 4-bit source's blocks (each holds 16 evenly spaced values)
+and make the groups come back inexactly.
 """
 
 from __future__ import annotations
@@ -17,28 +22,50 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.quant_cuda import QUANT_FORMATS, pack_quantized
+from engine.quant_int import QUANT_FORMATS, pack_quantized
 
-CPU_FORMATS = ("fp32", "fp16")
 PLAIN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class Linear:
-    """``y = x @ W.T + b`` with ``W`` [N, K] held in ``fmt``; ``nbytes`` is what the weight occupies."""
+    """``y = (x * input_scale) @ W.T + b`` with ``W`` [N, K] held in ``fmt``; ``nbytes`` is what the weights occupy.
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str) -> None:
+    ``input_scale`` [K] is an RMSNorm's weight (see the module docstring). ``one_row_fmt``
+    keeps a second copy for single rows (decode steps) in that format.
+    """
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str,
+        input_scale: torch.Tensor | None = None, one_row_fmt: str | None = None,
+    ) -> None:
         self.fmt = fmt
         self.compute_dtype = _compute_dtype(weight.device, fmt)
-        self._run, self.nbytes = _pack(weight, bias, fmt, self.compute_dtype)
+        many_rows, self.nbytes = _scaled_pack(weight, bias, fmt, self.compute_dtype, input_scale)
+        self._run, self.one_row_nbytes = many_rows, self.nbytes  # one_row_nbytes: what a one-row call reads
+        if one_row_fmt is not None:
+            one_row, self.one_row_nbytes = _scaled_pack(weight, bias, one_row_fmt, self.compute_dtype, input_scale)
+            self.nbytes += self.one_row_nbytes
+            self._run = lambda x: one_row(x) if x.shape[0] == 1 else many_rows(x)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._run(x)  # [..., K] -> [..., N]
 
 
+def _scaled_pack(
+    weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype, input_scale: torch.Tensor | None
+) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
+    """``_pack`` with ``input_scale`` folded into the weight, or (int4) applied to the input on each call."""
+    if input_scale is None or fmt != "int4":
+        folded = weight if input_scale is None else weight * input_scale  # [N, K] * [K]
+        return _pack(folded, bias, fmt, dtype)
+    run, nbytes = _pack(weight, bias, fmt, dtype)
+    return (lambda x: run(x * input_scale)), nbytes
+
+
 def _compute_dtype(device: torch.device, fmt: str) -> torch.dtype:
     if device.type == "cpu":
         return torch.float32  # FBGEMM takes fp32 activations whatever the weight format
-    return PLAIN_DTYPES.get(fmt, torch.bfloat16)  # quantized formats compute in bf16 (see quant_cuda)
+    return PLAIN_DTYPES.get(fmt, torch.bfloat16)  # quantized formats compute in bf16 (see quant_int)
 
 
 def _pack(
@@ -61,11 +88,11 @@ def _fp32(bias: torch.Tensor | None) -> torch.Tensor | None:
 
 
 class Embedding:
-    """Token id → hidden vector, from a table kept in the weight format (rows are converted on lookup)."""
+    """Token id → hidden vector, from a table kept in ``storage`` (rows are converted to ``dtype`` on lookup)."""
 
-    def __init__(self, table: torch.Tensor, fmt: str, dtype: torch.dtype) -> None:
+    def __init__(self, table: torch.Tensor, storage: torch.dtype, dtype: torch.dtype) -> None:
         self.dtype = dtype
-        self._table = table.to(torch.float16 if fmt == "fp16" else dtype)  # [V, D]
+        self._table = table.to(storage)  # [V, D]
         self.nbytes = self._table.numel() * self._table.element_size()
 
     def __call__(self, token_ids: torch.Tensor) -> torch.Tensor:

@@ -42,6 +42,7 @@ from engine.worker import CancelWatch, EventSink
 GIB = 1024**3
 FAKE_WEIGHTS_FP32 = 2 * GIB
 FAKE_KV_PER_TOKEN_FP32 = 64 * 1024
+FAKE_SCALES = {"fp32": (1.0, 1.0), "bf16": (0.5, 0.5), "fp16": (0.5, 0.5), "nf4": (0.16, 0.5)}  # (weights, KV cache)
 LOAD_STEPS = 10
 
 @dataclass
@@ -130,9 +131,9 @@ class FakeRuntime:
         context = request.options.context_length or 4096
         estimates = tuple(
             _fake_estimate(precision, scale, context, self._script.free_cpu_bytes)
-            for precision, scale in (("fp32", 1.0), ("bf16", 0.5), ("fp16", 0.5))
+            for precision, scale in FAKE_SCALES.items()
         )
-        fitting = [item.precision for item in estimates if item.verdict == "fits"]
+        fitting = [item.precision for item in estimates if item.verdict == "fits" and item.precision in AUTO_ON_CPU]
         return ModelInspected(
             request.request_id, request.path, "Fake inspected", "gguf", 500_000_000, 4096, context, "cpu",
             estimates, self._script.free_cpu_bytes, 0, False, fitting[0] if fitting else None,
@@ -170,8 +171,14 @@ def hearth_home(tmp_path, monkeypatch):
     home = tmp_path / "hearth-home"
     monkeypatch.setenv("HEARTH_HOME", str(home))
     return home
-def _fake_estimate(precision: str, scale: float, context: int, free: int) -> PrecisionEstimate:
-    weights, kv = int(FAKE_WEIGHTS_FP32 * scale), int(FAKE_KV_PER_TOKEN_FP32 * scale) * context
+
+
+AUTO_ON_CPU = ("fp32", "bf16", "nf4")  # what the engine's automatic choice tries (memory_estimate.PRECISION_ORDER)
+
+
+def _fake_estimate(precision: str, scale: tuple[float, float], context: int, free: int) -> PrecisionEstimate:
+    """``scale``: of the fp32 weights and of the fp32 KV cache."""
+    weights, kv = int(FAKE_WEIGHTS_FP32 * scale[0]), int(FAKE_KV_PER_TOKEN_FP32 * scale[1]) * context
     total = weights + kv
     verdict = "fits" if total <= 0.85 * free else "tight" if total <= free else "won't fit"
     return PrecisionEstimate(precision, weights, kv, total, verdict)

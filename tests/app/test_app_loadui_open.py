@@ -149,7 +149,8 @@ def test_the_load_dialog_shows_the_verdict_and_what_auto_picks(qtbot, chat, wind
     assert dialog.estimate_labels["free_cpu"].text() == "2.50 GiB"
     assert dialog.estimate_labels["free_gpu"].text() == "no CUDA GPU"
     assert not dialog.device_box.model().item(dialog.device_box.findData("cuda")).isEnabled()
-    assert not dialog.precision_box.model().item(dialog.precision_box.findData("nf4")).isEnabled()
+    assert not dialog.precision_box.model().item(dialog.precision_box.findData("int8")).isEnabled()
+    assert dialog.precision_box.model().item(dialog.precision_box.findData("nf4")).isEnabled()
 
     dialog.precision_box.setCurrentIndex(dialog.precision_box.findData("fp32"))
     assert dialog.verdict_label.text().startswith("Tight")
@@ -157,7 +158,7 @@ def test_the_load_dialog_shows_the_verdict_and_what_auto_picks(qtbot, chat, wind
 
 
 def test_the_load_dialog_refuses_a_model_that_cannot_fit(qtbot, chat, window, script):
-    script.free_cpu_bytes = 1 * GIB
+    script.free_cpu_bytes = GIB // 4
     chat.wait_until_ready()
     dialog = window.model_loader.choose("/models/huge.gguf")
     qtbot.waitUntil(lambda: dialog.inspected is not None, timeout=5000)
@@ -166,7 +167,7 @@ def test_the_load_dialog_refuses_a_model_that_cannot_fit(qtbot, chat, window, sc
     assert dialog.verdict_label.text().startswith("Won't fit")
     assert not dialog.load_button.isEnabled()
 
-    dialog.context_box.setValue(512)  # shorter context, smaller KV cache: still too big at fp16
+    dialog.context_box.setValue(512)  # shorter context, smaller KV cache: still too big, even in 4 bits
     qtbot.waitUntil(lambda: dialog.inspected.context_length == 512, timeout=5000)
     assert dialog.estimate_labels["kv"].text() == "16.0 MiB"
     assert not dialog.load_button.isEnabled()

@@ -33,6 +33,7 @@ def test_decode_reports_engine_and_baseline_speed(tmp_path):
     assert summary["engine_decode_tok_s"] > 0 and summary["hf_decode_tok_s"] > 0
     assert summary["speedup"] > 0 and summary["bandwidth_limit_tok_s"] > 0
     assert summary["weight_bytes"] > 0 and summary["peak_memory_bytes"] > summary["weight_bytes"]
+    assert 0 < summary["decode_bytes"] < summary["weight_bytes"], "a decode step reads one token's embedding row"
 
 
 def test_turns_reuse_the_conversation_cache(tmp_path):

@@ -12,7 +12,7 @@ from engine.fast_llama import FastLlama
 from engine.generation import CachedSequence, DecodeLoop, feed
 from engine.messages import GREEDY, ChatMessage, Generate, LoadModel, LoadOptions, ModelLoaded, ReplyFailed, SamplingParams, TokenStreamed
 from engine.quant import Linear
-from engine.quant_cuda import dequantize_int4, int4_layout, quantize_int4, quantize_int8
+from engine.quant_int import dequantize_int4, int4_layout, quantize_int4, quantize_int8
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -75,7 +75,7 @@ def test_gpu_kernels_compute_with_exactly_the_quantized_weights(rows, width):
         q, scales = quantize_int8(weight)
         expected = x.float() @ (q.float() * scales.float().unsqueeze(1)).T
         torch.testing.assert_close(Linear(weight, None, "int8")(x).float(), expected, rtol=2e-2, atol=2e-2)
-        layout = int4_layout(rows, width)
+        layout = int4_layout(rows, width, weight.device)
         if layout:
             restored = dequantize_int4(*quantize_int4(weight, layout[0]), layout[0])
             got = Linear(weight, None, "int4")(x).float()

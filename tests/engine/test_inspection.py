@@ -31,7 +31,7 @@ def test_a_folder_is_described_with_an_estimate_per_cpu_precision(tiny_model_dir
     assert found.native_context_length == found.context_length == 1024
     assert found.n_params > 0
     estimates = _by_precision(found)
-    assert list(estimates) == ["fp32", "bf16", "fp16"]
+    assert list(estimates) == ["fp32", "bf16", "fp16", "nf4"]
     assert estimates["fp32"].kv_bytes == KV_BYTES_PER_TOKEN_FP32 * 1024
     assert estimates["bf16"].weight_bytes == found.n_params * 2
     assert {item.verdict for item in found.estimates} == {"fits"}

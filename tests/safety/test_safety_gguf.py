@@ -119,6 +119,7 @@ def test_real_default_model(smollm2_gguf: Path) -> None:
     assert source.config["head_count"] == 9 and source.config["head_count_kv"] == 3
     assert source.config["vocab_size"] == 49152
     assert source.config["file_type"] == "MOSTLY_Q4_1"
+    assert source.four_bit_layers
     assert 130e6 < source.n_params < 140e6
     assert "<|im_start|>" in (source.chat_template_source or "")
     assert len(read_gguf(smollm2_gguf).tensors) == 272

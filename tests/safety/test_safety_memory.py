@@ -56,11 +56,11 @@ def test_weight_bytes_per_precision() -> None:
 
 
 def test_estimate_adds_weights_kv_and_overhead() -> None:
-    found = estimate(llama3_source(), "bf16", 8192)
+    found = estimate(llama3_source(), "bf16", 8192, "cuda")
     assert found.weight_bytes == 2 * 8_030_261_248
     assert found.kv_bytes == GIB
     assert found.total_bytes == found.weight_bytes + found.kv_bytes + found.overhead_bytes
-    quantized = estimate(llama3_source(), "nf4", 8192)
+    quantized = estimate(llama3_source(), "nf4", 8192, "cuda")
     assert 5 * GIB < quantized.weight_bytes < 6 * GIB  # 16-bit embeddings and head included
 
 
@@ -71,10 +71,11 @@ def test_fit_verdict_thresholds() -> None:
     assert fit_verdict(101, 100) == "won't fit"
 
 
-def test_cpu_prefers_fp32_then_bf16() -> None:
+def test_cpu_prefers_fp32_then_bf16_then_4bit() -> None:
     source = llama3_source()
     assert choose_precision(source, "cpu", 8192, available_bytes=64 * GIB) == "fp32"
     assert choose_precision(source, "cpu", 8192, available_bytes=24 * GIB) == "bf16"
+    assert choose_precision(source, "cpu", 8192, available_bytes=10 * GIB) == "nf4"
 
 
 def test_cuda_prefers_bf16_then_int8_then_nf4() -> None:
@@ -85,7 +86,7 @@ def test_cuda_prefers_bf16_then_int8_then_nf4() -> None:
 
 
 def test_tight_fit_is_used_when_nothing_fits_comfortably() -> None:
-    needed = estimate(llama3_source(), "nf4", 8192).total_bytes
+    needed = estimate(llama3_source(), "nf4", 8192, "cuda").total_bytes
     assert choose_precision(llama3_source(), "cuda", 8192, available_bytes=int(needed * 1.05)) == "nf4"
 
 
@@ -107,10 +108,21 @@ def test_real_default_model_fits_on_cpu(smollm2_gguf: Path) -> None:
     from engine.model_files import inspect_model
 
     source = inspect_model(smollm2_gguf)
-    found = estimate(source, "fp32", 8192)
+    found = estimate(source, "fp32", 8192, "cpu")
     assert found.weight_bytes == 4 * source.n_params
     assert found.kv_bytes == 2 * 30 * 3 * 64 * 8192 * 4
     assert choose_precision(source, "cpu", 8192, available_bytes=8 * GIB) == "fp32"
+
+
+def test_fp16_on_the_cpu_counts_the_4bit_decode_copy_of_a_4bit_file(smollm2_gguf: Path) -> None:
+    from engine.model_files import inspect_model
+
+    source = inspect_model(smollm2_gguf)  # Q4_1 layers, a Q8_0 token table
+    layer_params = source.n_params - 49152 * 576
+    on_cpu, on_gpu = estimate(source, "fp16", 2048, "cpu"), estimate(source, "fp16", 2048, "cuda")
+    assert source.four_bit_layers
+    assert on_gpu.weight_bytes == 2 * source.n_params
+    assert on_cpu.weight_bytes == on_gpu.weight_bytes + int(layer_params * (0.5 + 4 / 32))
 
 
 def test_gpt2_style_config_names_are_understood() -> None:

@@ -1,6 +1,6 @@
-"""Weight-only int8 and 4-bit linear layers for the fast path on a GPU (engine thread).
+"""Weight-only int8 and 4-bit linear layers for the fast path (engine thread).
 
-Which precision runs on which kernel, and why:
+Which precision runs on which kernel, and why, on a GPU:
 
 * ``bf16`` / ``fp16``: plain ``F.linear`` (cuBLAS); nothing to unpack.
 * ``int8`` (format ``int8``): one int8 per weight with a bf16 scale per output
@@ -20,8 +20,14 @@ Which precision runs on which kernel, and why:
   A layer the kernel cannot take (rows not a multiple of 8, width not of 32)
   falls back to int8.
 
-On the CPU the same formats run through the dequantized form (int8) and
-``_weight_int4pack_mm_for_cpu`` (int4), so tests can check the quantizers.
+On the CPU, ``nf4`` runs on ``_weight_int4pack_mm_for_cpu`` with groups of 32:
+llama.cpp's block size, so the weights of a 4-bit GGUF file (Q4_0, Q4_1, Q4_K
+blocks: ``d * q + m`` per 32 weights) come back exactly, up to the bf16 rounding
+of each group's scale and zero point. A decode step reads ~0.63 bytes per weight
+instead of fp16's 2, which is what sets its speed; several tokens at once (prefill)
+run ~2x slower than FBGEMM's fp16 kernel, which dequantizes nothing. int8 has no
+fast CPU kernel in PyTorch (``_weight_int8pack_mm`` is slower than fp32 here), so
+on the CPU it only serves tests of the quantizer, through the dequantized form.
 """
 
 from __future__ import annotations
@@ -35,20 +41,22 @@ from engine import triton_gemv
 
 QUANT_FORMATS = ("int8", "int4")
 GPU_FORMATS = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "int8": "int8", "nf4": "int4"}  # precision -> format
+CPU_FORMATS = {"fp32": "fp32", "fp16": "fp16", "nf4": "int4"}
 INT4_GROUPS = (128, 64, 32)
 INT4_INNER_K_TILES = (8, 4, 2)
+CPU_INT4_GROUP = 32
 
 Run = Callable[[torch.Tensor], torch.Tensor]
 
 
-def gpu_format(precision: str) -> str | None:
-    """The fast path's weight format for a precision name the loader uses, or None."""
-    return GPU_FORMATS.get(precision)
+def fast_format(precision: str, device: torch.device) -> str | None:
+    """The fast path's weight format for a precision name the loader uses on ``device``; None: not on the fast path."""
+    return (GPU_FORMATS if device.type == "cuda" else CPU_FORMATS).get(precision)
 
 
 def pack_quantized(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str) -> tuple[Run, int]:
     """``weight`` [N, K] as ``fmt`` ("int8" or "int4"); returns ``x [M, K] -> [M, N]`` and the bytes held."""
-    layout = int4_layout(*weight.shape) if fmt == "int4" else None
+    layout = int4_layout(*weight.shape, weight.device) if fmt == "int4" else None
     run, nbytes = _int4_linear(weight, *layout) if layout else _int8_linear(weight)
     if bias is None:
         return run, nbytes
@@ -76,8 +84,11 @@ def _int8_linear(weight: torch.Tensor) -> tuple[Run, int]:
     return run, q.numel() + scales.numel() * scales.element_size()
 
 
-def int4_layout(rows: int, width: int) -> tuple[int, int] | None:
-    """(group size, inner k-tiles) the int4 kernel takes for a [rows, width] weight, or None."""
+def int4_layout(rows: int, width: int, device: torch.device) -> tuple[int, int] | None:
+    """(group size, inner k-tiles) the int4 kernel on ``device`` takes for a [rows, width] weight, or None."""
+    if device.type == "cpu":
+        fits = rows % 16 == 0 and width % CPU_INT4_GROUP == 0
+        return (CPU_INT4_GROUP, 1) if fits else None  # the CPU kernel ignores the k-tiles
     if rows % 8:
         return None
     group = next((g for g in INT4_GROUPS if width % g == 0), None)

@@ -1,4 +1,4 @@
-"""The GPU weight formats' quantizers, checked on the CPU: int8 rows, int4 groups, and the models they make."""
+"""The integer weight formats on the CPU: int8 rows and int4 groups, exact 4-bit GGUF blocks, the models they make."""
 
 from __future__ import annotations
 
@@ -11,19 +11,19 @@ import pytest
 import torch
 
 from engine.fast_llama import FastLlama
-from engine.loading import fast_format
 from engine.quant import Linear
-from engine.quant_cuda import dequantize_int4, int4_layout, quantize_int4, quantize_int8
+from engine.quant_int import dequantize_int4, fast_format, int4_layout, quantize_int4, quantize_int8
 from engine.random_models import build_hf_model
 
 CPU = torch.device("cpu")
+CUDA = torch.device("cuda")
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_precision_names_map_to_gpu_formats_and_cpu_formats_stay():
-    cuda = torch.device("cuda")
-    assert [fast_format(p, cuda) for p in ("bf16", "int8", "nf4", "fp16")] == ["bf16", "int8", "int4", "fp16"]
-    assert [fast_format(p, CPU) for p in ("fp32", "fp16", "bf16", "int8", "nf4")] == ["fp32", "fp16", None, None, None]
+def test_precision_names_map_to_fast_path_formats():
+    assert [fast_format(p, CUDA) for p in ("bf16", "int8", "nf4", "fp16")] == ["bf16", "int8", "int4", "fp16"]
+    cpu_formats = [fast_format(p, CPU) for p in ("fp32", "fp16", "bf16", "int8", "nf4")]
+    assert cpu_formats == ["fp32", "fp16", None, None, "int4"]
 
 
 def test_int8_rows_round_to_within_half_a_step():
@@ -38,7 +38,7 @@ def test_int8_rows_round_to_within_half_a_step():
 def test_int4_groups_round_to_within_half_a_step_and_the_cpu_kernel_agrees():
     torch.manual_seed(0)
     weight, x = torch.randn(64, 256), torch.randn(3, 256)
-    group, tiles = int4_layout(64, 256)
+    group, tiles = int4_layout(64, 256, CUDA)
     q, scales_and_zeros = quantize_int4(weight, group)
     assert q.min() >= 0 and q.max() <= 15 and scales_and_zeros.shape == (256 // group, 64, 2)
     restored = dequantize_int4(q, scales_and_zeros, group)
@@ -49,31 +49,69 @@ def test_int4_groups_round_to_within_half_a_step_and_the_cpu_kernel_agrees():
     torch.testing.assert_close(got.float(), x @ restored.T, rtol=0.02, atol=0.2)
 
 
-def test_int4_layout_picks_the_largest_group_and_refuses_odd_shapes():
-    assert int4_layout(4096, 14336) == (128, 8)
-    assert int4_layout(576, 576) == (64, 4)
-    assert int4_layout(128, 96) == (32, 2)
-    assert int4_layout(300, 64) is None, "rows must be a multiple of 8"
-    assert int4_layout(64, 48) is None, "width must be a multiple of 32"
+def test_int4_layout_picks_the_largest_group_on_a_gpu_and_refuses_odd_shapes():
+    assert int4_layout(4096, 14336, CUDA) == (128, 8)
+    assert int4_layout(576, 576, CUDA) == (64, 4)
+    assert int4_layout(128, 96, CUDA) == (32, 2)
+    assert int4_layout(300, 64, CUDA) is None, "rows must be a multiple of 8"
+    assert int4_layout(64, 48, CUDA) is None, "width must be a multiple of 32"
+
+
+def test_int4_layout_on_the_cpu_takes_llama_cpp_blocks_of_32():
+    assert int4_layout(576, 1536, CPU) == (32, 1)
+    assert int4_layout(4096, 14336, CPU) == (32, 1)
+    assert int4_layout(24, 64, CPU) is None, "the CPU kernel packs rows in sixteens"
+    assert int4_layout(64, 48, CPU) is None
+
+
+def _q4_1_blocks(rows: int, width: int, seed: int = 0) -> torch.Tensor:
+    """A weight as a Q4_1 GGUF file stores it: per 32 weights ``d * q + m``, q in 0…15, both ends used.
+
+    ``d`` and ``m + 8 d`` are chosen representable in bf16, as the kernel keeps them.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (rows, width // 32, 32), generator=generator)
+    q[..., 0], q[..., 1] = 0, 15
+    d = (torch.rand(rows, width // 32, 1, generator=generator) / 64).bfloat16().float()
+    zero = (torch.randn(rows, width // 32, 1, generator=generator) / 16).bfloat16().float()
+    return ((q - 8) * d + zero).reshape(rows, width)
+
+
+def test_a_4bit_gguf_block_comes_back_exactly_and_norm_weights_do_not_disturb_it():
+    weight, norm, x = _q4_1_blocks(64, 256), torch.rand(256) + 0.5, torch.randn(3, 256)
+    q, scales_and_zeros = quantize_int4(weight, 32)
+    assert torch.equal(dequantize_int4(q, scales_and_zeros, 32), weight)
+    got = Linear(weight, None, "int4", input_scale=norm)(x)  # the norm scales x: folding it would break the blocks
+    torch.testing.assert_close(got, (x * norm) @ weight.T, rtol=2e-2, atol=2e-2)  # bf16 activations
+
+
+def test_fp16_with_a_4bit_decode_copy_answers_one_row_from_the_copy_and_many_from_fp16():
+    weight, norm = _q4_1_blocks(96, 128), torch.rand(128) + 0.5
+    dual = Linear(weight, None, "fp16", norm, one_row_fmt="int4")
+    fp16, int4 = Linear(weight, None, "fp16", norm), Linear(weight, None, "int4", norm)
+    rows, row = torch.randn(5, 128), torch.randn(1, 128)
+    assert torch.equal(dual(rows), fp16(rows)) and torch.equal(dual(row), int4(row))
+    assert dual.nbytes == fp16.nbytes + int4.nbytes
 
 
 def test_linear_in_quantized_formats_is_close_to_fp32_and_smaller():
     torch.manual_seed(0)
     weight, bias, x = torch.randn(128, 256) / 16, torch.randn(128), torch.randn(4, 256)
     exact = Linear(weight, bias, "fp32")
-    for fmt, max_bytes in (("int8", 128 * 256 * 1.1), ("int4", 128 * 256 * 0.6)):
+    for fmt, max_bytes in (("int8", 128 * 256 * 1.1), ("int4", 128 * 256 * 0.7)):
         packed = Linear(weight, bias, fmt)
         assert packed.nbytes < max_bytes
         assert torch.nn.functional.cosine_similarity(packed(x), exact(x), dim=-1).min() > 0.99
 
 
 def _dequantized(state: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]:
-    """Every linear weight replaced by what ``fmt`` stores for it, in fp32 (int4's misfits fall back to int8)."""
+    """Every layer weight replaced by what ``fmt`` stores for it on the CPU, in fp32 (int4's misfits fall back to
+    int8); the output layer stays as it is (fp16 there)."""
 
     def restore(name: str, weight: torch.Tensor) -> torch.Tensor:
-        if weight.dim() != 2 or "embed_tokens" in name:
+        if weight.dim() != 2 or name.endswith(("embed_tokens.weight", "lm_head.weight")):
             return weight
-        layout = int4_layout(*weight.shape) if fmt == "int4" else None
+        layout = int4_layout(*weight.shape, CPU) if fmt == "int4" else None
         if layout is None:
             q, scales = quantize_int8(weight)
             return q.float() * scales.float().unsqueeze(1)

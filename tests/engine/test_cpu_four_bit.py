@@ -1,0 +1,61 @@
+"""The built-in Q4_1 model on the CPU: fp16 with a 4-bit decode copy (auto), or 4-bit alone; both answer right.
+
+Weight bytes count the token table and the output layer (fp16 each) and the layers' matmuls.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.bench_measure import timed_reply
+from engine.generation import CachedSequence
+from engine.messages import ChatMessage, LoadOptions
+from engine.model_open import open_model
+
+QUESTION = [ChatMessage("user", "What is the capital of France? Answer in one word.")]
+
+
+def _open(path: Path, precision: str):
+    return open_model(str(path), LoadOptions("cpu", precision), lambda _: None, lambda *_: None, lambda: False)
+
+
+FOUR_BIT = 0.5 + 4 / 32  # bytes per weight: a bf16 scale and zero point per 32
+
+
+def _table_and_head_bytes(config) -> int:
+    return 2 * 2 * config.vocab_size * config.hidden_size
+
+
+def _layer_weights(config) -> int:
+    """Weights of the attention and MLP matmuls of every layer."""
+    hidden, inner, head_dim = config.hidden_size, config.intermediate_size, config.head_dim
+    attention = hidden * head_dim * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
+    return config.num_hidden_layers * (attention + 3 * hidden * inner)
+
+
+def _answer(loaded) -> str:
+    return timed_reply(loaded, CachedSequence(loaded.backend.new_cache()), QUESTION, 24).text
+
+
+@pytest.fixture(scope="module")
+def fp32_answer(default_model_path: Path) -> str:
+    return _answer(_open(default_model_path, "fp32"))
+
+
+def test_auto_keeps_a_4bit_copy_for_decoding_and_answers_as_fp32_does(default_model_path: Path, fp32_answer: str):
+    auto = _open(default_model_path, "auto")
+    config = auto.model.config
+    assert auto.precision == "fp16"
+    assert auto.weight_bytes == _layer_weights(config) * (2 + FOUR_BIT) + _table_and_head_bytes(config)
+    assert "Paris" in fp32_answer
+    assert _answer(auto) == fp32_answer
+
+
+def test_4bit_alone_holds_its_layers_in_a_third_of_fp16s_bytes_and_answers_paris(default_model_path: Path):
+    four_bit = _open(default_model_path, "nf4")
+    config = four_bit.model.config
+    assert four_bit.precision == "nf4"
+    assert four_bit.weight_bytes == _layer_weights(config) * FOUR_BIT + _table_and_head_bytes(config)
+    assert "Paris" in _answer(four_bit)
