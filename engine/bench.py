@@ -4,7 +4,7 @@
            --prompt-tokens N --new-tokens N [--baseline] [--rounds N]
     prefill --model … --device … --quant … --prompt-tokens 4096 [--repeats N]
     chat   --model … --device … --quant … --context-tokens 4096 --new-tokens 50 [--repeats N]
-    turns  --model default --turns 20
+    turns  --model default --turns 20 [--repeats N]
     load   --model PATH [--cycles N]
 
 One JSON object per line on stdout (``--json``; without it, ``key=value`` lines);
@@ -34,7 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
 
+        from engine.allocator import keep_freed_buffers
+
         torch.set_grad_enabled(False)
+        keep_freed_buffers()  # as the app's engine does
         summary = COMMANDS[args.command](args, show)
     except Exception as exc:  # the bench reports every failure as data, never as a traceback
         show({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
@@ -65,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     turns = commands.add_parser("turns", help="time to first token over a long conversation, reused vs fresh cache")
     turns.add_argument("--turns", type=int, default=20)
     turns.add_argument("--reply-tokens", type=int, default=48)
+    turns.add_argument("--repeats", type=int, default=3, help="reused times to first token per turn (median)")
     load = commands.add_parser("load", help="load time and weight size")
     load.add_argument("--cycles", type=int, default=1, help="load and unload this many times, reporting memory")
     for command in (decode, prefill, chat, turns, load):
@@ -224,7 +228,7 @@ def _turns(args: argparse.Namespace, show) -> dict[str, Any]:
     apply_engine_threads()
     loaded = _open(args.model, "auto", "auto")
     rows = []
-    for row in measure.run_turns(loaded, args.turns, args.reply_tokens):
+    for row in measure.run_turns(loaded, args.turns, args.reply_tokens, args.repeats):
         show(row)
         rows.append(row)
     return {

@@ -11,6 +11,7 @@ bitsandbytes for int8 and nf4.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,6 +29,7 @@ from engine.weight_progress import report_tensors
 Progress = Callable[[int, int], None]  # (tensors done, tensors in all)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 QUANTIZED = ("int8", "nf4")
+DECODE_COPY_ENV = "HEARTH_DECODE_COPY"
 
 
 class LoadCancelled(Exception):
@@ -110,8 +112,11 @@ def decode_format(fmt: str, plan: LoadPlan) -> str | None:
     come back exactly (``quant_int``) and a decode step reads a third of fp16's bytes,
     while prompts (many rows at once) still run on fp16's faster kernel. It costs 0.63
     bytes per layer weight on top of fp16's 2 (``memory_estimate`` counts them).
+    The two paths round differently, so a reply's cached keys and values differ slightly
+    from what a fresh prompt gives; ``HEARTH_DECODE_COPY=0`` turns the copy off.
     """
-    return "int4" if plan.four_bit_source and fmt == "fp16" and plan.device.type == "cpu" else None
+    wanted = os.environ.get(DECODE_COPY_ENV, "1") != "0"
+    return "int4" if wanted and plan.four_bit_source and fmt == "fp16" and plan.device.type == "cpu" else None
 
 
 def fast_path_applies(config: Any, device: torch.device) -> bool:

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import torch
 
+from engine.allocator import keep_freed_buffers
 from engine.cache_store import CacheStore
 from engine.cpu_threads import apply_engine_threads
 from engine.generation import CachedSequence, DecodeLoop, ReplyOutcome
@@ -55,6 +56,7 @@ class ModelRuntime:
         self._caches: CacheStore | None = None
         self._pending: BackgroundLoad | None = None
         apply_engine_threads()
+        keep_freed_buffers()
 
     def handle(self, request: Request | LoadDone) -> None:
         if isinstance(request, LoadModel):

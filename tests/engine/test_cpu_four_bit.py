@@ -53,6 +53,13 @@ def test_auto_keeps_a_4bit_copy_for_decoding_and_answers_as_fp32_does(default_mo
     assert _answer(auto) == fp32_answer
 
 
+def test_the_decode_copy_can_be_turned_off(default_model_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("HEARTH_DECODE_COPY", "0")
+    fp16_only = _open(default_model_path, "auto")
+    config = fp16_only.model.config
+    assert fp16_only.weight_bytes == _layer_weights(config) * 2 + _table_and_head_bytes(config)
+
+
 def test_4bit_alone_holds_its_layers_in_a_third_of_fp16s_bytes_and_answers_paris(default_model_path: Path):
     four_bit = _open(default_model_path, "nf4")
     config = four_bit.model.config
