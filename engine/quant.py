@@ -59,7 +59,8 @@ def _scaled_pack(
         folded = weight if input_scale is None else weight * input_scale  # [N, K] * [K]
         return _pack(folded, bias, fmt, dtype)
     run, nbytes = _pack(weight, bias, fmt, dtype)
-    return (lambda x: run(x * input_scale)), nbytes
+    scale = input_scale.to(dtype)  # in the activations' dtype, so the product keeps it (bf16 on a GPU)
+    return (lambda x: run(x * scale)), nbytes
 
 
 def _compute_dtype(device: torch.device, fmt: str) -> torch.dtype:
