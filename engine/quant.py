@@ -7,7 +7,9 @@ fp32, so results stay within rounding of fp32 at half the bytes. (FBGEMM's int8
 kernel quantizes activations too and costs ~0.5 ms per call whatever the size,
 which is slower than fp32 for a small model, so it is not used.) Elsewhere
 ``fp32``/``bf16``/``fp16`` are plain matmuls in that dtype, and ``int8``/``int4``
-are weight-only quantized (``quant_int``): on the CPU ``int4`` is the fast one.
+are weight-only quantized (``quant_int``; on the CPU only ``int4`` has a fast
+kernel). A layer may keep a second copy for single rows (``one_row_fmt``): fp16
+for prompts and int4 for decode steps on the CPU.
 
 An RMSNorm's weight scales the columns of the matmul after it. Every format but
 ``int4`` folds it into the weight; ``int4`` scales the activations instead, since
