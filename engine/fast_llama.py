@@ -67,6 +67,7 @@ class FastLlama:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
         self.device = device
+        self.decode_fmt = decode_fmt
         self.layers = [
             self._layer(state, f"model.layers.{i}.", fmt, decode_fmt) for i in range(config.num_hidden_layers)
         ]

@@ -63,6 +63,12 @@ class LoadedModel:
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    @property
+    def precision_label(self) -> str:
+        """The precision as the user reads it; fp16 with a 4-bit copy for decode steps says so."""
+        copy = getattr(self.model, "decode_fmt", None)  # only the fast path keeps one (``decode_format``)
+        return f"{self.precision}, 4-bit decode" if copy == "int4" else self.precision
+
 
 def resolve_device(requested: str) -> torch.device:
     if requested == "cuda" and not torch.cuda.is_available():

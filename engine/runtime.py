@@ -111,7 +111,7 @@ class ModelRuntime:
             self._swap_in(load.result)
             loaded = load.result
             self._emit(ModelLoaded(
-                done.request_id, loaded.name, loaded.path, loaded.device, loaded.precision,
+                done.request_id, loaded.name, loaded.path, loaded.device, loaded.precision_label,
                 loaded.context_length, loaded.load_s, self._memory(""), loaded.notices,
             ))
         self._emit_ready()
@@ -127,8 +127,9 @@ class ModelRuntime:
             torch.cuda.empty_cache()
 
     def _emit_ready(self) -> None:
-        if self._loaded:
-            self._emit(StatusChanged("ready", f"{self._loaded.name} on {self._loaded.device} ({self._loaded.precision})"))
+        loaded = self._loaded
+        if loaded:
+            self._emit(StatusChanged("ready", f"{loaded.name} on {loaded.device} ({loaded.precision_label})"))
         else:
             self._emit(StatusChanged("idle", "No model loaded"))
 

@@ -47,7 +47,7 @@ def fp32_answer(default_model_path: Path) -> str:
 def test_auto_keeps_a_4bit_copy_for_decoding_and_answers_as_fp32_does(default_model_path: Path, fp32_answer: str):
     auto = _open(default_model_path, "auto")
     config = auto.model.config
-    assert auto.precision == "fp16"
+    assert auto.precision == "fp16" and auto.precision_label == "fp16, 4-bit decode"  # what the window shows
     assert auto.weight_bytes == _layer_weights(config) * (2 + FOUR_BIT) + _table_and_head_bytes(config)
     assert "Paris" in fp32_answer
     assert _answer(auto) == fp32_answer
@@ -57,6 +57,7 @@ def test_the_decode_copy_can_be_turned_off(default_model_path: Path, monkeypatch
     monkeypatch.setenv("HEARTH_DECODE_COPY", "0")
     fp16_only = _open(default_model_path, "auto")
     config = fp16_only.model.config
+    assert fp16_only.precision_label == "fp16"
     assert fp16_only.weight_bytes == _layer_weights(config) * 2 + _table_and_head_bytes(config)
 
 
