@@ -56,5 +56,6 @@ class ModelSource:
 
     @property
     def four_bit_layers(self) -> bool:
-        """A GGUF file of a 4-bit llama.cpp file type (Q4_0, Q4_1, Q4_K_S, Q4_K_M…): its layers hold 4-bit blocks."""
+        """A GGUF file of a 4-bit llama.cpp file type (Q4_0, Q4_1, Q4_K_S, Q4_K_M): its layers hold 4-bit blocks
+        (Q4_K_M keeps a few in 6 bits)."""
         return self.kind == "gguf" and str(self.config.get("file_type") or "").startswith("MOSTLY_Q4")
