@@ -15,7 +15,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from engine.generation import CachedSequence, DecodeLoop, feed
+from engine.generation import CachedSequence, DecodeLoop, crop_sequence, feed
 from engine.loading import LoadedModel
 from engine.messages import GREEDY, ChatMessage
 from engine.prompt import plan_prompt, reply_budget
@@ -85,8 +85,7 @@ def measure_cached_ttft_ms(loaded: LoadedModel, context_ids: Sequence[int], new_
     )
     times = []
     for _ in range(repeats):
-        seq.kv = loaded.backend.crop(seq.kv, len(context_ids))
-        del seq.token_ids[len(context_ids):]
+        crop_sequence(loaded.backend, seq, len(context_ids))
         started = time.perf_counter()
         outcome = loop.run(seq, [*context_ids, *new_ids])
         assert outcome.reused_tokens == len(context_ids), "the cached context was not reused"
@@ -205,8 +204,7 @@ def reused_ttft_ms(
     times = []
     for _ in range(repeats):
         probe = timed_reply(loaded, seq, history, 1)
-        seq.kv = loaded.backend.crop(seq.kv, probe.reused_tokens)
-        del seq.token_ids[probe.reused_tokens :]
+        crop_sequence(loaded.backend, seq, probe.reused_tokens)
         times.append(probe.ttft_ms)
     return times
 

@@ -55,9 +55,14 @@ def reuse_prefix(backend: Backend, seq: CachedSequence, prompt_ids: Sequence[int
     At least one prompt token is always left to prefill: its logits start the reply.
     """
     reused = min(common_prefix_length(seq.token_ids, prompt_ids), len(prompt_ids) - 1)
-    seq.kv = backend.crop(seq.kv, reused)
-    del seq.token_ids[reused:]
+    crop_sequence(backend, seq, reused)
     return reused
+
+
+def crop_sequence(backend: Backend, seq: CachedSequence, length: int) -> None:
+    """Keep the first ``length`` positions of ``seq``: its cache and the token ids it holds."""
+    seq.kv = backend.crop(seq.kv, length)
+    del seq.token_ids[length:]
 
 
 def feed(backend: Backend, seq: CachedSequence, token_ids: Sequence[int]) -> torch.Tensor:

@@ -13,7 +13,7 @@ from engine.chat_template import ChatTemplate
 from engine.cuda_backend import CudaLlama, CudaLlamaBackend, cache_capacity
 from engine.cuda_step import FIRST_SPAN, CacheFullError, DecodeStep, StaticKVCache, span_for, spans
 from engine.fast_llama import FastLlama
-from engine.generation import CachedSequence, DecodeLoop, feed
+from engine.generation import CachedSequence, DecodeLoop, crop_sequence, feed
 from engine.loading import LoadPlan, wrap_model
 from engine.messages import GREEDY
 from engine.random_models import build_hf_model, byte_tokenizer
@@ -109,8 +109,7 @@ def test_static_cache_keeps_its_buffer_when_cropped_and_refuses_overflow(hf_mode
     assert backend.cache_bytes(seq.kv) == 0, "nothing is allocated before the first token"
     feed(backend, seq, list(range(10, 40)))
     address, size = seq.kv.buffer.data_ptr(), backend.cache_bytes(seq.kv)
-    backend.crop(seq.kv, 5)
-    del seq.token_ids[5:]
+    crop_sequence(backend, seq, 5)
     feed(backend, seq, [7])
     assert seq.kv.buffer.data_ptr() == address and backend.cache_bytes(seq.kv) == size
     assert seq.kv.length == 6
