@@ -27,7 +27,7 @@ $(INSTALLED): $(VENV_PYTHON) pyproject.toml setup.py constraints.txt
 
 # The built-in model (about 100 MB, once) into the user's cache folder.
 model: install
-	$(VENV_PYTHON) -m engine.default_model
+	$(VENV_PYTHON) -m engine.models.default_model
 
 # On Linux with no QT_QPA_PLATFORM chosen, the window needs Qt's X11 plugin libraries.
 check-qt-libs: install

@@ -14,8 +14,7 @@ import uuid
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.client import AsyncEngine
-from engine.messages import (
+from engine.protocol.messages import (
     Cancel,
     ChatMessage,
     EngineError,
@@ -39,6 +38,7 @@ from engine.messages import (
     StatusChanged,
     TokenStreamed,
 )
+from engine.service.client import AsyncEngine
 
 SIGNAL_FOR_EVENT: dict[type, str] = {
     StatusChanged: "status_changed",

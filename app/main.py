@@ -19,10 +19,10 @@ from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
 from app.controller import EngineController
-from app.main_window import MainWindow
-from app.model_picker import DEFAULT_MODEL
-from app.quiet_gc import QuietCollector
-from engine.client import AsyncEngine
+from app.models.model_picker import DEFAULT_MODEL
+from app.window.main_window import MainWindow
+from app.window.quiet_gc import QuietCollector
+from engine.service.client import AsyncEngine
 
 RESOURCES_DIR = Path(__file__).resolve().parent.parent / "resources"
 ICON_NAMES = ("hearth.svg", "hearth.png")

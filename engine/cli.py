@@ -12,7 +12,7 @@ import queue
 import sys
 import uuid
 
-from engine.messages import (
+from engine.protocol.messages import (
     ChatMessage,
     EngineError,
     Event,
@@ -28,7 +28,7 @@ from engine.messages import (
     StatusChanged,
     TokenStreamed,
 )
-from engine.worker import EngineThread
+from engine.service.worker import EngineThread
 
 EXIT_FAILED = 2
 

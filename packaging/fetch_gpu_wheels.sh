@@ -1,6 +1,6 @@
 #!/bin/sh
 # Fetches, into .whl/, the wheels a CUDA machine without internet needs to run
-# `python -m engine.gpu_check` (its image has torch, transformers, pytest and
+# `python -m engine.bench.gpu_check` (its image has torch, transformers, pytest and
 # triton, but not these). Versions come from constraints.txt; the platform flags
 # match a manylinux x86-64 machine with Python 3.12 (PYTHON_VERSION overrides).
 set -eu

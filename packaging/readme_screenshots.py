@@ -20,10 +20,10 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication
 
 from app.controller import EngineController
-from app.main_window import MainWindow
 from app.storage import SamplingSettings
-from engine import default_model
-from engine.client import AsyncEngine
+from app.window.main_window import MainWindow
+from engine.models import default_model
+from engine.service.client import AsyncEngine
 
 QUESTIONS = (
     "What is the capital of France? Answer in one word.",
@@ -67,7 +67,7 @@ def main() -> int:
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else "resources")
     model = default_model.default_model_path()  # looked up before HEARTH_HOME points elsewhere
     if not model.exists():
-        print("Fetch the built-in model first: python -m engine.default_model", file=sys.stderr)
+        print("Fetch the built-in model first: python -m engine.models.default_model", file=sys.stderr)
         return 1
     os.environ["HEARTH_HOME"] = tempfile.mkdtemp(prefix="hearth-screenshots-")
     app = QApplication(sys.argv[:1])

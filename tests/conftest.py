@@ -4,7 +4,7 @@
 - ``HEARTH_HOME`` defaults to a fresh temporary folder for the whole run, so no
   test reads or writes the user's chats or models. A run may set it itself.
 - The ``default_model_path`` fixture gives tests the real built-in model that
-  ``make test`` (``python -m engine.default_model``) fetched. It is looked up
+  ``make test`` (``python -m engine.models.default_model``) fetched. It is looked up
   *before* ``HEARTH_HOME`` is overridden: first under the run's own
   ``HEARTH_HOME`` (when the run sets one), then in the user's cache folder.
   Tests that use it are skipped when neither holds the model.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import default_model
+from engine.models import default_model
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
@@ -80,5 +80,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def default_model_path() -> Path:
     """The real built-in GGUF model fetched before the run; skips the test without it."""
     if _FETCHED_DEFAULT_MODEL is None:
-        pytest.skip("built-in model not fetched: run `python -m engine.default_model` first")
+        pytest.skip("built-in model not fetched: run `python -m engine.models.default_model` first")
     return _FETCHED_DEFAULT_MODEL

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from engine import default_model
-from engine.default_model import (
+from engine.host.paths import models_dir
+from engine.models import default_model
+from engine.models.default_model import (
     DefaultModelUnavailable,
     FetchCancelled,
     ModelSource,
     fetch_model,
     is_model_present,
 )
-from engine.paths import models_dir
 
 PAYLOAD = os.urandom(2 * 1024 * 1024)  # incompressible, above pip's 512 KiB progress threshold
 PACKAGE = "hearth-fake-model"

@@ -26,7 +26,7 @@ import importlib, json, pkgutil, sys
 package = importlib.import_module({package!r})
 names = [package.__name__] + [
     info.name for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
-    if info.name != {package!r} + ".__main__"
+    if not info.name.endswith(".__main__")
 ]
 for name in names:
     importlib.import_module(name)
@@ -78,3 +78,64 @@ def test_no_import_statement_names_a_forbidden_package(package):
     }
 
     assert {path: names for path, names in offenders.items() if names} == {}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_modules(path: Path, known: set[str]) -> set[str]:
+    """Hearth modules that ``path`` imports anywhere (module level or inside functions)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in known)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.add(submodule if submodule in known else node.module)
+    return found & known
+
+
+def _import_graph(package: str) -> dict[str, set[str]]:
+    paths = sorted((ROOT / package).rglob("*.py"))
+    known = {_module_name(path) for path in paths}
+    return {_module_name(path): _imported_modules(path, known) - {_module_name(path)} for path in paths}
+
+
+def _a_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of ``graph`` as the modules along it, or [] when there is none."""
+    state: dict[str, str] = {}
+    trail: list[str] = []
+
+    def visit(module: str) -> list[str]:
+        state[module] = "open"
+        trail.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                return trail[trail.index(target):] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        state[module] = "done"
+        trail.pop()
+        return []
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module)):
+            return cycle
+    return []
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_no_module_imports_itself_through_others(package):
+    graph = _import_graph(package)
+
+    assert len(graph) > 10
+    assert _a_cycle(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+
+    assert _a_cycle(graph) == ["a", "b", "c", "a"]

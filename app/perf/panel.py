@@ -33,7 +33,7 @@ from app.perf.format import (
 )
 from app.perf.state import DECODE_WINDOW_S, MEMORY_WINDOW_S, PerfState, ReplyPerf
 from app.perf.timeline import StageTimeline
-from engine.messages import Event, MemorySampled, MemoryStats, TokenStreamed
+from engine.protocol.messages import Event, MemorySampled, MemoryStats, TokenStreamed
 
 MAX_REFRESH_HZ = 10
 STREAMING_REFRESH_HZ = 5  # live figures read fine at this rate, and it halves the panel's CPU time

@@ -17,7 +17,7 @@ import sys
 from PySide6.QtWidgets import QApplication
 
 from app.perf.panel import PerformancePanel
-from engine.messages import (
+from engine.protocol.messages import (
     Event,
     MemorySampled,
     MemoryStats,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.perf.series import RollingSeries
-from engine.messages import (
+from engine.protocol.messages import (
     Event,
     MemorySampled,
     MemoryStats,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from app.storage.errors import DamagedDatabaseError, StorageError, describe, is_damage
 from app.storage.schema import check_version, migrate
-from engine import paths
+from engine.host import paths
 
 DATABASE_NAME = "hearth.sqlite3"
 _COMPANION_SUFFIXES = ("-wal", "-shm")

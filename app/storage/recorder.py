@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.storage.store import ChatStore
-from engine.messages import RequestStats
+from engine.protocol.messages import RequestStats
 
 CHECKPOINT_INTERVAL_S = 1.0
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from app.storage.settings import SamplingSettings
-from engine.messages import Role
+from engine.protocol.messages import Role
 
 MessageState = Literal["done", "streaming", "interrupted", "error"]
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant"})

@@ -2,7 +2,7 @@
 
 The schema version lives in ``PRAGMA user_version``. ``MIGRATIONS[i]`` turns a version ``i``
 database into version ``i + 1``; a migration, once released, is never edited, only followed by
-new ones (and a fixture of the released version is committed under tests/storage/fixtures/).
+new ones (and a fixture of the released version is committed under tests/app/storage/fixtures/).
 Enumerated values (roles, message states) are stored as stable TEXT, never as integers.
 Times are Unix seconds (REAL).
 """

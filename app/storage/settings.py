@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from app.storage.errors import StorageError
-from engine import paths
-from engine.messages import SamplingParams
+from engine.host import paths
+from engine.protocol.messages import SamplingParams
 
 Theme = Literal["system", "light", "dark"]
 THEMES: tuple[str, ...] = ("system", "light", "dark")
@@ -30,7 +30,7 @@ _DEFAULTS = SamplingParams()
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """The user's sampling choices; the same fields and defaults as ``engine.messages.SamplingParams``."""
+    """The user's sampling choices; the same fields and defaults as ``engine.protocol.messages.SamplingParams``."""
 
     temperature: float = _DEFAULTS.temperature
     top_p: float = _DEFAULTS.top_p

@@ -32,7 +32,7 @@ from app.storage.records import (
     title_from_text,
 )
 from app.storage.settings import SamplingSettings
-from engine.messages import RequestStats, Role
+from engine.protocol.messages import RequestStats, Role
 
 Clock = Callable[[], float]
 _NEWEST_FIRST = "ORDER BY updated_at DESC, rowid DESC"

@@ -16,10 +16,10 @@ import qasync
 from PySide6.QtCore import Qt
 
 from app.controller import EngineController
-from app.main_window import MainWindow
-from app.sidebar import Sidebar
-from engine.client import AsyncEngine
-from engine.messages import (
+from app.conversations.sidebar import Sidebar
+from app.window.main_window import MainWindow
+from engine.protocol.channels import CancelWatch, EventSink
+from engine.protocol.messages import (
     Generate,
     InspectFailed,
     InspectModel,
@@ -28,8 +28,8 @@ from engine.messages import (
     LoadProgress,
     ModelInspected,
     ModelLoaded,
-    PrefillDone,
     PrecisionEstimate,
+    PrefillDone,
     ReplyFailed,
     ReplyFinished,
     Request,
@@ -37,7 +37,7 @@ from engine.messages import (
     StatusChanged,
     TokenStreamed,
 )
-from engine.worker import CancelWatch, EventSink
+from engine.service.client import AsyncEngine
 
 GIB = 1024**3
 FAKE_WEIGHTS_FP32 = 2 * GIB
@@ -273,7 +273,7 @@ def chat(window, qtbot) -> ChatDriver:
 @pytest.fixture
 def chat_view(qtbot):
     """A chat view on its own, 600 × 400, shown."""
-    from app.chat_view import ChatView
+    from app.chat.chat_view import ChatView
 
     view = ChatView()
     view.resize(600, 400)

@@ -7,7 +7,7 @@ import typing
 import pytest
 
 from app.controller import SIGNAL_FOR_EVENT, EngineController
-from engine.messages import ChatMessage, Event, Generate, ModelLoaded, ReplyFinished, TokenStreamed
+from engine.protocol.messages import ChatMessage, Event, Generate, ModelLoaded, ReplyFinished, TokenStreamed
 
 
 def test_every_event_kind_has_a_signal():

@@ -9,9 +9,9 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 
 from app.controller import EngineController
-from app.main_window import MainWindow
 from app.storage import SamplingSettings
-from engine.client import AsyncEngine
+from app.window.main_window import MainWindow
+from engine.service.client import AsyncEngine
 
 LOAD_TIMEOUT_MS = 600_000
 REPLY_TIMEOUT_MS = 300_000

@@ -11,8 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from engine.messages import ChatMessage, Generate, LoadFailed, LoadModel, ModelLoaded, PrefillDone, ReplyFailed, ReplyFinished, SamplingParams
-from engine.worker import EngineThread
+from engine.protocol.messages import (
+    ChatMessage,
+    Generate,
+    LoadFailed,
+    LoadModel,
+    ModelLoaded,
+    PrefillDone,
+    ReplyFailed,
+    ReplyFinished,
+    SamplingParams,
+)
+from engine.service.worker import EngineThread
 
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
@@ -71,8 +81,8 @@ def tiny_loaded(tiny_model_dir: Path):
     """The tiny model loaded the way the engine loads models (fp32, CPU)."""
     import torch
 
-    from engine.chat_template import ChatTemplate, find_folder_template
-    from engine.loading import LoadPlan, load_model
+    from engine.chat.chat_template import ChatTemplate, find_folder_template
+    from engine.models.loading import LoadPlan, load_model
 
     source, origin = find_folder_template(tiny_model_dir)
     plan = LoadPlan(tiny_model_dir, "tiny", torch.device("cpu"), "fp32", 1024, ChatTemplate(source, origin))

@@ -1,0 +1,158 @@
+"""The glue that records what happens in a conversation into the ``ChatStore`` (GUI thread).
+
+``ConversationJournal`` is called by ``ChatSession`` at each step of a turn: the user's
+message is committed when it is sent, a streamed reply is checkpointed at least once a
+second by a ``ReplyRecorder`` and committed when it ends. Every call either changes the
+store and the on-screen ``Conversation`` together, or raises ``StorageError`` and changes
+neither, so what the user sees is what was saved. The store's conversation id is also the
+engine's ``conversation_id``, so KV caches follow conversations.
+
+``open_journal`` is the start-up sequence: open the database (a damaged file is set aside
+and a fresh one started), mark replies a crash left streaming as interrupted, and fall back
+to a memory-only store (with a notice) when the data folder cannot be written at all.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+
+from app.conversations.conversation import Conversation, DisplayMessage
+from app.storage import ChatStore, ReplyRecorder, SamplingSettings, Settings, StorageError
+from app.storage import Conversation as StoredConversation
+from app.storage import Message as StoredMessage
+from app.storage.schema import migrate
+from engine.protocol.messages import RequestStats, SamplingParams
+
+Clock = Callable[[], float]
+
+
+def display_message(message: StoredMessage) -> DisplayMessage:
+    state = "interrupted" if message.state == "streaming" else message.state
+    error = "the reply failed before it was finished" if state == "error" else ""
+    return DisplayMessage(
+        message.role, message.content, state, error, message.id, message.position, message.dropped_from_context
+    )
+
+
+def display_conversation(record: StoredConversation) -> Conversation:
+    """The on-screen conversation for a stored one; unreadable rows are named in ``damage``."""
+    conversation = Conversation(record.id, tuple(display_message(m) for m in record.messages), saved=True)
+    conversation.damage = record.damage_reason
+    conversation.system_prompt = record.system_prompt
+    conversation.sampling = record.sampling
+    return conversation
+
+
+def memory_store() -> ChatStore:
+    """A store that lives only in memory: used when the data folder cannot be written."""
+    connection = sqlite3.connect(":memory:", isolation_level=None)
+    migrate(connection)
+    return ChatStore(connection)
+
+
+def open_journal(defaults: Callable[[], Settings]) -> tuple[ConversationJournal, list[str]]:
+    """Open the conversation database; return the journal and notices for the user."""
+    notices: list[str] = []
+    try:
+        store, notice = ChatStore.open_or_start_fresh()
+        if notice:
+            notices.append(notice)
+        recovered = store.recover_interrupted()
+    except StorageError as error:
+        notices.append(f"{error} Conversations of this session will not be saved.")
+        return ConversationJournal(memory_store(), defaults), notices
+    if recovered:
+        notices.append(f"{len(recovered)} reply(s) were cut off when Hearth stopped; they are marked as interrupted.")
+    return ConversationJournal(store, defaults), notices
+
+
+class ConversationJournal:
+    """Keeps on-screen conversations and the store in step; at most one reply is recorded at a time."""
+
+    def __init__(self, store: ChatStore, defaults: Callable[[], Settings], clock: Clock = time.monotonic) -> None:
+        self.store = store
+        self._defaults = defaults
+        self._clock = clock
+        self._recorder: ReplyRecorder | None = None
+
+    def new_conversation(self) -> Conversation:
+        """An unsaved conversation with the default system prompt; it is saved on its first message."""
+        conversation = Conversation()
+        conversation.system_prompt = self._defaults().system_prompt
+        return conversation
+
+    def load(self, conversation_id: str) -> Conversation:
+        return display_conversation(self.store.load_conversation(conversation_id))
+
+    def sampling_for(self, conversation: Conversation) -> SamplingParams:
+        return (conversation.sampling or self._defaults().sampling).to_sampling_params()
+
+    def add_user_message(self, conversation: Conversation, text: str) -> DisplayMessage:
+        """Commit ``text`` as the next user message (saving a new conversation first) and show it."""
+        self._ensure_saved(conversation)
+        stored = self.store.add_user_message(conversation.id, text)
+        message = conversation.add_user_message(text)
+        message.message_id, message.position = stored.id, stored.position
+        return message
+
+    def begin_reply(self, conversation: Conversation) -> DisplayMessage:
+        """Start recording an empty streaming reply after the last message."""
+        self._recorder = ReplyRecorder.start(self.store, conversation.id, self._clock())
+        message = conversation.start_reply()
+        message.message_id = self._recorder.message_id
+        message.position = max((m.position for m in conversation.messages), default=-1) + 1
+        return message
+
+    def record_text(self, text: str) -> None:
+        """Streamed text of the reply; saved at least once a second."""
+        if self._recorder is not None:
+            self._recorder.append(text, self._clock())
+
+    def finish_reply(self, message: DisplayMessage, stats: RequestStats | None = None) -> None:
+        """Commit the reply with its final text and state (the recorder is released even on failure)."""
+        recorder, self._recorder = self._recorder, None
+        if recorder is not None:
+            recorder.finish(message.state, stats, message.content)
+
+    def truncate(self, conversation: Conversation, keep: int) -> None:
+        """Delete every message after the first ``keep`` ones, on screen and in the store."""
+        last_kept = conversation.messages[keep - 1].position if keep else -1
+        if conversation.saved:
+            self.store.truncate_after(conversation.id, last_kept)
+        conversation.truncate(keep)
+
+    def delete_message(self, conversation: Conversation, message: DisplayMessage) -> None:
+        if message.message_id:
+            self.store.delete_message(message.message_id)
+        conversation.remove(message)
+
+    def mark_dropped(self, sources: tuple[DisplayMessage, ...], dropped_indices: tuple[int, ...]) -> list[DisplayMessage]:
+        """Mark which of the history ``sources`` the engine left out; return the messages that changed."""
+        changed = [m for index, m in enumerate(sources) if m.dropped != (index in dropped_indices)]
+        now_dropped = [m.message_id for m in changed if not m.dropped and m.message_id]
+        now_kept = [m.message_id for m in changed if m.dropped and m.message_id]
+        if now_dropped:
+            self.store.set_dropped(now_dropped, True)
+        if now_kept:
+            self.store.set_dropped(now_kept, False)
+        for message in changed:
+            message.dropped = not message.dropped
+        return changed
+
+    def set_conversation_settings(
+        self, conversation: Conversation, system_prompt: str, sampling: SamplingSettings | None
+    ) -> None:
+        """Save the conversation's own system prompt and sampling (None: follow the defaults)."""
+        self._ensure_saved(conversation)
+        self.store.set_conversation_settings(conversation.id, system_prompt, sampling)
+        conversation.system_prompt = system_prompt
+        conversation.sampling = sampling
+
+    def _ensure_saved(self, conversation: Conversation) -> None:
+        if conversation.saved:
+            return
+        record = self.store.create_conversation(system_prompt=conversation.system_prompt, sampling=conversation.sampling)
+        conversation.id = record.id
+        conversation.saved = True

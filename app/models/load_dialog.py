@@ -1,0 +1,247 @@
+"""The dialog shown before a model loads: options and the memory estimate (GUI thread).
+
+It asks the engine to inspect the model (``InspectModel``; the engine thread reads
+the file headers, the GUI never imports torch) and shows, for the chosen
+precision, the weights plus the KV cache for the chosen context length against
+the free GPU and system memory, with a verdict: fits, tight or won't fit.
+Changing the device or the context length asks again (debounced); changing the
+precision only redraws. "Load" is refused while the choice cannot fit.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFormLayout,
+    QGroupBox,
+    QLabel,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.controller import EngineController
+from app.perf.format import format_bytes, format_count
+from engine.protocol.messages import InspectFailed, LoadOptions, ModelInspected, PrecisionEstimate
+
+DEVICES = (("Auto", "auto"), ("CUDA", "cuda"), ("CPU", "cpu"))
+PRECISIONS = (
+    ("Auto", "auto"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32"), ("8-bit", "int8"), ("4-bit", "nf4"),
+)
+MIN_CONTEXT = 256
+MAX_CONTEXT = 1 << 20
+REINSPECT_DELAY_MS = 300
+VERDICT_TEXT = {"fits": "Fits", "tight": "Tight", "won't fit": "Won't fit"}
+ADVICE = {
+    "fits": "Uses {share:.0%} of the free {memory}.",
+    "tight": "Uses {share:.0%} of the free {memory}: it should load, but leaves little for other programs.",
+    "won't fit": "Needs {missing} more than the free {memory}. Pick a smaller precision or a shorter context.",
+}
+VERDICT_COLOUR = {"fits": "#2e7d32", "tight": "#b26a00", "won't fit": "#b3261e"}
+KIND_WORDS = {"gguf": "GGUF file", "hf_folder": "Hugging Face folder"}
+
+
+def describe_model(found: ModelInspected) -> str:
+    millions = found.n_params / 1e6
+    size = f"{millions / 1000:.1f} B" if millions >= 1000 else f"{millions:.0f} M"
+    kind = KIND_WORDS.get(found.kind, found.kind)
+    return f"{kind} · {size} parameters · trained for {format_count(found.native_context_length)} tokens"
+
+
+def free_memory_text(found: ModelInspected) -> tuple[str, str]:
+    """(free GPU memory, free system memory) as the dialog words them."""
+    gpu = format_bytes(found.available_bytes_cuda) if found.cuda_available else "no CUDA GPU"
+    return gpu, format_bytes(found.available_bytes_cpu)
+
+
+def advice(found: ModelInspected, shown: PrecisionEstimate) -> str:
+    """One sentence under the verdict: how much of the free memory the model takes, or lacks."""
+    free = found.available_bytes_cuda if found.device == "cuda" else found.available_bytes_cpu
+    memory = "GPU memory" if found.device == "cuda" else "system memory"
+    share = shown.total_bytes / max(free, 1)
+    missing = format_bytes(max(shown.total_bytes - free, 0))
+    return ADVICE[shown.verdict].format(share=share, memory=memory, missing=missing)
+
+
+class LoadDialog(QDialog):
+    """Options for loading ``path``; ``options()`` gives them once accepted."""
+
+    def __init__(self, controller: EngineController, path: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("loadDialog")
+        self.setWindowTitle("Open model")
+        self.setMinimumWidth(460)
+        self._controller = controller
+        self._path = path
+        self._found: ModelInspected | None = None
+        self._pending_request = ""
+        self._reinspect_timer = QTimer(self, singleShot=True, interval=REINSPECT_DELAY_MS)
+        self._reinspect_timer.timeout.connect(self._inspect)
+        self._build()
+        controller.model_inspected.connect(self._on_inspected)
+        controller.inspect_failed.connect(self._on_inspect_failed)
+        self._inspect()
+
+    @property
+    def inspected(self) -> ModelInspected | None:
+        """The engine's latest answer for the options shown, if any."""
+        return self._found
+
+    def options(self) -> LoadOptions:
+        context = self.context_box.value() if self.context_box.isEnabled() else None
+        return LoadOptions(self.device_box.currentData(), self.precision_box.currentData(), context)
+
+    def chosen_estimate(self) -> PrecisionEstimate | None:
+        if self._found is None:
+            return None
+        precision = self.precision_box.currentData()
+        if precision == "auto":
+            precision = self._found.auto_precision
+        return next((item for item in self._found.estimates if item.precision == precision), None)
+
+    def _build(self) -> None:
+        layout = QVBoxLayout(self)
+        self.name_label = QLabel(self._path, self, objectName="loadDialogName")
+        self.name_label.setStyleSheet("font-size: 15px; font-weight: bold;")
+        self.path_label = self._wrapping_label(self._path, "color: #6b6259;")
+        self.path_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.summary_label = self._wrapping_label("Reading the model's headers…", "")
+        for widget in (self.name_label, self.path_label, self.summary_label):
+            layout.addWidget(widget)
+        layout.addLayout(self._build_options())
+        layout.addWidget(self._build_estimate())
+        self.message_label = self._wrapping_label("", "color: #b3261e;")
+        self.message_label.setObjectName("loadDialogMessage")
+        self.message_label.hide()
+        layout.addWidget(self.message_label)
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Cancel, self)
+        self.load_button = self.buttons.addButton("Load", QDialogButtonBox.ButtonRole.AcceptRole)
+        self.load_button.setDefault(True)
+        self.buttons.accepted.connect(self.accept)
+        self.buttons.rejected.connect(self.reject)
+        layout.addWidget(self.buttons)
+
+    def _wrapping_label(self, text: str, style: str) -> QLabel:
+        label = QLabel(text, self)
+        label.setWordWrap(True)
+        label.setStyleSheet(style)
+        return label
+
+    def _build_options(self) -> QFormLayout:
+        form = QFormLayout()
+        self.device_box = self._combo(DEVICES, "Device")
+        self._set_item_enabled(self.device_box, "cuda", False)
+        self.precision_box = self._combo(PRECISIONS, "Precision")
+        self.context_box = QSpinBox(self, minimum=MIN_CONTEXT, maximum=MAX_CONTEXT, singleStep=1024, suffix=" tokens")
+        self.context_box.setAccessibleName("Context length")
+        self.context_box.setGroupSeparatorShown(True)
+        self.context_box.setEnabled(False)
+        form.addRow("Device", self.device_box)
+        form.addRow("Precision", self.precision_box)
+        form.addRow("Context length", self.context_box)
+        self.device_box.currentIndexChanged.connect(self._reinspect_timer.start)
+        self.context_box.valueChanged.connect(self._reinspect_timer.start)
+        self.precision_box.currentIndexChanged.connect(self._show_estimate)
+        return form
+
+    def _combo(self, items: tuple[tuple[str, str], ...], name: str) -> QComboBox:
+        box = QComboBox(self)
+        box.setAccessibleName(name)
+        for text, value in items:
+            box.addItem(text, value)
+        return box
+
+    def _build_estimate(self) -> QGroupBox:
+        group = QGroupBox("Memory estimate", self)
+        form = QFormLayout(group)
+        self.estimate_labels: dict[str, QLabel] = {}
+        for key in ("weights", "kv", "total", "free_gpu", "free_cpu"):
+            label = QLabel("…", group, objectName=f"estimate_{key}")
+            label.setAlignment(Qt.AlignmentFlag.AlignRight)
+            self.estimate_labels[key] = label
+            form.addRow(QLabel("", group, objectName=f"estimate_{key}_name"), label)
+        self.verdict_label = QLabel("Estimating…", group, objectName="loadDialogVerdict")
+        self.advice_label = self._wrapping_label("", "")
+        form.addRow(self.verdict_label)
+        form.addRow(self.advice_label)
+        return group
+
+    @staticmethod
+    def _set_item_enabled(box: QComboBox, value: str, enabled: bool) -> None:
+        item = box.model().item(box.findData(value))
+        item.setEnabled(enabled)
+
+    def _inspect(self) -> None:
+        options = LoadOptions(self.device_box.currentData(), "auto", self.options().context_length)
+        self._pending_request = self._controller.inspect_model(self._path, options)
+
+    def _on_inspected(self, found: ModelInspected) -> None:
+        if found.request_id != self._pending_request:
+            return
+        self._found = found
+        self.name_label.setText(found.name)
+        self.summary_label.setText(describe_model(found))
+        self._set_item_enabled(self.device_box, "cuda", found.cuda_available)
+        estimated = {item.precision for item in found.estimates}
+        for _text, value in PRECISIONS[1:]:
+            self._set_item_enabled(self.precision_box, value, value in estimated)
+        if self.precision_box.currentData() not in estimated:
+            self.precision_box.setCurrentIndex(0)  # e.g. 8-bit was chosen, then the CPU: it runs on CUDA only
+        auto = found.auto_precision or "none fits"
+        self.precision_box.setItemText(0, f"Auto ({auto} on {found.device.upper()})")
+        self._show_context(found)
+        self._show_notes(found.notes)
+        self._show_estimate()
+
+    def _show_context(self, found: ModelInspected) -> None:
+        self.context_box.blockSignals(True)
+        self.context_box.setMaximum(max(found.native_context_length, MIN_CONTEXT))
+        self.context_box.setValue(found.context_length)
+        self.context_box.setEnabled(True)
+        self.context_box.blockSignals(False)
+
+    def _show_notes(self, notes: tuple[str, ...]) -> None:
+        self.message_label.setStyleSheet("color: #6b6259; font-style: italic;")
+        self.message_label.setText("\n".join(notes))
+        self.message_label.setVisible(bool(notes))
+
+    def _on_inspect_failed(self, failed: InspectFailed) -> None:
+        if failed.request_id != self._pending_request:
+            return
+        self._found = None
+        self.summary_label.setText("Hearth cannot load this model.")
+        self.message_label.setStyleSheet("color: #b3261e;")
+        self.message_label.setText(failed.message)
+        self.message_label.show()
+        self.verdict_label.setText("")
+        self.advice_label.setText("")
+        self.load_button.setEnabled(False)
+
+    def _show_estimate(self) -> None:
+        found, chosen = self._found, self.chosen_estimate()
+        if found is None:
+            return
+        shown = chosen or found.estimates[-1]  # auto with nothing fitting: the smallest precision
+        for key, (name, value) in self._estimate_rows(found, shown).items():
+            self.findChild(QLabel, f"estimate_{key}_name").setText(name)
+            self.estimate_labels[key].setText(value)
+        self.verdict_label.setText(VERDICT_TEXT[shown.verdict])
+        self.verdict_label.setStyleSheet(f"font-weight: bold; font-size: 14px; color: {VERDICT_COLOUR[shown.verdict]};")
+        self.advice_label.setText(advice(found, shown))
+        self.load_button.setEnabled(shown.verdict != "won't fit")
+        self.adjustSize()  # the advice may take another line
+
+    @staticmethod
+    def _estimate_rows(found: ModelInspected, shown: PrecisionEstimate) -> dict[str, tuple[str, str]]:
+        free_gpu, free_cpu = free_memory_text(found)
+        device = "GPU" if found.device == "cuda" else "system memory"
+        return {
+            "weights": (f"Weights ({shown.precision})", format_bytes(shown.weight_bytes)),
+            "kv": (f"KV cache ({format_count(found.context_length)} tokens)", format_bytes(shown.kv_bytes)),
+            "total": (f"Needed in {device}, with overhead", format_bytes(shown.total_bytes)),
+            "free_gpu": ("Free GPU memory", free_gpu),
+            "free_cpu": ("Free system memory", free_cpu),
+        }

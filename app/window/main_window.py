@@ -1,0 +1,102 @@
+"""Hearth's main window: lays out the conversation, the input bar and the status line (GUI thread).
+
+The window only assembles parts: ``ChatSession`` runs the conversation, ``StatusLine``
+reports the engine, ``ModelLoader`` opens models (File menu, drops), the
+performance dock shows every engine event, and errors that need attention open a
+non-blocking dialog.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QCloseEvent, QKeySequence
+from PySide6.QtWidgets import QMainWindow, QMessageBox, QVBoxLayout, QWidget
+
+from app.chat.chat_session import ChatSession
+from app.chat.chat_view import ChatView
+from app.chat.input_box import InputBar
+from app.controller import EngineController
+from app.conversations.conversation_ui import install_conversations
+from app.conversations.persistence import open_journal
+from app.models.model_picker import ModelLoader
+from app.perf.dock import PerformanceDock
+from app.settings.app_settings import SettingsHolder
+from app.settings.theme import STYLE_SHEET
+from app.window.menus import MENU_ORDER, add_action, menu_named
+from app.window.status_line import StatusLine
+
+PERFORMANCE_DOCK_WIDTH = 380
+
+
+class MainWindow(QMainWindow):
+    """Conversation above, prompt below, engine status at the bottom."""
+
+    closed = Signal()
+
+    def __init__(self, controller: EngineController) -> None:
+        super().__init__()
+        self.setWindowTitle("Hearth")
+        self.setObjectName("mainWindow")
+        self.setStyleSheet(STYLE_SHEET)
+        self.resize(900, 700)
+        self.chat_view = ChatView(self)
+        self.input_bar = InputBar(self)
+        self.status_line = StatusLine(controller, self)
+        self.setStatusBar(self.status_line)
+        self.settings_holder = SettingsHolder(parent=self)
+        self.journal, startup_notices = open_journal(lambda: self.settings_holder.settings)
+        startup_notices += [self.settings_holder.load_notice] if self.settings_holder.load_notice else []
+        self.session = ChatSession(controller, self.chat_view, self.input_bar, self.journal, self)
+        self.session.notice.connect(self.status_line.show_notice)
+        controller.engine_error.connect(lambda event: self.show_error("The engine reported an error", event.message))
+        self._build_central()
+        self._build_menus()
+        self.conversations = install_conversations(self, controller, startup_notices)
+        self._build_model_menu(controller)
+        self._build_performance_dock(controller)
+        self.input_bar.prompt.setFocus()
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        super().closeEvent(event)
+        self.closed.emit()
+
+    def _build_central(self) -> None:
+        central = QWidget(self)
+        layout = QVBoxLayout(central)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(0)
+        layout.addWidget(self.chat_view, 1)
+        layout.addWidget(self.input_bar)
+        self.setCentralWidget(central)
+
+    def _build_menus(self) -> None:
+        """The menus in their order; each part of the window adds its own entries to them."""
+        for title in MENU_ORDER:
+            menu_named(self, title)
+        add_action(menu_named(self, "&Conversation"), "&New conversation", QKeySequence.StandardKey.New, self._new_conversation)
+
+    def _build_model_menu(self, controller: EngineController) -> None:
+        self.model_loader = ModelLoader(self, self.session, controller, self.status_line, self.show_error)
+        file_menu = menu_named(self, "&File")
+        self.model_loader.fill_menu(file_menu)
+        file_menu.addSeparator()
+        add_action(file_menu, "&Quit", QKeySequence.StandardKey.Quit, self.close)
+
+    def _build_performance_dock(self, controller: EngineController) -> None:
+        """The performance panel, docked on the right, closed until View > Performance opens it."""
+        self.performance_dock = PerformanceDock(self)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.performance_dock)
+        self.resizeDocks([self.performance_dock], [PERFORMANCE_DOCK_WIDTH], Qt.Orientation.Horizontal)
+        self.performance_dock.hide()
+        menu_named(self, "&View").addAction(self.performance_dock.toggleViewAction())
+        controller.event_received.connect(self.performance_dock.panel.on_event)
+
+    def _new_conversation(self) -> None:
+        self.conversations.new_conversation()
+
+    def show_error(self, title: str, message: str) -> None:
+        """A non-blocking warning dialog: the app stays usable while it is open."""
+        box = QMessageBox(QMessageBox.Icon.Warning, title, message, QMessageBox.StandardButton.Ok, self)
+        box.setAccessibleName(title)
+        box.setObjectName("errorDialog")
+        box.open()

@@ -1,0 +1,268 @@
+"""A compact forward pass for Llama-family models, run as a ``Backend`` (engine thread).
+
+Covers Llama, Mistral (without a sliding window) and Qwen2: RMSNorm, rotary
+positions (including Llama 3 and linear scaling), grouped-query attention, a SiLU
+gated MLP and optional q/k/v biases. Weights come from a Hugging Face state dict
+and are repacked once into one weight format (``quant``) so that a decode step makes
+few calls, since at this size each call's fixed cost adds up: q/k/v become one
+matmul and gate/up another; each RMSNorm's weight goes to the matmul after it
+(``Linear``'s ``input_scale``), the attention scale into the query rows, and
+query/key rows are reordered so rotary positions are one complex multiply in place.
+The KV cache is a ``KVCache``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from engine.forward.backend import PREFILL_CHUNK
+from engine.forward.static_cache import KVCache
+from engine.forward.weights.quant import Embedding, Linear
+from engine.forward.weights.quant_int import QUANT_FORMATS
+
+ARCHITECTURES = ("llama", "mistral", "qwen2")
+ROPE_TYPES = ("default", "llama3", "linear")
+ROPE_TABLE_CHUNK = 4096
+
+
+def unsupported_reason(config: Any) -> str | None:
+    """Why the fast path cannot run this model, or ``None`` when it can."""
+    if getattr(config, "model_type", None) not in ARCHITECTURES:
+        return f"architecture {getattr(config, 'model_type', '?')!r}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r}"
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") not in ROPE_TYPES:
+        return f"rope scaling {rope.get('rope_type')!r}"
+    if getattr(config, "mlp_bias", False):
+        return "MLP biases"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "sliding-window attention"
+    return None
+
+
+@dataclass
+class _Layer:
+    qkv: Linear  # D -> (H + 2 Hkv) * hd, on the normalised input
+    out: Linear  # H * hd -> D
+    gate_up: Linear  # D -> 2 F, on the normalised input
+    down: Linear  # F -> D
+
+
+class FastLlama:
+    """The model's weights in one format, and its forward pass over a ``KVCache``."""
+
+    def __init__(
+        self, config: Any, state: Mapping[str, torch.Tensor], fmt: str, device: torch.device,
+        decode_fmt: str | None = None,
+    ) -> None:
+        """``decode_fmt``: a second copy of the layers' weights for decode steps (``loading.decode_format``)."""
+        self.config = config
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.eps = config.rms_norm_eps
+        self.device = device
+        self.decode_fmt = decode_fmt
+        self.layers = [
+            self._layer(state, f"model.layers.{i}.", fmt, decode_fmt) for i in range(config.num_hidden_layers)
+        ]
+        self.dtype = self.layers[0].qkv.compute_dtype
+        table, head = _embedding_and_head(config, state)
+        head_fmt = _head_format(fmt, device)
+        self.embed = Embedding(table.to(device), torch.float16 if head_fmt == "fp16" else self.dtype, self.dtype)
+        self.lm_head = Linear(head.to(device, torch.float32), None, head_fmt, _fp32(state["model.norm.weight"], device))
+        self._eps = torch.full((1, 1), self.eps, dtype=self.dtype, device=device)
+        self._rotary = _rotary_module(config, device)
+        self._turns = torch.empty(0, 1, self.head_dim // 2, dtype=torch.complex64, device=device)
+
+    def _layer(self, state: Mapping[str, torch.Tensor], prefix: str, fmt: str, decode_fmt: str | None) -> _Layer:
+        """One layer's matmuls, given its norms' weights; the attention scale and the rotary order are folded in."""
+        def weight(name: str) -> torch.Tensor:
+            return _fp32(state[prefix + name], self.device)
+
+        def optional(name: str) -> torch.Tensor | None:
+            return weight(name) if prefix + name in state else None
+
+        def qkv_rows(kind: str) -> torch.Tensor | None:
+            q, k, v = (optional(f"self_attn.{p}_proj.{kind}") for p in "qkv")
+            if q is None or k is None or v is None:
+                return None
+            return torch.cat([_pair_rows(q * self.head_dim**-0.5, self.heads), _pair_rows(k, self.kv_heads), v])
+
+        def linear(rows: torch.Tensor, bias: torch.Tensor | None, norm: str | None = None) -> Linear:
+            return Linear(rows, bias, fmt, weight(norm) if norm else None, decode_fmt)
+
+        gate_up = torch.cat([weight("mlp.gate_proj.weight"), weight("mlp.up_proj.weight")])
+        return _Layer(
+            qkv=linear(qkv_rows("weight"), qkv_rows("bias"), "input_layernorm.weight"),
+            out=linear(weight("self_attn.o_proj.weight"), optional("self_attn.o_proj.bias")),
+            gate_up=linear(gate_up, None, "post_attention_layernorm.weight"),
+            down=linear(weight("mlp.down_proj.weight"), None),
+        )
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(linear.nbytes for linear in self._linears()) + self.embed.nbytes
+
+    @property
+    def decode_bytes(self) -> int:
+        """Weight bytes one decode step reads (each layer's one-row copy, the output layer); it sets the speed."""
+        return sum(linear.one_row_nbytes for linear in self._linears())
+
+    def _linears(self) -> list[Linear]:
+        return [l for layer in self.layers for l in (layer.qkv, layer.out, layer.gate_up, layer.down)] + [self.lm_head]
+
+    def new_cache(self) -> KVCache:
+        return KVCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)
+
+    @torch.inference_mode()
+    def forward(self, token_ids: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
+        """``token_ids`` [S] at positions ``start``…; logits of the last one, [V] fp32."""
+        length = token_ids.shape[0]
+        cache.reserve(start + length)
+        turns = self.rotations(start, start + length)  # [S, 1, hd/2] complex
+        mask = _causal_mask(start, length, self.device)  # [S, start+S] or None
+        x = self.embed(token_ids)  # [S, D]
+        for index, layer in enumerate(self.layers):
+            x += self._attention(layer, index, self.normalise(x), cache, start, turns, mask)
+            x += layer.down(swiglu(layer.gate_up(self.normalise(x))))
+        cache.length = start + length
+        return self.lm_head(self.normalise(x[-1:]))[0].float()  # [V]
+
+    def normalise(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [S, D] over its root mean square; the norm's own weight goes to the next matmul."""
+        if x.shape[0] == 1 and x.dtype == torch.float32:
+            # One row: its mean square as one tiny matmul costs a fifth of the general kernel's several ops.
+            return x * torch.addmm(self._eps, x, x.t(), alpha=1 / x.shape[1]).rsqrt_()  # [1, D] * [1, 1]
+        return F.rms_norm(x, (x.shape[1],), eps=self.eps)
+
+    def _attention(self, layer: _Layer, index: int, h: torch.Tensor, cache: KVCache, start: int,
+                   turns: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        length, heads, kv_heads = h.shape[0], self.heads, self.kv_heads
+        qkv = layer.qkv(h).view(length, heads + 2 * kv_heads, self.head_dim)  # [S, H + 2Hkv, hd]
+        rotate_pairs_(qkv[:, : heads + kv_heads], turns)  # queries and keys rotated together
+        new_keys_values = qkv[:, heads:].transpose(0, 1).unflatten(0, (2, kv_heads))  # [2, Hkv, S, hd]
+        keys, values = cache.write(index, start, new_keys_values)  # [Hkv, T, hd] each
+        attended = self._attend(qkv[:, :heads], keys, values, mask)  # [S, H, hd]
+        return layer.out(attended.reshape(length, heads * self.head_dim))  # [S, D]
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention over the cache (``attend``); ``cuda_backend`` overrides it with fused GPU kernels."""
+        return attend(q, keys, values, mask)
+
+    def rotations(self, start: int, end: int) -> torch.Tensor:
+        """Unit complex numbers that turn each (even, odd) pair of a head at positions ``start``…``end``."""
+        if end > self._turns.shape[0]:
+            size = -(-end // ROPE_TABLE_CHUNK) * ROPE_TABLE_CHUNK
+            positions = torch.arange(size, device=self.device).unsqueeze(0)  # [1, P]
+            probe = torch.empty(1, dtype=torch.float32, device=self.device)
+            cos, sin = self._rotary(probe, positions)  # [1, P, hd] each, the two halves equal
+            half = self.head_dim // 2
+            self._turns = torch.complex(cos[0, :, :half], sin[0, :, :half]).unsqueeze(1)  # [P, 1, hd/2]
+        return self._turns[start:end]
+
+
+def _embedding_and_head(config: Any, state: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token table and the output layer; with tied embeddings a checkpoint may hold either name once."""
+    table, head = state.get("model.embed_tokens.weight"), state.get("lm_head.weight")
+    if getattr(config, "tie_word_embeddings", False):
+        table = head = table if table is not None else head
+    if table is None or head is None:
+        raise ValueError("The checkpoint lacks its token embeddings or its output layer (lm_head).")
+    return table, head
+
+
+def _head_format(fmt: str, device: torch.device) -> str:
+    """The output layer's (and token table's) format: fp16 on the CPU when the layers are quantized, since the
+    logits pick every token and a 4-bit GGUF file keeps this table in 8 bits or more."""
+    return "fp16" if device.type == "cpu" and fmt in QUANT_FORMATS else fmt
+
+
+def _rotary_module(config: Any, device: torch.device) -> torch.nn.Module:
+    """Hugging Face's rotary embedding for ``config``: it knows each scaling scheme's frequencies."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    return LlamaRotaryEmbedding(config).to(device)
+
+
+def _fp32(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return tensor.to(device, torch.float32)
+
+
+def _pair_rows(rows: torch.Tensor, heads: int) -> torch.Tensor:
+    """Each head's rows from Hugging Face's half-split rotary order to (even, odd) pairs: 0, hd/2, 1, hd/2 + 1, …
+
+    Queries and keys are reordered alike, so their dot products, and the attention, stay the same.
+    """
+    head_dim = rows.shape[0] // heads
+    order = torch.arange(head_dim).view(2, head_dim // 2).t().reshape(-1)  # [hd]
+    return rows.unflatten(0, (heads, head_dim))[:, order].flatten(0, 1)
+
+
+def rotate_pairs_(x: torch.Tensor, turns: torch.Tensor) -> None:
+    """Rotary positions in place: ``x`` [S, N, hd] as hd/2 complex numbers, each times its ``turns`` [S, 1, hd/2]."""
+    if x.dtype == torch.float32:
+        torch.view_as_complex(x.unflatten(-1, (-1, 2))).mul_(turns)
+        return
+    turned = torch.view_as_complex(x.float().unflatten(-1, (-1, 2))) * turns  # [S, N, hd/2]
+    x.copy_(torch.view_as_real(turned).flatten(-2))
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up from ``gate_up`` [S, 2F], in place in its gate half; [S, F]."""
+    width = gate_up.shape[1] // 2
+    gate = F.silu(gate_up[:, :width], inplace=True)  # [S, F]
+    return gate.mul_(gate_up[:, width:])
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``q`` [S, H, hd] (already scaled) over ``keys``/``values`` [Hkv, T, hd]; query head ``h`` uses kv head
+    ``h // (H / Hkv)``. Returns [S, H, hd]."""
+    _, heads, hd = q.shape
+    kv_heads = keys.shape[0]
+    if mask is not None:
+        attended = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0),
+                                                  values.unsqueeze(0), attn_mask=mask, scale=1.0, enable_gqa=True)
+        return attended[0].transpose(0, 1)
+    # One query: two batched matmuls (called directly: ``@`` adds a dispatch layer) beat the fused kernel's setup.
+    grouped = q.view(kv_heads, heads // kv_heads, hd)  # [Hkv, G, hd]
+    scores = torch.bmm(grouped, keys.transpose(1, 2))  # [Hkv, G, T]
+    return torch.bmm(scores.softmax(dim=-1), values).view(1, heads, hd)
+
+
+def _causal_mask(start: int, length: int, device: torch.device) -> torch.Tensor | None:
+    """Query ``i`` (at position ``start + i``) sees keys ``0 … start + i``; ``None`` for a single query."""
+    if length == 1:
+        return None
+    keys = torch.arange(start + length, device=device)  # [T]
+    queries = torch.arange(start, start + length, device=device)  # [S]
+    return keys.unsqueeze(0) <= queries.unsqueeze(1)  # [S, T]
+
+
+class FastLlamaBackend:
+    """The decode loop's ``Backend`` over a ``FastLlama``."""
+
+    prefill_chunk = PREFILL_CHUNK
+
+    def __init__(self, model: FastLlama) -> None:
+        self.model = model
+        self.device = model.device
+
+    def new_cache(self) -> KVCache:
+        return self.model.new_cache()
+
+    def forward(self, token_ids: Sequence[int], cache: KVCache, start: int) -> torch.Tensor:
+        ids = torch.tensor(list(token_ids), dtype=torch.long, device=self.device)  # [S]
+        return self.model.forward(ids, cache, start)
+
+    def crop(self, cache: KVCache, length: int) -> KVCache:
+        cache.crop(length)
+        return cache
+
+    def cache_bytes(self, cache: KVCache) -> int:
+        return cache.nbytes

@@ -1,0 +1,102 @@
+"""Linear layers and embedding tables in the weight formats of the fast path (engine thread).
+
+At batch size 1 a decode step reads every weight once, so the bytes per weight
+set the speed. On the CPU, ``fp16`` uses FBGEMM's prepacked half-precision
+kernel, which PyTorch ships: weights in half precision, products and sums in
+fp32, so results stay within rounding of fp32 at half the bytes. (FBGEMM's int8
+kernel quantizes activations too and costs ~0.5 ms per call whatever the size,
+which is slower than fp32 for a small model, so it is not used.) Elsewhere
+``fp32``/``bf16``/``fp16`` are plain matmuls in that dtype, and ``int8``/``int4``
+are weight-only quantized (``quant_int``; on the CPU only ``int4`` has a fast
+kernel). A layer may keep a second copy for single rows (``one_row_fmt``): fp16
+for prompts and int4 for decode steps on the CPU.
+
+An RMSNorm's weight scales the columns of the matmul after it. Every format but
+``int4`` folds it into the weight; ``int4`` scales the activations instead, since
+folding would break a 4-bit source's blocks (each holds 16 evenly spaced values)
+and make the groups come back inexactly.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from engine.forward.weights.quant_int import QUANT_FORMATS, pack_quantized
+
+PLAIN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Linear:
+    """``y = (x * input_scale) @ W.T + b`` with ``W`` [N, K] held in ``fmt``; ``nbytes`` is what the weights occupy.
+
+    ``input_scale`` [K] is an RMSNorm's weight (see the module docstring). ``one_row_fmt``
+    keeps a second copy for single rows (decode steps) in that format.
+    """
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str,
+        input_scale: torch.Tensor | None = None, one_row_fmt: str | None = None,
+    ) -> None:
+        self.fmt = fmt
+        self.compute_dtype = _compute_dtype(weight.device, fmt)
+        many_rows, self.nbytes = _scaled_pack(weight, bias, fmt, self.compute_dtype, input_scale)
+        self._run, self.one_row_nbytes = many_rows, self.nbytes  # one_row_nbytes: what a one-row call reads
+        if one_row_fmt is not None:
+            one_row, self.one_row_nbytes = _scaled_pack(weight, bias, one_row_fmt, self.compute_dtype, input_scale)
+            self.nbytes += self.one_row_nbytes
+            self._run = lambda x: one_row(x) if x.shape[0] == 1 else many_rows(x)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self._run(x)  # [..., K] -> [..., N]
+
+
+def _scaled_pack(
+    weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype, input_scale: torch.Tensor | None
+) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
+    """``_pack`` with ``input_scale`` folded into the weight, or (int4) applied to the input on each call."""
+    if input_scale is None or fmt != "int4":
+        folded = weight if input_scale is None else weight * input_scale  # [N, K] * [K]
+        return _pack(folded, bias, fmt, dtype)
+    run, nbytes = _pack(weight, bias, fmt, dtype)
+    scale = input_scale.to(dtype)  # in the activations' dtype, so the product keeps it (bf16 on a GPU)
+    return (lambda x: run(x * scale)), nbytes
+
+
+def _compute_dtype(device: torch.device, fmt: str) -> torch.dtype:
+    if device.type == "cpu":
+        return torch.float32  # FBGEMM takes fp32 activations whatever the weight format
+    return PLAIN_DTYPES.get(fmt, torch.bfloat16)  # quantized formats compute in bf16 (see quant_int)
+
+
+def _pack(
+    weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype
+) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
+    if weight.device.type == "cpu" and fmt == "fp16":
+        packed = torch.ops.quantized.linear_prepack_fp16(weight.float(), _fp32(bias))
+        return (lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed)), weight.numel() * 2
+    if fmt in QUANT_FORMATS:
+        return pack_quantized(weight, bias, fmt)
+    if fmt not in PLAIN_DTYPES:
+        raise ValueError(f"Weight format {fmt!r} is not supported on {weight.device.type}.")
+    weight = weight.to(dtype).contiguous()
+    bias = bias.to(dtype) if bias is not None else None
+    return (lambda x: F.linear(x, weight, bias)), weight.numel() * weight.element_size()
+
+
+def _fp32(bias: torch.Tensor | None) -> torch.Tensor | None:
+    return bias.float().contiguous() if bias is not None else None
+
+
+class Embedding:
+    """Token id → hidden vector, from a table kept in ``storage`` (rows are converted to ``dtype`` on lookup)."""
+
+    def __init__(self, table: torch.Tensor, storage: torch.dtype, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self._table = table.to(storage)  # [V, D]
+        self.nbytes = self._table.numel() * self._table.element_size()
+
+    def __call__(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(token_ids, self._table).to(self.dtype)  # [S, D]

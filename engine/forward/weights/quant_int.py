@@ -1,0 +1,140 @@
+"""Weight-only int8 and 4-bit linear layers for the fast path (engine thread).
+
+Which precision runs on which kernel, and why, on a GPU:
+
+* ``bf16`` / ``fp16``: plain ``F.linear`` (cuBLAS); nothing to unpack.
+* ``int8`` (format ``int8``): one int8 per weight with a bf16 scale per output
+  row. A single token (every decode step) goes through ``triton_gemv``, which
+  reads each weight byte once and scales in registers. Several tokens (prefill)
+  dequantize the layer to bf16 and use cuBLAS: that is compute-bound, so the
+  extra bytes hardly matter. ``torch._weight_int8pack_mm`` is not used: its CUDA
+  kernel (torch 2.9+) takes fp32 activations and gives each thread a whole row,
+  far from the bandwidth limit. bitsandbytes int8 is slower still at batch 1 and
+  cannot be captured in a CUDA graph.
+* ``nf4`` (format ``int4``): four bits per weight, asymmetric per group of 128
+  (64 or 32 when the layer's width demands) with a bf16 scale and zero point per
+  group, packed for ``torch._weight_int4pack_mm``: PyTorch's tinygemm kernel, the
+  one gpt-fast uses, graph-capturable, about 0.53 bytes per weight. It is not
+  NF4's lookup table: the precision keeps the name users pick ("4-bit"), and
+  bitsandbytes NF4 still serves architectures the fast path does not cover.
+  A layer the kernel cannot take (rows not a multiple of 8, width not of 32)
+  falls back to int8.
+
+On the CPU, ``nf4`` runs on ``_weight_int4pack_mm_for_cpu`` with groups of 32:
+llama.cpp's block size, so the weights of a 4-bit GGUF file (Q4_0, Q4_1, Q4_K
+blocks: ``d * q + m`` per 32 weights) come back exactly, up to the bf16 rounding
+of each group's scale and zero point. A decode step reads ~0.63 bytes per weight
+instead of fp16's 2, which is what sets its speed; several tokens at once (prefill)
+run ~2x slower than FBGEMM's fp16 kernel, which dequantizes nothing. int8 has no
+fast CPU kernel in PyTorch (``_weight_int8pack_mm`` is slower than fp32 here), so
+on the CPU it only serves tests of the quantizer, through the dequantized form.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from engine.forward.weights import triton_gemv
+
+QUANT_FORMATS = ("int8", "int4")
+GPU_FORMATS = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "int8": "int8", "nf4": "int4"}  # precision -> format
+CPU_FORMATS = {"fp32": "fp32", "fp16": "fp16", "nf4": "int4"}
+INT4_GROUPS = (128, 64, 32)
+INT4_INNER_K_TILES = (8, 4, 2)
+CPU_INT4_GROUP = 32
+
+Run = Callable[[torch.Tensor], torch.Tensor]
+
+
+def fast_format(precision: str, device: torch.device) -> str | None:
+    """The fast path's weight format for a precision name the loader uses on ``device``; None: not on the fast path."""
+    return (GPU_FORMATS if device.type == "cuda" else CPU_FORMATS).get(precision)
+
+
+def pack_quantized(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str) -> tuple[Run, int]:
+    """``weight`` [N, K] as ``fmt`` ("int8" or "int4"); returns ``x [M, K] -> [M, N]`` and the bytes held."""
+    layout = int4_layout(*weight.shape, weight.device) if fmt == "int4" else None
+    run, nbytes = _int4_linear(weight, *layout) if layout else _int8_linear(weight)
+    if bias is None:
+        return run, nbytes
+    bias = bias.to(torch.bfloat16 if weight.is_cuda else torch.float32)
+    return (lambda x: run(x) + bias), nbytes + bias.numel() * bias.element_size()
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8: ``weight`` ≈ ``q * scales[:, None]``; q [N, K] int8, scales [N] bf16."""
+    w = weight.float()
+    scales = (w.abs().amax(dim=1).clamp(min=1e-8) / 127).to(torch.bfloat16)  # [N]
+    q = (w / scales.float().unsqueeze(1)).round().clamp(-127, 127).to(torch.int8)  # [N, K]
+    return q, scales
+
+
+def _int8_linear(weight: torch.Tensor) -> tuple[Run, int]:
+    q, scales = quantize_int8(weight)
+    use_gemv = weight.is_cuda and triton_gemv.available()
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        if use_gemv and x.shape[0] == 1:
+            return triton_gemv.int8_gemv(x, q, scales)  # [1, N]
+        return F.linear(x, q.to(x.dtype)) * scales.to(x.dtype)  # [M, N]
+
+    return run, q.numel() + scales.numel() * scales.element_size()
+
+
+def int4_layout(rows: int, width: int, device: torch.device) -> tuple[int, int] | None:
+    """(group size, inner k-tiles) the int4 kernel on ``device`` takes for a [rows, width] weight, or None."""
+    if device.type == "cpu":
+        fits = rows % 16 == 0 and width % CPU_INT4_GROUP == 0
+        return (CPU_INT4_GROUP, 1) if fits else None  # the CPU kernel ignores the k-tiles
+    if rows % 8:
+        return None
+    group = next((g for g in INT4_GROUPS if width % g == 0), None)
+    if group is None:
+        return None
+    tiles = next(t for t in INT4_INNER_K_TILES if width % (t * 16) == 0)  # width % 32 == 0 holds here
+    return group, tiles
+
+
+def quantize_int4(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit per group: ``w ≈ (q - 8) * scale + zero``.
+
+    Returns q [N, K] int32 in 0…15 and scales-and-zeros [K / group, N, 2] bf16 (the kernels' layout).
+    """
+    rows, width = weight.shape
+    grouped = weight.float().reshape(rows, width // group, group)  # [N, G, group]
+    low, high = grouped.amin(dim=-1), grouped.amax(dim=-1)  # [N, G]
+    scales = ((high - low).clamp(min=1e-6) / 15).to(torch.bfloat16)
+    zeros = (low + scales.float() * 8).to(torch.bfloat16)
+    lowest = (zeros.float() - scales.float() * 8).unsqueeze(-1)  # [N, G, 1]: the value q = 0 stands for
+    q = ((grouped - lowest) / scales.float().unsqueeze(-1)).round().clamp(0, 15).to(torch.int32)
+    scales_and_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous()  # [G, N, 2]
+    return q.reshape(rows, width), scales_and_zeros
+
+
+def dequantize_int4(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int) -> torch.Tensor:
+    """The fp32 weight [N, K] that ``quantize_int4``'s output stands for (for tests and checks)."""
+    rows, width = q.shape
+    scales, zeros = scales_and_zeros.float().transpose(0, 1).unbind(-1)  # [N, G] each
+    grouped = (q.reshape(rows, width // group, group).float() - 8) * scales.unsqueeze(-1) + zeros.unsqueeze(-1)
+    return grouped.reshape(rows, width)
+
+
+def _int4_linear(weight: torch.Tensor, group: int, tiles: int) -> tuple[Run, int]:
+    q, scales_and_zeros = quantize_int4(weight, group)
+    if weight.is_cuda:
+        nibbles = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)  # [N, K/2]: even columns in the high nibble
+        packed = torch.ops.aten._convert_weight_to_int4pack(nibbles.contiguous(), tiles)
+        matmul = torch.ops.aten._weight_int4pack_mm
+    else:
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, tiles)
+        matmul = torch.ops.aten._weight_int4pack_mm_for_cpu
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        activations = x.to(torch.bfloat16).contiguous()  # the kernels take bf16 rows; a no-op on the GPU path
+        return matmul(activations, packed, group, scales_and_zeros).to(x.dtype)  # [M, N]
+
+    nbytes = packed.numel() * packed.element_size() + scales_and_zeros.numel() * scales_and_zeros.element_size()
+    return run, nbytes

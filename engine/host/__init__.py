@@ -1,0 +1,7 @@
+"""The machine the engine runs on: threads, the allocator, memory readings, Hearth's folders.
+
+``cpu_threads`` sets torch's thread count, ``allocator`` tunes glibc so activation
+buffers are reused, ``memory`` reads process and device memory, ``paths`` names
+Hearth's cache and data folders. Called from the engine thread (``paths`` from
+any thread); nothing here imports the model stack except ``memory``'s torch look-up.
+"""

@@ -1,0 +1,29 @@
+"""How many CPU threads torch may use for the model (engine thread, at start-up).
+
+One per physical core: decoding is bound by memory bandwidth, which more cores
+raise. The GUI thread's share while a reply streams is small (the performance
+panel's refresh costs ~2 % of a core), and ``python -m app.bench.panel`` checks
+that it does not slow decoding. ``HEARTH_THREADS`` overrides the choice.
+"""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+
+
+def engine_threads() -> int:
+    override = os.environ.get("HEARTH_THREADS", "")
+    if override.isdigit() and int(override) > 0:
+        return int(override)
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def apply_engine_threads() -> int:
+    """Set torch's intra-op thread count for this process; returns it."""
+    import torch
+
+    threads = engine_threads()
+    torch.set_num_threads(threads)
+    return threads

@@ -1,0 +1,304 @@
+"""Check a GGUF file and read its metadata with every length bounded (engine thread, or any).
+
+``gguf.GGUFReader`` trusts the counts in a file: an array that claims 2**40 items
+in a tiny file makes it loop (and allocate) for hours. So Hearth walks the header,
+the key/value metadata and the tensor table itself, checking each count against
+the bytes left in the file before reading on, and keeps only small values (long
+arrays, such as the vocabulary, are skipped over and only counted). The format's
+constants (value types, quantization block sizes) come from the ``gguf`` package.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, LlamaFileType
+
+from engine.models.model_source import ModelFileError
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4
+MAX_KEPT_ARRAY = 64  # arrays longer than this are counted, not kept
+HEADER_BYTES = 24  # magic, version, tensor count, key/value count
+MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, smallest value
+MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, dims count, type, offset
+
+SCALAR_FORMATS: dict[GGUFValueType, str] = {
+    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?", GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
+}
+
+
+@dataclass(frozen=True)
+class GGUFTensorInfo:
+    name: str
+    quant_type: GGMLQuantizationType
+    n_elements: int
+    n_bytes: int
+    offset: int  # from the start of the data section
+
+
+@dataclass(frozen=True)
+class GGUFContents:
+    """What the walk found: kept metadata, lengths of long arrays, and the tensor table."""
+
+    version: int
+    metadata: dict[str, Any]
+    array_lengths: dict[str, int]
+    tensors: tuple[GGUFTensorInfo, ...]
+    data_start: int
+
+
+def _error(path: Path, problem: str, advice: str = "Download the file again.") -> ModelFileError:
+    return ModelFileError(f"{path.name} is not a usable GGUF file: {problem}. {advice} ({path})")
+
+
+class _Cursor:
+    """Reads little-endian values from a buffer, refusing to read past its end."""
+
+    def __init__(self, path: Path, buffer: mmap.mmap | bytes, position: int = 0) -> None:
+        self.path, self.buffer, self.position = path, buffer, position
+
+    @property
+    def remaining(self) -> int:
+        return len(self.buffer) - self.position
+
+    def take(self, size: int, what: str) -> bytes:
+        if size > self.remaining:
+            raise _error(self.path, f"it ends at byte {len(self.buffer)} while reading {what}")
+        chunk = self.buffer[self.position : self.position + size]
+        self.position += size
+        return chunk
+
+    def unpack(self, fmt: str, what: str) -> Any:
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
+
+    def skip_strings(self, count: int, what: str) -> None:
+        """Step over ``count`` strings, checking only that each fits in the file (a vocabulary: ~100 k)."""
+        position, end = self.position, len(self.buffer)
+        for _ in range(count):
+            if position + 8 > end:
+                raise _error(self.path, f"it ends at byte {end} while reading {what}")
+            position += 8 + _U64.unpack_from(self.buffer, position)[0]
+        if position > end:
+            raise _error(self.path, f"it ends at byte {end} while reading {what}")
+        self.position = position
+
+    def string(self, what: str) -> str:
+        length = self.unpack("<Q", f"the length of {what}")
+        try:
+            return self.take(length, what).decode("utf-8")
+        except UnicodeDecodeError:
+            raise _error(self.path, f"{what} is not UTF-8 text") from None
+
+
+_U64 = struct.Struct("<Q")
+
+
+@dataclass(frozen=True)
+class _LongArray:
+    """An array value that was checked and skipped; only its length is kept."""
+
+    length: int
+
+
+def _value_type(cursor: _Cursor, raw_type: int, key: str) -> GGUFValueType:
+    try:
+        return GGUFValueType(raw_type)
+    except ValueError:
+        raise _error(cursor.path, f"metadata {key!r} has unknown value type {raw_type}") from None
+
+
+def _read_value(cursor: _Cursor, raw_type: int, key: str) -> Any:
+    """Read one value; arrays longer than ``MAX_KEPT_ARRAY`` come back as ``_LongArray``."""
+    kind = _value_type(cursor, raw_type, key)
+    if kind in SCALAR_FORMATS:
+        return cursor.unpack(SCALAR_FORMATS[kind], f"metadata {key!r}")
+    if kind == GGUFValueType.STRING:
+        return cursor.string(f"metadata {key!r}")
+    return _read_array(cursor, key)
+
+
+def _read_array(cursor: _Cursor, key: str) -> list[Any] | _LongArray:
+    item_type = cursor.unpack("<I", f"the item type of {key!r}")
+    count = cursor.unpack("<Q", f"the length of {key!r}")
+    scalar_format = SCALAR_FORMATS.get(_value_type(cursor, item_type, key))
+    smallest_item = struct.calcsize(scalar_format) if scalar_format else 8  # a string's length field
+    if count * smallest_item > cursor.remaining:
+        raise _error(cursor.path, f"metadata {key!r} claims {count} items, more than the file can hold")
+    if count <= MAX_KEPT_ARRAY:
+        return [_read_value(cursor, item_type, key) for _ in range(count)]
+    if scalar_format:
+        cursor.take(count * smallest_item, f"metadata {key!r}")
+    elif item_type == GGUFValueType.STRING:
+        cursor.skip_strings(count, f"metadata {key!r}")
+    else:
+        for _ in range(count):
+            _read_value(cursor, item_type, key)
+    return _LongArray(count)
+
+
+def _read_header(cursor: _Cursor) -> tuple[int, int, int]:
+    """Return version, tensor count and key/value count, each checked against the file size."""
+    if cursor.take(4, "the magic number") != GGUF_MAGIC:
+        raise _error(cursor.path, "it does not start with the GGUF magic bytes", "Pick a real .gguf model file.")
+    version = cursor.unpack("<I", "the version")
+    if version not in SUPPORTED_VERSIONS:
+        raise _error(
+            cursor.path,
+            f"it is GGUF version {version} (Hearth reads versions 2 and 3, little-endian)",
+            "Convert it again with a current llama.cpp.",
+        )
+    tensor_count = cursor.unpack("<Q", "the tensor count")
+    kv_count = cursor.unpack("<Q", "the metadata count")
+    needed = tensor_count * MIN_TENSOR_INFO_BYTES + kv_count * MIN_KV_BYTES
+    if needed > cursor.remaining:
+        raise _error(
+            cursor.path,
+            f"its header claims {tensor_count} tensors and {kv_count} metadata entries, "
+            f"which cannot fit in a file of {len(cursor.buffer)} bytes",
+        )
+    return version, tensor_count, kv_count
+
+
+def _read_metadata(cursor: _Cursor, kv_count: int) -> tuple[dict[str, Any], dict[str, int]]:
+    """Return the kept values and, for every array, its length."""
+    metadata: dict[str, Any] = {}
+    array_lengths: dict[str, int] = {}
+    for _ in range(kv_count):
+        key = cursor.string("a metadata key")
+        value = _read_value(cursor, cursor.unpack("<I", f"the type of {key!r}"), key)
+        if key in metadata or key in array_lengths:
+            raise _error(cursor.path, f"metadata {key!r} appears twice")
+        if isinstance(value, _LongArray):
+            array_lengths[key] = value.length
+            continue
+        if isinstance(value, list):
+            array_lengths[key] = len(value)
+        metadata[key] = value
+    return metadata, array_lengths
+
+
+def _read_tensor_info(cursor: _Cursor) -> GGUFTensorInfo:
+    name = cursor.string("a tensor name")
+    n_dims = cursor.unpack("<I", f"the dimensions of {name!r}")
+    if n_dims > MAX_DIMS:
+        raise _error(cursor.path, f"tensor {name!r} claims {n_dims} dimensions (at most {MAX_DIMS})")
+    dims = [cursor.unpack("<Q", f"the shape of {name!r}") for _ in range(n_dims)]
+    raw_type = cursor.unpack("<I", f"the type of {name!r}")
+    offset = cursor.unpack("<Q", f"the offset of {name!r}")
+    try:
+        quant_type = GGMLQuantizationType(raw_type)
+        block_size, type_size = GGML_QUANT_SIZES[quant_type]
+    except (ValueError, KeyError):
+        raise _error(
+            cursor.path, f"tensor {name!r} has unknown type {raw_type}", "Update Hearth or pick another file."
+        ) from None
+    n_elements = 1
+    for size in dims:
+        n_elements *= size
+    if dims and dims[0] % block_size:
+        raise _error(cursor.path, f"tensor {name!r} has a row size not divisible by its block size")
+    return GGUFTensorInfo(name, quant_type, n_elements, n_elements * type_size // block_size, offset)
+
+
+def _data_start(cursor: _Cursor, metadata: dict[str, Any]) -> int:
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise _error(cursor.path, f"general.alignment is {alignment!r}, not a power of two")
+    return -(-cursor.position // alignment) * alignment
+
+
+def _check_tensor_layout(path: Path, tensors: list[GGUFTensorInfo], data_bytes: int) -> None:
+    names: set[str] = set()
+    end_so_far, previous = 0, ""
+    for tensor in sorted(tensors, key=lambda t: t.offset):
+        if tensor.name in names:
+            raise _error(path, f"tensor {tensor.name!r} appears twice")
+        names.add(tensor.name)
+        if tensor.offset + tensor.n_bytes > data_bytes:
+            raise _error(
+                path,
+                f"tensor {tensor.name!r} ends {tensor.offset + tensor.n_bytes - data_bytes} bytes "
+                f"past the end of the file (it is truncated)",
+            )
+        if tensor.offset < end_so_far:
+            raise _error(path, f"tensors {previous!r} and {tensor.name!r} overlap")
+        end_so_far, previous = tensor.offset + tensor.n_bytes, tensor.name
+
+
+def read_gguf(path: Path) -> GGUFContents:
+    """Walk and check ``path``; raise ``ModelFileError`` saying what is wrong."""
+    with path.open("rb") as handle:
+        if path.stat().st_size < HEADER_BYTES:
+            raise _error(path, "it is too short to hold a GGUF header", "Pick a real .gguf model file.")
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
+            cursor = _Cursor(path, buffer)
+            version, tensor_count, kv_count = _read_header(cursor)
+            metadata, array_lengths = _read_metadata(cursor, kv_count)
+            tensors = [_read_tensor_info(cursor) for _ in range(tensor_count)]
+            data_start = _data_start(cursor, metadata)
+            _check_tensor_layout(path, tensors, len(buffer) - data_start)
+    return GGUFContents(version, metadata, array_lengths, tuple(tensors), data_start)
+
+
+def file_type_name(metadata: dict[str, Any]) -> str | None:
+    """``general.file_type`` as llama.cpp names it (e.g. "MOSTLY_Q4_1"), if present."""
+    value = metadata.get("general.file_type")
+    try:
+        return LlamaFileType(value).name if value is not None else None
+    except ValueError:
+        return f"unknown ({value})"
+
+
+@contextmanager
+def explain_gguf_errors(path: Path) -> Iterator[None]:
+    """Turn an exception from the ``gguf`` package (or a loader using it) into a ``ModelFileError``.
+
+    Use it around any call that makes ``gguf.GGUFReader`` read ``path``, after
+    ``read_gguf(path)`` has accepted the file.
+    """
+    try:
+        yield
+    except (ValueError, KeyError, IndexError, struct.error, OSError) as error:
+        raise _error(path, f"the gguf reader failed: {error}") from error
+
+
+# Per-architecture metadata keys ("{arch}.KEY") copied into ``ModelSource.config``.
+GGUF_CONFIG_KEYS = {
+    "context_length": "context_length",
+    "block_count": "block_count",
+    "embedding_length": "embedding_length",
+    "feed_forward_length": "feed_forward_length",
+    "head_count": "attention.head_count",
+    "head_count_kv": "attention.head_count_kv",
+    "key_length": "attention.key_length",
+    "vocab_size": "vocab_size",
+}
+
+
+def gguf_config(path: Path, contents: GGUFContents) -> dict[str, Any]:
+    """The architecture metadata of a checked GGUF file, under short names."""
+    architecture = contents.metadata.get("general.architecture")
+    if not isinstance(architecture, str) or not architecture:
+        raise _error(path, "it does not say which architecture it holds (general.architecture)")
+    config: dict[str, Any] = {"architecture": architecture}
+    for name, key in GGUF_CONFIG_KEYS.items():
+        value = contents.metadata.get(f"{architecture}.{key}")
+        if value is not None:
+            config[name] = value
+    config.setdefault("vocab_size", contents.array_lengths.get("tokenizer.ggml.tokens"))
+    config["file_type"] = file_type_name(contents.metadata)
+    config["model_name"] = contents.metadata.get("general.name")
+    config["tied_embeddings"] = all(tensor.name != "output.weight" for tensor in contents.tensors)
+    return config

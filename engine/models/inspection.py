@@ -1,0 +1,109 @@
+"""Answer ``InspectModel``: what a model is and how much memory it would need (engine thread).
+
+The load dialog asks before loading. This module checks the path the way loading
+does (``inspect_model``: metadata only, nothing executed or allocated), then
+estimates memory for every precision the device can run, against the memory free
+now, and says which precision ``auto`` would pick.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from engine.models import default_model
+from engine.models.memory_estimate import (
+    NotEnoughMemoryError,
+    available_memory,
+    choose_precision,
+    estimate,
+    fit_verdict,
+)
+from engine.models.model_files import inspect_model
+from engine.models.model_source import ModelFileError, ModelSource
+from engine.protocol.messages import InspectFailed, InspectModel, LoadOptions, ModelInspected, PrecisionEstimate
+
+PRECISIONS_ON = {"cuda": ("bf16", "fp16", "fp32", "int8", "nf4"), "cpu": ("fp32", "bf16", "fp16", "nf4")}
+"""What each device offers: 8-bit only on CUDA (no fast CPU kernel); 4-bit on both (``quant_int``)."""
+
+MemoryProbe = Callable[[str], int]
+
+
+def inspect_request(request: InspectModel) -> ModelInspected | InspectFailed:
+    """The event that answers ``request``: the findings, or why the path was refused."""
+    try:
+        return inspect_for_dialog(request.path, request.options, request.request_id)
+    except (ModelFileError, OSError, RuntimeError, ValueError) as error:
+        return InspectFailed(request.request_id, str(error))
+
+
+def inspect_for_dialog(
+    path: str,
+    options: LoadOptions,
+    request_id: str = "",
+    free_memory: MemoryProbe = available_memory,
+    cuda_available: bool | None = None,
+) -> ModelInspected:
+    """Inspect ``path`` and estimate its memory on ``options.device`` for ``options.context_length`` tokens.
+
+    ``free_memory`` and ``cuda_available`` default to this machine's; tests pass their own.
+    Raises ``ModelFileError`` for a refused path, ``RuntimeError`` when CUDA is asked for but absent.
+    """
+    has_cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
+    device = _device(options.device, has_cuda)
+    source = inspect_model(_model_path(path))
+    native = source.native_context
+    context_length = options.context_length or native
+    available = {"cpu": free_memory("cpu"), "cuda": free_memory("cuda") if has_cuda else 0}
+    return ModelInspected(
+        request_id=request_id,
+        path=path,
+        name=source.name,
+        kind=source.kind,
+        n_params=source.n_params,
+        native_context_length=native,
+        context_length=context_length,
+        device=device,
+        estimates=_estimates(source, device, context_length, available[device]),
+        available_bytes_cpu=available["cpu"],
+        available_bytes_cuda=available["cuda"],
+        cuda_available=has_cuda,
+        auto_precision=_auto_precision(source, device, context_length, available[device]),
+        notes=source.notes,
+    )
+
+
+def _device(requested: str, has_cuda: bool) -> str:
+    if requested == "auto":
+        return "cuda" if has_cuda else "cpu"
+    if requested == "cuda" and not has_cuda:
+        raise RuntimeError("CUDA was requested, but no CUDA GPU is available to PyTorch on this machine. Pick CPU.")
+    if requested not in PRECISIONS_ON:
+        raise ValueError(f"Unknown device {requested!r}: pick auto, cuda or cpu.")
+    return requested
+
+
+def _model_path(requested: str) -> Path:
+    if requested != "default":
+        return Path(requested).expanduser()
+    if not default_model.is_default_model_present():
+        raise ModelFileError("The built-in model is not downloaded yet; load it once and it will be kept.")
+    return default_model.default_model_path()
+
+
+def _estimates(source: ModelSource, device: str, context_length: int, available: int) -> tuple[PrecisionEstimate, ...]:
+    found = []
+    for precision in PRECISIONS_ON[device]:
+        needed = estimate(source, precision, context_length, device)
+        verdict = fit_verdict(needed.total_bytes, available)
+        found.append(PrecisionEstimate(precision, needed.weight_bytes, needed.kv_bytes, needed.total_bytes, verdict))
+    return tuple(found)
+
+
+def _auto_precision(source: ModelSource, device: str, context_length: int, available: int) -> str | None:
+    try:
+        return choose_precision(source, device, context_length, available)
+    except NotEnoughMemoryError:
+        return None

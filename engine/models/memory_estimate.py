@@ -1,0 +1,206 @@
+"""How much memory a model will need, and which precision fits (engine thread).
+
+Estimates are arithmetic on the checked ``ModelSource``: the exact parameter count
+(from safetensors headers or the GGUF tensor table) and the shape in its config.
+torch is imported only by ``available_memory("cuda")``.
+
+* Weights: parameters × bytes per parameter of the precision. Under int8 and nf4,
+  bitsandbytes quantizes only the linear layers; the token embeddings and the
+  output head stay in 16-bit, and are counted so. fp16 on the CPU keeps a 4-bit
+  copy of a 4-bit file's layers for decode steps (``loading.decode_format``):
+  ``DECODE_COPY_BYTES`` more per layer weight.
+* KV cache: 2 (keys and values) × layers × KV heads × head size × context × bytes.
+* Overhead: activations, allocator slack and the runtime itself, taken as
+  ``OVERHEAD_FIXED_BYTES`` plus ``OVERHEAD_FRACTION`` of weights and KV cache.
+
+``fit_verdict`` says "fits" when the total is at most ``TIGHT_FRACTION`` (85 %) of the
+available memory, "tight" up to 100 %, and "won't fit" beyond.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psutil
+
+from engine.models.model_source import ModelFileError, ModelSource
+
+Verdict = Literal["fits", "tight", "won't fit"]
+
+BYTES_PER_PARAM = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "nf4": 0.5 + 4 / 64}  # nf4: fp32 scale per 64
+QUANTIZED_PRECISIONS = ("int8", "nf4")
+UNQUANTIZED_BYTES = 2.0  # embeddings and output head under int8/nf4 stay in bf16
+DECODE_COPY_BYTES = 0.5 + 4 / 32  # 4 bits, and a bf16 scale and zero point per 32 weights
+PRECISION_ORDER = {"cuda": ("bf16", "int8", "nf4"), "cpu": ("fp32", "bf16", "nf4")}
+TIGHT_FRACTION = 0.85
+OVERHEAD_FIXED_BYTES = 256 * 1024**2
+OVERHEAD_FRACTION = 0.05
+
+
+class NotEnoughMemoryError(ModelFileError):
+    """No precision lets the model fit in the memory available; the message gives the estimate."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes that decide memory use, from an HF config.json or GGUF metadata."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    intermediate: int
+    tied_embeddings: bool
+
+    @property
+    def embedding_params(self) -> int:
+        """Parameters of the token embeddings and output head (one matrix if tied)."""
+        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weight_bytes: int
+    kv_bytes: int
+    overhead_bytes: int
+    total_bytes: int
+
+
+# Names that config.json files of different model families use for the same size.
+HF_SHAPE_KEYS = {
+    "layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "hidden": ("hidden_size", "n_embd", "d_model"),
+    "heads": ("num_attention_heads", "n_head", "num_heads"),
+}
+
+
+def _required(config: Mapping[str, Any], names: tuple[str, ...], what: str) -> int:
+    for name in names:
+        if isinstance(config.get(name), int):
+            return config[name]
+    raise ModelFileError(
+        f"The model's config does not give its {what} ({' or '.join(names)}), "
+        f"so Hearth cannot estimate its memory use."
+    )
+
+
+def model_shape(config: Mapping[str, Any]) -> ModelShape:
+    """Read the shape from an HF config (``num_hidden_layers``…) or a GGUF config (``block_count``…)."""
+    if "block_count" in config:
+        hidden, heads = config["embedding_length"], config["head_count"]
+        return ModelShape(
+            layers=config["block_count"], hidden=hidden, heads=heads,
+            kv_heads=config.get("head_count_kv") or heads,
+            head_dim=config.get("key_length") or hidden // heads,
+            vocab=config.get("vocab_size") or 0, intermediate=config.get("feed_forward_length") or 0,
+            tied_embeddings=bool(config.get("tied_embeddings", True)),
+        )
+    config = config.get("text_config") or config
+    hidden = _required(config, HF_SHAPE_KEYS["hidden"], "hidden size")
+    heads = _required(config, HF_SHAPE_KEYS["heads"], "number of attention heads")
+    return ModelShape(
+        layers=_required(config, HF_SHAPE_KEYS["layers"], "number of layers"), hidden=hidden, heads=heads,
+        kv_heads=config.get("num_key_value_heads") or heads,
+        head_dim=config.get("head_dim") or hidden // heads,
+        vocab=config.get("vocab_size") or 0,
+        intermediate=config.get("intermediate_size") or config.get("n_inner") or 4 * hidden,
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+    )
+
+
+def params_from_config(config: Mapping[str, Any]) -> int:
+    """Parameter count of a Llama-style decoder from its shape alone (no biases).
+
+    Use it when no weights are at hand (e.g. to size a model before downloading);
+    ``ModelSource.n_params`` is exact and preferred when there is a source.
+    """
+    shape = model_shape(config)
+    attention = shape.hidden * shape.head_dim * (2 * shape.heads + 2 * shape.kv_heads)  # q, o, k, v
+    mlp = 3 * shape.hidden * shape.intermediate  # gate, up, down
+    norms = 2 * shape.hidden
+    return shape.layers * (attention + mlp + norms) + shape.embedding_params + shape.hidden
+
+
+def estimate_weight_bytes(n_params: int, precision: str, unquantized_params: int = 0) -> int:
+    """Bytes of weights at ``precision``; ``unquantized_params`` stay 16-bit under int8/nf4."""
+    if precision not in BYTES_PER_PARAM:
+        raise ValueError(f"unknown precision {precision!r} (known: {', '.join(BYTES_PER_PARAM)})")
+    if precision not in QUANTIZED_PRECISIONS:
+        return int(n_params * BYTES_PER_PARAM[precision])
+    quantized = max(n_params - unquantized_params, 0)
+    return int(quantized * BYTES_PER_PARAM[precision] + unquantized_params * UNQUANTIZED_BYTES)
+
+
+def estimate_kv_bytes(config_like: Mapping[str, Any], context_length: int, dtype_bytes: int) -> int:
+    """KV cache bytes for ``context_length`` tokens: 2 × layers × kv_heads × head_dim × context × bytes."""
+    shape = model_shape(config_like)
+    return 2 * shape.layers * shape.kv_heads * shape.head_dim * context_length * dtype_bytes
+
+
+def estimate(source: ModelSource, precision: str, context_length: int, device: str) -> MemoryEstimate:
+    """Memory to run ``source`` at ``precision`` on ``device`` with a KV cache of ``context_length`` tokens."""
+    shape = model_shape(source.config)
+    weights = estimate_weight_bytes(source.n_params, precision, shape.embedding_params)
+    if device == "cpu" and precision == "fp16" and source.four_bit_layers:
+        weights += int(max(source.n_params - shape.embedding_params, 0) * DECODE_COPY_BYTES)
+    kv = estimate_kv_bytes(source.config, context_length, 4 if precision == "fp32" else 2)
+    overhead = OVERHEAD_FIXED_BYTES + int(OVERHEAD_FRACTION * (weights + kv))
+    return MemoryEstimate(weights, kv, overhead, weights + kv + overhead)
+
+
+def fit_verdict(total_bytes: int, available_bytes: int) -> Verdict:
+    if total_bytes <= TIGHT_FRACTION * available_bytes:
+        return "fits"
+    return "tight" if total_bytes <= available_bytes else "won't fit"
+
+
+def available_memory(device: str) -> int:
+    """Bytes free for a model now: free GPU memory for "cuda", available RAM for "cpu"."""
+    if device == "cuda":
+        import torch
+
+        free_bytes, _total = torch.cuda.mem_get_info()
+        return int(free_bytes)
+    if device == "cpu":
+        return int(psutil.virtual_memory().available)
+    raise ValueError(f"unknown device {device!r} (expected 'cpu' or 'cuda')")
+
+
+def choose_precision(
+    source: ModelSource, device: str, context_length: int, available_bytes: int | None = None
+) -> str:
+    """The best precision that fits, for ``precision="auto"``.
+
+    On CUDA: bf16, then int8, then nf4 (quality first, quantize only to fit). On CPU:
+    fp32, then bf16, then nf4 — most CPUs run fp32 matrix products fastest and exactly
+    (the fast path then reads fp16 weights: ``loading.prefer_fast``), bf16 halves memory
+    when fp32 would not fit, and 4 bits take a quarter. A precision that "fits" wins over
+    one that is only "tight". Raises ``NotEnoughMemoryError`` when none fits.
+    """
+    if device not in PRECISION_ORDER:
+        raise ValueError(f"unknown device {device!r} (expected 'cpu' or 'cuda')")
+    available = available_memory(device) if available_bytes is None else available_bytes
+    estimates = {
+        precision: estimate(source, precision, context_length, device) for precision in PRECISION_ORDER[device]
+    }
+    verdicts = {precision: fit_verdict(found.total_bytes, available) for precision, found in estimates.items()}
+    for wanted in ("fits", "tight"):
+        for precision, verdict in verdicts.items():
+            if verdict == wanted:
+                return precision
+    smallest_precision = PRECISION_ORDER[device][-1]
+    smallest = estimates[smallest_precision]
+    raise NotEnoughMemoryError(
+        f"{source.name} needs about {_gib(smallest.total_bytes)} on {device} even at {smallest_precision} "
+        f"({_gib(smallest.weight_bytes)} weights + {_gib(smallest.kv_bytes)} KV cache for "
+        f"{context_length} tokens + {_gib(smallest.overhead_bytes)} overhead), but only "
+        f"{_gib(available)} is free. Pick a smaller model, a shorter context, or close other programs."
+    )
+
+
+def _gib(n_bytes: int) -> str:
+    return f"{n_bytes / 1024**3:.2f} GiB"

@@ -1,0 +1,90 @@
+"""From what the user picked to a loaded model (engine thread).
+
+"default" is fetched first if needed. Every path is inspected before anything is
+allocated (``model_files``): a file Hearth refuses raises ``ModelFileError`` with a
+message for the user. Then the memory estimate picks or checks the precision, a
+GGUF file is converted once into a cached folder, and the folder is loaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from engine.chat.chat_template import ChatTemplate
+from engine.models import default_model, gguf_convert
+from engine.models.gguf_check import explain_gguf_errors
+from engine.models.loading import LoadedModel, LoadPlan, Progress, cancellable, load_model, resolve_device
+from engine.models.memory_estimate import (
+    NotEnoughMemoryError,
+    available_memory,
+    choose_precision,
+    estimate,
+    fit_verdict,
+)
+from engine.models.model_files import inspect_model
+from engine.models.model_source import ModelFileError, ModelSource
+from engine.protocol.channels import EventSink
+from engine.protocol.messages import FetchProgress, LoadOptions, StatusChanged
+
+
+def open_model(
+    requested: str,
+    options: LoadOptions,
+    emit: EventSink,
+    progress: Progress,
+    is_cancelled: Callable[[], bool],
+) -> LoadedModel:
+    path = _fetch_if_default(requested, emit, is_cancelled)
+    source = inspect_model(path)
+    device = resolve_device(options.device)
+    context_length = options.context_length or source.native_context
+    precision = _pick_precision(source, device.type, options.precision, context_length)
+    folder = _as_folder(source, emit, progress, is_cancelled)
+    template = ChatTemplate.for_model(source)
+    emit(StatusChanged("loading", f"Loading {source.name} on {device.type}…"))
+    plan = LoadPlan(
+        folder, source.name, device, precision, context_length, template, _notices(source, template),
+        precision_is_auto=options.precision == "auto", four_bit_source=source.four_bit_layers,
+    )
+    return load_model(plan, progress, is_cancelled)
+
+
+def _fetch_if_default(requested: str, emit: EventSink, is_cancelled: Callable[[], bool]) -> Path:
+    if requested != "default":
+        return Path(requested).expanduser()
+    if default_model.is_default_model_present():
+        return default_model.default_model_path()
+    emit(StatusChanged("fetching", "Downloading the built-in model (SmolLM2-135M-Instruct)…"))
+    try:
+        return default_model.fetch_default_model(lambda done, total: emit(FetchProgress(done, total)), is_cancelled)
+    except default_model.DefaultModelUnavailable as exc:
+        raise ModelFileError(str(exc)) from exc
+
+
+def _pick_precision(source: ModelSource, device: str, requested: str, context_length: int) -> str:
+    """``auto`` takes the best precision that fits; an explicit one is refused if it cannot fit."""
+    if requested == "auto":
+        return choose_precision(source, device, context_length)
+    needed = estimate(source, requested, context_length, device)
+    available = available_memory(device)
+    if fit_verdict(needed.total_bytes, available) == "won't fit":
+        raise NotEnoughMemoryError(
+            f"{source.name} at {requested} needs about {needed.total_bytes / 1024**3:.2f} GiB on {device} "
+            f"(weights and a {context_length}-token KV cache), but only {available / 1024**3:.2f} GiB is free. "
+            "Pick a smaller precision, a shorter context, or close other programs."
+        )
+    return requested
+
+
+def _as_folder(source: ModelSource, emit: EventSink, progress: Progress, is_cancelled: Callable[[], bool]) -> Path:
+    if source.kind == "hf_folder":
+        return source.path
+    if not gguf_convert.is_converted(gguf_convert.converted_dir_for(source.path)):
+        emit(StatusChanged("loading", f"Converting {source.path.name} (first time only)…"))
+    with explain_gguf_errors(source.path):
+        return gguf_convert.convert_gguf(source.path, cancellable(progress, is_cancelled))
+
+
+def _notices(source: ModelSource, template: ChatTemplate) -> tuple[str, ...]:
+    return source.notes + ((template.notice,) if template.notice else ())

@@ -1,0 +1,83 @@
+"""How messages look: Markdown, escaped HTML, coalesced re-rendering, following the bottom."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QApplication
+
+from app.chat import message_bubble
+from app.chat.chat_view import ChatView
+from app.chat.markdown_render import markdown_to_html
+from app.chat.reply_view import ReplyView
+from app.conversations.conversation import DisplayMessage
+
+
+def test_code_blocks_are_monospaced_even_while_the_fence_is_still_open():
+    html = markdown_to_html("Look:\n\n```python\nprint('hi')")
+
+    assert "<pre style=\"font-family: 'DejaVu Sans Mono'" in html
+    assert "print" in html and "'hi'" in html
+
+
+def test_html_written_by_the_model_is_shown_as_text():
+    html = markdown_to_html('Hi <img src="file:///etc/passwd"> <b>bold?</b>')
+
+    assert "<img" not in html
+    assert "&lt;b&gt;bold?&lt;/b&gt;" in html
+
+
+def test_a_streaming_reply_is_rendered_at_most_once_per_interval(qtbot, monkeypatch):
+    renders: list[str] = []
+    monkeypatch.setattr(ReplyView, "show_markdown", lambda _view, text, _colours, _most_new_chunks=None: renders.append(text))
+    message = DisplayMessage("assistant", "", state="streaming")
+    bubble = message_bubble.MessageBubble(message)
+    qtbot.addWidget(bubble)
+    renders.clear()
+
+    for index in range(200):
+        message.content += f"t{index} "
+        bubble.refresh()
+    assert renders == []
+    qtbot.waitUntil(lambda: bool(renders), timeout=1000)
+
+    assert len(renders) == 1
+    assert renders[0].endswith("t199 ")
+    message.state = "done"
+    bubble.refresh()
+    assert len(renders) == 2
+
+
+def _long_view(qtbot) -> tuple[ChatView, DisplayMessage]:
+    view = ChatView()
+    view.resize(500, 300)
+    qtbot.addWidget(view)
+    view.show()
+    for index in range(6):
+        view.add_message(DisplayMessage("user", f"question {index}\n" * 4))
+    reply = DisplayMessage("assistant", "", state="streaming")
+    view.add_message(reply)
+    return view, reply
+
+
+def _stream_lines(view: ChatView, reply: DisplayMessage, count: int) -> None:
+    reply.content += "another line\n\n" * count
+    view.bubbles[-1].refresh()
+
+
+def test_the_view_follows_a_streaming_reply(qtbot):
+    view, reply = _long_view(qtbot)
+    _stream_lines(view, reply, 30)
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum(), timeout=2000)
+
+
+def test_the_view_stays_put_when_the_user_scrolled_up(qtbot):
+    view, reply = _long_view(qtbot)
+    bar = view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0, timeout=2000)
+    bar.setValue(0)
+    _stream_lines(view, reply, 30)
+    qtbot.wait(120)
+    QApplication.processEvents()
+
+    assert bar.value() == 0
+    assert not view.following_bottom

@@ -1,0 +1,182 @@
+"""Picking a model: Ctrl+O, a drop on the window, Recent models, and the load dialog's estimate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QMimeData, QPoint, Qt, QUrl
+from PySide6.QtGui import QDragEnterEvent, QDropEvent, QKeySequence
+from PySide6.QtWidgets import QApplication, QFileDialog
+
+from app.controller import EngineController
+from app.models.load_dialog import LoadDialog
+from app.models.recent_models import RecentModelsMenu
+from app.window.main_window import MainWindow
+from engine.protocol.messages import LoadOptions
+
+GIB = 1024**3
+
+
+@pytest.fixture
+def hearth_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HEARTH_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def gguf_file(tmp_path: Path) -> Path:
+    path = tmp_path / "models" / "tiny-chat.gguf"
+    path.parent.mkdir()
+    path.write_bytes(b"GGUF")
+    return path
+
+
+def _model_action(window: MainWindow, text: str):
+    menu = next(action.menu() for action in window.menuBar().actions() if action.text() == "&File")
+    return next(action for action in menu.actions() if action.text() == text)
+
+
+def _open_load_dialog(qtbot, window: MainWindow) -> LoadDialog:
+    qtbot.waitUntil(lambda: any(d.isVisible() for d in window.findChildren(LoadDialog)), timeout=5000)
+    dialog = next(d for d in window.findChildren(LoadDialog) if d.isVisible())
+    qtbot.waitUntil(lambda: dialog.inspected is not None, timeout=5000)
+    return dialog
+
+
+def _wait_for_model(qtbot, window: MainWindow, name: str) -> None:
+    qtbot.waitUntil(lambda: window.status_line.state_label.text().startswith(f"Ready: {name}"), timeout=5000)
+
+
+def test_ctrl_o_opens_a_gguf_through_the_load_dialog_with_the_chosen_options(
+    qtbot, chat, window, script, gguf_file, monkeypatch
+):
+    chat.wait_until_ready()
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *args, **kwargs: (str(gguf_file), ""))
+    action = _model_action(window, "&Open model file…")
+    assert action.shortcut() == QKeySequence("Ctrl+O")
+
+    action.trigger()
+    dialog = _open_load_dialog(qtbot, window)
+    dialog.precision_box.setCurrentIndex(dialog.precision_box.findData("bf16"))
+    dialog.context_box.setValue(2048)
+    qtbot.waitUntil(lambda: dialog.inspected.context_length == 2048, timeout=5000)
+    qtbot.mouseClick(dialog.load_button, Qt.MouseButton.LeftButton)
+
+    _wait_for_model(qtbot, window, "Fake tiny-chat.gguf")
+    assert script.loads[-1].path == str(gguf_file)
+    assert script.loads[-1].options == LoadOptions(device="auto", precision="bf16", context_length=2048)
+
+
+def test_a_gguf_dropped_on_the_window_opens_the_load_dialog(qtbot, chat, window, script, gguf_file):
+    chat.wait_until_ready()
+    data = QMimeData()
+    data.setUrls([QUrl.fromLocalFile(str(gguf_file))])
+    enter = QDragEnterEvent(QPoint(10, 10), Qt.DropAction.CopyAction, data, Qt.MouseButton.LeftButton,
+                            Qt.KeyboardModifier.NoModifier)
+    QApplication.sendEvent(window, enter)
+    assert enter.isAccepted()
+
+    drop = QDropEvent(QPoint(10, 10), Qt.DropAction.CopyAction, data, Qt.MouseButton.LeftButton,
+                      Qt.KeyboardModifier.NoModifier)
+    QApplication.sendEvent(window, drop)
+    dialog = _open_load_dialog(qtbot, window)
+    assert script.inspections[-1].path == str(gguf_file)
+    dialog.accept()
+
+    _wait_for_model(qtbot, window, "Fake tiny-chat.gguf")
+    assert script.loads[-1].options == LoadOptions(device="auto", precision="auto", context_length=4096)
+
+
+def test_a_dropped_text_file_is_not_taken_for_a_model(window, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello")
+    data = QMimeData()
+    data.setUrls([QUrl.fromLocalFile(str(notes))])
+    enter = QDragEnterEvent(QPoint(10, 10), Qt.DropAction.CopyAction, data, Qt.MouseButton.LeftButton,
+                            Qt.KeyboardModifier.NoModifier)
+    enter.ignore()
+    QApplication.sendEvent(window, enter)
+
+    assert not enter.isAccepted()
+
+
+def _start_window(qtbot, factory) -> tuple[MainWindow, EngineController]:
+    controller = EngineController()
+    window = MainWindow(controller)
+    qtbot.addWidget(window)
+    window.show()
+    controller.start(factory())
+    return window, controller
+
+
+def _recent_paths(menu: RecentModelsMenu) -> list[str]:
+    menu.rebuild()
+    return [action.data() for action in menu.actions() if action.data()]
+
+
+def test_recent_models_lists_loaded_models_across_restarts(
+    hearth_home, qtbot, qasync_loop, fake_engine_factory, script
+):
+    first, controller = _start_window(qtbot, fake_engine_factory)
+    assert _recent_paths(first.model_loader.recent_menu) == []
+    first.model_loader.load("/models/one.gguf")
+    _wait_for_model(qtbot, first, "Fake one.gguf")
+    first.model_loader.load(script.broken_path)
+    qtbot.waitUntil(lambda: not first.model_loader.progress.isVisible(), timeout=5000)
+    first.model_loader.load("/models/two")
+    _wait_for_model(qtbot, first, "Fake two")
+    controller.close()
+
+    second, controller = _start_window(qtbot, fake_engine_factory)
+    assert _recent_paths(second.model_loader.recent_menu) == ["/models/two", "/models/one.gguf"]
+    second.model_loader.recent_menu.actions()[1].trigger()
+    dialog = _open_load_dialog(qtbot, second)
+    assert script.inspections[-1].path == "/models/one.gguf"
+    dialog.reject()
+    controller.close()
+
+
+def test_the_load_dialog_shows_the_verdict_and_what_auto_picks(qtbot, chat, window, script):
+    script.free_cpu_bytes = int(2.5 * GIB)  # fp32 (2.25 GiB) is tight, bf16 (1.1 GiB) fits
+    chat.wait_until_ready()
+    dialog = window.model_loader.choose("/models/big.gguf")
+    qtbot.waitUntil(lambda: dialog.inspected is not None, timeout=5000)
+
+    assert dialog.precision_box.currentText() == "Auto (bf16 on CPU)"
+    assert dialog.verdict_label.text() == "Fits"
+    assert dialog.estimate_labels["weights"].text() == "1.00 GiB"
+    assert dialog.estimate_labels["free_cpu"].text() == "2.50 GiB"
+    assert dialog.estimate_labels["free_gpu"].text() == "no CUDA GPU"
+    assert not dialog.device_box.model().item(dialog.device_box.findData("cuda")).isEnabled()
+    assert not dialog.precision_box.model().item(dialog.precision_box.findData("int8")).isEnabled()
+    assert dialog.precision_box.model().item(dialog.precision_box.findData("nf4")).isEnabled()
+
+    dialog.precision_box.setCurrentIndex(dialog.precision_box.findData("fp32"))
+    assert dialog.verdict_label.text().startswith("Tight")
+    assert dialog.load_button.isEnabled()
+
+
+def test_the_load_dialog_refuses_a_model_that_cannot_fit(qtbot, chat, window, script):
+    script.free_cpu_bytes = GIB // 4
+    chat.wait_until_ready()
+    dialog = window.model_loader.choose("/models/huge.gguf")
+    qtbot.waitUntil(lambda: dialog.inspected is not None, timeout=5000)
+
+    assert dialog.precision_box.currentText() == "Auto (none fits on CPU)"
+    assert dialog.verdict_label.text().startswith("Won't fit")
+    assert not dialog.load_button.isEnabled()
+
+    dialog.context_box.setValue(512)  # shorter context, smaller KV cache: still too big, even in 4 bits
+    qtbot.waitUntil(lambda: dialog.inspected.context_length == 512, timeout=5000)
+    assert dialog.estimate_labels["kv"].text() == "16.0 MiB"
+    assert not dialog.load_button.isEnabled()
+
+
+def test_the_load_dialog_explains_a_refused_path_and_does_not_load(qtbot, chat, window, script):
+    chat.wait_until_ready()
+    dialog = window.model_loader.choose(script.broken_path)
+    qtbot.waitUntil(dialog.message_label.isVisible, timeout=5000)
+
+    assert "No model found at broken-model" in dialog.message_label.text()
+    assert not dialog.load_button.isEnabled()

@@ -1,0 +1,69 @@
+"""Full garbage collections wait for quiet moments: never started by Python mid-scroll or mid-reply."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+from PySide6.QtCore import QObject, Signal
+
+from app.window.quiet_gc import QuietCollector
+
+
+class Moments(QObject):
+    reply_finished = Signal(object)
+
+
+@pytest.fixture
+def full_collections():
+    """Counts full (generation 2) collections while the test runs; Python's own thresholds come back after."""
+    seen: list[int] = []
+
+    def note(phase, info):
+        if phase == "stop" and info["generation"] == 2:
+            seen.append(1)
+
+    thresholds = gc.get_threshold()
+    gc.callbacks.append(note)
+    yield seen
+    gc.callbacks.remove(note)
+    gc.set_threshold(*thresholds)
+
+
+def _churn(cycles: int) -> None:
+    """Objects that survive young collections, as a long conversation's cards do, then become garbage."""
+    kept = []
+    for index in range(cycles):
+        node: dict = {"index": index}
+        node["self"] = node  # a cycle: only the collector can free it
+        kept.append(node)
+    kept.clear()
+
+
+def test_python_starts_no_full_collection_while_the_app_is_busy(qtbot, full_collections):
+    collector = QuietCollector((), after_ms=10, every_ms=60_000)
+    full_collections.clear()  # the start-up collection
+    _churn(300_000)
+    assert full_collections == []
+    collector.stop()
+    _churn(300_000)
+    assert full_collections, "with Python's thresholds back, full collections happen again"
+
+
+def test_a_quiet_moment_brings_one_full_collection_soon_after(qtbot, full_collections):
+    moments = Moments()
+    collector = QuietCollector((moments.reply_finished,), after_ms=20, every_ms=60_000)
+    full_collections.clear()
+    moments.reply_finished.emit(object())
+    moments.reply_finished.emit(object())  # a second reply inside the delay: still one collection
+    qtbot.waitUntil(lambda: len(full_collections) >= 1, timeout=2000)
+    qtbot.wait(100)
+    assert len(full_collections) == 1
+    collector.stop()
+
+
+def test_a_long_quiet_stretch_still_gets_its_collection(qtbot, full_collections):
+    collector = QuietCollector((), after_ms=10, every_ms=50)
+    full_collections.clear()
+    qtbot.waitUntil(lambda: len(full_collections) >= 2, timeout=2000)
+    collector.stop()

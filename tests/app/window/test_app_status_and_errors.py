@@ -1,0 +1,98 @@
+"""What the status line says, and what the user sees when something fails."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from PySide6.QtWidgets import QApplication, QMessageBox
+
+from app.main import run_window
+from app.window.main_window import MainWindow
+
+
+def test_status_line_says_ready_generating_and_the_last_reply_speed(chat, script, window):
+    script.token_delay_s = 0.02
+    chat.wait_until_ready()
+    assert window.status_line.state_label.text().startswith("Ready: Fake model on cpu (fp32)")
+    assert window.status_line.stats_label.text() == ""
+
+    chat.type_and_press_enter("Hi")
+    chat.qtbot.waitUntil(lambda: window.status_line.state_label.text().startswith("Generating"), timeout=5000)
+    chat.wait_until_reply_ends()
+
+    assert window.status_line.state_label.text() == "Ready: Fake model on cpu (fp32)"
+    stats = window.status_line.stats_label.text()
+    assert "123.4 tokens/s" in stats
+    assert "first token after 42 ms" in stats
+
+
+def _error_dialogs(window: MainWindow) -> list[QMessageBox]:
+    return [box for box in window.findChildren(QMessageBox) if box.isVisible()]
+
+
+def test_a_failed_load_is_explained_and_the_previous_model_stays(chat, script, window):
+    chat.wait_until_ready()
+    window.session.load_model(script.broken_path)
+    chat.qtbot.waitUntil(lambda: bool(_error_dialogs(window)), timeout=5000)
+
+    assert "No model found at broken-model" in _error_dialogs(window)[0].text()
+    chat.qtbot.waitUntil(lambda: window.status_line.state_label.text() == "Ready: Fake model on cpu (fp32)")
+    assert window.input_bar.send_button.isEnabled()
+    _error_dialogs(window)[0].accept()
+
+    window.session.load_model("fake-model")
+    chat.wait_until_ready()
+    chat.type_and_press_enter("Still there?")
+    chat.wait_until_reply_ends()
+    assert chat.last_reply().content == script.full_reply
+
+
+def test_a_failed_reply_keeps_its_partial_text_and_says_why(chat, script, window):
+    script.reply_failure = "CUDA out of memory"
+    chat.wait_until_ready()
+    chat.type_and_press_enter("Hi")
+    chat.wait_until_reply_ends()
+
+    reply = chat.last_reply()
+    assert (reply.state, reply.content) == ("error", "Hello from")
+    assert "Hello from" in chat.shown_texts()[-1]
+    assert "CUDA out of memory" in window.chat_view.bubbles[-1].note.text()
+    assert "CUDA out of memory" in window.status_line.currentMessage()
+    assert window.input_bar.send_button.isEnabled()
+
+
+def test_an_engine_error_during_a_reply_ends_it_and_opens_a_dialog(chat, script, window):
+    script.crash = "device lost"
+    chat.wait_until_ready()
+    chat.type_and_press_enter("Hi")
+    chat.wait_until_reply_ends()
+
+    assert chat.last_reply().state == "error"
+    assert chat.last_reply().content == "Hello from"
+    assert "RuntimeError: device lost" in _error_dialogs(window)[0].text()
+    assert "RuntimeError: device lost" in window.status_line.currentMessage()
+    assert window.input_bar.send_button.isEnabled()
+
+
+def _hearth_engine_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "hearth-engine"]
+
+
+def test_closing_the_window_while_a_reply_streams_stops_the_engine(qtbot, qasync_loop, fake_engine_factory, script):
+    script.reply_tokens = tuple(f" word{index}" for index in range(2000))
+    script.token_delay_s = 0.01
+    app_run = asyncio.ensure_future(run_window("fake-model", fake_engine_factory))
+    qtbot.waitUntil(lambda: any(isinstance(w, MainWindow) and w.isVisible() for w in QApplication.topLevelWidgets()))
+    window = next(w for w in QApplication.topLevelWidgets() if isinstance(w, MainWindow) and w.isVisible())
+    qtbot.waitUntil(window.input_bar.send_button.isEnabled, timeout=5000)
+    window.session.send("Write forever")
+    qtbot.waitUntil(lambda: "word5" in window.session.conversation.messages[-1].content, timeout=5000)
+
+    window.close()
+    qtbot.waitUntil(app_run.done, timeout=5000)
+
+    assert app_run.result() == 0
+    assert script.closed.is_set()
+    assert _hearth_engine_threads() == []
+    assert len(script.generates) == 1

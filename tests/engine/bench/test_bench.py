@@ -1,0 +1,53 @@
+"""``python -m engine.bench`` runs end to end on a tiny random model and fails cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _bench(tmp_path, *args):
+    env = {**os.environ, "HEARTH_HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "engine.bench", *args, "--json"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    return done, lines
+
+
+def test_decode_reports_engine_and_baseline_speed(tmp_path):
+    done, lines = _bench(tmp_path, "decode", "--model", "random:tiny", "--device", "cpu",
+                         "--prompt-tokens", "16", "--new-tokens", "8", "--baseline", "--rounds", "3")
+    summary = lines[-1]
+    assert done.returncode == 0, done.stderr
+    rounds = [line for line in lines if "round" in line]
+    assert [line["round"] for line in rounds] == [1, 2, 3] and all(line["hf_decode_tok_s"] > 0 for line in rounds)
+    medians = sorted(line["engine_decode_tok_s"] for line in rounds)[1], sorted(line["hf_decode_tok_s"] for line in rounds)[1]
+    assert (summary["engine_decode_tok_s"], summary["hf_decode_tok_s"]) == medians
+    assert isinstance(summary["same_text_as_hf"], bool)  # fp16 weights on a random model may pick other tokens
+    assert summary["ok"] and summary["backend"] == "FastLlamaBackend"
+    assert summary["engine_decode_tok_s"] > 0 and summary["hf_decode_tok_s"] > 0
+    assert summary["speedup"] > 0 and summary["bandwidth_limit_tok_s"] > 0
+    assert summary["weight_bytes"] > 0 and summary["peak_memory_bytes"] > summary["weight_bytes"]
+    assert 0 < summary["decode_bytes"] < summary["weight_bytes"], "a decode step reads one token's embedding row"
+
+
+def test_turns_reuse_the_conversation_cache(tmp_path):
+    done, lines = _bench(tmp_path, "turns", "--model", "random:tiny", "--turns", "3", "--reply-tokens", "8")
+    assert done.returncode == 0, done.stderr
+    turns, summary = lines[:-1], lines[-1]
+    assert [t["turn"] for t in turns] == [1, 2, 3]
+    assert turns[0]["reused_tokens"] == 0
+    assert all(later["reused_tokens"] >= earlier["prompt_tokens"] for earlier, later in zip(turns, turns[1:]))
+    assert summary["all_same_text"] is True and summary["ttft_ratio_last_first"] > 0
+
+
+def test_load_of_a_broken_path_exits_2_with_a_json_error(tmp_path):
+    done, lines = _bench(tmp_path, "load", "--model", str(tmp_path / "missing.gguf"))
+    assert done.returncode == 2
+    assert lines[-1]["ok"] is False and "missing.gguf" in lines[-1]["error"]
+    assert "Traceback" not in done.stdout + done.stderr

@@ -1,0 +1,34 @@
+"""``python -m engine.bench.gpu_check --quick`` runs every step on a tiny CPU model and records each as a JSON line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_quick_check_records_every_line_and_a_failing_line_does_not_stop_the_rest(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "HEARTH_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "engine.bench.gpu_check", str(out), "--quick"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = {record["line"]: record for record in map(json.loads, (out / "gpu_bench.jsonl").read_text().splitlines())}
+    assert lines["wheels"]["ok"]  # every package a carried wheel would bring is importable here
+    assert list(lines) == ["wheels", "environment", "pytest_gpu", "decode_tiny", "decode_tiny_int8",
+                           "prefill_tiny", "chat_ttft_tiny"]
+    assert lines["pytest_gpu"]["ok"] and lines["pytest_gpu"]["skipped"] == lines["pytest_gpu"]["tests"] > 0
+    assert json.loads((out / "gpu_tests.json").read_text())["tests"] == lines["pytest_gpu"]["tests"]
+    assert (out / "gpu_tests.xml").is_file()
+    decode = lines["decode_tiny"]
+    assert decode["ok"] and decode["engine_decode_tok_s"] > 0 and decode["hf_decode_tok_s"] > 0
+    assert decode["targets"] == [{"key": "engine_decode_tok_s", "target": ">= 1", "value": decode["engine_decode_tok_s"],
+                                  "met": decode["engine_decode_tok_s"] >= 1}]
+    assert not lines["decode_tiny_int8"]["ok"] and "int8" in lines["decode_tiny_int8"]["error"]  # no int8 on the CPU
+    assert lines["decode_tiny_int8"]["targets"][0]["met"] is False
+    assert lines["prefill_tiny"]["ok"] and lines["prefill_tiny"]["prefill_ms"] > 0
+    assert lines["chat_ttft_tiny"]["ok"] and lines["chat_ttft_tiny"]["ttft_ms"] > 0

@@ -1,0 +1,127 @@
+"""The decode loop against transformers' own generate(): same tokens, reuse gives the same text."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from engine.chat.generation import CachedSequence, DecodeLoop
+from engine.forward.backend import HFBackend
+from engine.protocol.messages import GREEDY, ChatMessage, SamplingParams
+
+
+def _loop(loaded, sampling=GREEDY, cancelled=lambda: False, pieces=None, stop_at_eos=True) -> DecodeLoop:
+    """``stop_at_eos=False`` keeps the random model talking, to reach the other limits for sure."""
+    return DecodeLoop(
+        loaded.backend, loaded.tokenizer, sampling, loaded.eos_ids if stop_at_eos else frozenset(), loaded.context_length,
+        is_cancelled=cancelled,
+        on_prefill=lambda reused, ms: None,
+        on_text=lambda text, count: pieces.append(text) if pieces is not None else None,
+    )
+
+
+def _prompt(loaded, *turns: str) -> list[int]:
+    roles = ["user", "assistant"]
+    messages = [ChatMessage(roles[i % 2], text) for i, text in enumerate(turns)]
+    return loaded.tokenize(loaded.render(messages))
+
+
+def _hf_greedy(hf_model, loaded, prompt_ids: list[int], new_tokens: int) -> list[int]:
+    with torch.inference_mode():
+        out = hf_model.generate(
+            torch.tensor([prompt_ids]), max_new_tokens=new_tokens, do_sample=False,
+            eos_token_id=sorted(loaded.eos_ids), pad_token_id=0,
+        )
+    return out[0, len(prompt_ids):].tolist()
+
+
+@pytest.mark.parametrize("backend", ["fast", "transformers"])
+def test_greedy_tokens_equal_model_generate(tiny_loaded, tiny_model_dir, backend: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    hf_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    loaded = tiny_loaded if backend == "fast" else replace(tiny_loaded, backend=HFBackend(hf_model))
+    assert type(loaded.backend).__name__ == {"fast": "FastLlamaBackend", "transformers": "HFBackend"}[backend]
+    prompt = _prompt(loaded, "Paris is the capital of")
+    expected = _hf_greedy(hf_model, loaded, prompt, 24)
+    seq = CachedSequence(loaded.backend.new_cache())
+    outcome = _loop(loaded, SamplingParams(temperature=0, max_new_tokens=24, repetition_penalty=1.0)).run(seq, prompt)
+    generated = seq.token_ids[len(prompt):]
+    # The cache holds every generated token but the last, which was sampled and not fed back.
+    assert generated == expected[: len(generated)]
+    assert outcome.tokens_generated == len(expected) - (expected[-1] in loaded.eos_ids)
+    assert outcome.text == loaded.tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_reused_cache_gives_the_same_reply_as_a_fresh_one(tiny_loaded) -> None:
+    reused_seq = CachedSequence(tiny_loaded.backend.new_cache())
+    history: list[str] = []
+    for turn in range(4):
+        history.append(f"Turn {turn}: tell me about the quick brown fox")
+        prompt = _prompt(tiny_loaded, *history)
+        with_reuse = _loop(tiny_loaded, SamplingParams(temperature=0, max_new_tokens=12)).run(reused_seq, prompt)
+        fresh = _loop(tiny_loaded, SamplingParams(temperature=0, max_new_tokens=12)).run(
+            CachedSequence(tiny_loaded.backend.new_cache()), prompt
+        )
+        assert with_reuse.text == fresh.text
+        assert fresh.reused_tokens == 0
+        if turn:
+            assert with_reuse.reused_tokens > 0
+        history.append(with_reuse.text)
+
+
+def test_same_seed_same_text_other_seed_other_text(tiny_loaded) -> None:
+    prompt = _prompt(tiny_loaded, "Write something")
+
+    def sample(seed: int) -> str:
+        params = SamplingParams(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, max_new_tokens=20, seed=seed)
+        return _loop(tiny_loaded, params).run(CachedSequence(tiny_loaded.backend.new_cache()), prompt).text
+
+    assert sample(7) == sample(7)
+    assert len({sample(seed) for seed in range(4)}) > 1
+
+
+def test_stops_at_max_tokens_and_says_so(tiny_loaded) -> None:
+    prompt = _prompt(tiny_loaded, "Hello")
+    outcome = _loop(tiny_loaded, SamplingParams(temperature=0, max_new_tokens=3), stop_at_eos=False).run(
+        CachedSequence(tiny_loaded.backend.new_cache()), prompt
+    )
+    assert (outcome.finish_reason, outcome.tokens_generated) == ("max_tokens", 3)
+
+
+def test_stop_string_ends_the_reply_without_showing_it(tiny_loaded) -> None:
+    prompt = _prompt(tiny_loaded, "Paris is the capital of")
+    free = _loop(tiny_loaded, SamplingParams(temperature=0, max_new_tokens=30)).run(
+        CachedSequence(tiny_loaded.backend.new_cache()), prompt
+    )
+    stop = free.text[4:7]
+    assert len(stop) == 3, "the tiny model should say something to stop on"
+    pieces: list[str] = []
+    stopped = _loop(tiny_loaded, SamplingParams(temperature=0, max_new_tokens=30, stop=(stop,)), pieces=pieces).run(
+        CachedSequence(tiny_loaded.backend.new_cache()), prompt
+    )
+    assert stopped.finish_reason == "stop_string"
+    assert stopped.text == free.text[: free.text.index(stop)]
+    assert "".join(pieces) == stopped.text
+
+
+def test_cancel_is_acknowledged_within_one_step(tiny_loaded) -> None:
+    prompt = _prompt(tiny_loaded, "Hello")
+    steps = []
+    loop = _loop(
+        tiny_loaded, SamplingParams(temperature=0, max_new_tokens=50),
+        cancelled=lambda: steps.append(1) or len(steps) >= 2, stop_at_eos=False,
+    )
+    outcome = loop.run(CachedSequence(tiny_loaded.backend.new_cache()), prompt)
+    assert outcome.finish_reason == "cancelled"
+    assert outcome.tokens_generated == 2
+
+
+def test_context_full_stops_the_reply(tiny_loaded) -> None:
+    prompt = _prompt(tiny_loaded, "Hello")
+    loop = _loop(tiny_loaded, SamplingParams(temperature=0, max_new_tokens=100), stop_at_eos=False)
+    outcome = replace(loop, context_length=len(prompt) + 4).run(CachedSequence(tiny_loaded.backend.new_cache()), prompt)
+    assert outcome.finish_reason == "context_full"
+    assert outcome.tokens_generated == 4

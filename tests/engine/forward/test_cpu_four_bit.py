@@ -1,0 +1,69 @@
+"""The built-in Q4_1 model on the CPU: fp16 with a 4-bit decode copy (auto), or 4-bit alone; both answer right.
+
+Weight bytes count the token table and the output layer (fp16 each) and the layers' matmuls.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.bench.measure import timed_reply
+from engine.chat.generation import CachedSequence
+from engine.models.model_open import open_model
+from engine.protocol.messages import ChatMessage, LoadOptions
+
+QUESTION = [ChatMessage("user", "What is the capital of France? Answer in one word.")]
+
+
+def _open(path: Path, precision: str):
+    return open_model(str(path), LoadOptions("cpu", precision), lambda _: None, lambda *_: None, lambda: False)
+
+
+FOUR_BIT = 0.5 + 4 / 32  # bytes per weight: a bf16 scale and zero point per 32
+
+
+def _table_and_head_bytes(config) -> int:
+    return 2 * 2 * config.vocab_size * config.hidden_size
+
+
+def _layer_weights(config) -> int:
+    """Weights of the attention and MLP matmuls of every layer."""
+    hidden, inner, head_dim = config.hidden_size, config.intermediate_size, config.head_dim
+    attention = hidden * head_dim * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
+    return config.num_hidden_layers * (attention + 3 * hidden * inner)
+
+
+def _answer(loaded) -> str:
+    return timed_reply(loaded, CachedSequence(loaded.backend.new_cache()), QUESTION, 24).text
+
+
+@pytest.fixture(scope="module")
+def fp32_answer(default_model_path: Path) -> str:
+    return _answer(_open(default_model_path, "fp32"))
+
+
+def test_auto_keeps_a_4bit_copy_for_decoding_and_answers_as_fp32_does(default_model_path: Path, fp32_answer: str):
+    auto = _open(default_model_path, "auto")
+    config = auto.model.config
+    assert auto.precision == "fp16" and auto.precision_label == "fp16, 4-bit decode"  # what the window shows
+    assert auto.weight_bytes == _layer_weights(config) * (2 + FOUR_BIT) + _table_and_head_bytes(config)
+    assert "Paris" in fp32_answer
+    assert _answer(auto) == fp32_answer
+
+
+def test_the_decode_copy_can_be_turned_off(default_model_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("HEARTH_DECODE_COPY", "0")
+    fp16_only = _open(default_model_path, "auto")
+    config = fp16_only.model.config
+    assert fp16_only.precision_label == "fp16"
+    assert fp16_only.weight_bytes == _layer_weights(config) * 2 + _table_and_head_bytes(config)
+
+
+def test_4bit_alone_holds_its_layers_in_a_third_of_fp16s_bytes_and_answers_paris(default_model_path: Path):
+    four_bit = _open(default_model_path, "nf4")
+    config = four_bit.model.config
+    assert four_bit.precision == "nf4"
+    assert four_bit.weight_bytes == _layer_weights(config) * FOUR_BIT + _table_and_head_bytes(config)
+    assert "Paris" in _answer(four_bit)

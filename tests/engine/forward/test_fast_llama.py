@@ -1,0 +1,120 @@
+"""The fast Llama path gives the same replies as transformers, and reuses caches correctly."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.chat.chat_template import ChatTemplate
+from engine.chat.generation import CachedSequence, DecodeLoop, feed
+from engine.forward.fast_llama import FastLlamaBackend
+from engine.forward.static_cache import GROW_CHUNK
+from engine.models.loading import LoadPlan, wrap_model
+from engine.models.random_models import build_hf_model, byte_tokenizer
+from engine.protocol.messages import GREEDY
+
+CPU = torch.device("cpu")
+PROMPT = [{"role": "user", "content": "Tell me a short story about a lighthouse keeper."}]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return byte_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    return _randomised(build_hf_model("tiny", CPU, torch.float32), "norm.weight")
+
+
+def _randomised(model, *suffixes):
+    """Norm weights start at one and biases at zero; other values show that the repacking keeps the output."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(suffixes):
+                param.copy_(torch.rand(param.shape, generator=generator) + 0.5)
+    return model
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tokenizer):
+    return tokenizer(tokenizer.apply_chat_template(PROMPT, tokenize=False, add_generation_prompt=True))["input_ids"]
+
+
+def _wrap(model, tokenizer, name, precision):
+    plan = LoadPlan(Path(name), name, CPU, precision, 64, ChatTemplate(tokenizer.chat_template))
+    return wrap_model(model, tokenizer, plan, precision, time.perf_counter())
+
+
+def _fast(hf_model, tokenizer, precision):
+    return _wrap(hf_model, tokenizer, "random:tiny", precision)
+
+
+def _greedy(backend, prompt, count, seq=None):
+    seq = seq or CachedSequence(backend.new_cache())
+    logits, tokens = feed(backend, seq, prompt), []
+    for _ in range(count):
+        tokens.append(int(logits.argmax()))
+        logits = feed(backend, seq, [tokens[-1]])
+    return tokens
+
+
+def _reply(loaded, seq, prompt):
+    loop = DecodeLoop(loaded.backend, loaded.tokenizer, replace(GREEDY, max_new_tokens=24), frozenset(),
+                      loaded.context_length, lambda: False, lambda *_: None, lambda *_: None)
+    return loop.run(seq, prompt)
+
+
+def test_fp32_greedy_tokens_equal_hf_generate(hf_model, tokenizer, prompt_ids):
+    loaded = _fast(hf_model, tokenizer, "fp32")
+    assert isinstance(loaded.backend, FastLlamaBackend)
+    expected = hf_model.generate(torch.tensor([prompt_ids]), max_new_tokens=40, min_new_tokens=40, do_sample=False)
+    assert _greedy(loaded.backend, prompt_ids, 40) == expected[0, len(prompt_ids):].tolist()
+
+
+def test_qwen2_with_biases_greedy_tokens_equal_hf_generate(tokenizer, prompt_ids):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False, initializer_range=0.3,
+                         use_sliding_window=False)
+    model = _randomised(Qwen2ForCausalLM(config).eval(), "norm.weight", "proj.bias")
+    loaded = _wrap(model, tokenizer, "qwen2", "fp32")
+    assert isinstance(loaded.backend, FastLlamaBackend)
+    expected = model.generate(torch.tensor([prompt_ids]), max_new_tokens=30, min_new_tokens=30, do_sample=False)
+    assert _greedy(loaded.backend, prompt_ids, 30) == expected[0, len(prompt_ids):].tolist()
+
+
+def test_fp16_logits_close_to_fp32_and_text_mostly_same(hf_model, tokenizer, prompt_ids):
+    exact, half = _fast(hf_model, tokenizer, "fp32"), _fast(hf_model, tokenizer, "fp16")
+    assert half.weight_bytes < 0.6 * exact.weight_bytes
+    exact_logits = feed(exact.backend, CachedSequence(exact.backend.new_cache()), prompt_ids)
+    half_logits = feed(half.backend, CachedSequence(half.backend.new_cache()), prompt_ids)
+    assert torch.nn.functional.cosine_similarity(exact_logits, half_logits, dim=0) > 0.99
+    same = sum(a == b for a, b in zip(_greedy(exact.backend, prompt_ids, 20), _greedy(half.backend, prompt_ids, 20)))
+    assert same >= 16
+
+
+def test_cropped_cache_reply_equals_fresh_cache_reply(hf_model, tokenizer, prompt_ids):
+    loaded = _fast(hf_model, tokenizer, "fp32")
+    conversation = CachedSequence(loaded.backend.new_cache())
+    first = _reply(loaded, conversation, prompt_ids)
+    follow_up = prompt_ids + tokenizer(first.text + "<|im_end|>\n<|im_start|>user\nAnd then?<|im_end|>\n")["input_ids"]
+    reused = _reply(loaded, conversation, follow_up)
+    fresh = _reply(loaded, CachedSequence(loaded.backend.new_cache()), follow_up)
+    assert reused.reused_tokens >= len(prompt_ids)
+    assert reused.text == fresh.text
+    assert conversation.kv.capacity % GROW_CHUNK == 0 and conversation.kv.capacity < len(follow_up) + 24 + GROW_CHUNK
+
+
+def test_other_architectures_fall_back_to_transformers(tokenizer):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=300, n_positions=64)).eval()
+    loaded = _wrap(model, tokenizer, "gpt2", "fp32")
+    assert type(loaded.backend).__name__ == "HFBackend"

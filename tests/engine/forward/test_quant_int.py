@@ -1,0 +1,159 @@
+"""The integer weight formats on the CPU: int8 rows and int4 groups, exact 4-bit GGUF blocks, the models they make."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.forward.fast_llama import FastLlama
+from engine.forward.weights.quant import Linear
+from engine.forward.weights.quant_int import dequantize_int4, fast_format, int4_layout, quantize_int4, quantize_int8
+from engine.models.random_models import build_hf_model
+
+CPU = torch.device("cpu")
+CUDA = torch.device("cuda")
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_precision_names_map_to_fast_path_formats():
+    assert [fast_format(p, CUDA) for p in ("bf16", "int8", "nf4", "fp16")] == ["bf16", "int8", "int4", "fp16"]
+    cpu_formats = [fast_format(p, CPU) for p in ("fp32", "fp16", "bf16", "int8", "nf4")]
+    assert cpu_formats == ["fp32", "fp16", None, None, "int4"]
+
+
+def test_int8_rows_round_to_within_half_a_step():
+    torch.manual_seed(0)
+    weight = torch.randn(96, 200) * torch.rand(96, 1) * 3  # rows of different ranges
+    q, scales = quantize_int8(weight)
+    assert q.dtype == torch.int8 and scales.shape == (96,)
+    error = (q.float() * scales.float().unsqueeze(1) - weight).abs()
+    assert (error <= scales.float().unsqueeze(1) * 0.5 + 1e-6).all()
+
+
+def test_int4_groups_round_to_within_half_a_step_and_the_cpu_kernel_agrees():
+    torch.manual_seed(0)
+    weight, x = torch.randn(64, 256), torch.randn(3, 256)
+    group, tiles = int4_layout(64, 256, CUDA)
+    q, scales_and_zeros = quantize_int4(weight, group)
+    assert q.min() >= 0 and q.max() <= 15 and scales_and_zeros.shape == (256 // group, 64, 2)
+    restored = dequantize_int4(q, scales_and_zeros, group)
+    step = scales_and_zeros[..., 0].float().transpose(0, 1).repeat_interleave(group, dim=1)  # [N, K]
+    assert ((restored - weight).abs() <= step * 0.5 + 0.02).all()  # + bf16 rounding of the zero point
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, tiles)
+    got = torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), packed, group, scales_and_zeros)
+    torch.testing.assert_close(got.float(), x @ restored.T, rtol=0.02, atol=0.2)
+
+
+def test_int4_layout_picks_the_largest_group_on_a_gpu_and_refuses_odd_shapes():
+    assert int4_layout(4096, 14336, CUDA) == (128, 8)
+    assert int4_layout(576, 576, CUDA) == (64, 4)
+    assert int4_layout(128, 96, CUDA) == (32, 2)
+    assert int4_layout(300, 64, CUDA) is None, "rows must be a multiple of 8"
+    assert int4_layout(64, 48, CUDA) is None, "width must be a multiple of 32"
+
+
+def test_int4_layout_on_the_cpu_takes_llama_cpp_blocks_of_32():
+    assert int4_layout(576, 1536, CPU) == (32, 1)
+    assert int4_layout(4096, 14336, CPU) == (32, 1)
+    assert int4_layout(24, 64, CPU) is None, "the CPU kernel packs rows in sixteens"
+    assert int4_layout(64, 48, CPU) is None
+
+
+def _q4_1_blocks(rows: int, width: int, seed: int = 0) -> torch.Tensor:
+    """A weight as a Q4_1 GGUF file stores it: per 32 weights ``d * q + m``, q in 0…15, both ends used.
+
+    ``d`` and ``m + 8 d`` are chosen representable in bf16, as the kernel keeps them.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (rows, width // 32, 32), generator=generator)
+    q[..., 0], q[..., 1] = 0, 15
+    d = (torch.rand(rows, width // 32, 1, generator=generator) / 64).bfloat16().float()
+    zero = (torch.randn(rows, width // 32, 1, generator=generator) / 16).bfloat16().float()
+    return ((q - 8) * d + zero).reshape(rows, width)
+
+
+def test_a_4bit_gguf_block_comes_back_exactly_and_norm_weights_do_not_disturb_it():
+    weight, norm, x = _q4_1_blocks(64, 256), torch.rand(256) + 0.5, torch.randn(3, 256)
+    q, scales_and_zeros = quantize_int4(weight, 32)
+    assert torch.equal(dequantize_int4(q, scales_and_zeros, 32), weight)
+    got = Linear(weight, None, "int4", input_scale=norm)(x)  # the norm scales x: folding it would break the blocks
+    torch.testing.assert_close(got, (x * norm) @ weight.T, rtol=2e-2, atol=2e-2)  # bf16 activations
+
+
+def test_fp16_with_a_4bit_decode_copy_answers_one_row_from_the_copy_and_many_from_fp16():
+    weight, norm = _q4_1_blocks(96, 128), torch.rand(128) + 0.5
+    dual = Linear(weight, None, "fp16", norm, one_row_fmt="int4")
+    fp16, int4 = Linear(weight, None, "fp16", norm), Linear(weight, None, "int4", norm)
+    rows, row = torch.randn(5, 128), torch.randn(1, 128)
+    assert torch.equal(dual(rows), fp16(rows)) and torch.equal(dual(row), int4(row))
+    assert dual.nbytes == fp16.nbytes + int4.nbytes
+
+
+def test_linear_in_quantized_formats_is_close_to_fp32_and_smaller():
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(128, 256) / 16, torch.randn(128), torch.randn(4, 256)
+    exact = Linear(weight, bias, "fp32")
+    for fmt, max_bytes in (("int8", 128 * 256 * 1.1), ("int4", 128 * 256 * 0.7)):
+        packed = Linear(weight, bias, fmt)
+        assert packed.nbytes < max_bytes
+        assert torch.nn.functional.cosine_similarity(packed(x), exact(x), dim=-1).min() > 0.99
+
+
+def _dequantized(state: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]:
+    """Every layer weight replaced by what ``fmt`` stores for it on the CPU, in fp32 (int4's misfits fall back to
+    int8); the output layer stays as it is (fp16 there)."""
+
+    def restore(name: str, weight: torch.Tensor) -> torch.Tensor:
+        if weight.dim() != 2 or name.endswith(("embed_tokens.weight", "lm_head.weight")):
+            return weight
+        layout = int4_layout(*weight.shape, CPU) if fmt == "int4" else None
+        if layout is None:
+            q, scales = quantize_int8(weight)
+            return q.float() * scales.float().unsqueeze(1)
+        return dequantize_int4(*quantize_int4(weight, layout[0]), layout[0])
+
+    return {name: restore(name, weight) for name, weight in state.items()}
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_quantized_fast_llama_computes_with_exactly_the_quantized_weights(fmt):
+    hf_model = build_hf_model("tiny", CPU, torch.float32)
+    state = hf_model.state_dict()
+    quantized = FastLlama(hf_model.config, state, fmt, CPU)
+    reference = FastLlama(hf_model.config, _dequantized(state, fmt), "fp32", CPU)
+    assert quantized.weight_bytes < 0.5 * reference.weight_bytes
+    prompt = torch.arange(3, 40)
+    expected = reference.forward(prompt, reference.new_cache(), 0)
+    got = quantized.forward(prompt, quantized.new_cache(), 0)
+    assert torch.nn.functional.cosine_similarity(got, expected, dim=0) > 0.999  # bf16 activations in the int4 kernel
+
+
+def test_int8_fast_llama_logits_stay_close_to_fp32():
+    hf_model = build_hf_model("tiny", CPU, torch.float32)
+    exact = FastLlama(hf_model.config, hf_model.state_dict(), "fp32", CPU)
+    int8 = FastLlama(hf_model.config, hf_model.state_dict(), "int8", CPU)
+    prompt = torch.arange(3, 40)
+    expected, got = exact.forward(prompt, exact.new_cache(), 0), int8.forward(prompt, int8.new_cache(), 0)
+    assert torch.nn.functional.cosine_similarity(got, expected, dim=0) > 0.99
+
+
+def test_triton_int8_kernel_matches_the_reference_in_the_interpreter():
+    """Triton's interpreter runs the GPU kernel on the CPU; skipped where Triton is not installed."""
+    pytest.importorskip("triton")
+    script = (
+        "import torch\n"
+        "from engine.forward.weights.triton_gemv import int8_gemv\n"
+        "torch.manual_seed(0)\n"
+        "for n, k, block in ((300, 64, (8, 32)), (37, 100, (16, 64)), (64, 1024, (8, 512))):\n"
+        "    w = torch.randint(-127, 128, (n, k), dtype=torch.int8); s = torch.rand(n) / 100; x = torch.randn(1, k)\n"
+        "    torch.testing.assert_close(int8_gemv(x, w, s, block), (x @ w.float().T) * s, rtol=1e-4, atol=1e-4)\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -1,0 +1,98 @@
+"""InspectModel: what the load dialog learns about a model before loading it (no Qt)."""
+
+from __future__ import annotations
+
+import math
+import queue
+from pathlib import Path
+
+from engine.models.inspection import inspect_for_dialog, inspect_request
+from engine.protocol.channels import CancelWatch
+from engine.protocol.messages import InspectFailed, InspectModel, LoadOptions, ModelInspected
+from engine.service.runtime import ModelRuntime
+
+PLENTY = 64 * 1024**3
+# The tiny model: 2 layers × 2 KV heads × head size 16, trained for 1024 tokens.
+KV_BYTES_PER_TOKEN_FP32 = 2 * 2 * 2 * 16 * 4
+
+
+def _plenty(_device: str) -> int:
+    return PLENTY
+
+
+def _by_precision(found: ModelInspected) -> dict[str, object]:
+    return {item.precision: item for item in found.estimates}
+
+
+def test_a_folder_is_described_with_an_estimate_per_cpu_precision(tiny_model_dir: Path):
+    found = inspect_for_dialog(str(tiny_model_dir), LoadOptions(device="cpu"), "r1", _plenty, cuda_available=False)
+
+    assert (found.request_id, found.name, found.kind, found.device) == ("r1", tiny_model_dir.name, "hf_folder", "cpu")
+    assert found.native_context_length == found.context_length == 1024
+    assert found.n_params > 0
+    estimates = _by_precision(found)
+    assert list(estimates) == ["fp32", "bf16", "fp16", "nf4"]
+    assert estimates["fp32"].kv_bytes == KV_BYTES_PER_TOKEN_FP32 * 1024
+    assert estimates["bf16"].weight_bytes == found.n_params * 2
+    assert {item.verdict for item in found.estimates} == {"fits"}
+    assert found.auto_precision == "fp32"
+    assert (found.cuda_available, found.available_bytes_cpu, found.available_bytes_cuda) == (False, PLENTY, 0)
+
+
+def test_the_kv_cache_grows_with_the_chosen_context_length(tiny_model_dir: Path):
+    options = LoadOptions(device="cpu", context_length=1024)
+    found = inspect_for_dialog(str(tiny_model_dir), options, "r2", _plenty, cuda_available=False)
+
+    assert found.context_length == 1024
+    assert _by_precision(found)["fp32"].kv_bytes == KV_BYTES_PER_TOKEN_FP32 * 1024
+
+
+def test_auto_takes_the_smaller_precision_when_only_it_fits(tiny_model_dir: Path):
+    roomy = inspect_for_dialog(str(tiny_model_dir), LoadOptions(device="cpu"), "r3", _plenty, cuda_available=False)
+    bf16_total = _by_precision(roomy)["bf16"].total_bytes
+    just_enough = math.ceil(bf16_total / 0.85)
+
+    found = inspect_for_dialog(str(tiny_model_dir), LoadOptions(device="cpu"), "r3", lambda _d: just_enough, False)
+
+    verdicts = {item.precision: item.verdict for item in found.estimates}
+    assert verdicts["bf16"] == "fits"
+    assert verdicts["fp32"] == "tight"
+    assert found.auto_precision == "bf16"
+
+
+def test_nothing_fits_in_a_few_kilobytes(tiny_model_dir: Path):
+    found = inspect_for_dialog(str(tiny_model_dir), LoadOptions(), "r4", lambda _d: 4096, cuda_available=False)
+
+    assert {item.verdict for item in found.estimates} == {"won't fit"}
+    assert found.auto_precision is None
+
+
+def test_on_cuda_the_quantized_precisions_are_estimated_against_gpu_memory(tiny_model_dir: Path):
+    free = {"cpu": PLENTY, "cuda": 8 * 1024**3}
+    found = inspect_for_dialog(str(tiny_model_dir), LoadOptions(), "r5", free.__getitem__, cuda_available=True)
+
+    assert found.device == "cuda"
+    assert [item.precision for item in found.estimates] == ["bf16", "fp16", "fp32", "int8", "nf4"]
+    assert found.available_bytes_cuda == 8 * 1024**3
+    assert found.auto_precision == "bf16"
+    estimates = _by_precision(found)
+    assert estimates["nf4"].weight_bytes < estimates["int8"].weight_bytes < estimates["bf16"].weight_bytes
+
+
+def test_a_missing_path_is_refused_with_its_reason(tmp_path: Path):
+    answer = inspect_request(InspectModel("r6", str(tmp_path / "nowhere.gguf")))
+
+    assert isinstance(answer, InspectFailed)
+    assert answer.request_id == "r6"
+    assert "does not exist" in answer.message
+
+
+def test_the_runtime_answers_inspect_model_with_model_inspected(tiny_model_dir: Path):
+    events: list[object] = []
+    runtime = ModelRuntime(events.append, CancelWatch(queue.Queue()))
+
+    runtime.handle(InspectModel("r7", str(tiny_model_dir), LoadOptions(device="cpu", context_length=128)))
+
+    assert len(events) == 1
+    assert isinstance(events[0], ModelInspected)
+    assert (events[0].request_id, events[0].context_length) == ("r7", 128)

@@ -1,0 +1,137 @@
+"""Memory arithmetic against known model shapes, and the precision chosen for "auto"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.models.memory_estimate import (
+    NotEnoughMemoryError,
+    available_memory,
+    choose_precision,
+    estimate,
+    estimate_kv_bytes,
+    estimate_weight_bytes,
+    fit_verdict,
+    params_from_config,
+)
+from engine.models.model_source import ModelSource
+
+GIB = 1024**3
+LLAMA3_8B = {
+    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False,
+}
+
+
+def llama3_source() -> ModelSource:
+    return ModelSource(
+        kind="hf_folder", path=Path("/models/llama3"), name="Llama-3-8B", config=LLAMA3_8B,
+        weight_files=(), total_weight_bytes=0, n_params=params_from_config(LLAMA3_8B),
+    )
+
+
+def test_llama3_8b_parameter_count() -> None:
+    assert params_from_config(LLAMA3_8B) == 8_030_261_248
+
+
+def test_llama3_8b_kv_cache_at_8k_bf16_is_one_gib() -> None:
+    assert estimate_kv_bytes(LLAMA3_8B, 8192, 2) == GIB
+
+
+def test_kv_cache_from_gguf_metadata() -> None:
+    smollm2 = {"block_count": 30, "embedding_length": 576, "head_count": 9, "head_count_kv": 3}
+    assert estimate_kv_bytes(smollm2, 8192, 2) == 2 * 30 * 3 * 64 * 8192 * 2
+
+
+def test_weight_bytes_per_precision() -> None:
+    assert estimate_weight_bytes(1000, "fp32") == 4000
+    assert estimate_weight_bytes(1000, "bf16") == 2000
+    assert estimate_weight_bytes(1000, "int8") == 1000
+    assert estimate_weight_bytes(1000, "int8", unquantized_params=100) == 900 + 200
+    assert estimate_weight_bytes(1024, "nf4") == 576
+    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+        estimate_weight_bytes(1000, "fp8")
+
+
+def test_estimate_adds_weights_kv_and_overhead() -> None:
+    found = estimate(llama3_source(), "bf16", 8192, "cuda")
+    assert found.weight_bytes == 2 * 8_030_261_248
+    assert found.kv_bytes == GIB
+    assert found.total_bytes == found.weight_bytes + found.kv_bytes + found.overhead_bytes
+    quantized = estimate(llama3_source(), "nf4", 8192, "cuda")
+    assert 5 * GIB < quantized.weight_bytes < 6 * GIB  # 16-bit embeddings and head included
+
+
+def test_fit_verdict_thresholds() -> None:
+    assert fit_verdict(85, 100) == "fits"
+    assert fit_verdict(86, 100) == "tight"
+    assert fit_verdict(100, 100) == "tight"
+    assert fit_verdict(101, 100) == "won't fit"
+
+
+def test_cpu_prefers_fp32_then_bf16_then_4bit() -> None:
+    source = llama3_source()
+    assert choose_precision(source, "cpu", 8192, available_bytes=64 * GIB) == "fp32"
+    assert choose_precision(source, "cpu", 8192, available_bytes=24 * GIB) == "bf16"
+    assert choose_precision(source, "cpu", 8192, available_bytes=10 * GIB) == "nf4"
+
+
+def test_cuda_prefers_bf16_then_int8_then_nf4() -> None:
+    source = llama3_source()
+    assert choose_precision(source, "cuda", 8192, available_bytes=80 * GIB) == "bf16"
+    assert choose_precision(source, "cuda", 8192, available_bytes=14 * GIB) == "int8"
+    assert choose_precision(source, "cuda", 8192, available_bytes=8 * GIB) == "nf4"
+
+
+def test_tight_fit_is_used_when_nothing_fits_comfortably() -> None:
+    needed = estimate(llama3_source(), "nf4", 8192, "cuda").total_bytes
+    assert choose_precision(llama3_source(), "cuda", 8192, available_bytes=int(needed * 1.05)) == "nf4"
+
+
+def test_nothing_fits_gives_the_estimate() -> None:
+    with pytest.raises(NotEnoughMemoryError) as caught:
+        choose_precision(llama3_source(), "cuda", 8192, available_bytes=2 * GIB)
+    message = str(caught.value)
+    assert "Llama-3-8B needs about" in message and "at nf4" in message
+    assert "1.00 GiB KV cache for 8192 tokens" in message and "2.00 GiB is free" in message
+
+
+def test_available_memory() -> None:
+    assert available_memory("cpu") > 0
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        available_memory("tpu")
+
+
+def test_real_default_model_fits_on_cpu(default_model_path: Path) -> None:
+    from engine.models.model_files import inspect_model
+
+    source = inspect_model(default_model_path)
+    found = estimate(source, "fp32", 8192, "cpu")
+    assert found.weight_bytes == 4 * source.n_params
+    assert found.kv_bytes == 2 * 30 * 3 * 64 * 8192 * 4
+    assert choose_precision(source, "cpu", 8192, available_bytes=8 * GIB) == "fp32"
+
+
+def test_fp16_on_the_cpu_counts_the_4bit_decode_copy_of_a_4bit_file(default_model_path: Path) -> None:
+    from engine.models.model_files import inspect_model
+
+    source = inspect_model(default_model_path)  # Q4_1 layers, a Q8_0 token table
+    layer_params = source.n_params - 49152 * 576
+    on_cpu, on_gpu = estimate(source, "fp16", 2048, "cpu"), estimate(source, "fp16", 2048, "cuda")
+    assert source.four_bit_layers
+    assert on_gpu.weight_bytes == 2 * source.n_params
+    assert on_cpu.weight_bytes == on_gpu.weight_bytes + int(layer_params * (0.5 + 4 / 32))
+
+
+def test_gpt2_style_config_names_are_understood() -> None:
+    gpt2 = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257}
+    assert estimate_kv_bytes(gpt2, 1024, 4) == 2 * 12 * 12 * 64 * 1024 * 4
+
+
+def test_config_without_a_shape_cannot_be_estimated() -> None:
+    from engine.models.model_source import ModelFileError
+
+    with pytest.raises(ModelFileError, match="does not give its hidden size"):
+        estimate_kv_bytes({"model_type": "mystery"}, 1024, 2)

@@ -1,0 +1,125 @@
+"""Through the engine thread: KV reuse across turns, edits, regenerate and several conversations."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from engine.chat.generation import common_prefix_length
+from engine.protocol.messages import (
+    Cancel,
+    ChatMessage,
+    Generate,
+    LoadFailed,
+    ModelLoaded,
+    ReplyFailed,
+    ReplyFinished,
+    SamplingParams,
+    TokenStreamed,
+)
+
+SHORT_GREEDY = SamplingParams(temperature=0, max_new_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, engine_driver):
+    engine = engine_driver()
+    assert isinstance(engine.load(str(tiny_model_dir)), ModelLoaded)
+    yield engine
+    engine.thread.stop()
+
+
+def _fresh(engine, messages: list[ChatMessage]):
+    return engine.ask(uuid.uuid4().hex, messages)
+
+
+def _prompt_ids(tiny_loaded, messages: list[ChatMessage]) -> list[int]:
+    return tiny_loaded.tokenize(tiny_loaded.render(messages))
+
+
+def test_ten_turns_reuse_the_cache_and_match_a_fresh_cache(engine, tiny_loaded) -> None:
+    history: list[ChatMessage] = []
+    previous_prompt: list[int] = []
+    for turn in range(10):
+        history.append(ChatMessage("user", f"Hi {turn}"))
+        reused = engine.ask("ten-turns", history)
+        fresh = _fresh(engine, history)
+        prompt = _prompt_ids(tiny_loaded, history)
+        assert reused.reply.text == fresh.reply.text
+        assert fresh.prefill.reused_tokens == 0
+        assert reused.prefill.prompt_tokens == len(prompt)
+        assert len(previous_prompt) <= reused.prefill.reused_tokens < len(prompt)
+        previous_prompt = prompt
+        history.append(ChatMessage("assistant", reused.reply.text))
+
+
+def test_editing_an_earlier_message_crops_the_cache_at_the_edit(engine, tiny_loaded) -> None:
+    history = [ChatMessage("user", "Hi one"), ChatMessage("assistant", "a"), ChatMessage("user", "Hi two"),
+               ChatMessage("assistant", "b"), ChatMessage("user", "Hi three")]
+    engine.ask("edit", history)
+    before = _prompt_ids(tiny_loaded, history)
+    edited = history[:2] + [ChatMessage("user", "Hi EDITED")]
+    after = _prompt_ids(tiny_loaded, edited)
+    turn = engine.ask("edit", edited)
+    assert turn.prefill.reused_tokens == common_prefix_length(before, after)
+    assert turn.reply.text == _fresh(engine, edited).reply.text
+
+
+def test_regenerate_reuses_all_but_one_prompt_token_and_repeats_the_greedy_reply(engine, tiny_loaded) -> None:
+    history = [ChatMessage("user", "Tell me about the fox")]
+    first = engine.ask("regen", history)
+    again = engine.ask("regen", history)
+    assert again.prefill.reused_tokens == len(_prompt_ids(tiny_loaded, history)) - 1
+    assert again.reply.text == first.reply.text
+
+
+def test_switching_among_three_conversations_keeps_each_cache(engine, tiny_loaded) -> None:
+    histories = {name: [] for name in ("a", "b", "c")}
+    prompts = {name: [] for name in histories}
+    for turn in range(3):
+        for name, history in histories.items():
+            history.append(ChatMessage("user", f"{name} says {turn}"))
+            result = engine.ask(f"switch-{name}", history)
+            assert result.reply.text == _fresh(engine, history).reply.text
+            assert result.prefill.reused_tokens >= len(prompts[name])
+            if turn:
+                assert result.prefill.reused_tokens > 0
+            prompts[name] = _prompt_ids(tiny_loaded, history)
+            history.append(ChatMessage("assistant", result.reply.text))
+
+
+def test_overflow_drops_the_oldest_turns_and_says_which(engine) -> None:
+    system = ChatMessage("system", "Be brief.")
+    history = [system]
+    for turn in range(40):
+        history += [ChatMessage("user", f"The quick brown fox number {turn}"), ChatMessage("assistant", "Paris is the capital of France.")]
+    history.append(ChatMessage("user", "And now?"))
+    turn = engine.ask("overflow", history, SamplingParams(temperature=0, max_new_tokens=32))
+    dropped = turn.prefill.dropped_turns
+    assert dropped and dropped[0] == 1, "the oldest user turn goes first, the system prompt stays"
+    assert list(dropped) == list(range(1, len(dropped) + 1))
+    assert turn.prefill.prompt_tokens + 32 <= turn.prefill.context_length
+
+
+def test_overflow_with_the_stop_policy_fails_with_a_clear_message(engine) -> None:
+    history = [ChatMessage("user", "The quick brown fox " * 250)]
+    engine.thread.submit(Generate("too-long", "stop-policy", tuple(history), SHORT_GREEDY, "stop"))
+    failed = engine.wait_for(ReplyFailed)
+    assert "context" in failed.message and "1024" in failed.message
+
+
+def test_cancel_request_stops_a_reply_and_reports_it(engine) -> None:
+    engine.thread.submit(Generate("long", "cancel", (ChatMessage("user", "Hi"),), SamplingParams(temperature=0, max_new_tokens=200)))
+    engine.wait_for(TokenStreamed)
+    engine.thread.submit(Cancel("long"))
+    finished = engine.wait_for(ReplyFinished)
+    assert finished.stats.finish_reason in ("cancelled", "eos")
+    assert finished.stats.tokens_generated < 200
+
+
+def test_a_broken_path_fails_to_load_and_the_model_stays(engine, tmp_path) -> None:
+    failed = engine.load(str(tmp_path / "nothing-here"))
+    assert isinstance(failed, LoadFailed)
+    assert "nothing-here" in failed.message
+    assert engine.ask("still-works", [ChatMessage("user", "Hi")]).reply.stats.tokens_generated > 0
