@@ -15,6 +15,7 @@ import uuid
 from PySide6.QtCore import QObject, Signal
 
 from engine.protocol.messages import (
+    BatchSampled,
     Cancel,
     ChatMessage,
     EngineError,
@@ -51,6 +52,7 @@ SIGNAL_FOR_EVENT: dict[type, str] = {
     ReplyFinished: "reply_finished",
     ReplyFailed: "reply_failed",
     MemorySampled: "memory_sampled",
+    BatchSampled: "batch_sampled",
     EngineError: "engine_error",
     ModelInspected: "model_inspected",
     InspectFailed: "inspect_failed",
@@ -74,6 +76,7 @@ class EngineController(QObject):
     reply_finished = Signal(object)
     reply_failed = Signal(object)
     memory_sampled = Signal(object)
+    batch_sampled = Signal(object)
     engine_error = Signal(object)
     model_inspected = Signal(object)
     inspect_failed = Signal(object)

@@ -243,6 +243,38 @@ class MemorySampled:
 
 
 @dataclass(frozen=True)
+class KVPoolStats:
+    """The block-wise KV cache of the loaded model at one moment.
+
+    ``blocks_used`` are held by at least one sequence; ``blocks_shared`` by more than
+    one (a common prefix held once); ``blocks_cached`` hold no running sequence but keep
+    a reusable prefix until evicted; the rest are free. Bytes are ``blocks × bytes_per_block``.
+    """
+
+    block_size: int = 0
+    blocks_total: int = 0
+    blocks_used: int = 0
+    blocks_shared: int = 0
+    blocks_cached: int = 0
+    bytes_per_block: int = 0
+
+
+@dataclass(frozen=True)
+class BatchSampled:
+    """The scheduler's state, sent after each step that changed it (at most ~10 times a second).
+
+    ``running`` requests are in the batch, ``waiting`` ones queue for room in the pool;
+    ``throughput_tok_s`` counts new tokens of all requests per second over the last few seconds.
+    """
+
+    running: int
+    waiting: int
+    throughput_tok_s: float
+    pool: KVPoolStats
+    timestamp: float
+
+
+@dataclass(frozen=True)
 class EngineError:
     """Something failed outside any single request."""
 
@@ -302,6 +334,7 @@ Event = Union[
     ReplyFinished,
     ReplyFailed,
     MemorySampled,
+    BatchSampled,
     EngineError,
     ModelInspected,
     InspectFailed,
