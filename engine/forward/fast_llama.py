@@ -3,6 +3,7 @@
 Covers Llama, Mistral (without a sliding window) and Qwen2: RMSNorm, rotary
 positions (including Llama 3 and linear scaling), grouped-query attention, a SiLU
 gated MLP and optional q/k/v biases. Weights come from a Hugging Face state dict
+(tensors, or ``Int4Groups`` for a GGUF file's 4-bit layers: ``engine.models.gguf_state``)
 and are repacked once into one weight format (``quant``) so that a decode step makes
 few calls, since at this size each call's fixed cost adds up: q/k/v become one
 matmul and gate/up another; each RMSNorm's weight goes to the matmul after it
@@ -22,7 +23,9 @@ import torch.nn.functional as F
 from engine.forward.backend import PREFILL_CHUNK
 from engine.forward.static_cache import KVCache
 from engine.forward.weights.quant import Embedding, Linear
-from engine.forward.weights.quant_int import QUANT_FORMATS
+from engine.forward.weights.quant_int import QUANT_FORMATS, Int4Groups
+
+Weight = torch.Tensor | Int4Groups  # a state's matmul weights may come already in 4-bit groups (GGUF files)
 
 ARCHITECTURES = ("llama", "mistral", "qwen2")
 ROPE_TYPES = ("default", "llama3", "linear")
@@ -82,22 +85,22 @@ class FastLlama:
 
     def _layer(self, state: Mapping[str, torch.Tensor], prefix: str, fmt: str, decode_fmt: str | None) -> _Layer:
         """One layer's matmuls, given its norms' weights; the attention scale and the rotary order are folded in."""
-        def weight(name: str) -> torch.Tensor:
+        def weight(name: str) -> Weight:
             return _fp32(state[prefix + name], self.device)
 
-        def optional(name: str) -> torch.Tensor | None:
+        def optional(name: str) -> Weight | None:
             return weight(name) if prefix + name in state else None
 
-        def qkv_rows(kind: str) -> torch.Tensor | None:
+        def qkv_rows(kind: str) -> Weight | None:
             q, k, v = (optional(f"self_attn.{p}_proj.{kind}") for p in "qkv")
             if q is None or k is None or v is None:
                 return None
-            return torch.cat([_pair_rows(q * self.head_dim**-0.5, self.heads), _pair_rows(k, self.kv_heads), v])
+            return _cat_rows([_pair_rows(_scaled(q, self.head_dim**-0.5), self.heads), _pair_rows(k, self.kv_heads), v])
 
-        def linear(rows: torch.Tensor, bias: torch.Tensor | None, norm: str | None = None) -> Linear:
+        def linear(rows: Weight, bias: Weight | None, norm: str | None = None) -> Linear:
             return Linear(rows, bias, fmt, weight(norm) if norm else None, decode_fmt)
 
-        gate_up = torch.cat([weight("mlp.gate_proj.weight"), weight("mlp.up_proj.weight")])
+        gate_up = _cat_rows([weight("mlp.gate_proj.weight"), weight("mlp.up_proj.weight")])
         return _Layer(
             qkv=linear(qkv_rows("weight"), qkv_rows("bias"), "input_layernorm.weight"),
             out=linear(weight("self_attn.o_proj.weight"), optional("self_attn.o_proj.bias")),
@@ -190,18 +193,28 @@ def _rotary_module(config: Any, device: torch.device) -> torch.nn.Module:
     return LlamaRotaryEmbedding(config).to(device)
 
 
-def _fp32(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    return tensor.to(device, torch.float32)
+def _fp32(weight: Weight, device: torch.device) -> Weight:
+    """A tensor in fp32 on ``device``; ``Int4Groups`` stay in their groups."""
+    return weight.to(device) if isinstance(weight, Int4Groups) else weight.to(device, torch.float32)
 
 
-def _pair_rows(rows: torch.Tensor, heads: int) -> torch.Tensor:
+def _scaled(weight: Weight, factor: float) -> Weight:
+    return weight.scaled(factor) if isinstance(weight, Int4Groups) else weight * factor
+
+
+def _cat_rows(parts: list[Weight]) -> Weight:
+    return Int4Groups.cat(parts) if isinstance(parts[0], Int4Groups) else torch.cat(parts)
+
+
+def _pair_rows(rows: Weight, heads: int) -> Weight:
     """Each head's rows from Hugging Face's half-split rotary order to (even, odd) pairs: 0, hd/2, 1, hd/2 + 1, …
 
     Queries and keys are reordered alike, so their dot products, and the attention, stay the same.
     """
     head_dim = rows.shape[0] // heads
     order = torch.arange(head_dim).view(2, head_dim // 2).t().reshape(-1)  # [hd]
-    return rows.unflatten(0, (heads, head_dim))[:, order].flatten(0, 1)
+    every_head = (torch.arange(heads).unsqueeze(1) * head_dim + order).flatten()  # [H * hd]
+    return rows.rows(every_head) if isinstance(rows, Int4Groups) else rows[every_head.to(rows.device)]
 
 
 def rotate_pairs_(x: torch.Tensor, turns: torch.Tensor) -> None:

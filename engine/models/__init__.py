@@ -5,7 +5,7 @@ checks of ``gguf_check`` and ``safetensors_check`` run before anything is
 allocated; ``memory_estimate`` and ``inspection`` say what each precision needs
 against free memory; ``default_model`` fetches the built-in model; ``model_open``
 goes from a picked path to a ``LoadedModel`` through ``loading`` (and, for a GGUF
-file, ``gguf_convert``). ``random_models`` builds real architectures with random
+file, ``gguf_direct``, which reads its tensors as they are). ``random_models`` builds real architectures with random
 weights for benchmarks and tests. Runs on the engine thread, or on the loader
 thread of ``engine.service.background_load``; inspection and the checks import no torch.
 """

@@ -46,6 +46,12 @@ class GGUFTensorInfo:
     n_elements: int
     n_bytes: int
     offset: int  # from the start of the data section
+    dims: tuple[int, ...] = ()  # GGUF's order: the row length first
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape as torch and numpy write it: [rows, row length] for a matrix."""
+        return tuple(reversed(self.dims))
 
 
 @dataclass(frozen=True)
@@ -209,7 +215,7 @@ def _read_tensor_info(cursor: _Cursor) -> GGUFTensorInfo:
         n_elements *= size
     if dims and dims[0] % block_size:
         raise _error(cursor.path, f"tensor {name!r} has a row size not divisible by its block size")
-    return GGUFTensorInfo(name, quant_type, n_elements, n_elements * type_size // block_size, offset)
+    return GGUFTensorInfo(name, quant_type, n_elements, n_elements * type_size // block_size, offset, tuple(dims))
 
 
 def _data_start(cursor: _Cursor, metadata: dict[str, Any]) -> int:
@@ -272,6 +278,25 @@ def explain_gguf_errors(path: Path) -> Iterator[None]:
         yield
     except (ValueError, KeyError, IndexError, struct.error, OSError) as error:
         raise _error(path, f"the gguf reader failed: {error}") from error
+
+
+# The tensor types Hearth reads (``engine.forward.weights.gguf_blocks``): 4-bit blocks straight into its int4
+# groups, the rest through ``gguf.quants`` into floats. The IQ and ternary types are not among them.
+READABLE_TYPES = frozenset(
+    GGMLQuantizationType[name]
+    for name in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+)
+
+
+def refuse_unreadable_types(path: Path, contents: GGUFContents) -> None:
+    """Raise ``ModelFileError`` naming the tensor types of ``contents`` that Hearth cannot read, if any."""
+    unreadable = sorted({tensor.quant_type.name for tensor in contents.tensors} - {t.name for t in READABLE_TYPES})
+    if unreadable:
+        readable = ", ".join(sorted(t.name for t in READABLE_TYPES))
+        raise _error(
+            path, f"it stores tensors as {', '.join(unreadable)}, which Hearth cannot read (it reads {readable})",
+            "Pick a file of one of those types (Q4_K_M, say).",
+        )
 
 
 # Per-architecture metadata keys ("{arch}.KEY") copied into ``ModelSource.config``.

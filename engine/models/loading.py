@@ -1,7 +1,9 @@
 """Loads a model and its tokenizer from a Hugging Face folder or a GGUF file (engine thread).
 
 Nothing from a model folder ever runs as code: ``trust_remote_code`` stays off.
-GGUF files are converted once into a cached folder (see ``gguf_convert``).
+A GGUF file of a Llama-family model is read as it is, tensor by tensor into the fast
+path's formats (``gguf_direct``); other GGUF architectures go through transformers,
+which dequantizes them into fp32.
 Llama-family models run on the fast path: on the CPU ``fast_llama`` in fp32, fp16
 (with a 4-bit copy for decode steps when the file is 4-bit) or 4-bit weights, on a
 GPU ``cuda_backend`` in bf16/fp16/fp32, int8 or 4-bit weights (``quant_int``).
@@ -23,6 +25,8 @@ from engine.chat.chat_template import ChatTemplate
 from engine.forward.backend import Backend, HFBackend
 from engine.forward.fast_llama import FastLlama, FastLlamaBackend, unsupported_reason
 from engine.forward.weights.quant_int import fast_format
+from engine.models import gguf_direct
+from engine.models.gguf_check import read_gguf
 from engine.models.weight_progress import report_tensors
 from engine.protocol.messages import ChatMessage
 
@@ -82,6 +86,7 @@ def resolve_device(requested: str) -> torch.device:
 class LoadPlan:
     """What to load and how, decided before any weight is read.
 
+    ``folder``: the Hugging Face folder, or the GGUF file (``is_gguf``).
     ``precision`` passed the memory check; ``precision_is_auto`` says the user left
     the choice to Hearth, which then takes fp16 weights over fp32 on the fast path.
     ``four_bit_source``: the file stores its layers in 4 bits (see ``decode_format``).
@@ -96,6 +101,10 @@ class LoadPlan:
     notices: tuple[str, ...] = ()
     precision_is_auto: bool = False
     four_bit_source: bool = False
+
+
+def is_gguf(plan: LoadPlan) -> bool:
+    return plan.folder.suffix.lower() == ".gguf" and plan.folder.is_file()
 
 
 def resolve_precision(requested: str, device: torch.device, fast_path: bool) -> str:
@@ -150,6 +159,8 @@ def load_model(plan: LoadPlan, progress: Progress, is_cancelled: Callable[[], bo
     without building a transformers model first.
     """
     started = time.perf_counter()
+    if is_gguf(plan):
+        return _load_gguf(plan, cancellable(progress, is_cancelled), started)
     tokenizer = _load_tokenizer(plan.folder)
     _raise_if_cancelled(is_cancelled)
     config = _load_config(plan.folder)
@@ -164,6 +175,25 @@ def load_model(plan: LoadPlan, progress: Progress, is_cancelled: Callable[[], bo
     with report_tensors(report):
         hf_model = _load_weights(plan.folder, plan.device, precision)
     return wrap_model(hf_model, tokenizer, plan, precision, started)
+
+
+def _load_gguf(plan: LoadPlan, report: Progress, started: float) -> LoadedModel:
+    """A GGUF file straight into the fast path where it applies, else through transformers (fp32 on the way)."""
+    contents = read_gguf(plan.folder)
+    tokenizer = gguf_direct.load_tokenizer(plan.folder)
+    config = gguf_direct.hf_config(contents) if gguf_direct.direct_reason(contents) is None else None
+    fast = config is not None and fast_path_applies(config, plan.device)
+    precision = prefer_fast(plan.precision, fast) if plan.precision_is_auto else plan.precision
+    fmt = fast_format(precision, plan.device) if fast else None
+    if fmt is None:
+        with report_tensors(report):
+            hf_model = _load_weights(plan.folder, plan.device, precision)
+        return wrap_model(hf_model, tokenizer, plan, precision, started)
+    groups = "int4" in (fmt, decode_format(fmt, plan))
+    state = gguf_direct.GGUFState(plan.folder, contents, groups, report)
+    model, backend, plan = _fast_backend(config, state, fmt, plan)
+    eos_ids = gguf_direct.end_token_ids(contents) | _eos_ids(config, tokenizer)
+    return _assemble(model, backend, model.weight_bytes, eos_ids, tokenizer, plan, precision, started)
 
 
 def wrap_model(model: Any, tokenizer: Any, plan: LoadPlan, precision: str, started: float) -> LoadedModel:
@@ -246,9 +276,12 @@ def _load_config(folder: Path) -> Any:
 
 
 def _load_weights(folder: Path, device: torch.device, precision: str) -> Any:
+    """transformers' model of a folder, or of a GGUF file (``folder`` is then the file: it dequantizes to fp32)."""
     from transformers import AutoModelForCausalLM
 
     kwargs: dict[str, Any] = {"trust_remote_code": False, "use_safetensors": True}
+    if folder.suffix.lower() == ".gguf":
+        kwargs, folder = {"gguf_file": folder.name, "trust_remote_code": False}, folder.parent
     if precision in QUANTIZED:
         kwargs["quantization_config"] = _bnb_config(precision)
         kwargs["dtype"] = torch.bfloat16 if device.type == "cuda" else torch.float32

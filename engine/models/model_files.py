@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.chat.chat_template import find_folder_template
-from engine.models.gguf_check import gguf_config, read_gguf
+from engine.models.gguf_check import gguf_config, read_gguf, refuse_unreadable_types
 from engine.models.model_source import ModelFileError, ModelSource, read_model_json
 from engine.models.safetensors_check import INDEX_FILE, SafetensorsHeader, read_safetensors_header, read_sharded_headers
 
@@ -55,6 +55,7 @@ def _inspect_gguf(path: Path) -> ModelSource:
     contents = read_gguf(path)
     config = gguf_config(path, contents)
     _check_gguf_architecture(path, config["architecture"])
+    refuse_unreadable_types(path, contents)
     template = contents.metadata.get("tokenizer.chat_template")
     return ModelSource(
         kind="gguf",

@@ -2,19 +2,22 @@
 
 "default" is fetched first if needed. Every path is inspected before anything is
 allocated (``model_files``): a file Hearth refuses raises ``ModelFileError`` with a
-message for the user. Then the memory estimate picks or checks the precision, a
-GGUF file is converted once into a cached folder, and the folder is loaded.
+message for the user. Then the memory estimate picks or checks the precision, and
+the folder or GGUF file is loaded (``loading``). Earlier versions kept a converted
+copy of each GGUF file in the models cache; the first load removes them and says so.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Callable
 
 from engine.chat.chat_template import ChatTemplate
-from engine.models import default_model, gguf_convert
+from engine.host import paths
+from engine.models import default_model
 from engine.models.gguf_check import explain_gguf_errors
-from engine.models.loading import LoadedModel, LoadPlan, Progress, cancellable, load_model, resolve_device
+from engine.models.loading import LoadedModel, LoadPlan, Progress, load_model, resolve_device
 from engine.models.memory_estimate import (
     NotEnoughMemoryError,
     available_memory,
@@ -26,6 +29,8 @@ from engine.models.model_files import inspect_model
 from engine.models.model_source import ModelFileError, ModelSource
 from engine.protocol.channels import EventSink
 from engine.protocol.messages import FetchProgress, LoadOptions, StatusChanged
+
+CONVERTED_FOLDER = "converted"  # under the models cache, where earlier versions kept converted GGUF files
 
 
 def open_model(
@@ -40,14 +45,17 @@ def open_model(
     device = resolve_device(options.device)
     context_length = options.context_length or source.native_context
     precision = _pick_precision(source, device.type, options.precision, context_length)
-    folder = _as_folder(source, emit, progress, is_cancelled)
     template = ChatTemplate.for_model(source)
     emit(StatusChanged("loading", f"Loading {source.name} on {device.type}…"))
     plan = LoadPlan(
-        folder, source.name, device, precision, context_length, template, _notices(source, template),
+        source.path, source.name, device, precision, context_length, template,
+        _notices(source, template) + remove_converted_copies(),
         precision_is_auto=options.precision == "auto", four_bit_source=source.four_bit_layers,
     )
-    return load_model(plan, progress, is_cancelled)
+    if source.kind != "gguf":
+        return load_model(plan, progress, is_cancelled)
+    with explain_gguf_errors(source.path):
+        return load_model(plan, progress, is_cancelled)
 
 
 def _fetch_if_default(requested: str, emit: EventSink, is_cancelled: Callable[[], bool]) -> Path:
@@ -77,13 +85,17 @@ def _pick_precision(source: ModelSource, device: str, requested: str, context_le
     return requested
 
 
-def _as_folder(source: ModelSource, emit: EventSink, progress: Progress, is_cancelled: Callable[[], bool]) -> Path:
-    if source.kind == "hf_folder":
-        return source.path
-    if not gguf_convert.is_converted(gguf_convert.converted_dir_for(source.path)):
-        emit(StatusChanged("loading", f"Converting {source.path.name} (first time only)…"))
-    with explain_gguf_errors(source.path):
-        return gguf_convert.convert_gguf(source.path, cancellable(progress, is_cancelled))
+def remove_converted_copies() -> tuple[str, ...]:
+    """Delete the converted GGUF copies earlier versions cached; a notice saying so, once (when there were any)."""
+    folder = paths.models_dir() / CONVERTED_FOLDER
+    if not folder.is_dir():
+        return ()
+    freed = sum(entry.stat().st_size for entry in folder.rglob("*") if entry.is_file())
+    shutil.rmtree(folder, ignore_errors=True)
+    return (
+        f"Removed the converted copies of GGUF files that earlier versions of Hearth kept ({freed / 1024**2:.0f} MB "
+        f"in {folder}): GGUF files are now read as they are.",
+    )
 
 
 def _notices(source: ModelSource, template: ChatTemplate) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.forward.weights.quant_int import QUANT_FORMATS, pack_quantized
+from engine.forward.weights.quant_int import QUANT_FORMATS, Int4Groups, pack_quantized
 
 PLAIN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -33,15 +33,16 @@ class Linear:
     """``y = (x * input_scale) @ W.T + b`` with ``W`` [N, K] held in ``fmt``; ``nbytes`` is what the weights occupy.
 
     ``input_scale`` [K] is an RMSNorm's weight (see the module docstring). ``one_row_fmt``
-    keeps a second copy for single rows (decode steps) in that format.
+    keeps a second copy for single rows (decode steps) in that format. ``weight`` may come
+    as ``Int4Groups`` (a GGUF file's 4-bit blocks): ``int4`` packs them as they are.
     """
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str,
+        self, weight: torch.Tensor | Int4Groups, bias: torch.Tensor | None, fmt: str,
         input_scale: torch.Tensor | None = None, one_row_fmt: str | None = None,
     ) -> None:
         self.fmt = fmt
-        self.compute_dtype = _compute_dtype(weight.device, fmt)
+        self.compute_dtype = _compute_dtype(weight.q.device if isinstance(weight, Int4Groups) else weight.device, fmt)
         many_rows, self.nbytes = _scaled_pack(weight, bias, fmt, self.compute_dtype, input_scale)
         self._run, self.one_row_nbytes = many_rows, self.nbytes  # one_row_nbytes: what a one-row call reads
         if one_row_fmt is not None:
@@ -54,9 +55,12 @@ class Linear:
 
 
 def _scaled_pack(
-    weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype, input_scale: torch.Tensor | None
+    weight: torch.Tensor | Int4Groups, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype,
+    input_scale: torch.Tensor | None,
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
     """``_pack`` with ``input_scale`` folded into the weight, or (int4) applied to the input on each call."""
+    if isinstance(weight, Int4Groups) and fmt != "int4":
+        weight = weight.dequantize()  # [N, K] fp32
     if input_scale is None or fmt != "int4":
         folded = weight if input_scale is None else weight * input_scale  # [N, K] * [K]
         return _pack(folded, bias, fmt, dtype)
@@ -72,13 +76,13 @@ def _compute_dtype(device: torch.device, fmt: str) -> torch.dtype:
 
 
 def _pack(
-    weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype
+    weight: torch.Tensor | Int4Groups, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
+    if fmt in QUANT_FORMATS:
+        return pack_quantized(weight, bias, fmt)
     if weight.device.type == "cpu" and fmt == "fp16":
         packed = torch.ops.quantized.linear_prepack_fp16(weight.float(), _fp32(bias))
         return (lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed)), weight.numel() * 2
-    if fmt in QUANT_FORMATS:
-        return pack_quantized(weight, bias, fmt)
     if fmt not in PLAIN_DTYPES:
         raise ValueError(f"Weight format {fmt!r} is not supported on {weight.device.type}.")
     weight = weight.to(dtype).contiguous()

@@ -32,7 +32,8 @@ on the CPU it only serves tests of the quantizer, through the dequantized form.
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -54,13 +55,26 @@ def fast_format(precision: str, device: torch.device) -> str | None:
     return (GPU_FORMATS if device.type == "cuda" else CPU_FORMATS).get(precision)
 
 
-def pack_quantized(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str) -> tuple[Run, int]:
-    """``weight`` [N, K] as ``fmt`` ("int8" or "int4"); returns ``x [M, K] -> [M, N]`` and the bytes held."""
+def pack_quantized(weight: torch.Tensor | Int4Groups, bias: torch.Tensor | None, fmt: str) -> tuple[Run, int]:
+    """``weight`` [N, K] as ``fmt`` ("int8" or "int4"); returns ``x [M, K] -> [M, N]`` and the bytes held.
+
+    ``Int4Groups`` whose groups the kernel takes are packed as they are; anything else is (re)quantized.
+    """
+    if isinstance(weight, Int4Groups):
+        layout = _groups_layout(weight) if fmt == "int4" else None
+        if layout:
+            run, nbytes = _int4_packed(weight.q, weight.scales_and_zeros.to(torch.bfloat16), *layout)
+            return _with_bias(run, nbytes, bias, weight.q.is_cuda)
+        weight = weight.dequantize()
     layout = int4_layout(*weight.shape, weight.device) if fmt == "int4" else None
     run, nbytes = _int4_linear(weight, *layout) if layout else _int8_linear(weight)
+    return _with_bias(run, nbytes, bias, weight.is_cuda)
+
+
+def _with_bias(run: Run, nbytes: int, bias: torch.Tensor | None, on_gpu: bool) -> tuple[Run, int]:
     if bias is None:
         return run, nbytes
-    bias = bias.to(torch.bfloat16 if weight.is_cuda else torch.float32)
+    bias = bias.to(torch.bfloat16 if on_gpu else torch.float32)
     return (lambda x: run(x) + bias), nbytes + bias.numel() * bias.element_size()
 
 
@@ -84,18 +98,25 @@ def _int8_linear(weight: torch.Tensor) -> tuple[Run, int]:
     return run, q.numel() + scales.numel() * scales.element_size()
 
 
-def int4_layout(rows: int, width: int, device: torch.device) -> tuple[int, int] | None:
-    """(group size, inner k-tiles) the int4 kernel on ``device`` takes for a [rows, width] weight, or None."""
+def int4_layout(rows: int, width: int, device: torch.device, group: int | None = None) -> tuple[int, int] | None:
+    """(group size, inner k-tiles) the int4 kernel on ``device`` takes for a [rows, width] weight, or None.
+
+    ``group``: the groups the weight already comes in (``Int4Groups``); None picks the largest that fits.
+    """
     if device.type == "cpu":
-        fits = rows % 16 == 0 and width % CPU_INT4_GROUP == 0
+        fits = rows % 16 == 0 and width % CPU_INT4_GROUP == 0 and group in (None, CPU_INT4_GROUP)
         return (CPU_INT4_GROUP, 1) if fits else None  # the CPU kernel ignores the k-tiles
-    if rows % 8:
+    if rows % 8 or width % 32:
         return None
-    group = next((g for g in INT4_GROUPS if width % g == 0), None)
-    if group is None:
+    group = group or next((g for g in INT4_GROUPS if width % g == 0), None)
+    if group is None or width % group:
         return None
     tiles = next(t for t in INT4_INNER_K_TILES if width % (t * 16) == 0)  # width % 32 == 0 holds here
     return group, tiles
+
+
+def _groups_layout(weight: Int4Groups) -> tuple[int, int] | None:
+    return int4_layout(*weight.shape, weight.q.device, weight.group)
 
 
 def quantize_int4(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,12 +145,18 @@ def dequantize_int4(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int)
 
 def _int4_linear(weight: torch.Tensor, group: int, tiles: int) -> tuple[Run, int]:
     q, scales_and_zeros = quantize_int4(weight, group)
-    if weight.is_cuda:
-        nibbles = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)  # [N, K/2]: even columns in the high nibble
+    return _int4_packed(q, scales_and_zeros, group, tiles)
+
+
+def _int4_packed(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int, tiles: int) -> tuple[Run, int]:
+    """q [N, K] in 0…15 and bf16 scales-and-zeros [K / group, N, 2] packed for the device's int4 kernel."""
+    if q.is_cuda:
+        q = q.to(torch.uint8)
+        nibbles = q[:, ::2] << 4 | q[:, 1::2]  # [N, K/2]: even columns in the high nibble
         packed = torch.ops.aten._convert_weight_to_int4pack(nibbles.contiguous(), tiles)
         matmul = torch.ops.aten._weight_int4pack_mm
     else:
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, tiles)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), tiles)
         matmul = torch.ops.aten._weight_int4pack_mm_for_cpu
 
     def run(x: torch.Tensor) -> torch.Tensor:
@@ -138,3 +165,42 @@ def _int4_linear(weight: torch.Tensor, group: int, tiles: int) -> tuple[Run, int
 
     nbytes = packed.numel() * packed.element_size() + scales_and_zeros.numel() * scales_and_zeros.element_size()
     return run, nbytes
+
+
+@dataclass(frozen=True)
+class Int4Groups:
+    """A weight [N, K] already in 4-bit groups, as GGUF's 4-bit blocks come: ``w = (q - 8) * scale + zero``.
+
+    ``q`` [N, K] uint8 in 0…15; ``scales_and_zeros`` [K / group, N, 2], kept in fp32 until packed (bf16 then),
+    so that a row scale folded in rounds once. Reordering, concatenating and scaling rows keep the groups intact.
+    """
+
+    q: torch.Tensor
+    scales_and_zeros: torch.Tensor
+    group: int
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    def to(self, device: torch.device) -> Int4Groups:
+        return Int4Groups(self.q.to(device), self.scales_and_zeros.to(device, torch.float32), self.group)
+
+    def rows(self, order: torch.Tensor) -> Int4Groups:
+        """The rows ``order`` [N'] in that order."""
+        return Int4Groups(self.q[order], self.scales_and_zeros[:, order], self.group)
+
+    def scaled(self, factor: float) -> Int4Groups:
+        """Every weight times ``factor``: each group's scale and zero point are."""
+        return Int4Groups(self.q, self.scales_and_zeros.float() * factor, self.group)
+
+    def dequantize(self) -> torch.Tensor:
+        return dequantize_int4(self.q, self.scales_and_zeros, self.group)  # [N, K] fp32
+
+    @staticmethod
+    def cat(parts: Sequence[Int4Groups]) -> Int4Groups:
+        """The parts' rows one after another (all of one group size)."""
+        return Int4Groups(
+            torch.cat([part.q for part in parts]),
+            torch.cat([part.scales_and_zeros.float() for part in parts], dim=1), parts[0].group,
+        )

@@ -1,0 +1,81 @@
+"""A GGUF tensor's raw blocks straight into the fast path's weight formats, one tensor at a time (engine thread).
+
+The blocks come as numpy bytes, memory-mapped from the file by ``gguf.GGUFReader``
+(one row of the weight per row of bytes). The structs are llama.cpp's
+(``ggml-common.h``), per block of weights of one row:
+
+* ``Q4_0`` (32 weights, 18 bytes): ``d`` fp16, 16 bytes of nibbles; ``w = (q - 8) * d``.
+* ``Q4_1`` (32 weights, 20 bytes): ``d``, ``m`` fp16, 16 bytes of nibbles; ``w = q * d + m``.
+* ``Q4_K`` (256 weights, 144 bytes): ``d``, ``dmin`` fp16, 12 bytes of 6-bit scales ``sc`` and mins ``mn`` for
+  its 8 sub-blocks of 32, 128 bytes of nibbles; ``w = d * sc * q - dmin * mn``.
+
+In the first two the low nibbles of the 16 bytes are weights 0…15 and the high ones 16…31; ``Q4_K`` holds
+four runs of 32 bytes, whose low nibbles are one sub-block and high nibbles the next.
+All three are 16 evenly spaced values per 32 weights, which is what ``Int4Groups`` holds
+(``(q - 8) * scale + zero`` per 32): they come back exactly, up to the bf16 rounding of each
+group's scale and zero point. Every other type (``Q5_K``, ``Q6_K``, ``Q8_0``, F16, BF16, F32)
+is dequantized by ``gguf.quants`` into fp32, one tensor at a time, and packed by the layer into
+its format from there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gguf.constants import GGMLQuantizationType
+from gguf.quants import Q4_K, dequantize
+
+from engine.forward.weights.quant_int import CPU_INT4_GROUP, Int4Groups
+
+FOUR_BIT_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K)
+READABLE_TYPES = FOUR_BIT_TYPES + (
+    GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q8_0,
+    GGMLQuantizationType.Q2_K, GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
+    GGMLQuantizationType.F16, GGMLQuantizationType.BF16, GGMLQuantizationType.F32,
+)
+Q4_K_SUPER_BLOCK = 256
+
+
+def dense(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> torch.Tensor:
+    """Any readable type's rows of blocks as the fp32 weight they stand for, [N, K] (or [K] for a vector)."""
+    return torch.from_numpy(np.require(dequantize(blocks, quant_type), np.float32, ["C", "W"]))  # a copy if mapped
+
+
+def int4_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Groups:
+    """A 4-bit type's blocks [N, bytes per row] as ``Int4Groups`` of 32 (see the module docstring)."""
+    rows = blocks.shape[0]
+    if quant_type == GGMLQuantizationType.Q4_K:
+        nibbles, scales, zeros = _q4_k(blocks.reshape(rows, -1, 144))
+    else:
+        with_min = quant_type == GGMLQuantizationType.Q4_1
+        nibbles, scales, zeros = _q4_0_or_1(blocks.reshape(rows, -1, 20 if with_min else 18), with_min)
+    scales_and_zeros = torch.from_numpy(np.stack([scales, zeros], axis=-1)).transpose(0, 1).contiguous()  # [G, N, 2]
+    return Int4Groups(torch.from_numpy(nibbles.reshape(rows, -1)), scales_and_zeros, CPU_INT4_GROUP)
+
+
+def _q4_0_or_1(blocks: np.ndarray, with_min: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[N, G, 18 or 20] bytes -> nibbles [N, G, 32] uint8, scale and zero [N, G] fp32."""
+    d = _fp16(blocks[..., 0:2])  # [N, G]
+    start = 4 if with_min else 2
+    packed = blocks[..., start : start + 16]  # [N, G, 16]
+    nibbles = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)  # [N, G, 32]: low nibbles first
+    zeros = _fp16(blocks[..., 2:4]) + 8 * d if with_min else np.zeros_like(d)  # (q - 8) d + z = q d + m
+    return nibbles, d, zeros
+
+
+def _q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[N, B, 144] bytes -> nibbles [N, 8B, 32] uint8, scale and zero [N, 8B] fp32 (one per sub-block)."""
+    rows, supers = blocks.shape[:2]
+    d, dmin = _fp16(blocks[..., 0:2]), _fp16(blocks[..., 2:4])  # [N, B]
+    sub_scales, sub_mins = Q4_K.get_scale_min(blocks[..., 4:16].reshape(-1, 12))  # [N*B, 8] each, 0…63
+    scales = d[..., None] * sub_scales.reshape(rows, supers, 8).astype(np.float32)  # [N, B, 8]
+    mins = dmin[..., None] * sub_mins.reshape(rows, supers, 8).astype(np.float32)
+    packed = blocks[..., 16:].reshape(rows, supers, 4, 1, 32)  # four runs of 32 bytes
+    nibbles = np.concatenate([packed & 0x0F, packed >> 4], axis=-2)  # [N, B, 4, 2, 32]: sub-blocks 2c, 2c + 1
+    zeros = 8 * scales - mins  # (q - 8) s + z = s q - min
+    return nibbles.reshape(rows, supers * 8, 32), scales.reshape(rows, -1), zeros.reshape(rows, -1)
+
+
+def _fp16(pairs: np.ndarray) -> np.ndarray:
+    """[..., 2] bytes as the fp16 number they hold, in fp32, [...]."""
+    return np.ascontiguousarray(pairs).view(np.float16)[..., 0].astype(np.float32)

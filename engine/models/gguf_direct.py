@@ -1,0 +1,170 @@
+"""A GGUF file opened as it is, without a converted copy: its config, tokenizer and tensors (engine thread).
+
+For the architectures the fast path covers (``DIRECT_ARCHITECTURES``) the Hugging Face
+config is built from the file's metadata, the tokenizer by transformers from the metadata
+alone (it reads no tensor), and ``GGUFState`` hands ``FastLlama`` the tensors under Hugging
+Face's names, each decoded from the memory-mapped file when it is asked for
+(``engine.forward.weights.gguf_blocks``): a load holds the packed weights and one layer's
+tensors on their way there, never the whole file decoded.
+
+llama.cpp's converter reorders the query and key rows of llama-architecture models
+(Llama, Mistral) for its rotary layout; ``GGUFState`` puts them back in Hugging Face's
+order, as transformers does, and ``FastLlama`` reorders them for its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from gguf.constants import GGML_QUANT_SIZES
+
+from engine.forward.fast_llama import Weight
+from engine.forward.weights.gguf_blocks import FOUR_BIT_TYPES, dense, int4_groups
+from engine.models.gguf_check import GGUFContents, GGUFTensorInfo
+
+DIRECT_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # GGUF's name -> model_type
+PERMUTED_ARCHITECTURES = ("llama",)
+TOP_LEVEL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+IGNORED_NAMES = ("rope_freqs.weight",)  # Llama 3's frequency factors: the config's rope parameters say the same
+DENSE_NAMES = ("model.embed_tokens.weight", "lm_head.weight")  # a token table is looked up row by row
+END_TOKEN_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+Progress = Callable[[int, int], None]
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``)."""
+    if gguf_name in TOP_LEVEL_NAMES:
+        return TOP_LEVEL_NAMES[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{parts[3]}"
+    return None
+
+
+def direct_reason(contents: GGUFContents) -> str | None:
+    """Why this file cannot be opened directly (then transformers converts it), or None when it can."""
+    architecture = contents.metadata.get("general.architecture")
+    if architecture not in DIRECT_ARCHITECTURES:
+        return f"architecture {architecture!r}"
+    unknown = [t.name for t in contents.tensors if hf_name(t.name) is None and t.name not in IGNORED_NAMES]
+    return f"tensors Hearth does not place ({', '.join(unknown[:3])})" if unknown else None
+
+
+def hf_config(contents: GGUFContents) -> Any:
+    """The Hugging Face config ``FastLlama`` needs, from the file's metadata."""
+    from transformers import AutoConfig
+
+    meta, architecture = contents.metadata, contents.metadata["general.architecture"]
+
+    def key(name: str, default: Any = None) -> Any:
+        return meta.get(f"{architecture}.{name}", default)
+
+    heads, hidden = key("attention.head_count"), key("embedding_length")
+    return AutoConfig.for_model(
+        DIRECT_ARCHITECTURES[architecture],
+        num_hidden_layers=key("block_count"), hidden_size=hidden, intermediate_size=key("feed_forward_length"),
+        num_attention_heads=heads, num_key_value_heads=key("attention.head_count_kv") or heads,
+        head_dim=key("attention.key_length") or hidden // heads,
+        rms_norm_eps=key("attention.layer_norm_rms_epsilon", 1e-6),
+        max_position_embeddings=key("context_length", 2048),
+        vocab_size=contents.array_lengths.get("tokenizer.ggml.tokens") or key("vocab_size"),
+        tie_word_embeddings=all(tensor.name != "output.weight" for tensor in contents.tensors),
+        rope_parameters=_rope_parameters(key),
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+        attention_bias=any(tensor.name.endswith("attn_q.bias") for tensor in contents.tensors),
+    )
+
+
+def _rope_parameters(key: Callable[..., Any]) -> dict[str, Any]:
+    theta = float(key("rope.freq_base", 10000.0))
+    scaling = key("rope.scaling.type")
+    if scaling in (None, "none"):
+        return {"rope_type": "default", "rope_theta": theta}
+    return {"rope_type": scaling, "rope_theta": theta, "factor": float(key("rope.scaling.factor", 1.0))}
+
+
+def end_token_ids(contents: GGUFContents) -> frozenset[int]:
+    """The ids that end a reply: end of sequence, of turn, of message (whichever the file names)."""
+    return frozenset(contents.metadata[k] for k in END_TOKEN_KEYS if isinstance(contents.metadata.get(k), int))
+
+
+def load_tokenizer(path: Path) -> Any:
+    """transformers' tokenizer from the file's metadata (the vocabulary, merges and special tokens).
+
+    The fast tokenizer class is named directly: ``AutoTokenizer`` would first build the whole
+    config through ``gguf.GGUFReader``, which takes seconds for a 50 k-token vocabulary.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+class GGUFState(Mapping[str, Weight]):
+    """The file's tensors under Hugging Face's names, each decoded when asked for.
+
+    ``groups``: 4-bit layer weights come as ``Int4Groups`` (exact, for a format that packs
+    4-bit groups); otherwise every tensor comes as fp32. ``report`` counts tensors decoded.
+    """
+
+    def __init__(self, path: Path, contents: GGUFContents, groups: bool, report: Progress) -> None:
+        self._file = np.memmap(path, dtype=np.uint8, mode="r")
+        self._start = contents.data_start
+        self._tensors = {hf_name(t.name): t for t in contents.tensors if hf_name(t.name) is not None}
+        architecture = contents.metadata["general.architecture"]
+        permuted = architecture in PERMUTED_ARCHITECTURES
+        heads = contents.metadata.get(f"{architecture}.attention.head_count")
+        kv_heads = contents.metadata.get(f"{architecture}.attention.head_count_kv") or heads
+        self._heads = {"q_proj": heads, "k_proj": kv_heads} if permuted else {}
+        self._groups, self._report, self._done = groups, report, set()
+
+    def __getitem__(self, name: str) -> Weight:
+        info = self._tensors[name]
+        blocks = self._blocks(info)
+        if self._groups and info.quant_type in FOUR_BIT_TYPES and len(info.dims) == 2 and name not in DENSE_NAMES:
+            weight: Weight = int4_groups(blocks, info.quant_type)
+        else:
+            weight = dense(blocks, info.quant_type).reshape(info.shape)
+        projection = name.split(".")[-2]
+        if projection in self._heads:
+            weight = _unpermute_rows(weight, self._heads[projection])
+        self._done.add(name)
+        self._report(len(self._done), len(self._tensors))
+        return weight
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tensors
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def _blocks(self, info: GGUFTensorInfo) -> np.ndarray:
+        """The tensor's bytes in the mapped file, one row of the weight per row: [rows, bytes per row]."""
+        block_size, type_size = GGML_QUANT_SIZES[info.quant_type]
+        start = self._start + info.offset
+        raw = self._file[start : start + info.n_bytes]
+        return raw.reshape(-1, info.dims[0] // block_size * type_size)
+
+
+def _unpermute_rows(weight: Weight, heads: int) -> Weight:
+    """llama.cpp's rotary row order (pairs: 0, hd/2, 1, hd/2 + 1, … of each head) back to Hugging Face's halves."""
+    head_dim = weight.shape[0] // heads
+    order = torch.arange(head_dim).view(head_dim // 2, 2).t().reshape(-1)  # [hd]: HF row j*hd/2 + i <- 2i + j
+    every_head = (torch.arange(heads).unsqueeze(1) * head_dim + order).flatten()  # [H * hd]
+    return weight[every_head] if isinstance(weight, torch.Tensor) else weight.rows(every_head)
