@@ -1,0 +1,111 @@
+"""Small GGUF files of random weights, written the way llama.cpp writes them (for tests).
+
+K-quant blocks are random bytes with sane fp16 scales written over them (gguf-py can only dequantize
+those types); the query and key rows of a llama file are in llama.cpp's rotary order, as its converter
+leaves them. The tokenizer is byte-level BPE over the 256 byte symbols and one end-of-turn token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+
+SCALE_RANGES = {Q.Q4_0: (0.01, 0.03), Q.Q4_1: (0.01, 0.03), Q.Q8_0: (0.002, 0.005),
+                Q.Q4_K: (0.0001, 0.0005), Q.Q5_K: (0.0001, 0.0005), Q.Q6_K: (0.00005, 0.0002)}
+FP16_FIELDS = {Q.Q4_0: 1, Q.Q4_1: 2, Q.Q8_0: 1, Q.Q4_K: 2, Q.Q5_K: 2, Q.Q6_K: 0}
+END_OF_TURN = "<|end|>"
+
+
+@dataclass(frozen=True)
+class Shape:
+    layers: int = 2
+    hidden: int = 256
+    heads: int = 4
+    kv_heads: int = 2
+    ffn: int = 512
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+def random_blocks(quant_type: Q, rows: int, width: int, rng: np.random.Generator) -> np.ndarray:
+    """[rows, bytes per row] of ``quant_type`` blocks: random codes, fp16 scales in a sane range."""
+    block_size, type_size = GGML_QUANT_SIZES[quant_type]
+    blocks = rng.integers(0, 256, size=(rows, width // block_size, type_size), dtype=np.uint8)
+    low, high = SCALE_RANGES[quant_type]
+    fields = FP16_FIELDS[quant_type]
+    at = slice(0, 2 * fields) if fields else slice(type_size - 2, type_size)  # Q6_K keeps d last
+    scales = rng.uniform(low, high, size=(rows, blocks.shape[1], max(fields, 1))).astype(np.float16)
+    blocks[..., at] = scales.view(np.uint8).reshape(rows, blocks.shape[1], -1)
+    return blocks.reshape(rows, -1)
+
+
+def byte_tokens() -> list[str]:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return list(bytes_to_unicode().values())
+
+
+def write_random_gguf(path: Path, architecture: str = "llama", layer_type: Q = Q.Q4_K, shape: Shape = Shape(),
+                      six_bit_down: bool = True, seed: int = 0) -> Path:
+    """A random model of ``architecture`` (llama, qwen2, qwen3) with its layers in ``layer_type``.
+
+    ``six_bit_down``: the MLP's down matrices in Q6_K, as a Q4_K_M file keeps some.
+    """
+    rng = np.random.default_rng(seed)
+    tokens = byte_tokens() + ["Ġt", END_OF_TURN]
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_block_count(shape.layers)
+    writer.add_context_length(512)
+    writer.add_embedding_length(shape.hidden)
+    writer.add_feed_forward_length(shape.ffn)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * (len(tokens) - 1) + [3])  # the last one a control token
+    writer.add_token_merges(["Ġ t"])
+    writer.add_eos_token_id(len(tokens) - 1)
+    writer.add_bos_token_id(len(tokens) - 1)
+
+    def matrix(name: str, rows: int, width: int, quant_type: Q = layer_type) -> None:
+        writer.add_tensor(name, random_blocks(quant_type, rows, width, rng), raw_dtype=quant_type)
+
+    def vector(name: str, size: int, around: float = 1.0) -> None:
+        writer.add_tensor(name, (around + 0.1 * rng.standard_normal(size)).astype(np.float32))
+
+    matrix("token_embd.weight", len(tokens), shape.hidden, Q.Q8_0)
+    vector("output_norm.weight", shape.hidden)
+    for i in range(shape.layers):
+        _write_layer(f"blk.{i}.", architecture, shape, matrix, vector, six_bit_down)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _write_layer(prefix: str, architecture: str, shape: Shape, matrix, vector, six_bit_down: bool) -> None:
+    q_rows, kv_rows = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    vector(prefix + "attn_norm.weight", shape.hidden)
+    vector(prefix + "ffn_norm.weight", shape.hidden)
+    matrix(prefix + "attn_q.weight", q_rows, shape.hidden)
+    matrix(prefix + "attn_k.weight", kv_rows, shape.hidden)
+    matrix(prefix + "attn_v.weight", kv_rows, shape.hidden)
+    matrix(prefix + "attn_output.weight", shape.hidden, q_rows)
+    matrix(prefix + "ffn_gate.weight", shape.ffn, shape.hidden)
+    matrix(prefix + "ffn_up.weight", shape.ffn, shape.hidden)
+    matrix(prefix + "ffn_down.weight", shape.hidden, shape.ffn, Q.Q6_K if six_bit_down else Q.Q4_K)
+    if architecture == "qwen2":
+        for name, rows in (("attn_q", q_rows), ("attn_k", kv_rows), ("attn_v", kv_rows)):
+            vector(f"{prefix}{name}.bias", rows, around=0.0)
+    if architecture == "qwen3":
+        vector(prefix + "attn_q_norm.weight", shape.head_dim)
+        vector(prefix + "attn_k_norm.weight", shape.head_dim)

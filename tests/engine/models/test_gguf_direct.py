@@ -1,0 +1,121 @@
+"""GGUF files opened directly answer as transformers' own GGUF load does, without a converted copy.
+
+Random files in K-quant and 4-bit types (``random_gguf``), small enough for the CPU: the fast path's
+logits from the file as it is, against transformers' model of the same file (which dequantizes it
+into fp32 itself), in fp32 and with the 4-bit groups packed as they are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType as Q
+
+from engine.chat.chat_template import ChatTemplate
+from engine.models.gguf_check import read_gguf
+from engine.models.gguf_direct import GGUFState, direct_reason, hf_config
+from engine.models.loading import LoadPlan, load_model
+from engine.models.model_files import inspect_model
+from engine.models.model_source import ModelFileError
+from tests.engine.models.random_gguf import END_OF_TURN, write_random_gguf
+
+CPU = torch.device("cpu")
+PROMPT = [5, 77, 140, 3, 200, 18, 96, 41]
+
+
+def _load(path: Path, precision: str, four_bit_source: bool = False):
+    plan = LoadPlan(path, path.stem, CPU, precision, 512, ChatTemplate(None, "test"), four_bit_source=four_bit_source)
+    return load_model(plan, lambda *_: None, lambda: False)
+
+
+def _last_logits(loaded, ids: list[int]) -> torch.Tensor:
+    return loaded.backend.forward(ids, loaded.backend.new_cache(), 0)  # [V]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory):
+    """For each architecture, a random file and transformers' fp32 model of it."""
+    from transformers import AutoModelForCausalLM
+
+    made = {}
+    for architecture in ("llama", "qwen2"):
+        path = write_random_gguf(tmp_path_factory.mktemp(architecture) / f"random-{architecture}.gguf", architecture)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        made[architecture] = path, model.eval()
+    return made
+
+
+def _hf_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, -1]  # [V]
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+def test_fp32_from_the_file_as_it_is_matches_transformers(reference, architecture: str):
+    path, hf_model = reference[architecture]
+    loaded = _load(path, "fp32")
+    assert type(loaded.backend).__name__ == "FastLlamaBackend"
+    expected = _hf_logits(hf_model, PROMPT)
+    got = _last_logits(loaded, PROMPT)
+    assert torch.allclose(got, expected, rtol=1e-3, atol=1e-3 * float(expected.abs().max()))
+    assert int(got.argmax()) == int(expected.argmax())
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+def test_4bit_groups_packed_as_they_are_stay_close_to_fp32(reference, architecture: str):
+    path, hf_model = reference[architecture]
+    four_bit = _load(path, "nf4")
+    assert four_bit.precision == "nf4"
+    expected = _hf_logits(hf_model, PROMPT)
+    got = _last_logits(four_bit, PROMPT)
+    # bf16 activations and scales in the int4 kernel, and the Q6_K down matrices requantized to 4 bits
+    assert torch.nn.functional.cosine_similarity(got, expected, dim=0) > 0.99
+
+
+def test_auto_on_a_4bit_file_keeps_an_fp16_copy_for_prompts_and_4bit_groups_for_decoding(reference):
+    path, hf_model = reference["llama"]
+    auto = _load(path, "fp16", four_bit_source=True)
+    assert auto.precision_label == "fp16, 4-bit decode"
+    prompt_logits = _last_logits(auto, PROMPT)  # several rows: the fp16 copy
+    one_row = _last_logits(auto, PROMPT[:1])  # one row: the 4-bit groups
+    assert torch.nn.functional.cosine_similarity(prompt_logits, _hf_logits(hf_model, PROMPT), dim=0) > 0.999
+    assert torch.nn.functional.cosine_similarity(one_row, _hf_logits(hf_model, PROMPT[:1]), dim=0) > 0.99
+
+
+def test_config_tokenizer_and_end_tokens_come_from_the_metadata(reference):
+    path, hf_model = reference["llama"]
+    loaded = _load(path, "fp32")
+    config = loaded.model.config
+    for name in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size"):
+        assert getattr(config, name) == getattr(hf_model.config, name), name
+    end = loaded.tokenizer.convert_tokens_to_ids(END_OF_TURN)
+    assert loaded.eos_ids == {end}
+    assert loaded.tokenize("hi " + END_OF_TURN)[-1] == end
+
+
+def test_tensors_are_decoded_only_when_asked_for_and_counted(reference):
+    path, _ = reference["llama"]
+    contents = read_gguf(path)
+    counted: list[tuple[int, int]] = []
+    state = GGUFState(path, contents, groups=True, report=lambda done, total: counted.append((done, total)))
+    assert "model.layers.0.self_attn.q_proj.weight" in state and not counted  # a membership test decodes nothing
+    state["model.layers.0.self_attn.q_proj.weight"]
+    assert counted == [(1, len(state))]
+    assert direct_reason(contents) is None and hf_config(contents).model_type == "llama"
+
+
+def test_a_file_in_a_type_hearth_cannot_read_is_refused_by_name(tmp_path: Path):
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "iq.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("blk.0.attn_q.weight", np.zeros((256, 66), dtype=np.uint8), raw_dtype=Q.IQ2_XXS)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelFileError, match="IQ2_XXS, which Hearth cannot read"):
+        inspect_model(path)
