@@ -1,8 +1,8 @@
 """A compact forward pass for Llama-family models, run as a ``Backend`` (engine thread).
 
-Covers Llama, Mistral (without a sliding window) and Qwen2: RMSNorm, rotary
+Covers Llama, Mistral (without a sliding window), Qwen2 and Qwen3: RMSNorm, rotary
 positions (including Llama 3 and linear scaling), grouped-query attention, a SiLU
-gated MLP and optional q/k/v biases. Weights come from a Hugging Face state dict
+gated MLP, optional q/k/v biases and Qwen3's RMSNorm of each query and key head. Weights come from a Hugging Face state dict
 (tensors, or ``Int4Groups`` for a GGUF file's 4-bit layers: ``engine.models.gguf_state``)
 and are repacked once into one weight format (``quant``) so that a decode step makes
 few calls, since at this size each call's fixed cost adds up: q/k/v become one
@@ -27,7 +27,7 @@ from engine.forward.weights.quant_int import QUANT_FORMATS, Int4Groups
 
 Weight = torch.Tensor | Int4Groups  # a state's matmul weights may come already in 4-bit groups (GGUF files)
 
-ARCHITECTURES = ("llama", "mistral", "qwen2")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "llama3", "linear")
 ROPE_TABLE_CHUNK = 4096
 
@@ -54,6 +54,7 @@ class _Layer:
     out: Linear  # H * hd -> D
     gate_up: Linear  # D -> 2 F, on the normalised input
     down: Linear  # F -> D
+    head_norms: torch.Tensor | None = None  # [H + Hkv, hd]: Qwen3's per-head q/k RMSNorm weights (q's scaled)
 
 
 class FastLlama:
@@ -91,22 +92,36 @@ class FastLlama:
         def optional(name: str) -> Weight | None:
             return weight(name) if prefix + name in state else None
 
+        head_norms = self._head_norms(optional("self_attn.q_norm.weight"), optional("self_attn.k_norm.weight"))
+
         def qkv_rows(kind: str) -> Weight | None:
             q, k, v = (optional(f"self_attn.{p}_proj.{kind}") for p in "qkv")
             if q is None or k is None or v is None:
                 return None
-            return _cat_rows([_pair_rows(_scaled(q, self.head_dim**-0.5), self.heads), _pair_rows(k, self.kv_heads), v])
+            q = q if head_norms is not None else _scaled(q, self.head_dim**-0.5)  # else the norm takes the scale
+            return _cat_rows([_pair_rows(q, self.heads), _pair_rows(k, self.kv_heads), v])
 
         def linear(rows: Weight, bias: Weight | None, norm: str | None = None) -> Linear:
             return Linear(rows, bias, fmt, weight(norm) if norm else None, decode_fmt)
 
+        qkv = linear(qkv_rows("weight"), qkv_rows("bias"), "input_layernorm.weight")
         gate_up = _cat_rows([weight("mlp.gate_proj.weight"), weight("mlp.up_proj.weight")])
         return _Layer(
-            qkv=linear(qkv_rows("weight"), qkv_rows("bias"), "input_layernorm.weight"),
+            qkv=qkv,
             out=linear(weight("self_attn.o_proj.weight"), optional("self_attn.o_proj.bias")),
             gate_up=linear(gate_up, None, "post_attention_layernorm.weight"),
             down=linear(weight("mlp.down_proj.weight"), None),
+            head_norms=head_norms.to(qkv.compute_dtype) if head_norms is not None else None,
         )
+
+    def _head_norms(self, q_norm: Weight | None, k_norm: Weight | None) -> torch.Tensor | None:
+        """Qwen3's q/k norm weights [hd] each, in the rotary pair order, one row per head; q's times the
+        attention scale. None for models without them."""
+        if q_norm is None or k_norm is None:
+            return None
+        q_norm, k_norm = _pair_rows(q_norm, 1), _pair_rows(k_norm, 1)  # [hd] each
+        rows = [q_norm * self.head_dim**-0.5] * self.heads + [k_norm] * self.kv_heads
+        return torch.stack(rows)  # [H + Hkv, hd]
 
     @property
     def weight_bytes(self) -> int:
@@ -148,6 +163,9 @@ class FastLlama:
                    turns: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         length, heads, kv_heads = h.shape[0], self.heads, self.kv_heads
         qkv = layer.qkv(h).view(length, heads + 2 * kv_heads, self.head_dim)  # [S, H + 2Hkv, hd]
+        if layer.head_norms is not None:
+            queries_keys = qkv[:, : heads + kv_heads]  # [S, H + Hkv, hd]
+            queries_keys.copy_(F.rms_norm(queries_keys, (self.head_dim,), eps=self.eps).mul_(layer.head_norms))
         rotate_pairs_(qkv[:, : heads + kv_heads], turns)  # queries and keys rotated together
         new_keys_values = qkv[:, heads:].transpose(0, 1).unflatten(0, (2, kv_heads))  # [2, Hkv, S, hd]
         keys, values = cache.write(index, start, new_keys_values)  # [Hkv, T, hd] each

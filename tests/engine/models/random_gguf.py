@@ -66,6 +66,8 @@ def write_random_gguf(path: Path, architecture: str = "llama", layer_type: Q = Q
     writer.add_feed_forward_length(shape.ffn)
     writer.add_head_count(shape.heads)
     writer.add_head_count_kv(shape.kv_heads)
+    writer.add_key_length(shape.head_dim)
+    writer.add_value_length(shape.head_dim)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(10000.0)
     writer.add_tokenizer_model("gpt2")

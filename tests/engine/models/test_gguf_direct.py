@@ -19,10 +19,13 @@ from engine.models.gguf_direct import GGUFState, direct_reason, hf_config
 from engine.models.loading import LoadPlan, load_model
 from engine.models.model_files import inspect_model
 from engine.models.model_source import ModelFileError
-from tests.engine.models.random_gguf import END_OF_TURN, write_random_gguf
+from tests.engine.models.random_gguf import END_OF_TURN, Shape, write_random_gguf
 
 CPU = torch.device("cpu")
 PROMPT = [5, 77, 140, 3, 200, 18, 96, 41]
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# transformers' Qwen3 GGUF config ignores attention.key_length (its default head size is 128): match it
+SHAPES = {"qwen3": Shape(heads=2, kv_heads=1)}
 
 
 def _load(path: Path, precision: str, four_bit_source: bool = False):
@@ -40,8 +43,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory):
     from transformers import AutoModelForCausalLM
 
     made = {}
-    for architecture in ("llama", "qwen2"):
-        path = write_random_gguf(tmp_path_factory.mktemp(architecture) / f"random-{architecture}.gguf", architecture)
+    for architecture in ARCHITECTURES:
+        folder = tmp_path_factory.mktemp(architecture)
+        path = write_random_gguf(folder / f"random-{architecture}.gguf", architecture, shape=SHAPES.get(architecture, Shape()))
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
         made[architecture] = path, model.eval()
     return made
@@ -52,7 +56,7 @@ def _hf_logits(model, ids: list[int]) -> torch.Tensor:
         return model(torch.tensor([ids])).logits[0, -1]  # [V]
 
 
-@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
 def test_fp32_from_the_file_as_it_is_matches_transformers(reference, architecture: str):
     path, hf_model = reference[architecture]
     loaded = _load(path, "fp32")
@@ -63,7 +67,7 @@ def test_fp32_from_the_file_as_it_is_matches_transformers(reference, architectur
     assert int(got.argmax()) == int(expected.argmax())
 
 
-@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
 def test_4bit_groups_packed_as_they_are_stay_close_to_fp32(reference, architecture: str):
     path, hf_model = reference[architecture]
     four_bit = _load(path, "nf4")
