@@ -24,9 +24,8 @@ from gguf.constants import GGML_QUANT_SIZES
 
 from engine.forward.fast_llama import Weight
 from engine.forward.weights.gguf_blocks import FOUR_BIT_TYPES, dense, int4_groups
-from engine.models.gguf_check import GGUFContents, GGUFTensorInfo
+from engine.models.gguf_check import DIRECT_ARCHITECTURES, GGUFContents, GGUFTensorInfo
 
-DIRECT_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # GGUF's name -> model_type
 PERMUTED_ARCHITECTURES = ("llama",)
 TOP_LEVEL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",

@@ -57,6 +57,7 @@ class LoadedModel:
     load_s: float
     template: ChatTemplate
     notices: tuple[str, ...] = ()
+    format_note: str = ""  # why these formats, when memory decided (``LoadPlan.format_note``)
 
     def render(self, messages: Sequence[ChatMessage]) -> str:
         """The chat as prompt text, ending where the assistant's reply begins (sandboxed template)."""
@@ -71,7 +72,8 @@ class LoadedModel:
     def precision_label(self) -> str:
         """The precision as the user reads it; fp16 with a 4-bit copy for decode steps says so."""
         copy = getattr(self.model, "decode_fmt", None)  # only the fast path keeps one (``decode_format``)
-        return f"{self.precision}, 4-bit decode" if copy == "int4" else self.precision
+        label = f"{self.precision}, 4-bit decode" if copy == "int4" else self.precision
+        return f"{label} ({self.format_note})" if self.format_note else label
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -90,6 +92,7 @@ class LoadPlan:
     ``precision`` passed the memory check; ``precision_is_auto`` says the user left
     the choice to Hearth, which then takes fp16 weights over fp32 on the fast path.
     ``four_bit_source``: the file stores its layers in 4 bits (see ``decode_format``).
+    ``format_note``: why the formats are these, when memory decided (shown with the precision).
     """
 
     folder: Path
@@ -101,6 +104,7 @@ class LoadPlan:
     notices: tuple[str, ...] = ()
     precision_is_auto: bool = False
     four_bit_source: bool = False
+    format_note: str = ""
 
 
 def is_gguf(plan: LoadPlan) -> bool:
@@ -224,6 +228,7 @@ def _assemble(
         load_s=time.perf_counter() - started,
         template=plan.template,
         notices=plan.notices,
+        format_note=plan.format_note,
     )
 
 

@@ -6,9 +6,16 @@ torch is imported only by ``available_memory("cuda")``.
 
 * Weights: parameters × bytes per parameter of the precision. Under int8 and nf4,
   bitsandbytes quantizes only the linear layers; the token embeddings and the
-  output head stay in 16-bit, and are counted so. fp16 on the CPU keeps a 4-bit
-  copy of a 4-bit file's layers for decode steps (``loading.decode_format``):
-  ``DECODE_COPY_BYTES`` more per layer weight.
+  output head stay in 16-bit, and are counted so.
+* A GGUF file the fast path reads directly (``gguf_direct``) is counted as ``FastLlama``
+  holds it: its layers in the precision's format (4-bit: groups of 32,
+  ``DECODE_COPY_BYTES`` per weight), fp16 on the CPU keeping a 4-bit copy of a 4-bit
+  file's layers for decode steps (``loading.decode_format``), and the token table and
+  the output layer apart even when the file ties them (fp16 on the CPU). Its tensors
+  are decoded one at a time, so the load holds no more than that on its way. On the
+  CPU ``auto`` picks fp16 (with that copy) where it fits comfortably, else 4-bit alone.
+* Any other GGUF file goes through transformers, which dequantizes every tensor into
+  fp32 before the model takes them: ``FP32_BYTES`` per parameter more while it loads.
 * KV cache: 2 (keys and values) × layers × KV heads × head size × context × bytes.
 * Overhead: activations, allocator slack and the runtime itself, taken as
   ``OVERHEAD_FIXED_BYTES`` plus ``OVERHEAD_FRACTION`` of weights and KV cache.
@@ -25,6 +32,7 @@ from typing import Any, Literal
 
 import psutil
 
+from engine.models.gguf_check import DIRECT_ARCHITECTURES
 from engine.models.model_source import ModelFileError, ModelSource
 
 Verdict = Literal["fits", "tight", "won't fit"]
@@ -34,6 +42,9 @@ QUANTIZED_PRECISIONS = ("int8", "nf4")
 UNQUANTIZED_BYTES = 2.0  # embeddings and output head under int8/nf4 stay in bf16
 DECODE_COPY_BYTES = 0.5 + 4 / 32  # 4 bits, and a bf16 scale and zero point per 32 weights
 PRECISION_ORDER = {"cuda": ("bf16", "int8", "nf4"), "cpu": ("fp32", "bf16", "nf4")}
+DIRECT_GGUF_CPU_ORDER = ("fp16", "nf4")  # the fast path's formats: fp16 (+ a 4-bit decode copy), 4-bit alone
+FAST_LAYER_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "nf4": DECODE_COPY_BYTES}
+FP32_BYTES = 4.0
 TIGHT_FRACTION = 0.85
 OVERHEAD_FIXED_BYTES = 256 * 1024**2
 OVERHEAD_FRACTION = 0.05
@@ -141,12 +152,46 @@ def estimate_kv_bytes(config_like: Mapping[str, Any], context_length: int, dtype
     return 2 * shape.layers * shape.kv_heads * shape.head_dim * context_length * dtype_bytes
 
 
+def is_direct_gguf(source: ModelSource) -> bool:
+    """A GGUF file the fast path reads as it is (``gguf_direct``), not through transformers."""
+    return source.kind == "gguf" and source.config.get("architecture") in DIRECT_ARCHITECTURES
+
+
+def precision_order(source: ModelSource, device: str) -> tuple[str, ...]:
+    """The precisions ``auto`` tries on ``device``, best first."""
+    if device == "cpu" and is_direct_gguf(source):
+        return DIRECT_GGUF_CPU_ORDER
+    return PRECISION_ORDER[device]
+
+
+def _direct_gguf_weight_bytes(source: ModelSource, shape: ModelShape, precision: str, device: str) -> int:
+    """What ``FastLlama`` holds for a GGUF file read directly (see the module docstring)."""
+    table = shape.vocab * shape.hidden
+    layer_params = max(source.n_params - shape.embedding_params, 0)
+    layers = layer_params * FAST_LAYER_BYTES.get(precision, BYTES_PER_PARAM[precision])
+    if device == "cpu" and precision == "fp16" and source.four_bit_layers:
+        layers += layer_params * DECODE_COPY_BYTES
+    return int(layers + _table_and_head_bytes(table, precision, device))
+
+
+def _table_and_head_bytes(table: int, precision: str, device: str) -> float:
+    """``FastLlama`` keeps the token table and the output layer apart, even when the file ties them: fp16 on the
+    CPU (fp32 at fp32); on a GPU the table in the compute dtype and the output layer in the layers' format."""
+    if device == "cpu":
+        return 2 * table * (BYTES_PER_PARAM["fp32"] if precision == "fp32" else UNQUANTIZED_BYTES)
+    table_bytes = UNQUANTIZED_BYTES if precision in QUANTIZED_PRECISIONS else BYTES_PER_PARAM[precision]
+    return table * (table_bytes + FAST_LAYER_BYTES[precision])
+
+
 def estimate(source: ModelSource, precision: str, context_length: int, device: str) -> MemoryEstimate:
     """Memory to run ``source`` at ``precision`` on ``device`` with a KV cache of ``context_length`` tokens."""
     shape = model_shape(source.config)
-    weights = estimate_weight_bytes(source.n_params, precision, shape.embedding_params)
-    if device == "cpu" and precision == "fp16" and source.four_bit_layers:
-        weights += int(max(source.n_params - shape.embedding_params, 0) * DECODE_COPY_BYTES)
+    if is_direct_gguf(source):
+        weights = _direct_gguf_weight_bytes(source, shape, precision, device)
+    else:
+        weights = estimate_weight_bytes(source.n_params, precision, shape.embedding_params)
+        if source.kind == "gguf":
+            weights += int(source.n_params * FP32_BYTES)  # transformers' fp32 copy of the whole file
     kv = estimate_kv_bytes(source.config, context_length, 4 if precision == "fp32" else 2)
     overhead = OVERHEAD_FIXED_BYTES + int(OVERHEAD_FRACTION * (weights + kv))
     return MemoryEstimate(weights, kv, overhead, weights + kv + overhead)
@@ -184,21 +229,36 @@ def choose_precision(
     if device not in PRECISION_ORDER:
         raise ValueError(f"unknown device {device!r} (expected 'cpu' or 'cuda')")
     available = available_memory(device) if available_bytes is None else available_bytes
-    estimates = {
-        precision: estimate(source, precision, context_length, device) for precision in PRECISION_ORDER[device]
-    }
+    order = precision_order(source, device)
+    estimates = {precision: estimate(source, precision, context_length, device) for precision in order}
     verdicts = {precision: fit_verdict(found.total_bytes, available) for precision, found in estimates.items()}
     for wanted in ("fits", "tight"):
         for precision, verdict in verdicts.items():
             if verdict == wanted:
                 return precision
-    smallest_precision = PRECISION_ORDER[device][-1]
+    smallest_precision = order[-1]
     smallest = estimates[smallest_precision]
     raise NotEnoughMemoryError(
         f"{source.name} needs about {_gib(smallest.total_bytes)} on {device} even at {smallest_precision} "
         f"({_gib(smallest.weight_bytes)} weights + {_gib(smallest.kv_bytes)} KV cache for "
         f"{context_length} tokens + {_gib(smallest.overhead_bytes)} overhead), but only "
         f"{_gib(available)} is free. Pick a smaller model, a shorter context, or close other programs."
+    )
+
+
+def cpu_formats_notice(source: ModelSource, chosen: str, context_length: int, available_bytes: int) -> str | None:
+    """For a GGUF file read directly on the CPU under ``auto``: which formats were chosen, and why."""
+    if not is_direct_gguf(source) or chosen not in DIRECT_GGUF_CPU_ORDER:
+        return None
+    fp16 = estimate(source, "fp16", context_length, "cpu").total_bytes
+    if chosen == "fp16":
+        copy = " for prompts and a 4-bit copy for decode steps" if source.four_bit_layers else ""
+        return f"Running fp16 weights{copy}: {_gib(fp16)} in all fits comfortably in the {_gib(available_bytes)} free."
+    four_bit = estimate(source, "nf4", context_length, "cpu").total_bytes
+    return (
+        f"Running from the 4-bit weights alone ({_gib(four_bit)} in all), prompts included, which makes prompts "
+        f"slower: fp16 weights for prompts would need {_gib(fp16)}, more than fits comfortably in the "
+        f"{_gib(available_bytes)} free."
     )
 
 

@@ -22,6 +22,7 @@ from engine.models.memory_estimate import (
     NotEnoughMemoryError,
     available_memory,
     choose_precision,
+    cpu_formats_notice,
     estimate,
     fit_verdict,
 )
@@ -45,12 +46,14 @@ def open_model(
     device = resolve_device(options.device)
     context_length = options.context_length or source.native_context
     precision = _pick_precision(source, device.type, options.precision, context_length)
+    formats = _formats_notice(source, device.type, options.precision, precision, context_length)
     template = ChatTemplate.for_model(source)
     emit(StatusChanged("loading", f"Loading {source.name} on {device.type}…"))
     plan = LoadPlan(
         source.path, source.name, device, precision, context_length, template,
-        _notices(source, template) + remove_converted_copies(),
+        _notices(source, template) + remove_converted_copies() + formats,
         precision_is_auto=options.precision == "auto", four_bit_source=source.four_bit_layers,
+        format_note="fp16 did not fit" if formats and precision == "nf4" else "",
     )
     if source.kind != "gguf":
         return load_model(plan, progress, is_cancelled)
@@ -83,6 +86,14 @@ def _pick_precision(source: ModelSource, device: str, requested: str, context_le
             "Pick a smaller precision, a shorter context, or close other programs."
         )
     return requested
+
+
+def _formats_notice(source: ModelSource, device: str, requested: str, precision: str, context_length: int) -> tuple[str, ...]:
+    """The load notice saying which formats ``auto`` chose on the CPU and why (memory), if it chose."""
+    if requested != "auto" or device != "cpu":
+        return ()
+    notice = cpu_formats_notice(source, precision, context_length, available_memory("cpu"))
+    return (notice,) if notice else ()
 
 
 def remove_converted_copies() -> tuple[str, ...]:

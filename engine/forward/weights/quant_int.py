@@ -136,10 +136,11 @@ def quantize_int4(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch
 
 
 def dequantize_int4(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int) -> torch.Tensor:
-    """The fp32 weight [N, K] that ``quantize_int4``'s output stands for (for tests and checks)."""
+    """The fp32 weight [N, K] that ``quantize_int4``'s output stands for (an fp16 copy's source, tests, checks)."""
     rows, width = q.shape
-    scales, zeros = scales_and_zeros.float().transpose(0, 1).unbind(-1)  # [N, G] each
-    grouped = (q.reshape(rows, width // group, group).float() - 8) * scales.unsqueeze(-1) + zeros.unsqueeze(-1)
+    scales, zeros = scales_and_zeros.float().transpose(0, 1).unsqueeze(-1).unbind(-2)  # [N, G, 1] each
+    grouped = q.reshape(rows, width // group, group).float()  # [N, G, group]: the one full-size buffer
+    grouped.sub_(8).mul_(scales.contiguous()).add_(zeros.contiguous())
     return grouped.reshape(rows, width)
 
 
