@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from engine.forward.backend import PREFILL_CHUNK
 from engine.forward.static_cache import KVCache
-from engine.forward.weights.quant import Embedding, Linear
+from engine.forward.weights.quant import Linear, embedding
 from engine.forward.weights.quant_int import QUANT_FORMATS, Int4Groups
 
 Weight = torch.Tensor | Int4Groups  # a state's matmul weights may come already in 4-bit groups (GGUF files)
@@ -76,10 +76,10 @@ class FastLlama:
             self._layer(state, f"model.layers.{i}.", fmt, decode_fmt) for i in range(config.num_hidden_layers)
         ]
         self.dtype = self.layers[0].qkv.compute_dtype
-        table, head = _embedding_and_head(config, state)
-        head_fmt = _head_format(fmt, device)
-        self.embed = Embedding(table.to(device), torch.float16 if head_fmt == "fp16" else self.dtype, self.dtype)
-        self.lm_head = Linear(head.to(device, torch.float32), None, head_fmt, _fp32(state["model.norm.weight"], device))
+        head_fmt = head_format(fmt, device)
+        storage = {"fp16": torch.float16, "int4": None}.get(head_fmt, self.dtype)  # None: 4-bit groups
+        self.embed = embedding(_fp32(_table(config, state), device), storage, self.dtype)
+        self.lm_head = Linear(_fp32(_head(config, state), device), None, head_fmt, _fp32(state["model.norm.weight"], device))
         self._eps = torch.full((1, 1), self.eps, dtype=self.dtype, device=device)
         self._rotary = _rotary_module(config, device)
         self._turns = torch.empty(0, 1, self.head_dim // 2, dtype=torch.complex64, device=device)
@@ -188,20 +188,34 @@ class FastLlama:
         return self._turns[start:end]
 
 
-def _embedding_and_head(config: Any, state: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The token table and the output layer; with tied embeddings a checkpoint may hold either name once."""
-    table, head = state.get("model.embed_tokens.weight"), state.get("lm_head.weight")
-    if getattr(config, "tie_word_embeddings", False):
-        table = head = table if table is not None else head
-    if table is None or head is None:
-        raise ValueError("The checkpoint lacks its token embeddings or its output layer (lm_head).")
-    return table, head
+TABLE, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 
-def _head_format(fmt: str, device: torch.device) -> str:
-    """The output layer's (and token table's) format: fp16 on the CPU when the layers are quantized, since the
-    logits pick every token and a 4-bit GGUF file keeps this table in 8 bits or more."""
-    return "fp16" if device.type == "cpu" and fmt in QUANT_FORMATS else fmt
+def _table(config: Any, state: Mapping[str, Weight]) -> Weight:
+    """The token table; with tied embeddings a checkpoint may hold it under either name. Asked for apart from
+    the output layer, so that a load never holds both tables on their way into their formats."""
+    return _tied_or(config, state, TABLE, HEAD)
+
+
+def _head(config: Any, state: Mapping[str, Weight]) -> Weight:
+    return _tied_or(config, state, HEAD, TABLE)
+
+
+def _tied_or(config: Any, state: Mapping[str, Weight], name: str, tied_name: str) -> Weight:
+    if name in state:
+        return state[name]
+    if getattr(config, "tie_word_embeddings", False) and tied_name in state:
+        return state[tied_name]
+    raise ValueError("The checkpoint lacks its token embeddings or its output layer (lm_head).")
+
+
+def head_format(fmt: str, device: torch.device) -> str:
+    """The output layer's (and token table's) format: on the CPU 4-bit groups with 4-bit layers (4-bit alone is
+    what memory picks when an fp16 copy does not fit: ``memory_estimate``), fp16 beside int8 ones (no fast CPU
+    int8 kernel); elsewhere the layers' format."""
+    if device.type != "cpu" or fmt not in QUANT_FORMATS:
+        return fmt
+    return "int4" if fmt == "int4" else "fp16"
 
 
 def _rotary_module(config: Any, device: torch.device) -> torch.nn.Module:

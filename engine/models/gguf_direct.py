@@ -23,7 +23,7 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES
 
 from engine.forward.fast_llama import Weight
-from engine.forward.weights.gguf_blocks import FOUR_BIT_TYPES, dense, int4_groups
+from engine.forward.weights.gguf_blocks import FOUR_BIT_TYPES, dense, int4_groups, requantized_groups
 from engine.models.gguf_check import DIRECT_ARCHITECTURES, GGUFContents, GGUFTensorInfo
 
 PERMUTED_ARCHITECTURES = ("llama",)
@@ -39,7 +39,7 @@ LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
 IGNORED_NAMES = ("rope_freqs.weight",)  # Llama 3's frequency factors: the config's rope parameters say the same
-DENSE_NAMES = ("model.embed_tokens.weight", "lm_head.weight")  # a token table is looked up row by row
+TABLE_NAMES = ("model.embed_tokens.weight", "lm_head.weight")
 END_TOKEN_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 Progress = Callable[[int, int], None]
 
@@ -116,10 +116,13 @@ class GGUFState(Mapping[str, Weight]):
     """The file's tensors under Hugging Face's names, each decoded when asked for.
 
     ``groups``: 4-bit layer weights come as ``Int4Groups`` (exact, for a format that packs
-    4-bit groups); otherwise every tensor comes as fp32. ``report`` counts tensors decoded.
+    4-bit groups). ``table_groups``: the token table and output layer come as ``Int4Groups``
+    whatever their type (a 4-bit head, ``fast_llama.head_format``). Every other tensor comes
+    as fp32. ``report`` counts tensors decoded.
     """
 
-    def __init__(self, path: Path, contents: GGUFContents, groups: bool, report: Progress) -> None:
+    def __init__(self, path: Path, contents: GGUFContents, groups: bool, report: Progress,
+                 table_groups: bool = False) -> None:
         self._file = np.memmap(path, dtype=np.uint8, mode="r")
         self._start = contents.data_start
         self._tensors = {hf_name(t.name): t for t in contents.tensors if hf_name(t.name) is not None}
@@ -128,21 +131,24 @@ class GGUFState(Mapping[str, Weight]):
         heads = contents.metadata.get(f"{architecture}.attention.head_count")
         kv_heads = contents.metadata.get(f"{architecture}.attention.head_count_kv") or heads
         self._heads = {"q_proj": heads, "k_proj": kv_heads} if permuted else {}
-        self._groups, self._report, self._done = groups, report, set()
+        self._groups, self._table_groups, self._report, self._done = groups, table_groups, report, set()
 
     def __getitem__(self, name: str) -> Weight:
         info = self._tensors[name]
-        blocks = self._blocks(info)
-        if self._groups and info.quant_type in FOUR_BIT_TYPES and len(info.dims) == 2 and name not in DENSE_NAMES:
-            weight: Weight = int4_groups(blocks, info.quant_type)
-        else:
-            weight = dense(blocks, info.quant_type).reshape(info.shape)
+        weight = self._decoded(name, info, self._blocks(info))
         projection = name.split(".")[-2]
         if projection in self._heads:
             weight = _unpermute_rows(weight, self._heads[projection])
         self._done.add(name)
         self._report(len(self._done), len(self._tensors))
         return weight
+
+    def _decoded(self, name: str, info: GGUFTensorInfo, blocks: np.ndarray) -> Weight:
+        if name in TABLE_NAMES:
+            return requantized_groups(blocks, info.quant_type) if self._table_groups else dense(blocks, info.quant_type)
+        if self._groups and info.quant_type in FOUR_BIT_TYPES and len(info.dims) == 2:
+            return int4_groups(blocks, info.quant_type)
+        return dense(blocks, info.quant_type).reshape(info.shape)
 
     def __contains__(self, name: object) -> bool:
         return name in self._tensors

@@ -23,7 +23,7 @@ import torch
 
 from engine.chat.chat_template import ChatTemplate
 from engine.forward.backend import Backend, HFBackend
-from engine.forward.fast_llama import FastLlama, FastLlamaBackend, unsupported_reason
+from engine.forward.fast_llama import FastLlama, FastLlamaBackend, head_format, unsupported_reason
 from engine.forward.weights.quant_int import fast_format
 from engine.models import gguf_direct
 from engine.models.gguf_check import read_gguf
@@ -194,7 +194,8 @@ def _load_gguf(plan: LoadPlan, report: Progress, started: float) -> LoadedModel:
             hf_model = _load_weights(plan.folder, plan.device, precision)
         return wrap_model(hf_model, tokenizer, plan, precision, started)
     groups = "int4" in (fmt, decode_format(fmt, plan))
-    state = gguf_direct.GGUFState(plan.folder, contents, groups, report)
+    table_groups = head_format(fmt, plan.device) == "int4"
+    state = gguf_direct.GGUFState(plan.folder, contents, groups, report, table_groups)
     model, backend, plan = _fast_backend(config, state, fmt, plan)
     eos_ids = gguf_direct.end_token_ids(contents) | _eos_ids(config, tokenizer)
     return _assemble(model, backend, model.weight_bytes, eos_ids, tokenizer, plan, precision, started)

@@ -11,7 +11,8 @@ torch is imported only by ``available_memory("cuda")``.
   holds it: its layers in the precision's format (4-bit: groups of 32,
   ``DECODE_COPY_BYTES`` per weight), fp16 on the CPU keeping a 4-bit copy of a 4-bit
   file's layers for decode steps (``loading.decode_format``), and the token table and
-  the output layer apart even when the file ties them (fp16 on the CPU). Its tensors
+  the output layer apart even when the file ties them (on the CPU fp16, or 4-bit
+  groups beside 4-bit layers alone). Its tensors
   are decoded one at a time, so the load holds no more than that on its way. On the
   CPU ``auto`` picks fp16 (with that copy) where it fits comfortably, else 4-bit alone.
 * Any other GGUF file goes through transformers, which dequantizes every tensor into
@@ -175,10 +176,11 @@ def _direct_gguf_weight_bytes(source: ModelSource, shape: ModelShape, precision:
 
 
 def _table_and_head_bytes(table: int, precision: str, device: str) -> float:
-    """``FastLlama`` keeps the token table and the output layer apart, even when the file ties them: fp16 on the
-    CPU (fp32 at fp32); on a GPU the table in the compute dtype and the output layer in the layers' format."""
+    """``FastLlama`` keeps the token table and the output layer apart, even when the file ties them: on the CPU
+    fp32 at fp32, 4-bit groups at nf4, else fp16; on a GPU the table in the compute dtype and the output layer
+    in the layers' format (``fast_llama.head_format``)."""
     if device == "cpu":
-        return 2 * table * (BYTES_PER_PARAM["fp32"] if precision == "fp32" else UNQUANTIZED_BYTES)
+        return 2 * table * {"fp32": BYTES_PER_PARAM["fp32"], "nf4": DECODE_COPY_BYTES}.get(precision, UNQUANTIZED_BYTES)
     table_bytes = UNQUANTIZED_BYTES if precision in QUANTIZED_PRECISIONS else BYTES_PER_PARAM[precision]
     return table * (table_bytes + FAST_LAYER_BYTES[precision])
 

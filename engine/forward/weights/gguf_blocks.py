@@ -25,7 +25,7 @@ import torch
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import Q4_K, dequantize
 
-from engine.forward.weights.quant_int import CPU_INT4_GROUP, Int4Groups
+from engine.forward.weights.quant_int import CPU_INT4_GROUP, Int4Groups, int4_groups_of
 
 FOUR_BIT_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K)
 READABLE_TYPES = FOUR_BIT_TYPES + (
@@ -33,7 +33,7 @@ READABLE_TYPES = FOUR_BIT_TYPES + (
     GGMLQuantizationType.Q2_K, GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
     GGMLQuantizationType.F16, GGMLQuantizationType.BF16, GGMLQuantizationType.F32,
 )
-Q4_K_SUPER_BLOCK = 256
+ROWS_AT_ONCE = 4096  # rows of another type decoded at a time on their way into 4-bit groups
 
 
 def dense(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> torch.Tensor:
@@ -51,6 +51,16 @@ def int4_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Gro
         nibbles, scales, zeros = _q4_0_or_1(blocks.reshape(rows, -1, 20 if with_min else 18), with_min)
     scales_and_zeros = torch.from_numpy(np.stack([scales, zeros], axis=-1)).transpose(0, 1).contiguous()  # [G, N, 2]
     return Int4Groups(torch.from_numpy(nibbles.reshape(rows, -1)), scales_and_zeros, CPU_INT4_GROUP)
+
+
+def requantized_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Groups:
+    """Any readable type's rows as ``Int4Groups`` of 32: 4-bit types exactly, others quantized
+    (``quant_int.int4_groups_of``) a few thousand rows at a time, never the whole tensor in fp32."""
+    if quant_type in FOUR_BIT_TYPES:
+        return int4_groups(blocks, quant_type)
+    parts = [int4_groups_of(dense(blocks[start : start + ROWS_AT_ONCE], quant_type))
+             for start in range(0, blocks.shape[0], ROWS_AT_ONCE)]
+    return Int4Groups.cat(parts)
 
 
 def _q4_0_or_1(blocks: np.ndarray, with_min: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.forward.weights.quant_int import QUANT_FORMATS, Int4Groups, pack_quantized
+from engine.forward.weights.quant_int import QUANT_FORMATS, Int4Groups, int4_groups_of, pack_quantized
 
 PLAIN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -92,6 +92,31 @@ def _pack(
 
 def _fp32(bias: torch.Tensor | None) -> torch.Tensor | None:
     return bias.float().contiguous() if bias is not None else None
+
+
+def embedding(table: torch.Tensor | Int4Groups, storage: torch.dtype | None, dtype: torch.dtype) -> Embedding | Int4Embedding:
+    """The token table kept in ``storage``, or (None) in 4-bit groups as ``Int4Embedding``."""
+    if storage is None:
+        return Int4Embedding(table if isinstance(table, Int4Groups) else int4_groups_of(table), dtype)
+    return Embedding(table.dequantize() if isinstance(table, Int4Groups) else table, storage, dtype)
+
+
+class Int4Embedding:
+    """Token id → hidden vector from a table in 4-bit groups: two codes a byte, a bf16 scale and zero per group."""
+
+    def __init__(self, table: Int4Groups, dtype: torch.dtype) -> None:
+        self.dtype, self._group = dtype, table.group
+        q = table.q.to(torch.uint8)
+        self._nibbles = q[:, ::2] | q[:, 1::2] << 4  # [V, D/2]: even columns in the low nibble
+        self._scales_and_zeros = table.scales_and_zeros.transpose(0, 1).to(torch.bfloat16).contiguous()  # [V, G, 2]
+        self.nbytes = self._nibbles.numel() + self._scales_and_zeros.numel() * 2
+
+    def __call__(self, token_ids: torch.Tensor) -> torch.Tensor:
+        packed = self._nibbles[token_ids]  # [S, D/2]
+        q = torch.stack([packed & 0x0F, packed >> 4], dim=-1).flatten(1)  # [S, D]
+        scales, zeros = self._scales_and_zeros[token_ids].float().unsqueeze(-1).unbind(-2)  # [S, G, 1] each
+        rows = (q.unflatten(1, (-1, self._group)).float() - 8) * scales + zeros  # [S, G, group]
+        return rows.flatten(1).to(self.dtype)  # [S, D]
 
 
 class Embedding:

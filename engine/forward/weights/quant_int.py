@@ -144,6 +144,16 @@ def dequantize_int4(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int)
     return grouped.reshape(rows, width)
 
 
+def int4_groups_of(weight: torch.Tensor, rows_at_once: int = 4096) -> Int4Groups:
+    """``weight`` [N, K] quantized into groups of 32 (``quantize_int4``), a few thousand rows at a time so that a
+    large token table needs no full-size temporaries."""
+    parts = []
+    for start in range(0, weight.shape[0], rows_at_once):
+        q, scales_and_zeros = quantize_int4(weight[start : start + rows_at_once], CPU_INT4_GROUP)
+        parts.append(Int4Groups(q.to(torch.uint8), scales_and_zeros.float(), CPU_INT4_GROUP))
+    return Int4Groups.cat(parts)
+
+
 def _int4_linear(weight: torch.Tensor, group: int, tiles: int) -> tuple[Run, int]:
     q, scales_and_zeros = quantize_int4(weight, group)
     return _int4_packed(q, scales_and_zeros, group, tiles)

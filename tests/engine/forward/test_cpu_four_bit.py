@@ -1,6 +1,7 @@
 """The built-in Q4_1 model on the CPU: fp16 with a 4-bit decode copy (auto), or 4-bit alone; both answer right.
 
-Weight bytes count the token table and the output layer (fp16 each) and the layers' matmuls.
+Weight bytes count the token table and the output layer (fp16 each, or 4-bit beside 4-bit layers alone) and
+the layers' matmuls; the estimate the load dialog shows is what the load holds.
 """
 
 from __future__ import annotations
@@ -61,9 +62,20 @@ def test_the_decode_copy_can_be_turned_off(default_model_path: Path, monkeypatch
     assert fp16_only.weight_bytes == _layer_weights(config) * 2 + _table_and_head_bytes(config)
 
 
-def test_4bit_alone_holds_its_layers_in_a_third_of_fp16s_bytes_and_answers_paris(default_model_path: Path):
+def test_4bit_alone_holds_everything_in_a_third_of_fp16s_bytes_and_answers_paris(default_model_path: Path):
     four_bit = _open(default_model_path, "nf4")
     config = four_bit.model.config
     assert four_bit.precision == "nf4"
-    assert four_bit.weight_bytes == _layer_weights(config) * FOUR_BIT + _table_and_head_bytes(config)
+    table_and_head = 2 * config.vocab_size * config.hidden_size
+    assert four_bit.weight_bytes == (_layer_weights(config) + table_and_head) * FOUR_BIT
     assert "Paris" in _answer(four_bit)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "nf4", "fp32"])
+def test_the_estimate_is_what_the_load_holds(default_model_path: Path, precision: str):
+    from engine.models.memory_estimate import estimate
+    from engine.models.model_files import inspect_model
+
+    loaded = _open(default_model_path, precision)
+    estimated = estimate(inspect_model(default_model_path), precision, 2048, "cpu").weight_bytes
+    assert abs(estimated - loaded.weight_bytes) <= 0.01 * loaded.weight_bytes

@@ -104,25 +104,55 @@ def test_available_memory() -> None:
         available_memory("tpu")
 
 
+TABLE = 49152 * 576  # the built-in model's token table, tied to its output layer
+
+
 def test_real_default_model_fits_on_cpu(default_model_path: Path) -> None:
     from engine.models.model_files import inspect_model
 
     source = inspect_model(default_model_path)
     found = estimate(source, "fp32", 8192, "cpu")
-    assert found.weight_bytes == 4 * source.n_params
+    assert found.weight_bytes == 4 * (source.n_params - TABLE) + 2 * 4 * TABLE  # table and head held apart
     assert found.kv_bytes == 2 * 30 * 3 * 64 * 8192 * 4
-    assert choose_precision(source, "cpu", 8192, available_bytes=8 * GIB) == "fp32"
+    assert choose_precision(source, "cpu", 8192, available_bytes=8 * GIB) == "fp16"
 
 
 def test_fp16_on_the_cpu_counts_the_4bit_decode_copy_of_a_4bit_file(default_model_path: Path) -> None:
     from engine.models.model_files import inspect_model
 
     source = inspect_model(default_model_path)  # Q4_1 layers, a Q8_0 token table
-    layer_params = source.n_params - 49152 * 576
+    layer_params = source.n_params - TABLE
     on_cpu, on_gpu = estimate(source, "fp16", 2048, "cpu"), estimate(source, "fp16", 2048, "cuda")
     assert source.four_bit_layers
-    assert on_gpu.weight_bytes == 2 * source.n_params
+    assert on_gpu.weight_bytes == 2 * layer_params + 2 * 2 * TABLE
     assert on_cpu.weight_bytes == on_gpu.weight_bytes + int(layer_params * (0.5 + 4 / 32))
+
+
+def test_a_4bit_file_runs_4bit_alone_where_the_fp16_copy_would_not_fit_comfortably(default_model_path: Path) -> None:
+    from engine.models.memory_estimate import cpu_formats_notice
+    from engine.models.model_files import inspect_model
+
+    source = inspect_model(default_model_path)
+    fp16 = estimate(source, "fp16", 8192, "cpu").total_bytes
+    four_bit = estimate(source, "nf4", 8192, "cpu").total_bytes
+    assert estimate(source, "nf4", 8192, "cpu").weight_bytes < estimate(source, "fp16", 8192, "cpu").weight_bytes / 3
+    roomy, cramped = int(fp16 / 0.8), int(fp16 / 0.95)  # fp16 "fits", or is only "tight"
+    assert choose_precision(source, "cpu", 8192, available_bytes=roomy) == "fp16"
+    assert choose_precision(source, "cpu", 8192, available_bytes=cramped) == "nf4"
+    assert "fp16 weights for prompts and a 4-bit copy" in cpu_formats_notice(source, "fp16", 8192, roomy)
+    assert "4-bit weights alone" in cpu_formats_notice(source, "nf4", 8192, cramped)
+    with pytest.raises(NotEnoughMemoryError, match="even at nf4"):
+        choose_precision(source, "cpu", 8192, available_bytes=four_bit // 2)
+
+
+def test_a_gguf_file_transformers_loads_counts_its_fp32_copy() -> None:
+    phi3 = ModelSource(
+        kind="gguf", path=Path("/models/phi3.gguf"), name="phi3", weight_files=(), total_weight_bytes=0,
+        config={"architecture": "phi3", "block_count": 32, "embedding_length": 3072, "head_count": 32,
+                "vocab_size": 32064, "tied_embeddings": False}, n_params=3_800_000_000,
+    )
+    found = estimate(phi3, "fp32", 4096, "cpu")
+    assert found.weight_bytes == 2 * 4 * 3_800_000_000  # the dequantized file, and the model it fills
 
 
 def test_gpt2_style_config_names_are_understood() -> None:
