@@ -77,11 +77,12 @@ class FastLlama:
         ]
         self.dtype = self.layers[0].qkv.compute_dtype
         head_fmt = head_format(fmt, device)
-        storage = {"fp16": torch.float16, "int4": None}.get(head_fmt, self.dtype)  # None: 4-bit groups
+        storage = _table_storage(head_fmt, device, self.dtype)
         self.embed = embedding(_fp32(_table(config, state), device), storage, self.dtype)
-        self.lm_head = Linear(_fp32(_head(config, state), device), None, head_fmt, _fp32(state["model.norm.weight"], device))
+        final_norm = _fp32(state["model.norm.weight"], device)
+        self.lm_head = Linear(_fp32(_head(config, state), device), None, head_fmt, final_norm)
         self._eps = torch.full((1, 1), self.eps, dtype=self.dtype, device=device)
-        self._rotary = _rotary_module(config, device)
+        self._rotary = _rotary_module(config, device, state.get(ROPE_FACTORS))
         self._turns = torch.empty(0, 1, self.head_dim // 2, dtype=torch.complex64, device=device)
 
     def _layer(self, state: Mapping[str, torch.Tensor], prefix: str, fmt: str, decode_fmt: str | None) -> _Layer:
@@ -189,6 +190,7 @@ class FastLlama:
 
 
 TABLE, HEAD = "model.embed_tokens.weight", "lm_head.weight"
+ROPE_FACTORS = "model.rotary_emb.freq_factors"  # only GGUF files hold them (``gguf_direct``)
 
 
 def _table(config: Any, state: Mapping[str, Weight]) -> Weight:
@@ -209,6 +211,13 @@ def _tied_or(config: Any, state: Mapping[str, Weight], name: str, tied_name: str
     raise ValueError("The checkpoint lacks its token embeddings or its output layer (lm_head).")
 
 
+def _table_storage(head_fmt: str, device: torch.device, dtype: torch.dtype) -> torch.dtype | None:
+    """The token table's dtype beside an output layer in ``head_fmt``; None: 4-bit groups (the CPU's 4-bit alone)."""
+    if head_fmt == "fp16":
+        return torch.float16
+    return None if head_fmt == "int4" and device.type == "cpu" else dtype
+
+
 def head_format(fmt: str, device: torch.device) -> str:
     """The output layer's (and token table's) format: on the CPU 4-bit groups with 4-bit layers (4-bit alone is
     what memory picks when an fp16 copy does not fit: ``memory_estimate``), fp16 beside int8 ones (no fast CPU
@@ -218,11 +227,18 @@ def head_format(fmt: str, device: torch.device) -> str:
     return "int4" if fmt == "int4" else "fp16"
 
 
-def _rotary_module(config: Any, device: torch.device) -> torch.nn.Module:
-    """Hugging Face's rotary embedding for ``config``: it knows each scaling scheme's frequencies."""
+def _rotary_module(config: Any, device: torch.device, factors: torch.Tensor | None) -> torch.nn.Module:
+    """Hugging Face's rotary embedding for ``config``: it knows each scaling scheme's frequencies.
+
+    ``factors`` [hd/2]: each frequency's divisor, as a GGUF file of Llama 3.1 gives its rope scaling
+    (``rope_freqs.weight``) instead of naming it in the metadata.
+    """
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    return LlamaRotaryEmbedding(config).to(device)
+    rotary = LlamaRotaryEmbedding(config).to(device)
+    if factors is not None:
+        rotary.inv_freq = rotary.inv_freq / factors.to(device, torch.float32)  # [hd/2]
+    return rotary
 
 
 def _fp32(weight: Weight, device: torch.device) -> Weight:

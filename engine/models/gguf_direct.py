@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from gguf.constants import GGML_QUANT_SIZES
 
-from engine.forward.fast_llama import Weight
+from engine.forward.fast_llama import ROPE_FACTORS, Weight
 from engine.forward.weights.gguf_blocks import FOUR_BIT_TYPES, dense, int4_groups, requantized_groups
 from engine.models.gguf_check import DIRECT_ARCHITECTURES, GGUFContents, GGUFTensorInfo
 
@@ -31,6 +31,7 @@ TOP_LEVEL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
+    "rope_freqs.weight": ROPE_FACTORS,  # Llama 3.1's rope scaling, as a divisor per frequency
 }
 LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -38,7 +39,6 @@ LAYER_NAMES = {
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
-IGNORED_NAMES = ("rope_freqs.weight",)  # Llama 3's frequency factors: the config's rope parameters say the same
 TABLE_NAMES = ("model.embed_tokens.weight", "lm_head.weight")
 END_TOKEN_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 Progress = Callable[[int, int], None]
@@ -59,7 +59,7 @@ def direct_reason(contents: GGUFContents) -> str | None:
     architecture = contents.metadata.get("general.architecture")
     if architecture not in DIRECT_ARCHITECTURES:
         return f"architecture {architecture!r}"
-    unknown = [t.name for t in contents.tensors if hf_name(t.name) is None and t.name not in IGNORED_NAMES]
+    unknown = [t.name for t in contents.tensors if hf_name(t.name) is None]
     return f"tensors Hearth does not place ({', '.join(unknown[:3])})" if unknown else None
 
 

@@ -88,7 +88,9 @@ def _pick_precision(source: ModelSource, device: str, requested: str, context_le
     return requested
 
 
-def _formats_notice(source: ModelSource, device: str, requested: str, precision: str, context_length: int) -> tuple[str, ...]:
+def _formats_notice(
+    source: ModelSource, device: str, requested: str, precision: str, context_length: int
+) -> tuple[str, ...]:
     """The load notice saying which formats ``auto`` chose on the CPU and why (memory), if it chose."""
     if requested != "auto" or device != "cpu":
         return ()

@@ -94,7 +94,9 @@ def _fp32(bias: torch.Tensor | None) -> torch.Tensor | None:
     return bias.float().contiguous() if bias is not None else None
 
 
-def embedding(table: torch.Tensor | Int4Groups, storage: torch.dtype | None, dtype: torch.dtype) -> Embedding | Int4Embedding:
+def embedding(
+    table: torch.Tensor | Int4Groups, storage: torch.dtype | None, dtype: torch.dtype
+) -> Embedding | Int4Embedding:
     """The token table kept in ``storage``, or (None) in 4-bit groups as ``Int4Embedding``."""
     if storage is None:
         return Int4Embedding(table if isinstance(table, Int4Groups) else int4_groups_of(table), dtype)

@@ -27,6 +27,7 @@ class Shape:
     heads: int = 4
     kv_heads: int = 2
     ffn: int = 512
+    extra_vocab: int = 0  # token ids past the byte-level ones (a real-sized table)
 
     @property
     def head_dim(self) -> int:
@@ -52,13 +53,16 @@ def byte_tokens() -> list[str]:
 
 
 def write_random_gguf(path: Path, architecture: str = "llama", layer_type: Q = Q.Q4_K, shape: Shape = Shape(),
-                      six_bit_down: bool = True, seed: int = 0) -> Path:
+                      six_bit_down: bool = True, seed: int = 0, untied: bool = False,
+                      rope_factors: np.ndarray | None = None) -> Path:
     """A random model of ``architecture`` (llama, qwen2, qwen3) with its layers in ``layer_type``.
 
-    ``six_bit_down``: the MLP's down matrices in Q6_K, as a Q4_K_M file keeps some.
+    ``six_bit_down``: the MLP's down matrices in Q6_K, as a Q4_K_M file keeps some. ``untied``: an output
+    layer of its own, in Q6_K (as a Q4_K_M file has it), the token table then in ``layer_type``.
+    ``rope_factors``: a ``rope_freqs.weight`` tensor, as llama.cpp writes Llama 3.1's rope scaling.
     """
     rng = np.random.default_rng(seed)
-    tokens = byte_tokens() + ["Ġt", END_OF_TURN]
+    tokens = byte_tokens() + [f"<extra{i}>" for i in range(shape.extra_vocab)] + ["Ġt", END_OF_TURN]
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_block_count(shape.layers)
     writer.add_context_length(512)
@@ -83,8 +87,12 @@ def write_random_gguf(path: Path, architecture: str = "llama", layer_type: Q = Q
     def vector(name: str, size: int, around: float = 1.0) -> None:
         writer.add_tensor(name, (around + 0.1 * rng.standard_normal(size)).astype(np.float32))
 
-    matrix("token_embd.weight", len(tokens), shape.hidden, Q.Q8_0)
+    matrix("token_embd.weight", len(tokens), shape.hidden, layer_type if untied else Q.Q8_0)
+    if untied:
+        matrix("output.weight", len(tokens), shape.hidden, Q.Q6_K)
     vector("output_norm.weight", shape.hidden)
+    if rope_factors is not None:
+        writer.add_tensor("rope_freqs.weight", rope_factors.astype(np.float32))
     for i in range(shape.layers):
         _write_layer(f"blk.{i}.", architecture, shape, matrix, vector, six_bit_down)
     writer.write_header_to_file()

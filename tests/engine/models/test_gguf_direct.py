@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from gguf.constants import GGMLQuantizationType as Q
@@ -45,7 +46,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory):
     made = {}
     for architecture in ARCHITECTURES:
         folder = tmp_path_factory.mktemp(architecture)
-        path = write_random_gguf(folder / f"random-{architecture}.gguf", architecture, shape=SHAPES.get(architecture, Shape()))
+        shape = SHAPES.get(architecture, Shape())
+        path = write_random_gguf(folder / f"random-{architecture}.gguf", architecture, shape=shape)
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
         made[architecture] = path, model.eval()
     return made
@@ -99,6 +101,41 @@ def test_config_tokenizer_and_end_tokens_come_from_the_metadata(reference):
     assert loaded.tokenize("hi " + END_OF_TURN)[-1] == end
 
 
+def llama3_rope_factors(theta: float, head_dim: int, factor: float, low: float, high: float, original: int):
+    """What llama.cpp's converter writes as ``rope_freqs.weight`` for Llama 3.1's rope scaling."""
+    import math
+
+    factors = []
+    for freq in 1.0 / theta ** (np.arange(0, head_dim, 2) / head_dim):
+        wavelength = 2 * math.pi / freq
+        if wavelength < original / high:
+            factors.append(1.0)
+        elif wavelength > original / low:
+            factors.append(factor)
+        else:
+            smooth = (original / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors)
+
+
+def test_llama_3_rope_scaling_from_the_files_frequency_factors(tmp_path: Path):
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    shape = Shape()
+    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    factors = llama3_rope_factors(10000.0, shape.head_dim, 8.0, 1.0, 4.0, 64)
+    loaded = _load(write_random_gguf(tmp_path / "llama3.gguf", rope_factors=factors), "fp32")
+    config = LlamaConfig(hidden_size=shape.hidden, num_attention_heads=shape.heads, rope_parameters=rope)
+    cos, sin = LlamaRotaryEmbedding(config)(torch.zeros(1), torch.arange(300).unsqueeze(0))  # [1, P, hd] each
+    half = shape.head_dim // 2
+    expected = torch.complex(cos[0, :, :half], sin[0, :, :half])  # [P, hd/2]
+    assert torch.allclose(loaded.model.rotations(0, 300)[:, 0], expected, atol=1e-5)
+    assert not torch.allclose(_load(write_random_gguf(tmp_path / "plain.gguf"), "fp32").model.rotations(0, 300)[:, 0],
+                              expected, atol=1e-3)  # the factors matter
+
+
 def test_tensors_are_decoded_only_when_asked_for_and_counted(reference):
     path, _ = reference["llama"]
     contents = read_gguf(path)
@@ -112,7 +149,6 @@ def test_tensors_are_decoded_only_when_asked_for_and_counted(reference):
 
 def test_a_file_in_a_type_hearth_cannot_read_is_refused_by_name(tmp_path: Path):
     import gguf
-    import numpy as np
 
     path = tmp_path / "iq.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
