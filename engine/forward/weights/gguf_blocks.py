@@ -25,7 +25,7 @@ import torch
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import Q4_K, dequantize
 
-from engine.forward.weights.quant_int import CPU_INT4_GROUP, Int4Groups, int4_groups_of
+from engine.forward.weights.quant_int import CPU_INT4_GROUP, ROWS_AT_ONCE, Int4Groups, int4_groups_of
 
 FOUR_BIT_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K)
 READABLE_TYPES = FOUR_BIT_TYPES + (
@@ -33,7 +33,6 @@ READABLE_TYPES = FOUR_BIT_TYPES + (
     GGMLQuantizationType.Q2_K, GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
     GGMLQuantizationType.F16, GGMLQuantizationType.BF16, GGMLQuantizationType.F32,
 )
-ROWS_AT_ONCE = 4096  # rows of another type decoded at a time on their way into 4-bit groups
 
 
 def dense(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> torch.Tensor:
@@ -58,9 +57,14 @@ def requantized_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> 
     (``quant_int.int4_groups_of``) a few thousand rows at a time, never the whole tensor in fp32."""
     if quant_type in FOUR_BIT_TYPES:
         return int4_groups(blocks, quant_type)
-    parts = [int4_groups_of(dense(blocks[start : start + ROWS_AT_ONCE], quant_type))
-             for start in range(0, blocks.shape[0], ROWS_AT_ONCE)]
-    return Int4Groups.cat(parts)
+    rows, width = blocks.shape[0], dense(blocks[:1], quant_type).shape[1]
+    q = torch.empty(rows, width, dtype=torch.uint8)
+    scales_and_zeros = torch.empty(width // CPU_INT4_GROUP, rows, 2)
+    for start in range(0, rows, ROWS_AT_ONCE):
+        part = int4_groups_of(dense(blocks[start : start + ROWS_AT_ONCE], quant_type))
+        q[start : start + ROWS_AT_ONCE] = part.q
+        scales_and_zeros[:, start : start + ROWS_AT_ONCE] = part.scales_and_zeros
+    return Int4Groups(q, scales_and_zeros, CPU_INT4_GROUP)
 
 
 def _q4_0_or_1(blocks: np.ndarray, with_min: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -46,6 +46,7 @@ CPU_FORMATS = {"fp32": "fp32", "fp16": "fp16", "nf4": "int4"}
 INT4_GROUPS = (128, 64, 32)
 INT4_INNER_K_TILES = (8, 4, 2)
 CPU_INT4_GROUP = 32
+ROWS_AT_ONCE = 4096  # rows quantized or packed at a time: a multiple of the CPU packing's 64-row blocks
 
 Run = Callable[[torch.Tensor], torch.Tensor]
 
@@ -144,14 +145,17 @@ def dequantize_int4(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int)
     return grouped.reshape(rows, width)
 
 
-def int4_groups_of(weight: torch.Tensor, rows_at_once: int = 4096) -> Int4Groups:
-    """``weight`` [N, K] quantized into groups of 32 (``quantize_int4``), a few thousand rows at a time so that a
-    large token table needs no full-size temporaries."""
-    parts = []
-    for start in range(0, weight.shape[0], rows_at_once):
-        q, scales_and_zeros = quantize_int4(weight[start : start + rows_at_once], CPU_INT4_GROUP)
-        parts.append(Int4Groups(q.to(torch.uint8), scales_and_zeros.float(), CPU_INT4_GROUP))
-    return Int4Groups.cat(parts)
+def int4_groups_of(weight: torch.Tensor) -> Int4Groups:
+    """``weight`` [N, K] quantized into groups of 32 (``quantize_int4``), ``ROWS_AT_ONCE`` rows at a time so that
+    a large token table needs no full-size temporaries."""
+    rows, width = weight.shape
+    q = torch.empty(rows, width, dtype=torch.uint8, device=weight.device)
+    scales_and_zeros = torch.empty(width // CPU_INT4_GROUP, rows, 2, device=weight.device)
+    for start in range(0, rows, ROWS_AT_ONCE):
+        chunk_q, chunk_scales = quantize_int4(weight[start : start + ROWS_AT_ONCE], CPU_INT4_GROUP)
+        q[start : start + ROWS_AT_ONCE] = chunk_q
+        scales_and_zeros[:, start : start + ROWS_AT_ONCE] = chunk_scales
+    return Int4Groups(q, scales_and_zeros, CPU_INT4_GROUP)
 
 
 def _int4_linear(weight: torch.Tensor, group: int, tiles: int) -> tuple[Run, int]:
@@ -166,8 +170,10 @@ def _int4_packed(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int, ti
         nibbles = q[:, ::2] << 4 | q[:, 1::2]  # [N, K/2]: even columns in the high nibble
         packed = torch.ops.aten._convert_weight_to_int4pack(nibbles.contiguous(), tiles)
         matmul = torch.ops.aten._weight_int4pack_mm
-    else:
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), tiles)
+    else:  # packed in row chunks (the same bytes as at once), so the kernel's int32 input stays small
+        convert = torch.ops.aten._convert_weight_to_int4pack_for_cpu
+        packed = torch.cat([convert(q[start : start + ROWS_AT_ONCE].to(torch.int32), tiles)
+                            for start in range(0, q.shape[0], ROWS_AT_ONCE)])
         matmul = torch.ops.aten._weight_int4pack_mm_for_cpu
 
     def run(x: torch.Tensor) -> torch.Tensor:

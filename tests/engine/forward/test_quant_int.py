@@ -12,7 +12,9 @@ import torch
 
 from engine.forward.fast_llama import FastLlama
 from engine.forward.weights.quant import Linear
-from engine.forward.weights.quant_int import dequantize_int4, fast_format, int4_layout, quantize_int4, quantize_int8
+from engine.forward.weights.quant_int import (
+    dequantize_int4, fast_format, int4_groups_of, int4_layout, quantize_int4, quantize_int8,
+)
 from engine.models.random_models import build_hf_model
 
 CPU = torch.device("cpu")
@@ -106,11 +108,13 @@ def test_linear_in_quantized_formats_is_close_to_fp32_and_smaller():
 
 def _dequantized(state: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]:
     """Every layer weight replaced by what ``fmt`` stores for it on the CPU, in fp32 (int4's misfits fall back to
-    int8); the output layer stays as it is (fp16 there)."""
+    int8); the token table and output layer too under int4 (4-bit groups there), as they are under int8 (fp16)."""
 
     def restore(name: str, weight: torch.Tensor) -> torch.Tensor:
-        if weight.dim() != 2 or name.endswith(("embed_tokens.weight", "lm_head.weight")):
+        if weight.dim() != 2 or (fmt == "int8" and name.endswith(("embed_tokens.weight", "lm_head.weight"))):
             return weight
+        if name.endswith("embed_tokens.weight"):  # looked up row by row: 4-bit groups whatever its shape
+            return int4_groups_of(weight).dequantize()
         layout = int4_layout(*weight.shape, CPU) if fmt == "int4" else None
         if layout is None:
             q, scales = quantize_int8(weight)
