@@ -9,14 +9,18 @@ the built-in model took ~377 ms for its first few runs and ~120 ms after.
 ``keep_freed_buffers`` fixes the threshold at 32 MiB (the most glibc's own rule
 would reach) and the trim threshold at 64 MiB, so freed activations are reused at
 once; larger blocks (a big model's weight matrices) still come from the kernel and
-go back to it. On other C libraries it does nothing.
+go back to it. ``return_freed_memory`` hands the freed heap back to the kernel: a
+load calls it between two tensors, whose temporaries would otherwise stay in the
+process beside the packed weights. On other C libraries both do nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
+from typing import Any
 
 M_TRIM_THRESHOLD = -1  # glibc's malloc.h
 M_MMAP_THRESHOLD = -3
@@ -26,11 +30,31 @@ TRIM_THRESHOLD_BYTES = 64 * 1024**2
 
 def keep_freed_buffers() -> bool:
     """Set glibc's mmap and trim thresholds for the whole process; whether they were set."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):  # musl and other C libraries have no mallopt
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
+
+
+def return_freed_memory() -> None:
+    """Give the heap's free pages back to the kernel (glibc's ``malloc_trim``), so they leave the resident set."""
+    trim = _glibc("malloc_trim")
+    if trim is not None:
+        trim.argtypes, trim.restype = (ctypes.c_size_t,), ctypes.c_int
+        trim(0)
+
+
+def _glibc(name: str) -> Any:
+    """A function of glibc, or None on other platforms and C libraries (musl has no mallopt)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return getattr(_libc(), name)
+    except (OSError, AttributeError):
+        return None
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

@@ -3,9 +3,11 @@
 For the architectures the fast path covers (``DIRECT_ARCHITECTURES``) the Hugging Face
 config is built from the file's metadata, the tokenizer by transformers from the metadata
 alone (it reads no tensor), and ``GGUFState`` hands ``FastLlama`` the tensors under Hugging
-Face's names, each decoded from the memory-mapped file when it is asked for
+Face's names, each read from the file and decoded when it is asked for
 (``engine.forward.weights.gguf_blocks``): a load holds the packed weights and one layer's
-tensors on their way there, never the whole file decoded.
+tensors on their way there, never the whole file decoded. Each tensor's bytes are read
+(``os.pread``) rather than mapped, so the pages of tensors already packed do not stay in
+the process's resident memory beside their packed form.
 
 llama.cpp's converter reorders the query and key rows of llama-architecture models
 (Llama, Mistral) for its rotary layout; ``GGUFState`` puts them back in Hugging Face's
@@ -14,6 +16,7 @@ order, as transformers does, and ``FastLlama`` reorders them for its own.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Callable
@@ -24,6 +27,7 @@ from gguf.constants import GGML_QUANT_SIZES
 
 from engine.forward.fast_llama import ROPE_FACTORS, Weight
 from engine.forward.weights.gguf_blocks import FOUR_BIT_TYPES, dense, int4_groups, requantized_groups
+from engine.host.allocator import return_freed_memory
 from engine.models.gguf_check import DIRECT_ARCHITECTURES, GGUFContents, GGUFTensorInfo
 
 PERMUTED_ARCHITECTURES = ("llama",)
@@ -116,25 +120,25 @@ class GGUFState(Mapping[str, Weight]):
     """The file's tensors under Hugging Face's names, each decoded when asked for.
 
     ``groups``: 4-bit layer weights come as ``Int4Groups`` (exact, for a format that packs
-    4-bit groups). ``table_groups``: the token table and output layer come as ``Int4Groups``
-    whatever their type (a 4-bit head, ``fast_llama.head_format``). Every other tensor comes
-    as fp32. ``report`` counts tensors decoded.
+    4-bit groups). ``all_groups``: every matrix does, whatever its type (4-bit alone, with a
+    4-bit head: ``fast_llama.head_format``), other types quantized a few thousand rows at a
+    time. Every other tensor comes as fp32. ``report`` counts tensors decoded.
     """
 
     def __init__(self, path: Path, contents: GGUFContents, groups: bool, report: Progress,
-                 table_groups: bool = False) -> None:
-        self._file = np.memmap(path, dtype=np.uint8, mode="r")
-        self._start = contents.data_start
+                 all_groups: bool = False) -> None:
+        self._path, self._start = path, contents.data_start
         self._tensors = {hf_name(t.name): t for t in contents.tensors if hf_name(t.name) is not None}
         architecture = contents.metadata["general.architecture"]
         permuted = architecture in PERMUTED_ARCHITECTURES
         heads = contents.metadata.get(f"{architecture}.attention.head_count")
         kv_heads = contents.metadata.get(f"{architecture}.attention.head_count_kv") or heads
         self._heads = {"q_proj": heads, "k_proj": kv_heads} if permuted else {}
-        self._groups, self._table_groups, self._report, self._done = groups, table_groups, report, set()
+        self._groups, self._all_groups, self._report, self._done = groups, all_groups, report, set()
 
     def __getitem__(self, name: str) -> Weight:
         info = self._tensors[name]
+        return_freed_memory()  # the previous tensor's temporaries, before this one's
         weight = self._decoded(name, info, self._blocks(info))
         projection = name.split(".")[-2]
         if projection in self._heads:
@@ -144,9 +148,9 @@ class GGUFState(Mapping[str, Weight]):
         return weight
 
     def _decoded(self, name: str, info: GGUFTensorInfo, blocks: np.ndarray) -> Weight:
-        if name in TABLE_NAMES:
-            return requantized_groups(blocks, info.quant_type) if self._table_groups else dense(blocks, info.quant_type)
-        if self._groups and info.quant_type in FOUR_BIT_TYPES and len(info.dims) == 2:
+        if len(info.dims) == 2 and self._all_groups:
+            return requantized_groups(blocks, info.quant_type)
+        if len(info.dims) == 2 and self._groups and info.quant_type in FOUR_BIT_TYPES and name not in TABLE_NAMES:
             return int4_groups(blocks, info.quant_type)
         return dense(blocks, info.quant_type).reshape(info.shape)
 
@@ -160,11 +164,16 @@ class GGUFState(Mapping[str, Weight]):
         return len(self._tensors)
 
     def _blocks(self, info: GGUFTensorInfo) -> np.ndarray:
-        """The tensor's bytes in the mapped file, one row of the weight per row: [rows, bytes per row]."""
+        """The tensor's bytes, one row of the weight per row: [rows, bytes per row] uint8."""
         block_size, type_size = GGML_QUANT_SIZES[info.quant_type]
-        start = self._start + info.offset
-        raw = self._file[start : start + info.n_bytes]
-        return raw.reshape(-1, info.dims[0] // block_size * type_size)
+        descriptor = os.open(self._path, os.O_RDONLY)
+        try:
+            raw = os.pread(descriptor, info.n_bytes, self._start + info.offset)
+        finally:
+            os.close(descriptor)
+        if len(raw) != info.n_bytes:
+            raise OSError(f"{self._path.name} ended while reading a tensor (it changed since it was checked)")
+        return np.frombuffer(raw, dtype=np.uint8).reshape(-1, info.dims[0] // block_size * type_size)
 
 
 def _unpermute_rows(weight: Weight, heads: int) -> Weight:

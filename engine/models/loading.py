@@ -25,6 +25,7 @@ from engine.chat.chat_template import ChatTemplate
 from engine.forward.backend import Backend, HFBackend
 from engine.forward.fast_llama import FastLlama, FastLlamaBackend, head_format, unsupported_reason
 from engine.forward.weights.quant_int import fast_format
+from engine.host.allocator import return_freed_memory
 from engine.models import gguf_direct
 from engine.models.gguf_check import read_gguf
 from engine.models.weight_progress import report_tensors
@@ -194,9 +195,10 @@ def _load_gguf(plan: LoadPlan, report: Progress, started: float) -> LoadedModel:
             hf_model = _load_weights(plan.folder, plan.device, precision)
         return wrap_model(hf_model, tokenizer, plan, precision, started)
     groups = "int4" in (fmt, decode_format(fmt, plan))
-    table_groups = head_format(fmt, plan.device) == "int4"
-    state = gguf_direct.GGUFState(plan.folder, contents, groups, report, table_groups)
+    all_groups = head_format(fmt, plan.device) == "int4"
+    state = gguf_direct.GGUFState(plan.folder, contents, groups, report, all_groups)
     model, backend, plan = _fast_backend(config, state, fmt, plan)
+    return_freed_memory()  # the last tensors' temporaries
     eos_ids = gguf_direct.end_token_ids(contents) | _eos_ids(config, tokenizer)
     return _assemble(model, backend, model.weight_bytes, eos_ids, tokenizer, plan, precision, started)
 

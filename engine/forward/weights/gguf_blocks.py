@@ -25,7 +25,7 @@ import torch
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import Q4_K, dequantize
 
-from engine.forward.weights.quant_int import CPU_INT4_GROUP, ROWS_AT_ONCE, Int4Groups, int4_groups_of
+from engine.forward.weights.quant_int import CPU_INT4_GROUP, Int4Groups, int4_groups_of
 
 FOUR_BIT_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K)
 READABLE_TYPES = FOUR_BIT_TYPES + (
@@ -41,7 +41,22 @@ def dense(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> torch.Tensor:
 
 
 def int4_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Groups:
-    """A 4-bit type's blocks [N, bytes per row] as ``Int4Groups`` of 32 (see the module docstring)."""
+    """A 4-bit type's blocks [N, bytes per row] as ``Int4Groups`` of 32 (see the module docstring), decoded
+    a few thousand rows at a time into the result, so a large token table needs no full-size temporaries."""
+    return Int4Groups.from_row_chunks(blocks.shape[0], lambda start, end: _int4_rows(blocks[start:end], quant_type))
+
+
+def requantized_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Groups:
+    """Any readable type's rows as ``Int4Groups`` of 32: 4-bit types exactly, others quantized
+    (``quant_int.int4_groups_of``) a few thousand rows at a time, never the whole tensor in fp32."""
+    if quant_type in FOUR_BIT_TYPES:
+        return int4_groups(blocks, quant_type)
+    return Int4Groups.from_row_chunks(
+        blocks.shape[0], lambda start, end: int4_groups_of(dense(blocks[start:end], quant_type))
+    )
+
+
+def _int4_rows(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Groups:
     rows = blocks.shape[0]
     if quant_type == GGMLQuantizationType.Q4_K:
         nibbles, scales, zeros = _q4_k(blocks.reshape(rows, -1, 144))
@@ -50,21 +65,6 @@ def int4_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Gro
         nibbles, scales, zeros = _q4_0_or_1(blocks.reshape(rows, -1, 20 if with_min else 18), with_min)
     scales_and_zeros = torch.from_numpy(np.stack([scales, zeros], axis=-1)).transpose(0, 1).contiguous()  # [G, N, 2]
     return Int4Groups(torch.from_numpy(nibbles.reshape(rows, -1)), scales_and_zeros, CPU_INT4_GROUP)
-
-
-def requantized_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Groups:
-    """Any readable type's rows as ``Int4Groups`` of 32: 4-bit types exactly, others quantized
-    (``quant_int.int4_groups_of``) a few thousand rows at a time, never the whole tensor in fp32."""
-    if quant_type in FOUR_BIT_TYPES:
-        return int4_groups(blocks, quant_type)
-    rows, width = blocks.shape[0], dense(blocks[:1], quant_type).shape[1]
-    q = torch.empty(rows, width, dtype=torch.uint8)
-    scales_and_zeros = torch.empty(width // CPU_INT4_GROUP, rows, 2)
-    for start in range(0, rows, ROWS_AT_ONCE):
-        part = int4_groups_of(dense(blocks[start : start + ROWS_AT_ONCE], quant_type))
-        q[start : start + ROWS_AT_ONCE] = part.q
-        scales_and_zeros[:, start : start + ROWS_AT_ONCE] = part.scales_and_zeros
-    return Int4Groups(q, scales_and_zeros, CPU_INT4_GROUP)
 
 
 def _q4_0_or_1(blocks: np.ndarray, with_min: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -148,14 +148,12 @@ def dequantize_int4(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int)
 def int4_groups_of(weight: torch.Tensor) -> Int4Groups:
     """``weight`` [N, K] quantized into groups of 32 (``quantize_int4``), ``ROWS_AT_ONCE`` rows at a time so that
     a large token table needs no full-size temporaries."""
-    rows, width = weight.shape
-    q = torch.empty(rows, width, dtype=torch.uint8, device=weight.device)
-    scales_and_zeros = torch.empty(width // CPU_INT4_GROUP, rows, 2, device=weight.device)
-    for start in range(0, rows, ROWS_AT_ONCE):
-        chunk_q, chunk_scales = quantize_int4(weight[start : start + ROWS_AT_ONCE], CPU_INT4_GROUP)
-        q[start : start + ROWS_AT_ONCE] = chunk_q
-        scales_and_zeros[:, start : start + ROWS_AT_ONCE] = chunk_scales
-    return Int4Groups(q, scales_and_zeros, CPU_INT4_GROUP)
+
+    def quantized(start: int, end: int) -> Int4Groups:
+        q, scales_and_zeros = quantize_int4(weight[start:end], CPU_INT4_GROUP)
+        return Int4Groups(q.to(torch.uint8), scales_and_zeros.float(), CPU_INT4_GROUP)
+
+    return Int4Groups.from_row_chunks(weight.shape[0], quantized)
 
 
 def _int4_linear(weight: torch.Tensor, group: int, tiles: int) -> tuple[Run, int]:
@@ -213,6 +211,20 @@ class Int4Groups:
 
     def dequantize(self) -> torch.Tensor:
         return dequantize_int4(self.q, self.scales_and_zeros, self.group)  # [N, K] fp32
+
+    @staticmethod
+    def from_row_chunks(rows: int, decode: Callable[[int, int], Int4Groups]) -> Int4Groups:
+        """``rows`` rows made ``ROWS_AT_ONCE`` at a time by ``decode(start, end)``, straight into the result."""
+        first = decode(0, min(rows, ROWS_AT_ONCE))
+        if rows <= ROWS_AT_ONCE:
+            return first
+        q = torch.empty(rows, first.shape[1], dtype=torch.uint8, device=first.q.device)
+        scales_and_zeros = torch.empty(first.scales_and_zeros.shape[0], rows, 2, device=first.q.device)
+        for start in range(0, rows, ROWS_AT_ONCE):
+            part = first if start == 0 else decode(start, min(rows, start + ROWS_AT_ONCE))
+            q[start : start + ROWS_AT_ONCE] = part.q
+            scales_and_zeros[:, start : start + ROWS_AT_ONCE] = part.scales_and_zeros
+        return Int4Groups(q, scales_and_zeros, first.group)
 
     @staticmethod
     def cat(parts: Sequence[Int4Groups]) -> Int4Groups:

@@ -95,6 +95,21 @@ def test_six_bit_layers_requantized_into_4_bit_groups_keep_a_small_error():
     assert 0.01 < relative_rms < 0.12  # uniform random 6-bit codes: ~1/16 of the range per step, as 4 bits give
 
 
+def test_large_tensors_decoded_a_few_rows_at_a_time_come_out_whole(monkeypatch: pytest.MonkeyPatch):
+    from engine.forward.weights import quant_int
+    from engine.forward.weights.gguf_blocks import requantized_groups
+
+    monkeypatch.setattr(quant_int, "ROWS_AT_ONCE", 7)  # 32 rows: four chunks and a short one
+    for quant_type in (Q.Q4_K, Q.Q4_0):
+        blocks = crafted_blocks(quant_type)
+        assert torch.equal(int4_groups(blocks, quant_type).dequantize(),
+                           torch.from_numpy(gguf.quants.dequantize(blocks, quant_type)))
+    six_bit = crafted_blocks(Q.Q6_K)
+    whole = quantize_int4(dense(six_bit, Q.Q6_K), 32)
+    chunked = requantized_groups(six_bit, Q.Q6_K)
+    assert torch.equal(chunked.q.int(), whole[0]) and torch.equal(chunked.scales_and_zeros, whole[1].float())
+
+
 def test_rows_reordered_concatenated_and_scaled_keep_their_groups():
     blocks = crafted_blocks(Q.Q4_1)
     groups, weights = int4_groups(blocks, Q.Q4_1), torch.from_numpy(gguf.quants.dequantize(blocks, Q.Q4_1))
