@@ -19,6 +19,7 @@ import argparse
 import gc
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from engine.protocol.messages import LoadOptions
@@ -182,6 +183,10 @@ def _hf_model(model_path: str, folder: str, device: Any, dtype: Any) -> Any:
 
     if is_random(model_path):
         return build_hf_model(model_path[len(PREFIX):], device, dtype)
+    source = Path(folder)
+    if source.suffix.lower() == ".gguf":  # transformers dequantizes the file itself
+        model = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, dtype=dtype)
+        return model.to(device).eval()
     return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
 
 

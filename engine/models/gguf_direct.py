@@ -49,7 +49,7 @@ Progress = Callable[[int, int], None]
 
 
 def hf_name(gguf_name: str) -> str | None:
-    """The Hugging Face name of a GGUF tensor (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``)."""
+    """The Hugging Face name of a GGUF tensor: ``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``."""
     if gguf_name in TOP_LEVEL_NAMES:
         return TOP_LEVEL_NAMES[gguf_name]
     parts = gguf_name.split(".")

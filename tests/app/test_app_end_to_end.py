@@ -1,6 +1,6 @@
 """The real window, the real engine thread and the real built-in model: a question gets a right answer.
 
-Slow (the first load converts the GGUF file, tens of seconds on a laptop CPU), and skipped
+Slow (the built-in model loads in seconds, then answers on the CPU), and skipped
 when the built-in model has not been fetched (``make test`` fetches it first).
 """
 
