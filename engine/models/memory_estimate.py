@@ -46,6 +46,7 @@ PRECISION_ORDER = {"cuda": ("bf16", "int8", "nf4"), "cpu": ("fp32", "bf16", "nf4
 DIRECT_GGUF_CPU_ORDER = ("fp16", "nf4")  # the fast path's formats: fp16 (+ a 4-bit decode copy), 4-bit alone
 FAST_LAYER_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "nf4": DECODE_COPY_BYTES}
 FP32_BYTES = 4.0
+FAST_CPU_PRECISIONS = ("fp32", "fp16", "nf4")  # the CPU fast path's (quant_int.CPU_FORMATS); bf16 goes to transformers
 TIGHT_FRACTION = 0.85
 OVERHEAD_FIXED_BYTES = 256 * 1024**2
 OVERHEAD_FRACTION = 0.05
@@ -188,7 +189,7 @@ def _table_and_head_bytes(table: int, precision: str, device: str) -> float:
 def estimate(source: ModelSource, precision: str, context_length: int, device: str) -> MemoryEstimate:
     """Memory to run ``source`` at ``precision`` on ``device`` with a KV cache of ``context_length`` tokens."""
     shape = model_shape(source.config)
-    if is_direct_gguf(source):
+    if is_direct_gguf(source) and (device == "cuda" or precision in FAST_CPU_PRECISIONS):
         weights = _direct_gguf_weight_bytes(source, shape, precision, device)
     else:
         weights = estimate_weight_bytes(source.n_params, precision, shape.embedding_params)

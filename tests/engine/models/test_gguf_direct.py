@@ -159,3 +159,16 @@ def test_a_file_in_a_type_hearth_cannot_read_is_refused_by_name(tmp_path: Path):
     writer.close()
     with pytest.raises(ModelFileError, match="IQ2_XXS, which Hearth cannot read"):
         inspect_model(path)
+
+
+def test_converted_copies_of_earlier_versions_are_removed_once_with_a_notice(tmp_path: Path, monkeypatch):
+    from engine.models.model_open import remove_converted_copies
+
+    monkeypatch.setenv("HEARTH_HOME", str(tmp_path))
+    old = tmp_path / "cache" / "models" / "converted" / "SmolLM2-1234-v1"
+    old.mkdir(parents=True)
+    (old / "model.safetensors").write_bytes(bytes(3 * 1024**2))
+    (notice,) = remove_converted_copies()
+    assert "3 MB" in notice and "read as they are" in notice
+    assert not old.parent.exists()
+    assert remove_converted_copies() == ()

@@ -155,6 +155,13 @@ def test_a_gguf_file_transformers_loads_counts_its_fp32_copy() -> None:
     assert found.weight_bytes == 2 * 4 * 3_800_000_000  # the dequantized file, and the model it fills
 
 
+def test_bf16_on_the_cpu_goes_through_transformers_and_counts_its_fp32_copy(default_model_path: Path) -> None:
+    from engine.models.model_files import inspect_model
+
+    source = inspect_model(default_model_path)
+    assert estimate(source, "bf16", 2048, "cpu").weight_bytes == (2 + 4) * source.n_params
+
+
 def test_gpt2_style_config_names_are_understood() -> None:
     gpt2 = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257}
     assert estimate_kv_bytes(gpt2, 1024, 4) == 2 * 12 * 12 * 64 * 1024 * 4
