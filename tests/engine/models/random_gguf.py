@@ -64,22 +64,7 @@ def write_random_gguf(path: Path, architecture: str = "llama", layer_type: Q = Q
     rng = np.random.default_rng(seed)
     tokens = byte_tokens() + [f"<extra{i}>" for i in range(shape.extra_vocab)] + ["Ġt", END_OF_TURN]
     writer = gguf.GGUFWriter(str(path), architecture)
-    writer.add_block_count(shape.layers)
-    writer.add_context_length(512)
-    writer.add_embedding_length(shape.hidden)
-    writer.add_feed_forward_length(shape.ffn)
-    writer.add_head_count(shape.heads)
-    writer.add_head_count_kv(shape.kv_heads)
-    writer.add_key_length(shape.head_dim)
-    writer.add_value_length(shape.head_dim)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(tokens)
-    writer.add_token_types([1] * (len(tokens) - 1) + [3])  # the last one a control token
-    writer.add_token_merges(["Ġ t"])
-    writer.add_eos_token_id(len(tokens) - 1)
-    writer.add_bos_token_id(len(tokens) - 1)
+    _write_metadata(writer, shape, tokens)
 
     def matrix(name: str, rows: int, width: int, quant_type: Q = layer_type) -> None:
         writer.add_tensor(name, random_blocks(quant_type, rows, width, rng), raw_dtype=quant_type)
@@ -100,6 +85,25 @@ def write_random_gguf(path: Path, architecture: str = "llama", layer_type: Q = Q
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _write_metadata(writer: gguf.GGUFWriter, shape: Shape, tokens: list[str]) -> None:
+    writer.add_block_count(shape.layers)
+    writer.add_context_length(512)
+    writer.add_embedding_length(shape.hidden)
+    writer.add_feed_forward_length(shape.ffn)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_key_length(shape.head_dim)
+    writer.add_value_length(shape.head_dim)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * (len(tokens) - 1) + [3])  # the last one a control token
+    writer.add_token_merges(["Ġ t"])
+    writer.add_eos_token_id(len(tokens) - 1)
+    writer.add_bos_token_id(len(tokens) - 1)
 
 
 def _write_layer(prefix: str, architecture: str, shape: Shape, matrix, vector, six_bit_down: bool) -> None:
