@@ -40,13 +40,14 @@ class Peer:
         self.model: Any = None
         self.ctx: Any = None
         self.threads = 1
+        self.n_ctx = 0
 
     def load(self, request: dict[str, Any]) -> dict[str, Any]:
         import llama_cpp
         from llama_cpp import _internals as internals
 
         self.llama = llama_cpp
-        self.threads = request["threads"]
+        self.threads, self.n_ctx = request["threads"], request["n_ctx"]
         started = time.perf_counter()
         params = self.llama.llama_model_default_params()
         self.model = internals.LlamaModel(path_model=request["model"], params=params, verbose=False)
@@ -66,7 +67,16 @@ class Peer:
         params.n_threads = params.n_threads_batch = self.threads
         return internals.LlamaContext(model=self.model, params=params, verbose=False)
 
+    def _check(self, ids: list[int], extra: int = 0) -> None:
+        """llama.cpp aborts the process on a context overflow or a token it lacks: refuse those first."""
+        if len(ids) + extra > self.n_ctx:
+            raise ValueError(f"{len(ids) + extra} tokens do not fit the {self.n_ctx}-token context")
+        vocab = self.model.n_vocab()
+        if not ids or min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"token ids must be 0…{vocab - 1}, and at least one")
+
     def decode(self, request: dict[str, Any]) -> dict[str, Any]:
+        self._check(request["prompt"], request["new_tokens"])
         self.ctx.kv_cache_clear()
         started = time.perf_counter()
         logits = self._feed(self.ctx, request["prompt"], 0, all_logits=False)
@@ -82,12 +92,14 @@ class Peer:
                 "tokens": tokens}
 
     def prefill(self, request: dict[str, Any]) -> dict[str, Any]:
+        self._check(request["prompt"])
         self.ctx.kv_cache_clear()
         started = time.perf_counter()
         self._feed(self.ctx, request["prompt"], 0, all_logits=False)
         return {"prefill_ms": (time.perf_counter() - started) * 1000}
 
     def logits(self, request: dict[str, Any]) -> dict[str, Any]:
+        self._check(request["ids"])
         self.ctx.kv_cache_clear()
         np.save(request["out"], self._feed(self.ctx, request["ids"], 0, all_logits=True))
         return {"positions": len(request["ids"])}
@@ -110,6 +122,7 @@ class Peer:
         return np.stack(rows)  # [positions, vocab]
 
     def batched(self, request: dict[str, Any]) -> dict[str, Any]:
+        self._check(request["prompt"])
         return {"tok_s": {str(n): self._batched_rate(request["prompt"], n, request["new_tokens"])
                           for n in request["sequences"]}}
 
