@@ -4,6 +4,13 @@ Over 512 tokens of English text, each position's most likely next token from
 Hearth's decode step (the path every reply token takes) is compared with
 llama.cpp's (``logits_all``) on the same GGUF file. The mean KL divergence
 (llama.cpp's distribution against Hearth's) is printed and recorded.
+
+The two do not round alike: llama.cpp multiplies Q4_1 weights by activations it
+first rounds to 8 bits (Q8_1), Hearth by fp32 activations. Where the two most
+likely tokens are nearly tied the pick may then differ (measured: 96 % of all
+positions agree, with or without the 4-bit decode copy, and every disagreement
+had a lead under 0.25 logit), so the test asks for 95 % of all positions and 99 %
+of those where llama.cpp's lead is at least ``DECISIVE_LEAD``.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from engine.protocol.messages import LoadOptions
 pytestmark = pytest.mark.peer
 TEXT = Path(__file__).resolve().parents[3] / "README.md"
 POSITIONS = 512
+DECISIVE_LEAD = 0.5  # logits between llama.cpp's first and second choice; the median lead is about 0.7
 
 
 def _hearth_logits(loaded, ids: list[int]) -> np.ndarray:
@@ -55,11 +63,16 @@ def test_top_1_next_tokens_agree_with_llama_cpp(default_model_path, record_prope
     with PeerProcess(default_model_path, threads=2, n_ctx=POSITIONS + 8) as llama:
         reference = llama.logits(ids)  # [T, V]
 
-    agreement = float((hearth.argmax(-1) == reference.argmax(-1)).mean())
+    same = hearth.argmax(-1) == reference.argmax(-1)  # [T]
+    ranked = np.sort(reference, axis=-1)  # [T, V]
+    decisive = ranked[:, -1] - ranked[:, -2] >= DECISIVE_LEAD  # [T]
+    agreement, decisive_agreement = float(same.mean()), float(same[decisive].mean())
     kl = _mean_kl(reference, hearth)
-    print(f"top-1 agreement {agreement:.4f}, mean KL {kl:.5f} over {POSITIONS} positions ({loaded.precision_label})")
+    print(f"top-1 agreement {agreement:.4f} ({decisive_agreement:.4f} at {decisive.sum()} decisive positions), "
+          f"mean KL {kl:.5f} over {POSITIONS} positions ({loaded.precision_label})")
     record_property("top1_agreement", agreement)
+    record_property("top1_agreement_decisive", decisive_agreement)
     record_property("mean_kl", kl)
-    assert reference.shape == hearth.shape
-    assert agreement >= 0.98
-    assert kl < 0.05
+    assert reference.shape == hearth.shape and decisive.mean() > 0.5
+    assert agreement >= 0.95 and decisive_agreement >= 0.99
+    assert kl < 0.01
