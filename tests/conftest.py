@@ -10,6 +10,9 @@
   Tests that use it are skipped when neither holds the model.
 - Tests marked ``gpu`` are skipped unless ``torch.cuda.is_available()``; torch is
   imported only when such a test was collected.
+- Tests marked ``peer`` need llama.cpp, the benchmarks' yardstick, and are skipped
+  unless ``engine.bench.peer`` finds its interpreter (``<repo>/.peer`` or
+  ``$HEARTH_PEER_PYTHON``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.bench.peer import SETUP, peer_python
 from engine.models import default_model
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -64,6 +68,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _skip_peer_tests_without_peer(items)
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
@@ -74,6 +79,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs CUDA; torch.cuda.is_available() is false")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+def _skip_peer_tests_without_peer(items: list[pytest.Item]) -> None:
+    if peer_python() is not None:
+        return
+    skip = pytest.mark.skip(reason=f"needs llama.cpp: run `{SETUP}`, or set HEARTH_PEER_PYTHON")
+    for item in items:
+        if item.get_closest_marker("peer"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

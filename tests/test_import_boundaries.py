@@ -139,3 +139,13 @@ def test_the_cycle_finder_finds_a_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
 
     assert _a_cycle(graph) == ["a", "b", "c", "a"]
+
+
+def test_only_the_peer_script_imports_llama_cpp():
+    """llama.cpp is the benchmarks' yardstick, never a dependency: only the script its own interpreter runs names it."""
+    importers = sorted(
+        str(path.relative_to(ROOT)) for package in FORBIDDEN for path in sorted((ROOT / package).rglob("*.py"))
+        if "llama_cpp" in _imported_names(path)
+    )
+
+    assert importers == ["engine/bench/peer_llama.py"]

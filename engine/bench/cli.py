@@ -1,31 +1,33 @@
 """``python -m engine.bench``: decode speed, multi-turn reuse and load time, as JSON lines (main thread).
 
-    decode --model default|PATH|random:NAME --device auto|cpu|cuda --quant none|int8|nf4|auto
-           --prompt-tokens N --new-tokens N [--baseline] [--rounds N]
-    prefill --model … --device … --quant … --prompt-tokens 4096 [--repeats N]
+    decode --model default|PATH|random:NAME|random-gguf:SHAPE:TYPE --device auto|cpu|cuda
+           --quant none|int8|nf4|auto --prompt-tokens N --new-tokens N
+           [--baseline [transformers|llama.cpp]] [--rounds N]
+    prefill --model … --device … --quant … --prompt-tokens 4096 [--repeats N] [--baseline llama.cpp]
     chat   --model … --device … --quant … --context-tokens 4096 --new-tokens 50 [--repeats N]
     turns  --model default --turns 20 [--repeats N]
-    load   --model PATH [--cycles N]
+    load   --model PATH [--cycles N] [--loads N] [--memory-limit-gb G]
+    batched --model GGUF --sequences 1 8 16 [--prompt-tokens N] [--new-tokens N]
 
 One JSON object per line on stdout (``--json``; without it, ``key=value`` lines);
-the last line is the summary. Baselines run in the same process, taking turns
-with the engine, so both see the same machine load; the summary gives medians. A failure prints
+the last line is the summary. Baselines run in the same run, taking turns with
+the engine, so both see the same machine load; the summary gives medians. The
+transformers baseline runs in the same process; llama.cpp (``peer``) in its own,
+with as many threads as the engine. ``load`` runs each load in a fresh process
+and reads its memory and disk writes from the OS; ``batched`` is llama.cpp's
+aggregate decode rate with N sequences in one context. A failure prints
 ``{"ok": false, "error": …}`` as the last line and exits with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import time
 from pathlib import Path
 from typing import Any
 
-from engine.protocol.messages import LoadOptions
-
-QUANT_PRECISION = {"int8": "int8", "nf4": "nf4", "auto": "auto"}
 WARMUP_TOKENS = 4
+BASELINES = ("transformers", "llama.cpp")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,10 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     decode.add_argument("--quant", default="auto", choices=("none", "int8", "nf4", "auto"))
     decode.add_argument("--prompt-tokens", type=int, default=128)
     decode.add_argument("--new-tokens", type=int, default=128)
-    decode.add_argument("--baseline", action="store_true", help="also time plain model.generate()")
+    decode.add_argument("--baseline", nargs="?", const="transformers", choices=BASELINES,
+                        help="also time plain model.generate() (the default) or llama.cpp on the same GGUF file")
     decode.add_argument("--rounds", type=int, default=3, help="engine and baseline runs, taking turns")
     prefill = commands.add_parser("prefill", help="time to feed a long prompt into an empty cache")
     prefill.add_argument("--prompt-tokens", type=int, default=4096)
+    prefill.add_argument("--baseline", choices=("llama.cpp",), help="also time llama.cpp on the same GGUF file")
     chat = commands.add_parser("chat", help="time to first token of a new message after a long cached chat")
     chat.add_argument("--context-tokens", type=int, default=4096)
     chat.add_argument("--new-tokens", type=int, default=50)
@@ -71,7 +75,13 @@ def _parser() -> argparse.ArgumentParser:
     turns.add_argument("--repeats", type=int, default=3, help="reused times to first token per turn (median)")
     load = commands.add_parser("load", help="load time and weight size")
     load.add_argument("--cycles", type=int, default=1, help="load and unload this many times, reporting memory")
-    for command in (decode, prefill, chat, turns, load):
+    load.add_argument("--loads", type=int, default=1, help="fresh processes, each loading once (with llama.cpp's)")
+    load.add_argument("--memory-limit-gb", type=float, help="address-space limit of each load process")
+    batched = commands.add_parser("batched", help="llama.cpp's aggregate decode rate, N sequences in one context")
+    batched.add_argument("--sequences", type=int, nargs="+", default=[1, 8, 16])
+    batched.add_argument("--prompt-tokens", type=int, default=128)
+    batched.add_argument("--new-tokens", type=int, default=32)
+    for command in (decode, prefill, chat, turns, load, batched):
         command.add_argument("--model", default="default")
         command.add_argument("--json", action="store_true", help="JSON lines (else key=value lines)")
     return parser
@@ -85,17 +95,11 @@ def _printer(as_json: bool):
     return show
 
 
-def _open(path: str, device: str, quant: str) -> Any:
-    """The model as the engine loads it: same precision choice, same backend."""
-    from engine.models.loading import resolve_device
-    from engine.models.model_open import open_model
-    from engine.models.random_models import is_random, load_random
+def _open(model: str, device: str, quant: str) -> Any:
+    """``bench_models.open_bench_model``, imported when a command runs (after torch, inside ``main``'s guard)."""
+    from engine.bench.bench_models import open_bench_model
 
-    chosen = resolve_device(device)
-    precision = QUANT_PRECISION.get(quant) or ("bf16" if chosen.type == "cuda" else "fp32")
-    if is_random(path):
-        return load_random(path, chosen.type, precision)
-    return open_model(path, LoadOptions(chosen.type, precision), lambda _: None, lambda *_: None, lambda: False)
+    return open_bench_model(model, device, quant)
 
 
 def _decode(args: argparse.Namespace, show) -> dict[str, Any]:
@@ -124,6 +128,10 @@ def _decode(args: argparse.Namespace, show) -> dict[str, Any]:
         "peak_over_weights_kv": round(engine_peak / (loaded.weight_bytes + kv_bytes), 3) if device.type == "cuda" else None,
         "notices": list(loaded.notices),
     }
+    if args.baseline == "llama.cpp":
+        from engine.bench.peer_compare import decode_rounds
+
+        return summary | decode_rounds(loaded, args.model, prompt, args.new_tokens, args.rounds, threads["engine"], show)
     hf_model = _baseline_model(args.model, loaded, prompt) if args.baseline else None
     return summary | _rounds(loaded, hf_model, prompt, args, threads, first, show)
 
@@ -191,11 +199,19 @@ def _hf_model(model_path: str, folder: str, device: Any, dtype: Any) -> Any:
 
 
 def _prefill(args: argparse.Namespace, show) -> dict[str, Any]:
-    """Median time to prefill ``--prompt-tokens`` tokens from an empty cache (after one warm-up run)."""
+    """Median time to prefill ``--prompt-tokens`` tokens from an empty cache (after one warm-up run); with
+    ``--baseline llama.cpp``, both engines take ``--repeats`` turns."""
     from engine.bench import measure as measure
+    from engine.host.cpu_threads import apply_engine_threads
 
+    threads = apply_engine_threads()
     loaded = _open(args.model, args.device, args.quant)
     prompt = measure.filler_prompt(loaded.tokenize, args.prompt_tokens)
+    if args.baseline == "llama.cpp":
+        from engine.bench.peer_compare import prefill_rounds
+
+        described = {**_described(args.model, loaded), "prompt_tokens": len(prompt)}
+        return described | prefill_rounds(loaded, args.model, prompt, args.repeats, threads, show)
     measure.measure_prefill_ms(loaded, prompt, 1)
     times = sorted(measure.measure_prefill_ms(loaded, prompt, args.repeats))
     median = times[len(times) // 2]
@@ -243,19 +259,61 @@ def _turns(args: argparse.Namespace, show) -> dict[str, Any]:
 
 
 def _load(args: argparse.Namespace, show) -> dict[str, Any]:
-    from engine.host.memory import read_memory
+    """``--loads`` fresh processes, each loading once (``load_probe``), each followed by llama.cpp's own load of
+    the same file when the peer is set up and the model is a GGUF file; medians of both."""
+    import statistics
 
-    for cycle in range(1, args.cycles + 1):
-        loaded = None  # the previous cycle's model goes before the next one loads
-        gc.collect()
-        started = time.perf_counter()
-        loaded = _open(args.model, "auto", "auto")
-        load_s = time.perf_counter() - started
-        if args.cycles > 1:
-            memory = read_memory(loaded.device, loaded.weight_bytes, 0, 0)
-            show({"cycle": cycle, "load_s": round(load_s, 3), "device_used_bytes": memory.device_used_bytes,
-                  "process_rss_bytes": memory.process_rss_bytes})
-    return {"load_s": round(load_s, 3), "weight_bytes": loaded.weight_bytes, "precision": loaded.precision}
+    from engine.bench.bench_models import resolve_model
+    from engine.bench.load_probe import PROBE_IDS, run_load_probe
+
+    model = resolve_model(args.model)
+    limit = int(args.memory_limit_gb * 1024**3) if args.memory_limit_gb else None
+    peer_file = _peer_file(args.model)
+    hearth, peer = [], []
+    for index in range(1, args.loads + 1):
+        hearth.append(run_load_probe(model, args.cycles, limit, show))
+        peer.append(_peer_load(peer_file, PROBE_IDS) if peer_file else {})
+        show({"load": index, **hearth[-1], **{f"llama_cpp_{key}": value for key, value in peer[-1].items()}})
+    done = [figures for figures in hearth if "error" not in figures]
+    if not done and not peer[0]:
+        raise RuntimeError(hearth[-1]["error"])
+    summary = {"model": args.model, "loads": args.loads, "memory_limit_bytes": limit}
+    if done:
+        summary |= {**done[-1], **{key: statistics.median(f[key] for f in done) for key in _LOAD_MEDIANS},
+                    "disk_bytes_written_first": hearth[0].get("disk_bytes_written")}
+    else:
+        summary["error"] = hearth[-1]["error"]
+    if peer[0]:
+        summary |= {f"llama_cpp_{key}": statistics.median(p[key] for p in peer) for key in peer[0]}
+    return summary
 
 
-COMMANDS = {"decode": _decode, "prefill": _prefill, "chat": _chat, "turns": _turns, "load": _load}
+_LOAD_MEDIANS = ("load_s", "peak_rss_bytes", "peak_rss_after_prompt_bytes", "disk_bytes_written")
+
+
+def _peer_file(model: str) -> Any:
+    from engine.bench.bench_models import gguf_file
+    from engine.bench.peer import peer_python
+
+    try:
+        return gguf_file(model) if peer_python() else None
+    except ValueError:
+        return None  # not a GGUF file: Hearth's figures alone
+
+
+def _peer_load(path: Any, probe: list[int]) -> dict[str, Any]:
+    from engine.bench.peer import peer_load
+    from engine.host.cpu_threads import engine_threads
+
+    return peer_load(path, engine_threads(), probe)
+
+
+def _batched(args: argparse.Namespace, show) -> dict[str, Any]:
+    from engine.bench.peer_compare import batched_rates
+    from engine.host.cpu_threads import engine_threads
+
+    return batched_rates(args.model, args.sequences, args.prompt_tokens, args.new_tokens, engine_threads())
+
+
+COMMANDS = {"decode": _decode, "prefill": _prefill, "chat": _chat, "turns": _turns, "load": _load,
+            "batched": _batched}

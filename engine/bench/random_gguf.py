@@ -1,0 +1,218 @@
+"""GGUF files of real model shapes with random weights, for load and speed benchmarks (main thread of a benchmark).
+
+``random-gguf:SHAPE:TYPE`` names one, e.g. ``random-gguf:llama3-8b:q4_k_m``; it is
+written once into Hearth's cache folder (``random-gguf/``, never committed) and
+reused. Shapes: ``llama3-8b``, ``qwen2.5-7b``, ``smollm2-1.7b``, ``smollm2-135m``;
+types ``q4_k_m``, ``q4_0``, ``q4_1``, ``q8_0``, each with llama.cpp's own choice of
+block type per tensor (``tensor_type``): Q4_K_M keeps ``output`` (or a tied
+``token_embd``) and the ``attn_v`` and ``ffn_down`` of the layers ``use_more_bits``
+picks in Q6_K, and a tensor whose rows do not split into 256-weight blocks falls
+back to Q5_0 (for Q4_K) or Q8_0 (for Q6_K), as ``llama-quantize`` does.
+
+The tokenizer metadata is the built-in model's (SmolLM2's 49 152-token BPE), so
+both llama.cpp and Hearth can load every file. So the embedding and output
+matrices have 49 152 rows whatever the shape: for Llama-3-8B (128 256 tokens) and
+Qwen2.5-7B (152 064) each is 60-70 % smaller than the real one, which makes the
+8B-shape Q4_K_M file about 0.45 GB smaller and its decode step about 0.27 GB
+lighter than the real model's. Every layer matrix has its real shape.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType
+
+from engine.bench.gguf_blocks import random_blocks
+from engine.host import paths
+
+PREFIX = "random-gguf:"
+FORMAT_VERSION = 1
+WEIGHT_STD = 0.02
+Q = GGMLQuantizationType
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The hyperparameters a GGUF file states (``{arch}.*`` keys), vocabulary aside."""
+
+    arch: str
+    hidden: int
+    ffn: int
+    layers: int
+    heads: int
+    kv_heads: int
+    rope_theta: float
+    context: int
+    tied: bool
+    qkv_bias: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+SHAPES = {
+    "llama3-8b": Shape("llama", 4096, 14336, 32, 32, 8, 500000.0, 8192, tied=False),
+    "qwen2.5-7b": Shape("qwen2", 3584, 18944, 28, 28, 4, 1000000.0, 32768, tied=False, qkv_bias=True),
+    "smollm2-1.7b": Shape("llama", 2048, 8192, 24, 32, 32, 130000.0, 8192, tied=True),
+    "smollm2-135m": Shape("llama", 576, 1536, 30, 9, 3, 100000.0, 8192, tied=True),
+}
+FILE_TYPES = {  # name: (llama.cpp's file type, the block type of most tensors)
+    "q4_k_m": (LlamaFileType.MOSTLY_Q4_K_M, Q.Q4_K),
+    "q4_0": (LlamaFileType.MOSTLY_Q4_0, Q.Q4_0),
+    "q4_1": (LlamaFileType.MOSTLY_Q4_1, Q.Q4_1),
+    "q8_0": (LlamaFileType.MOSTLY_Q8_0, Q.Q8_0),
+}
+FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q6_K: Q.Q8_0}  # llama-quantize's, for rows that 256-weight blocks do not split
+
+
+class RandomGgufError(ValueError):
+    """A ``random-gguf:`` name that does not say a known shape and type; the message lists them."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    rows: int
+    cols: int  # weights per row (GGUF's ne[0])
+    qtype: GGMLQuantizationType  # F32 for norms and biases
+
+
+def is_random_gguf(model: str) -> bool:
+    return model.startswith(PREFIX)
+
+
+def parse(model: str) -> tuple[str, str]:
+    """``random-gguf:SHAPE:TYPE`` as (shape, type), checked."""
+    shape, _, ftype = model[len(PREFIX):].partition(":")
+    if shape not in SHAPES or ftype not in FILE_TYPES:
+        raise RandomGgufError(
+            f"{model!r} is not a random GGUF model; write random-gguf:SHAPE:TYPE with SHAPE one of "
+            f"{', '.join(SHAPES)} and TYPE one of {', '.join(FILE_TYPES)}."
+        )
+    return shape, ftype
+
+
+def use_more_bits(layer: int, layers: int) -> bool:
+    """llama.cpp's choice of the layers whose ``attn_v`` and ``ffn_down`` a Q4_K_M file keeps in 6 bits."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def tensor_type(role: str, layer: int, cols: int, shape: Shape, ftype: str) -> GGMLQuantizationType:
+    """The block type ``llama-quantize`` gives one 2-D tensor of this file type."""
+    base = FILE_TYPES[ftype][1]
+    if role == "output" or (role == "token_embd" and shape.tied):
+        return Q.Q8_0 if base == Q.Q8_0 or cols % 256 else Q.Q6_K
+    wanted = base
+    if ftype == "q4_k_m" and role in ("attn_v", "ffn_down") and use_more_bits(layer, shape.layers):
+        wanted = Q.Q6_K
+    return FALLBACK[wanted] if wanted in FALLBACK and cols % 256 else wanted
+
+
+def tensor_specs(shape: Shape, ftype: str, vocab: int) -> list[TensorSpec]:
+    """Every tensor of the file in llama.cpp's names, in the order ``convert_hf_to_gguf`` writes them."""
+    q_rows, kv_rows = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+
+    def weight(role: str, layer: int, rows: int, cols: int, name: str) -> TensorSpec:
+        return TensorSpec(name, rows, cols, tensor_type(role, layer, cols, shape, ftype))
+
+    specs = [weight("token_embd", -1, vocab, shape.hidden, "token_embd.weight")]
+    for i in range(shape.layers):
+        matrices = (("attn_q", q_rows, shape.hidden), ("attn_k", kv_rows, shape.hidden),
+                    ("attn_v", kv_rows, shape.hidden), ("attn_output", shape.hidden, q_rows),
+                    ("ffn_gate", shape.ffn, shape.hidden), ("ffn_up", shape.ffn, shape.hidden),
+                    ("ffn_down", shape.hidden, shape.ffn))
+        specs.append(TensorSpec(f"blk.{i}.attn_norm.weight", 1, shape.hidden, Q.F32))
+        specs += [weight(role, i, rows, cols, f"blk.{i}.{role}.weight") for role, rows, cols in matrices]
+        if shape.qkv_bias:
+            specs += [TensorSpec(f"blk.{i}.{role}.bias", 1, rows, Q.F32)
+                      for role, rows in (("attn_q", q_rows), ("attn_k", kv_rows), ("attn_v", kv_rows))]
+        specs.append(TensorSpec(f"blk.{i}.ffn_norm.weight", 1, shape.hidden, Q.F32))
+    specs.append(TensorSpec("output_norm.weight", 1, shape.hidden, Q.F32))
+    if not shape.tied:
+        specs.append(weight("output", -1, vocab, shape.hidden, "output.weight"))
+    return specs
+
+
+def random_gguf_path(model: str) -> Path:
+    shape, ftype = parse(model)
+    return paths.models_dir() / "random-gguf" / f"{shape}-{ftype}-v{FORMAT_VERSION}.gguf"
+
+
+def ensure_random_gguf(model: str, tokenizer_source: Path) -> Path:
+    """The file ``model`` names, written first if it is not there yet (into a temporary name, then renamed)."""
+    target = random_gguf_path(model)
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f".{target.name}.{os.getpid()}.part")
+    try:
+        write_random_gguf(staging, *parse(model), tokenizer_source)
+        staging.rename(target)
+    finally:
+        staging.unlink(missing_ok=True)
+    return target
+
+
+def write_random_gguf(path: Path, shape_name: str, ftype: str, tokenizer_source: Path, seed: int = 0) -> None:
+    """Write the file tensor by tensor, so memory holds one tensor at a time."""
+    shape = SHAPES[shape_name]
+    tokenizer_fields = _tokenizer_fields(tokenizer_source)
+    vocab = len(tokenizer_fields["tokenizer.ggml.tokens"][0])
+    specs = tensor_specs(shape, ftype, vocab)
+    writer = GGUFWriter(path, shape.arch)
+    _add_metadata(writer, shape, shape_name, ftype, vocab, tokenizer_fields)
+    for spec in specs:
+        writer.add_tensor_info(spec.name, *_stored_shape(spec), raw_dtype=spec.qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for spec in specs:
+        writer.write_tensor_data(_tensor_data(spec, rng))
+    writer.close()
+
+
+def _stored_shape(spec: TensorSpec) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(shape, dtype, bytes) as ``add_tensor_info`` takes them: bytes per row for a quantized tensor."""
+    if spec.qtype == Q.F32:
+        return (spec.cols,), np.dtype(np.float32), spec.cols * 4
+    block_size, type_size = GGML_QUANT_SIZES[spec.qtype]
+    row_bytes = spec.cols // block_size * type_size
+    return (spec.rows, row_bytes), np.dtype(np.uint8), spec.rows * row_bytes
+
+
+def _tensor_data(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
+    if spec.name.endswith("norm.weight"):
+        return np.ones(spec.cols, dtype=np.float32)  # [hidden]
+    if spec.qtype == Q.F32:  # a bias
+        return rng.normal(0.0, WEIGHT_STD, size=spec.cols).astype(np.float32)  # [rows]
+    return random_blocks(spec.qtype, spec.rows, spec.cols, WEIGHT_STD, rng)  # [rows, row bytes]
+
+
+def _tokenizer_fields(source: Path) -> dict[str, tuple[object, list[GGUFValueType]]]:
+    """Every ``tokenizer.*`` key of ``source`` as (value, value types)."""
+    reader = GGUFReader(source)
+    return {key: (field.contents(), field.types) for key, field in reader.fields.items() if key.startswith("tokenizer.")}
+
+
+def _add_metadata(writer: GGUFWriter, shape: Shape, shape_name: str, ftype: str, vocab: int,
+                  tokenizer_fields: dict[str, tuple[object, list[GGUFValueType]]]) -> None:
+    arch = shape.arch
+    writer.add_name(f"random {shape_name} {ftype}")
+    writer.add_uint32("general.file_type", int(FILE_TYPES[ftype][0]))
+    writer.add_uint32("general.quantization_version", 2)
+    for key, value in (("context_length", shape.context), ("embedding_length", shape.hidden),
+                       ("block_count", shape.layers), ("feed_forward_length", shape.ffn),
+                       ("attention.head_count", shape.heads), ("attention.head_count_kv", shape.kv_heads),
+                       ("vocab_size", vocab), ("rope.dimension_count", shape.head_dim)):
+        writer.add_uint32(f"{arch}.{key}", value)
+    writer.add_float32(f"{arch}.rope.freq_base", shape.rope_theta)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    for key, (value, types) in tokenizer_fields.items():
+        sub_type = types[-1] if types[0] == GGUFValueType.ARRAY else None
+        writer.add_key_value(key, value, types[0], sub_type=sub_type)

@@ -1,0 +1,97 @@
+"""Random-weight GGUF files: llama.cpp's block types per tensor, sane weights, and the built-in model's tokenizer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import Q4_K, dequantize
+
+from engine.bench import random_gguf
+from engine.bench.gguf_blocks import BLOCK_FIELDS, pack_k4_scales, random_blocks
+from engine.bench.random_gguf import SHAPES, RandomGgufError, tensor_specs
+
+Q = GGMLQuantizationType
+
+
+def _types(specs, role):
+    return {spec.name: spec.qtype for spec in specs if spec.name.endswith(f".{role}.weight")}
+
+
+def test_llama3_8b_q4_k_m_keeps_the_layers_llama_cpp_keeps_in_6_bits():
+    specs = tensor_specs(SHAPES["llama3-8b"], "q4_k_m", 49152)
+    six_bit_layers = sorted(int(name.split(".")[1]) for name, qtype in _types(specs, "ffn_down").items()
+                            if qtype == Q.Q6_K)
+
+    assert six_bit_layers == [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
+    assert [n for n, t in _types(specs, "attn_v").items() if t == Q.Q6_K] == [
+        f"blk.{i}.attn_v.weight" for i in six_bit_layers]
+    assert set(_types(specs, "attn_q").values()) == {Q.Q4_K}
+    by_name = {spec.name: spec for spec in specs}
+    assert by_name["output.weight"].qtype == Q.Q6_K and by_name["token_embd.weight"].qtype == Q.Q4_K
+    assert (by_name["blk.0.ffn_down.weight"].rows, by_name["blk.0.ffn_down.weight"].cols) == (4096, 14336)
+    assert (by_name["blk.0.attn_k.weight"].rows, by_name["blk.0.attn_k.weight"].cols) == (1024, 4096)
+    assert len(specs) == 2 + 9 * 32 + 1
+
+
+def test_qwen_shape_has_its_attention_biases():
+    names = {spec.name for spec in tensor_specs(SHAPES["qwen2.5-7b"], "q4_0", 49152)}
+
+    assert {"blk.27.attn_q.bias", "blk.27.attn_k.bias", "blk.27.attn_v.bias", "output.weight"} <= names
+
+
+def test_the_smollm2_135m_q4_1_plan_matches_the_built_in_file(default_model_path):
+    """The built-in model is a Q4_1 file llama-quantize wrote: same tensors, block types and shapes."""
+    reader = GGUFReader(default_model_path)
+    real = {(t.name, t.tensor_type, tuple(int(n) for n in t.shape)) for t in reader.tensors}
+    planned = {(s.name, s.qtype, (s.cols,) if s.qtype == Q.F32 else (s.cols, s.rows))
+               for s in tensor_specs(SHAPES["smollm2-135m"], "q4_1", 49152)}
+
+    assert planned == real
+
+
+def test_k4_scales_unpack_to_what_was_packed():
+    rng = np.random.default_rng(1)
+    sc = rng.integers(0, 64, size=(50, 8), dtype=np.uint8)
+    mn = rng.integers(0, 64, size=(50, 8), dtype=np.uint8)
+
+    got_sc, got_mn = Q4_K.get_scale_min(pack_k4_scales(sc, mn))
+
+    assert np.array_equal(got_sc.reshape(50, 8), sc) and np.array_equal(got_mn.reshape(50, 8), mn)
+
+
+@pytest.mark.parametrize("qtype", sorted(BLOCK_FIELDS, key=int))
+def test_random_blocks_dequantize_to_small_centred_weights(qtype):
+    raw = random_blocks(qtype, 64, 512, 0.02, np.random.default_rng(0))  # [64, bytes]
+
+    weights = dequantize(raw, qtype)
+
+    assert weights.shape == (64, 512) and np.isfinite(weights).all()
+    assert 0.015 < weights.std() < 0.025 and abs(weights.mean()) < 0.003  # Q4_0, Q5_0: q - 8 has mean -0.5
+
+
+def test_a_row_that_blocks_do_not_split_is_refused():
+    with pytest.raises(ValueError, match="multiple of 256"):
+        random_blocks(Q.Q4_K, 2, 576, 0.02, np.random.default_rng(0))
+
+
+def test_unknown_names_are_refused_with_the_choices():
+    with pytest.raises(RandomGgufError, match="llama3-8b.*q4_k_m"):
+        random_gguf.parse("random-gguf:llama3-9b:q4_k_m")
+
+
+def test_a_written_file_reads_back_with_the_built_in_tokenizer(tmp_path, monkeypatch, default_model_path):
+    monkeypatch.setenv("HEARTH_HOME", str(tmp_path))
+    path = random_gguf.ensure_random_gguf("random-gguf:smollm2-135m:q4_k_m", default_model_path)
+
+    reader = GGUFReader(path)
+    tensors = {t.name: t for t in reader.tensors}
+    builtin = GGUFReader(default_model_path).fields["tokenizer.ggml.tokens"]
+    assert reader.fields["tokenizer.ggml.tokens"].contents() == builtin.contents()
+    assert reader.fields["general.architecture"].contents() == "llama"
+    down = tensors["blk.0.ffn_down.weight"]
+    assert down.tensor_type == Q.Q6_K
+    weights = dequantize(down.data, down.tensor_type)  # [576, 1536]
+    assert weights.shape == (576, 1536) and 0.015 < weights.std() < 0.025
+    assert random_gguf.ensure_random_gguf("random-gguf:smollm2-135m:q4_k_m", default_model_path) == path
+    assert [p.name for p in path.parent.iterdir()] == [path.name], "no partial file is left behind"

@@ -1,0 +1,78 @@
+"""Hearth reads the built-in model as llama.cpp does: teacher-forced next tokens agree (needs llama.cpp: ``peer``).
+
+Over 512 tokens of English text, each position's most likely next token from
+Hearth's decode step (the path every reply token takes) is compared with
+llama.cpp's (``logits_all``) on the same GGUF file. The mean KL divergence
+(llama.cpp's distribution against Hearth's) is printed and recorded.
+
+The two do not round alike: llama.cpp multiplies Q4_1 weights by activations it
+first rounds to 8 bits (Q8_1), Hearth by fp32 activations. Where the two most
+likely tokens are nearly tied the pick may then differ (measured: 96 % of all
+positions agree, with or without the 4-bit decode copy, and every disagreement
+had a lead under 0.25 logit), so the test asks for 95 % of all positions and 99 %
+of those where llama.cpp's lead is at least ``DECISIVE_LEAD``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine.bench.peer import PeerProcess
+from engine.models.model_open import open_model
+from engine.protocol.messages import LoadOptions
+
+pytestmark = pytest.mark.peer
+TEXT = Path(__file__).resolve().parents[3] / "README.md"
+POSITIONS = 512
+DECISIVE_LEAD = 0.5  # logits between llama.cpp's first and second choice; the median lead is about 0.7
+
+
+def _hearth_logits(loaded, ids: list[int]) -> np.ndarray:
+    """Logits after each of ``ids``, fed one decode step at a time: ``[len(ids), V]``."""
+    cache = loaded.backend.new_cache()
+    rows = []
+    with torch.inference_mode():
+        for position, token in enumerate(ids):
+            rows.append(loaded.backend.forward([token], cache, position).float().cpu().numpy())
+    return np.stack(rows)
+
+
+def _mean_kl(reference: np.ndarray, other: np.ndarray) -> float:
+    """Mean over positions of KL(softmax(reference) ‖ softmax(other)), in float64."""
+    log_p = _log_softmax(reference.astype(np.float64))  # [T, V]
+    log_q = _log_softmax(other.astype(np.float64))
+    return float((np.exp(log_p) * (log_p - log_q)).sum(axis=-1).mean())
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def test_top_1_next_tokens_agree_with_llama_cpp(default_model_path, record_property):
+    loaded = open_model(str(default_model_path), LoadOptions("cpu", "auto"), lambda _: None,
+                        lambda *_: None, lambda: False)
+    ids = loaded.tokenize(TEXT.read_text())[:POSITIONS]
+    assert len(ids) == POSITIONS
+
+    hearth = _hearth_logits(loaded, ids)  # [T, V]
+    with PeerProcess(default_model_path, threads=2, n_ctx=POSITIONS + 8) as llama:
+        reference = llama.logits(ids)  # [T, V]
+
+    same = hearth.argmax(-1) == reference.argmax(-1)  # [T]
+    ranked = np.sort(reference, axis=-1)  # [T, V]
+    decisive = ranked[:, -1] - ranked[:, -2] >= DECISIVE_LEAD  # [T]
+    agreement, decisive_agreement = float(same.mean()), float(same[decisive].mean())
+    kl = _mean_kl(reference, hearth)
+    print(f"top-1 agreement {agreement:.4f} ({decisive_agreement:.4f} at {decisive.sum()} decisive positions), "
+          f"mean KL {kl:.5f} over {POSITIONS} positions ({loaded.precision_label})")
+    record_property("top1_agreement", agreement)
+    record_property("top1_agreement_decisive", decisive_agreement)
+    record_property("mean_kl", kl)
+    assert reference.shape == hearth.shape and decisive.mean() > 0.5
+    assert agreement >= 0.95 and decisive_agreement >= 0.99
+    assert kl < 0.01
