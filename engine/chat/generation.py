@@ -17,6 +17,7 @@ from engine.chat.detokenize import IncrementalDetokenizer, StopStringFilter
 from engine.chat.sampling import Sampler
 from engine.forward.backend import Backend
 from engine.protocol.messages import FinishReason, SamplingParams
+from engine.scheduler.block_pool import common_prefix_length
 
 OnText = Callable[[str, int], None]  # (new text, tokens generated so far)
 OnPrefill = Callable[[int, float], None]  # (tokens reused from the cache, prefill ms)
@@ -39,14 +40,6 @@ class ReplyOutcome:
     first_token_at: float
     decode_ms: float
     tokens_generated: int
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    size = min(len(a), len(b))
-    for index in range(size):
-        if a[index] != b[index]:
-            return index
-    return size
 
 
 def reuse_prefix(backend: Backend, seq: CachedSequence, prompt_ids: Sequence[int]) -> int:
