@@ -4,7 +4,8 @@ Bookkeeping only; the runtime runs each planned ``Step`` and reports back. One s
 is one forward pass over every running sequence: a sequence still holding several
 uncomputed tokens (a prompt, or a recompute after preemption) gets a chunk of them
 from the step's token budget, after every decoding sequence has had its one token,
-so a long prompt is prefilled a chunk at a time while running streams keep flowing.
+so a long prompt is prefilled a chunk at a time while running streams keep flowing
+(with nothing decoding, a step takes bigger chunks).
 Between steps new requests join (admission needs free blocks for the whole prompt,
 after its cached prefix is matched) and finished or cancelled ones leave. When a
 decoding sequence needs a block and none is free, the most recently admitted running
@@ -20,7 +21,8 @@ from dataclasses import dataclass, field
 
 from engine.scheduler.block_pool import ROOT, BlockPool
 
-DEFAULT_STEP_TOKENS = 64
+DEFAULT_STEP_TOKENS = 64  # tokens per step while some sequence decodes: bounds the others' inter-token time
+IDLE_STEP_TOKENS = 512  # per step while none does: a lone prompt is prefilled in big chunks, as before batching
 DEFAULT_MAX_RUNNING = 16
 
 
@@ -77,9 +79,11 @@ class Step:
 class Scheduler:
     """Waiting and running sequences over one ``BlockPool``."""
 
-    def __init__(self, pool: BlockPool, step_tokens: int = DEFAULT_STEP_TOKENS, max_running: int = DEFAULT_MAX_RUNNING) -> None:
+    def __init__(self, pool: BlockPool, step_tokens: int = DEFAULT_STEP_TOKENS, max_running: int = DEFAULT_MAX_RUNNING,
+                 idle_step_tokens: int = IDLE_STEP_TOKENS) -> None:
         self.pool = pool
         self.step_tokens = max(step_tokens, max_running)
+        self.idle_step_tokens = max(idle_step_tokens, self.step_tokens)
         self.max_running = max_running
         self.waiting: deque[SequenceState] = deque()
         self.running: list[SequenceState] = []
@@ -211,7 +215,8 @@ class Scheduler:
         return BlockCopy(match.partial, fresh[0], match.partial_tokens)
 
     def _chunks(self) -> tuple[ScheduledChunk, ...]:
-        budget = self.step_tokens
+        decoding = any(seq.pending == 1 for seq in self.running)
+        budget = self.step_tokens if decoding else self.idle_step_tokens
         chunks: dict[str, ScheduledChunk] = {}
         for seq in sorted(self.running, key=lambda s: s.pending > 1):  # decoding sequences first
             count = min(seq.pending, budget)

@@ -95,7 +95,7 @@ def test_eight_requests_joining_at_different_steps_match_each_run_alone() -> Non
 
 def test_a_long_prompt_is_prefilled_in_chunks_while_others_decode() -> None:
     runner = FakeRunner(Scheduler(BlockPool(400, 16), step_tokens=40, max_running=8))
-    runner.submit("short", prompt(10, 1), 30)
+    runner.submit("short", prompt(10, 1), 100)
     runner.step()
     runner.submit("long", prompt(2000, 2), 3)
     while "long" not in [c.request_id for s in runner.steps for c in s.chunks if c.samples]:
@@ -104,7 +104,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_others_decode() -> None:
     assert max(len(c.token_ids) for s in runner.steps for c in s.chunks) <= 40
     runner.run()
     assert runner.replies["long"] == alone(prompt(2000, 2), 3)
-    assert runner.replies["short"] == alone(prompt(10, 1), 30)
+    assert runner.replies["short"] == alone(prompt(10, 1), 100)
 
 
 def test_eight_conversations_with_one_system_prompt_hold_its_blocks_once() -> None:
