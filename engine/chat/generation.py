@@ -1,5 +1,8 @@
 """The decode loop: prefill what the cache lacks, then one token per step (engine thread).
 
+``ReplyState`` is one reply's sampler, detokenizer and stop strings; ``DecodeLoop``
+runs one reply to its end with it, and the batch runner keeps one per sequence.
+
 Between two steps the loop asks whether the request was cancelled, so a Stop is
 acknowledged within one decode step. It stops on end-of-sequence, a stop string,
 the token budget or a full context, and says which.
