@@ -12,6 +12,7 @@ out after steps that changed the batch, at most ``1 / SAMPLE_INTERVAL_S`` times 
 from __future__ import annotations
 
 import collections
+import gc
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -93,7 +94,7 @@ class BatchRunner:
                 self.scheduler.complete(step)
                 sampling = [(i, c.request_id) for i, c in enumerate(step.chunks) if c.samples]
                 for index, request_id in sampling:
-                    self._sampled(request_id, logits[index], memory)
+                    self._sampled_or_failed(request_id, logits[index], memory)
                 self._sampled_tokens.append((time.perf_counter(), len(sampling)))
         self._report()
 
@@ -123,7 +124,18 @@ class BatchRunner:
             for chunk in step.chunks:
                 self.scheduler.abort(chunk.request_id)
                 self._active.pop(chunk.request_id).events.failed(exc)
+            gc.collect()
             return None
+
+    def _sampled_or_failed(self, request_id: str, logits: torch.Tensor, memory: MemoryReading) -> None:
+        """``_sampled``; a failure there (a sampler's bad input, say) ends this request alone."""
+        try:
+            self._sampled(request_id, logits, memory)
+        except Exception as exc:
+            self.scheduler.finish(request_id)  # its keys and values are whole: only the sampling failed
+            active = self._active.pop(request_id, None)
+            if active is not None:
+                active.events.failed(exc)
 
     def _sampled(self, request_id: str, logits: torch.Tensor, memory: MemoryReading) -> None:
         active = self._active[request_id]

@@ -123,7 +123,8 @@ def _runner(tiny_loaded, budget_bytes: int | None = None) -> tuple[BatchRunner, 
 
 def _add(runner: BatchRunner, recorder: _Recorder, request_id: str, prompt_ids: list[int], sampling: SamplingParams) -> None:
     events = ReplyEvents(recorder, request_id, PromptPlan(prompt_ids, ()), 0.0, 1024, 0.0)
-    runner.add(request_id, prompt_ids, sampling, events)
+    stops = runner._loaded.template.stop_strings  # as the runtime adds them, and ``_alone``
+    runner.add(request_id, prompt_ids, replace(sampling, stop=sampling.stop + stops), events)
 
 
 def _memory(held: int):
@@ -182,3 +183,20 @@ def test_a_prompt_larger_than_the_pool_fails_clearly_and_the_next_one_works(tiny
         runner.step(_memory)
     assert "needs 197 positions" in recorder.of(ReplyFailed, "huge")[0].message
     assert recorder.of(ReplyFinished, "small")[0].stats.tokens_generated > 0
+
+
+def test_a_request_whose_sampling_fails_ends_alone_with_a_message(tiny_loaded) -> None:
+    runner, recorder = _runner(tiny_loaded)
+    sampling = SamplingParams(temperature=0, max_new_tokens=5)
+    _add(runner, recorder, "bad", [5, 6, 7, 8], sampling)
+    _add(runner, recorder, "good", [9, 10, 11], sampling)
+
+    def broken(logits):
+        raise ValueError("the sampler was given nonsense")
+
+    runner._active["bad"].reply.sample = broken
+    while runner.has_work:
+        runner.step(_memory)
+    assert "the sampler was given nonsense" in recorder.of(ReplyFailed, "bad")[0].message
+    assert recorder.of(ReplyFinished, "good")[0].text == _alone(tiny_loaded, [9, 10, 11], sampling)
+    assert runner.scheduler.pool.counts()[0] == 0
