@@ -74,7 +74,7 @@ class _Bench:
 
     def step(self) -> None:
         self.runner.step(lambda held: read_memory("cpu", 0, held, 0))
-        used = self.runner.scheduler.pool.counts()[0] * self.runner.bytes_per_block
+        used = self.runner.scheduler.pool.used_blocks * self.runner.bytes_per_block
         if used > self.peak[0]:
             per_token = self.runner.bytes_per_block // self.runner.scheduler.pool.block_size
             self.peak = (used, self.runner.scheduler.held_tokens() * per_token)

@@ -74,6 +74,11 @@ class BlockPool:
         """Blocks no sequence holds: free, or cached and evictable."""
         return len(self._free)
 
+    @property
+    def used_blocks(self) -> int:
+        """Blocks some sequence holds (cheap: every other block waits in the free queue)."""
+        return self.num_blocks - len(self._free)
+
     def allocate(self, count: int) -> list[int] | None:
         """``count`` blocks held once each, evicting cached ones as needed; ``None`` (and nothing taken) if short."""
         if count > len(self._free):
@@ -155,7 +160,7 @@ class BlockPool:
             self._free.move_to_end(block_id, last=False)  # holds nothing now: reused first
 
     def counts(self) -> tuple[int, int, int]:
-        """Blocks in use, shared by several sequences, and cached with no sequence holding them."""
+        """Blocks in use, shared by several sequences, and cached with no sequence holding them (a scan of all)."""
         used = sum(1 for b in self.blocks if b.ref_count > 0)
         shared = sum(1 for b in self.blocks if b.ref_count > 1)
         cached = sum(1 for b in self.blocks if b.ref_count == 0 and b.indexed)

@@ -96,7 +96,7 @@ class BatchRunner:
                 for index, request_id in sampling:
                     self._sampled_or_failed(request_id, logits[index], memory)
                 self._sampled_tokens.append((time.perf_counter(), len(sampling)))
-        self._report()
+        self._report(force=not self.has_work)  # the last step's state always goes out: the panel shows it idle
 
     def request_bytes(self, request_id: str) -> int:
         seq = self.scheduler.get(request_id)
@@ -174,10 +174,12 @@ class BatchRunner:
                                len(active.reply.generated))
         active.events.finished(outcome, memory(held))
 
-    def _report(self) -> None:
+    def _report(self, force: bool) -> None:
         now = time.perf_counter()
-        state = (len(self.scheduler.running), len(self.scheduler.waiting), self.pool_stats())
-        if state == self._last_sample[1] or now - self._last_sample[0] < SAMPLE_INTERVAL_S:
+        if now - self._last_sample[0] < SAMPLE_INTERVAL_S and not force:
+            return
+        state = (len(self.scheduler.running), len(self.scheduler.waiting), self.pool_stats())  # scans the pool
+        if state == self._last_sample[1]:
             return
         while self._sampled_tokens and self._sampled_tokens[0][0] < now - THROUGHPUT_WINDOW_S:
             self._sampled_tokens.popleft()

@@ -200,3 +200,15 @@ def test_a_request_whose_sampling_fails_ends_alone_with_a_message(tiny_loaded) -
     assert "the sampler was given nonsense" in recorder.of(ReplyFailed, "bad")[0].message
     assert recorder.of(ReplyFinished, "good")[0].text == _alone(tiny_loaded, [9, 10, 11], sampling)
     assert runner.scheduler.pool.counts()[0] == 0
+
+
+def test_the_batch_reports_its_state_and_ends_reported_idle(tiny_loaded) -> None:
+    runner, recorder = _runner(tiny_loaded)
+    for index in range(3):
+        _add(runner, recorder, f"r{index}", [5 + index, 6, 7], SamplingParams(temperature=0, max_new_tokens=4))
+    while runner.has_work:
+        runner.step(_memory)
+    samples = [e for e in recorder.events if isinstance(e, BatchSampled)]
+    assert samples[0].running == 3 and samples[0].pool.blocks_used == 3 and samples[0].pool.block_size == 16
+    assert (samples[-1].running, samples[-1].waiting, samples[-1].pool.blocks_used) == (0, 0, 0)
+    assert samples[-1].pool.blocks_cached == 3, "the finished replies' blocks stay cached for reuse"
