@@ -185,8 +185,8 @@ class Scheduler:
                 self.waiting.popleft()
                 rejected.append((seq.request_id, self._too_long(seq)))
                 continue
-            copy = self._try_place(seq)
-            if copy is False:
+            placed, copy = self._try_place(seq)
+            if not placed:
                 break  # first come, first served: the queue waits for blocks
             self.waiting.popleft()
             self.running.append(seq)
@@ -195,8 +195,9 @@ class Scheduler:
                 copies.append(copy)
         return admitted, copies, rejected
 
-    def _try_place(self, seq: SequenceState) -> BlockCopy | None | bool:
-        """Give ``seq`` its cached prefix and new blocks for the rest; ``False`` when the pool cannot yet."""
+    def _try_place(self, seq: SequenceState) -> tuple[bool, BlockCopy | None]:
+        """Give ``seq`` its cached prefix and new blocks for the rest (``False`` when the pool cannot yet),
+        and the copy that completes a partly shared block."""
         size = self.pool.block_size
         match = self.pool.match(seq.token_ids[:-1])  # at least one token is computed: its logits start the reply
         held = [*match.blocks, *([match.partial] if match.partial is not None else [])]
@@ -204,15 +205,15 @@ class Scheduler:
         fresh = self.pool.allocate(self._blocks_for(len(seq.token_ids)) - len(match.blocks))
         if fresh is None:
             self.pool.release(held)
-            return False
+            return False, None
         seq.blocks = [*match.blocks, *fresh]
         seq.computed = len(match.blocks) * size + match.partial_tokens
         seq.indexed, seq.index_node, seq.written_from = len(match.blocks), match.parent, len(match.blocks)
         seq.reused = seq.computed if seq.reused < 0 else seq.reused
         if match.partial is None:
-            return None
+            return True, None
         self._copy_sources.append(match.partial)
-        return BlockCopy(match.partial, fresh[0], match.partial_tokens)
+        return True, BlockCopy(match.partial, fresh[0], match.partial_tokens)
 
     def _chunks(self) -> tuple[ScheduledChunk, ...]:
         decoding = any(seq.pending == 1 for seq in self.running)

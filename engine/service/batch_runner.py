@@ -24,7 +24,7 @@ from engine.forward.paged_kv import BatchRow
 from engine.host.memory import KV_CACHE_BUDGET_BYTES
 from engine.models.loading import LoadedModel
 from engine.protocol.channels import EventSink
-from engine.protocol.messages import BatchSampled, KVPoolStats, MemoryStats, ReplyFailed, SamplingParams
+from engine.protocol.messages import BatchSampled, FinishReason, KVPoolStats, MemoryStats, ReplyFailed, SamplingParams
 from engine.scheduler.block_pool import BlockPool
 from engine.scheduler.scheduler import DEFAULT_MAX_RUNNING, DEFAULT_STEP_TOKENS, Scheduler, Step
 from engine.service.reply_events import ReplyEvents
@@ -88,7 +88,7 @@ class BatchRunner:
         for request_id, message in step.rejected:
             self._emit(ReplyFailed(request_id, message))
             self._active.pop(request_id, None)
-        if step.chunks:
+        if step.chunks or step.copies:
             logits = self._run(step)
             if logits is not None:
                 self.scheduler.complete(step)
@@ -118,7 +118,7 @@ class BatchRunner:
             for copy in step.copies:
                 self.kv.copy_block(copy.source, copy.target, copy.tokens)
             rows = [BatchRow(c.token_ids, c.start, c.block_ids) for c in step.chunks]
-            return self._backend.forward_batch(rows, self.kv)
+            return self._backend.forward_batch(rows, self.kv) if rows else torch.empty(0)
         except Exception as exc:  # out of memory, say: these replies fail, the others and the engine go on
             self.scheduler.complete(Step(()))  # lets go of the copy sources
             for chunk in step.chunks:
@@ -158,7 +158,7 @@ class BatchRunner:
             if seq is not None and seq.pending != 1 and self._is_cancelled(request_id):
                 self._finish(request_id, "cancelled", memory)
 
-    def _finish(self, request_id: str, reason, memory: MemoryReading) -> None:
+    def _finish(self, request_id: str, reason: FinishReason, memory: MemoryReading) -> None:
         active = self._active.pop(request_id)
         seq = self.scheduler.get(request_id)
         reused = max(seq.reused, 0) if seq else 0
