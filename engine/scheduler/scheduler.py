@@ -7,7 +7,9 @@ from the step's token budget, after every decoding sequence has had its one toke
 so a long prompt is prefilled a chunk at a time while running streams keep flowing
 (with nothing decoding, a step takes bigger chunks).
 Between steps new requests join (admission needs free blocks for the whole prompt,
-after its cached prefix is matched) and finished or cancelled ones leave. When a
+after its cached prefix is matched; a request whose prefix another sequence is still
+prefilling waits for it, so eight chats arriving with one system prompt compute it
+once) and finished or cancelled ones leave. When a
 decoding sequence needs a block and none is free, the most recently admitted running
 sequence is preempted: its blocks go back to the pool (its full ones stay cached)
 and it waits at the head of the queue to be recomputed. Nothing is ever allocated
@@ -19,7 +21,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.scheduler.block_pool import ROOT, BlockPool
+from engine.scheduler.block_pool import ROOT, BlockPool, common_prefix_length
 
 DEFAULT_STEP_TOKENS = 64  # tokens per step while some sequence decodes: bounds the others' inter-token time
 IDLE_STEP_TOKENS = 512  # per step while none does: a lone prompt is prefilled in big chunks, as before batching
@@ -178,22 +180,33 @@ class Scheduler:
         admitted: list[str] = []
         copies: list[BlockCopy] = []
         rejected: list[tuple[str, str]] = []
-        while self.waiting and len(self.running) < self.max_running:
-            seq = self.waiting[0]
-            needed_in_all = self._blocks_for(len(seq.token_ids))
-            if needed_in_all > self.pool.num_blocks:
-                self.waiting.popleft()
+        for seq in list(self.waiting):
+            if len(self.running) >= self.max_running:
+                break
+            if self._blocks_for(len(seq.token_ids)) > self.pool.num_blocks:
+                self.waiting.remove(seq)
                 rejected.append((seq.request_id, self._too_long(seq)))
                 continue
+            if self._shares_a_prefill(seq):
+                continue  # its prefix is being computed: it waits to reuse it rather than compute it again
             placed, copy = self._try_place(seq)
             if not placed:
                 break  # first come, first served: the queue waits for blocks
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             self.running.append(seq)
             admitted.append(seq.request_id)
             if copy is not None:
                 copies.append(copy)
         return admitted, copies, rejected
+
+    def _shares_a_prefill(self, seq: SequenceState) -> bool:
+        """Whether a running sequence still prefilling holds a full block more of ``seq``'s prefix than the index does."""
+        size = self.pool.block_size
+        cached = len(self.pool.match(seq.token_ids[:-1]).blocks) * size
+        return any(
+            other.pending > 1 and common_prefix_length(other.token_ids, seq.token_ids[:-1]) >= cached + size
+            for other in self.running
+        )
 
     def _try_place(self, seq: SequenceState) -> tuple[bool, BlockCopy | None]:
         """Give ``seq`` its cached prefix and new blocks for the rest (``False`` when the pool cannot yet),

@@ -220,3 +220,20 @@ def test_an_empty_pool_or_prompt_is_refused_clearly() -> None:
         BlockPool(0, 16)
     with pytest.raises(ValueError, match="at least one prompt token"):
         Scheduler(BlockPool(4, 4)).add("r", [])
+
+
+def test_chats_arriving_together_with_one_system_prompt_compute_it_once() -> None:
+    pool = BlockPool(300, 16)
+    runner = FakeRunner(Scheduler(pool, step_tokens=64, max_running=8, idle_step_tokens=512))
+    system = prompt(1000, 5)
+    prompts = {f"chat{i}": system + prompt(9 + i, 30 + i) for i in range(8)}
+    for request_id, ids in prompts.items():
+        runner.submit(request_id, ids, 10)
+    fed = 0
+    while runner.scheduler.has_work:
+        runner.step()
+        fed += sum(len(c.token_ids) for c in runner.steps[-1].chunks)
+        assert pool.used_blocks * 16 <= 1.2 * 1000 + 8 * 2 * 16
+    assert fed < 1000 + 8 * (16 + 9 + 7 + 10), "the shared prefix was computed once"
+    for request_id, ids in prompts.items():
+        assert runner.replies[request_id] == alone(ids, 10)
