@@ -136,14 +136,15 @@ def _memory(held: int):
 def test_eight_chats_with_one_long_system_prompt_hold_it_once(tiny_loaded) -> None:
     runner, recorder = _runner(tiny_loaded)
     system = tiny_loaded.tokenize("The quick brown fox jumps over the lazy dog. " * 100)[:1000]
-    sampling = SamplingParams(temperature=0, max_new_tokens=6)
+    sampling = SamplingParams(temperature=0, max_new_tokens=30)
     prompts = {f"chat{i}": system + tiny_loaded.tokenize(f" Question {i}?") for i in range(8)}
     _add(runner, recorder, "first", system + [5], replace(sampling, max_new_tokens=1))
     while runner.has_work:
         runner.step(_memory)
     for request_id, prompt in prompts.items():
         _add(runner, recorder, request_id, prompt, sampling)
-    runner.step(_memory)
+    while runner.scheduler.waiting:  # those sharing more than the cached prefix with chat0 wait for its prefill
+        runner.step(_memory)
     pool = runner.scheduler.pool
     shared = runner.scheduler.get("chat0").blocks[: 1000 // 16]
     assert all(pool.blocks[b].ref_count == 8 for b in shared)
