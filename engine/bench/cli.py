@@ -7,7 +7,7 @@
     turns  --model default --turns 20 [--repeats N]
     load   --model PATH [--cycles N]
     serve  --model … --concurrency 1,2,4,8,16 [--prompt-tokens N] [--new-tokens N] [--shared-prefix N]
-           [--join [--join-tokens N]]
+           [--join [--join-tokens N] [--step-tokens N]]
 
 One JSON object per line on stdout (``--json``; without it, ``key=value`` lines);
 the last line is the summary. Baselines run in the same process, taking turns
@@ -79,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--shared-prefix", type=int, default=0, help="tokens every prompt starts with")
     serve.add_argument("--join", action="store_true", help="a request arriving while 7 others stream")
     serve.add_argument("--join-tokens", type=int, default=2000, help="the arriving request's prompt tokens")
+    serve.add_argument("--step-tokens", type=int, default=None, help="the joining test's tokens per step (scheduler's default)")
     for command in (decode, prefill, chat, turns, load, serve):
         command.add_argument("--model", default="default")
         command.add_argument("--json", action="store_true", help="JSON lines (else key=value lines)")
@@ -281,7 +282,7 @@ def _serve(args: argparse.Namespace, show) -> dict[str, Any]:
         single = rows[0]["aggregate_decode_tok_s"]
         summary["aggregate_over_single"] = {row["concurrency"]: round(row["aggregate_decode_tok_s"] / single, 2) for row in rows}
     if args.join:
-        joined = serve.run_join(loaded, args.prompt_tokens, args.join_tokens)
+        joined = serve.run_join(loaded, args.prompt_tokens, args.join_tokens, args.step_tokens or serve.DEFAULT_STEP_TOKENS)
         show(joined)
         summary |= {k: v for k, v in joined.items() if k != "join"}
     return summary

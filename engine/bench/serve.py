@@ -24,6 +24,7 @@ from engine.host.memory import read_memory
 from engine.models.loading import LoadedModel
 from engine.protocol.messages import ReplyFinished, SamplingParams, TokenStreamed
 from engine.service.batch_runner import BatchRunner
+from engine.scheduler.scheduler import DEFAULT_STEP_TOKENS
 from engine.service.reply_events import ReplyEvents
 
 JOIN_STREAMS = 7
@@ -58,12 +59,12 @@ class _Timeline:
 class _Bench:
     """One fresh runner over the loaded model, requests added and stepped to the end."""
 
-    def __init__(self, loaded: LoadedModel, new_tokens: int) -> None:
+    def __init__(self, loaded: LoadedModel, new_tokens: int, step_tokens: int = DEFAULT_STEP_TOKENS) -> None:
         self.loaded = replace(loaded, eos_ids=frozenset())
         self.sampling = SamplingParams(temperature=0, max_new_tokens=new_tokens)
         self.timeline = _Timeline()
         self.cancelled: set[str] = set()
-        self.runner = BatchRunner(self.loaded, self.timeline, self.cancelled.__contains__)
+        self.runner = BatchRunner(self.loaded, self.timeline, self.cancelled.__contains__, step_tokens=step_tokens)
         self.peak = (0, 0)  # (bytes of blocks in use, ideal bytes) when most blocks were in use
 
     def add(self, request_id: str, prompt_ids: list[int], new_tokens: int | None = None) -> None:
@@ -120,14 +121,14 @@ def run_level(loaded: LoadedModel, concurrency: int, prompt_tokens: int, new_tok
     }
 
 
-def run_join(loaded: LoadedModel, prompt_tokens: int, join_tokens: int) -> dict[str, Any]:
+def run_join(loaded: LoadedModel, prompt_tokens: int, join_tokens: int, step_tokens: int = DEFAULT_STEP_TOKENS) -> dict[str, Any]:
     """Its time to first token alone, then joining ``JOIN_STREAMS`` streams, and theirs meanwhile."""
     joiner = prompts_for(loaded, 1, join_tokens, 0)[0]
     alone = _Bench(loaded, 1)
     alone.add("joiner", joiner)
     alone.run_until(lambda: False)
     idle_ttft = alone.timeline.finished["joiner"].stats.ttft_ms
-    bench = _Bench(loaded, 100_000)
+    bench = _Bench(loaded, 100_000, step_tokens)
     streams = [f"s{i}" for i in range(JOIN_STREAMS)]
     for request_id, prompt in zip(streams, prompts_for(loaded, JOIN_STREAMS, prompt_tokens, 0)):
         bench.add(request_id, prompt)
@@ -143,7 +144,7 @@ def run_join(loaded: LoadedModel, prompt_tokens: int, join_tokens: int) -> dict[
     ttft = bench.timeline.finished["joiner"].stats.ttft_ms
     median = _percentile(before, 0.5)
     return {
-        "join": True, "running_streams": JOIN_STREAMS, "join_prompt_tokens": len(joiner),
+        "join": True, "running_streams": JOIN_STREAMS, "step_tokens": step_tokens, "join_prompt_tokens": len(joiner),
         "join_ttft_ms": round(ttft, 1), "join_idle_ttft_ms": round(idle_ttft, 1),
         "join_ttft_ratio": round(ttft / idle_ttft, 2),
         "running_itl_ms_p50": round(median, 2), "running_itl_ms_p99_while_joining": round(_percentile(during, 0.99), 2),
