@@ -23,7 +23,10 @@ from dataclasses import dataclass, field
 
 from engine.scheduler.block_pool import ROOT, BlockPool, common_prefix_length
 
-DEFAULT_STEP_TOKENS = 64  # tokens per step while some sequence decodes: bounds the others' inter-token time
+DEFAULT_STEP_TOKENS = 40
+"""Tokens per step while some sequence decodes: it bounds their inter-token time while a prompt joins. With 7
+streams and a 2 000-token prompt joining (built-in model, one thread): 64 gave a p99 of 4.2x the median, 40 gave 2.4x
+with the prompt's first token 1.5x later than alone."""
 IDLE_STEP_TOKENS = 512  # per step while none does: a lone prompt is prefilled in big chunks, as before batching
 DEFAULT_MAX_RUNNING = 16
 
