@@ -8,6 +8,8 @@
     turns  --model default --turns 20 [--repeats N]
     load   --model PATH [--cycles N] [--loads N] [--memory-limit-gb G]
     batched --model GGUF --sequences 1 8 16 [--prompt-tokens N] [--new-tokens N]
+    serve  --model … --concurrency 1,2,4,8,16 [--prompt-tokens N] [--new-tokens N] [--shared-prefix N]
+           [--join [--join-tokens N] [--step-tokens N]]
 
 One JSON object per line on stdout (``--json``; without it, ``key=value`` lines);
 the last line is the summary. Baselines run in the same run, taking turns with
@@ -81,7 +83,15 @@ def _parser() -> argparse.ArgumentParser:
     batched.add_argument("--sequences", type=int, nargs="+", default=[1, 8, 16])
     batched.add_argument("--prompt-tokens", type=int, default=128)
     batched.add_argument("--new-tokens", type=int, default=32)
-    for command in (decode, prefill, chat, turns, load, batched):
+    serve = commands.add_parser("serve", help="continuous batching: many requests at once (CPU fast path)")
+    serve.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated numbers of requests at once")
+    serve.add_argument("--prompt-tokens", type=int, default=128)
+    serve.add_argument("--new-tokens", type=int, default=64)
+    serve.add_argument("--shared-prefix", type=int, default=0, help="tokens every prompt starts with")
+    serve.add_argument("--join", action="store_true", help="a request arriving while 7 others stream")
+    serve.add_argument("--join-tokens", type=int, default=2000, help="the arriving request's prompt tokens")
+    serve.add_argument("--step-tokens", type=int, default=None, help="the joining test's tokens per step (scheduler's default)")
+    for command in (decode, prefill, chat, turns, load, batched, serve):
         command.add_argument("--model", default="default")
         command.add_argument("--json", action="store_true", help="JSON lines (else key=value lines)")
     return parser
@@ -315,5 +325,30 @@ def _batched(args: argparse.Namespace, show) -> dict[str, Any]:
     return batched_rates(args.model, args.sequences, args.prompt_tokens, args.new_tokens, engine_threads())
 
 
+def _serve(args: argparse.Namespace, show) -> dict[str, Any]:
+    from engine.bench import serve as serve
+    from engine.host.cpu_threads import apply_engine_threads
+
+    apply_engine_threads()
+    loaded = _open(args.model, "cpu", "auto")
+    if not hasattr(loaded.backend, "forward_batch"):
+        raise ValueError(f"{type(loaded.backend).__name__} runs one request at a time: serve needs the CPU fast path.")
+    serve.run_level(loaded, 2, 16, 4, 0)  # warm-up
+    levels = [int(level) for level in args.concurrency.split(",") if level.strip()]
+    rows = []
+    for level in levels:
+        rows.append(serve.run_level(loaded, level, args.prompt_tokens, args.new_tokens, args.shared_prefix))
+        show(rows[-1])
+    summary = {**_described(args.model, loaded), "levels": levels}
+    if rows and rows[0]["concurrency"] == 1:
+        single = rows[0]["aggregate_decode_tok_s"]
+        summary["aggregate_over_single"] = {row["concurrency"]: round(row["aggregate_decode_tok_s"] / single, 2) for row in rows}
+    if args.join:
+        joined = serve.run_join(loaded, args.prompt_tokens, args.join_tokens, args.step_tokens or serve.DEFAULT_STEP_TOKENS)
+        show(joined)
+        summary |= {k: v for k, v in joined.items() if k != "join"}
+    return summary
+
+
 COMMANDS = {"decode": _decode, "prefill": _prefill, "chat": _chat, "turns": _turns, "load": _load,
-            "batched": _batched}
+            "batched": _batched, "serve": _serve}

@@ -1,5 +1,8 @@
 """The decode loop: prefill what the cache lacks, then one token per step (engine thread).
 
+``ReplyState`` is one reply's sampler, detokenizer and stop strings; ``DecodeLoop``
+runs one reply to its end with it, and the batch runner keeps one per sequence.
+
 Between two steps the loop asks whether the request was cancelled, so a Stop is
 acknowledged within one decode step. It stops on end-of-sequence, a stop string,
 the token budget or a full context, and says which.
@@ -17,6 +20,7 @@ from engine.chat.detokenize import IncrementalDetokenizer, StopStringFilter
 from engine.chat.sampling import Sampler
 from engine.forward.backend import Backend
 from engine.protocol.messages import FinishReason, SamplingParams
+from engine.scheduler.block_pool import common_prefix_length
 
 OnText = Callable[[str, int], None]  # (new text, tokens generated so far)
 OnPrefill = Callable[[int, float], None]  # (tokens reused from the cache, prefill ms)
@@ -39,14 +43,6 @@ class ReplyOutcome:
     first_token_at: float
     decode_ms: float
     tokens_generated: int
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    size = min(len(a), len(b))
-    for index in range(size):
-        if a[index] != b[index]:
-            return index
-    return size
 
 
 def reuse_prefix(backend: Backend, seq: CachedSequence, prompt_ids: Sequence[int]) -> int:
@@ -77,9 +73,71 @@ def feed(backend: Backend, seq: CachedSequence, token_ids: Sequence[int]) -> tor
     return logits
 
 
+class ReplyState:
+    """One reply's sampler, detokenizer and stop-string filter, and the tokens it has said so far.
+
+    The decode loop keeps one; the batch runner (``engine/service/batch_runner.py``) one per sequence.
+    """
+
+    def __init__(self, tokenizer: Any, sampling: SamplingParams, eos_ids: frozenset[int], context_length: int,
+                 device: torch.device, prompt_ids: Sequence[int], on_text: OnText) -> None:
+        self.sampling = sampling
+        self.eos_ids = eos_ids
+        self.context_length = context_length
+        self.device = device
+        self.prompt_ids = prompt_ids
+        self.on_text = on_text
+        self.sampler = Sampler(sampling, device)
+        self.detokenizer = IncrementalDetokenizer(tokenizer)
+        self.stops = StopStringFilter(sampling.stop)
+        self.generated: list[int] = []
+        self.pieces: list[str] = []
+
+    def sample(self, logits: torch.Tensor) -> int:
+        """The next token from ``logits`` [V] (a host sync)."""
+        return self.sampler(logits, self._seen()).item()
+
+    def accept(self, token: int, cached_positions: int, is_cancelled: Callable[[], bool]) -> FinishReason | None:
+        """Say ``token`` (unless it ends the reply); why the reply stops here, or ``None`` to feed it and go on."""
+        if token in self.eos_ids:
+            return "eos"
+        self.generated.append(token)
+        shown = self.stops.feed(self.detokenizer.push(token))
+        if shown:
+            self._say(shown)
+        return self._why_stop(cached_positions, is_cancelled)
+
+    def close(self) -> str:
+        """The text held back for a possible stop string goes out; the whole reply's text."""
+        tail = self.stops.flush()
+        if tail:
+            self._say(tail)
+        return "".join(self.pieces)
+
+    def _say(self, text: str) -> None:
+        self.pieces.append(text)
+        self.on_text(text, len(self.generated))
+
+    def _why_stop(self, cached_positions: int, is_cancelled: Callable[[], bool]) -> FinishReason | None:
+        if self.stops.stopped:
+            return "stop_string"
+        if len(self.generated) >= self.sampling.max_new_tokens:
+            return "max_tokens"
+        if cached_positions + 1 >= self.context_length:
+            return "context_full"
+        if is_cancelled():
+            return "cancelled"
+        return None
+
+    def _seen(self) -> torch.Tensor:
+        if self.sampling.repetition_penalty == 1.0:
+            return torch.empty(0, dtype=torch.long, device=self.device)
+        return torch.tensor([*self.prompt_ids, *self.generated], dtype=torch.long, device=self.device)  # [N]
+
+
 @dataclass
 class DecodeLoop:
-    """One reply: owns the sampler, detokenizer and stop-string filter for it."""
+    """One reply run to its end over one ``CachedSequence``."""
 
     backend: Backend
     tokenizer: Any
@@ -94,53 +152,14 @@ class DecodeLoop:
         reused = reuse_prefix(self.backend, seq, prompt_ids)
         started = time.perf_counter()
         logits = feed(self.backend, seq, prompt_ids[reused:])
-        sampler = Sampler(self.sampling, self.backend.device)
-        first_token = sampler(logits, self._seen(prompt_ids, ())).item()  # the first host sync
+        reply = ReplyState(self.tokenizer, self.sampling, self.eos_ids, self.context_length, self.backend.device,
+                           prompt_ids, self.on_text)
+        token = reply.sample(logits)  # the first host sync
         prefill_ms = (time.perf_counter() - started) * 1000
         self.on_prefill(reused, prefill_ms)
-        return self._decode(seq, prompt_ids, sampler, first_token, reused, prefill_ms)
-
-    def _decode(
-        self, seq: CachedSequence, prompt_ids: Sequence[int], sampler: Sampler, token: int, reused: int, prefill_ms: float
-    ) -> ReplyOutcome:
-        detokenizer = IncrementalDetokenizer(self.tokenizer)
-        stops = StopStringFilter(self.sampling.stop)
-        generated: list[int] = []
-        pieces: list[str] = []
         first_token_at = time.perf_counter()
-        reason: FinishReason | None = None
-        while reason is None:
-            if token in self.eos_ids:
-                reason = "eos"
-                break
-            generated.append(token)
-            shown = stops.feed(detokenizer.push(token))
-            if shown:
-                pieces.append(shown)
-                self.on_text(shown, len(generated))
-            reason = self._why_stop(stops, generated, seq)
-            if reason is None:
-                logits = feed(self.backend, seq, [token])
-                token = sampler(logits, self._seen(prompt_ids, generated)).item()
-        tail = stops.flush()
-        if tail:
-            pieces.append(tail)
-            self.on_text(tail, len(generated))
+        while (reason := reply.accept(token, len(seq.token_ids), self.is_cancelled)) is None:
+            token = reply.sample(feed(self.backend, seq, [token]))
+        text = reply.close()
         decode_ms = (time.perf_counter() - first_token_at) * 1000
-        return ReplyOutcome("".join(pieces), reason, reused, prefill_ms, first_token_at, decode_ms, len(generated))
-
-    def _why_stop(self, stops: StopStringFilter, generated: list[int], seq: CachedSequence) -> FinishReason | None:
-        if stops.stopped:
-            return "stop_string"
-        if len(generated) >= self.sampling.max_new_tokens:
-            return "max_tokens"
-        if len(seq.token_ids) + 1 >= self.context_length:
-            return "context_full"
-        if self.is_cancelled():
-            return "cancelled"
-        return None
-
-    def _seen(self, prompt_ids: Sequence[int], generated: Sequence[int]) -> torch.Tensor:
-        if self.sampling.repetition_penalty == 1.0:
-            return torch.empty(0, dtype=torch.long, device=self.backend.device)
-        return torch.tensor([*prompt_ids, *generated], dtype=torch.long, device=self.backend.device)  # [N]
+        return ReplyOutcome(text, reason, reused, prefill_ms, first_token_at, decode_ms, len(reply.generated))

@@ -9,7 +9,8 @@ few calls, since at this size each call's fixed cost adds up: q/k/v become one
 matmul and gate/up another; each RMSNorm's weight goes to the matmul after it
 (``Linear``'s ``input_scale``), the attention scale into the query rows, and
 query/key rows are reordered so rotary positions are one complex multiply in place.
-The KV cache is a ``KVCache``.
+The KV cache is a ``KVCache`` for one sequence, or a ``PagedKV`` for a batch of
+sequences (``forward_batch``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.forward.backend import PREFILL_CHUNK
+from engine.forward.paged_kv import BatchRow, PagedKV, StepLayout
 from engine.forward.static_cache import KVCache
 from engine.forward.weights.quant import Linear, embedding
 from engine.forward.weights.quant_int import QUANT_FORMATS, Int4Groups
@@ -162,16 +164,44 @@ class FastLlama:
 
     def _attention(self, layer: _Layer, index: int, h: torch.Tensor, cache: KVCache, start: int,
                    turns: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        q, new_keys_values = self._project(layer, h, turns)  # [S, H, hd], [2, Hkv, S, hd]
+        keys, values = cache.write(index, start, new_keys_values)  # [Hkv, T, hd] each
+        attended = self._attend(q, keys, values, mask)  # [S, H, hd]
+        return layer.out(attended.reshape(h.shape[0], self.heads * self.head_dim))  # [S, D]
+
+    def _project(self, layer: _Layer, h: torch.Tensor, turns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated queries [S, H, hd] and the new keys and values [2, Hkv, S, hd] of ``h`` [S, D]."""
         length, heads, kv_heads = h.shape[0], self.heads, self.kv_heads
         qkv = layer.qkv(h).view(length, heads + 2 * kv_heads, self.head_dim)  # [S, H + 2Hkv, hd]
         if layer.head_norms is not None:
             queries_keys = qkv[:, : heads + kv_heads]  # [S, H + Hkv, hd]
             queries_keys.copy_(F.rms_norm(queries_keys, (self.head_dim,), eps=self.eps).mul_(layer.head_norms))
         rotate_pairs_(qkv[:, : heads + kv_heads], turns)  # queries and keys rotated together
-        new_keys_values = qkv[:, heads:].transpose(0, 1).unflatten(0, (2, kv_heads))  # [2, Hkv, S, hd]
-        keys, values = cache.write(index, start, new_keys_values)  # [Hkv, T, hd] each
-        attended = self._attend(qkv[:, :heads], keys, values, mask)  # [S, H, hd]
-        return layer.out(attended.reshape(length, heads * self.head_dim))  # [S, D]
+        return qkv[:, :heads], qkv[:, heads:].transpose(0, 1).unflatten(0, (2, kv_heads))
+
+    @torch.inference_mode()
+    def forward_batch(self, rows: Sequence[BatchRow], kv: PagedKV) -> torch.Tensor:
+        """Several sequences' new tokens in one pass: every ``Linear`` sees all R rows at once (one read of the
+        weights serves them all); attention is per sequence over its blocks. Logits of each row's last token, [B, V]."""
+        layout = kv.layout(rows)
+        ids = torch.tensor([t for row in rows for t in row.token_ids], dtype=torch.long, device=self.device)  # [R]
+        self.rotations(0, max(span.start + span.length for span in layout.spans))
+        turns = self._turns[layout.positions]  # [R, 1, hd/2]
+        masks = [_causal_mask(span.start, span.length, self.device) for span in layout.spans]
+        x = self.embed(ids)  # [R, D]
+        for index, layer in enumerate(self.layers):
+            x += self._paged_attention(layer, index, self.normalise(x), kv, layout, turns, masks)
+            x += layer.down(swiglu(layer.gate_up(self.normalise(x))))
+        last = torch.tensor([span.rows.stop - 1 for span in layout.spans], device=self.device)  # [B]
+        return self.lm_head(self.normalise(x[last])).float()  # [B, V]
+
+    def _paged_attention(self, layer: _Layer, index: int, h: torch.Tensor, kv: PagedKV, layout: StepLayout,
+                         turns: torch.Tensor, masks: list[torch.Tensor | None]) -> torch.Tensor:
+        q, new_keys_values = self._project(layer, h, turns)  # [R, H, hd], [2, Hkv, R, hd]
+        kv.write(index, layout.write, new_keys_values)
+        attended = [self._attend(q[span.rows], *kv.read(index, span.read), mask) for span, mask in zip(layout.spans, masks)]
+        joined = attended[0] if len(attended) == 1 else torch.cat(attended)  # [R, H, hd]
+        return layer.out(joined.reshape(h.shape[0], self.heads * self.head_dim))  # [R, D]
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Attention over the cache (``attend``); ``cuda_backend`` overrides it with fused GPU kernels."""
@@ -320,6 +350,14 @@ class FastLlamaBackend:
     def forward(self, token_ids: Sequence[int], cache: KVCache, start: int) -> torch.Tensor:
         ids = torch.tensor(list(token_ids), dtype=torch.long, device=self.device)  # [S]
         return self.model.forward(ids, cache, start)
+
+    def new_pool(self, num_blocks: int, block_size: int) -> PagedKV:
+        model = self.model
+        return PagedKV(len(model.layers), model.kv_heads, model.head_dim, num_blocks, block_size, model.dtype, self.device)
+
+    def forward_batch(self, rows: Sequence[BatchRow], kv: PagedKV) -> torch.Tensor:
+        """Each row's tokens appended to its blocks of ``kv``; logits of each row's last token, [B, V] fp32."""
+        return self.model.forward_batch(rows, kv)
 
     def crop(self, cache: KVCache, length: int) -> KVCache:
         cache.crop(length)

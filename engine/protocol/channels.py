@@ -47,6 +47,14 @@ class CancelWatch:
             self._cancelled.add(request.request_id)
         return request
 
+    def take(self, kind: type) -> list:
+        """Requests of ``kind`` that arrived meanwhile, in order, taken out of the queue; the rest stay."""
+        self._drain()
+        taken = [r for r in self._deferred if isinstance(r, kind)]
+        if taken:
+            self._deferred = collections.deque(r for r in self._deferred if not isinstance(r, kind))
+        return taken
+
     def forget(self, request_id: str) -> None:
         self._cancelled.discard(request_id)
 

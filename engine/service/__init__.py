@@ -1,8 +1,8 @@
 """The engine thread and the doors into it.
 
 ``worker`` owns the engine thread, the only thread that touches the model, and
-hands each request to ``runtime`` (one loaded model, the KV caches of recent
-conversations); ``background_load`` builds a new model on a helper thread while
+hands each request to ``runtime`` (one loaded model); ``batch_runner`` runs the
+scheduler's batched steps, and ``reply_events`` sends each reply's events; ``background_load`` builds a new model on a helper thread while
 the old one keeps answering. ``client`` is the asyncio side: it submits requests
 from the caller's event loop (the GUI's under qasync, or the CLI's) and receives
 events handed over with ``loop.call_soon_threadsafe``.

@@ -1,8 +1,11 @@
 """The model owner: handles each request on the engine thread and reports what happened.
 
 Reading order of one reply: ``_generate`` renders the chat into prompt ids
-(``prompt``), takes the conversation's KV cache (``cache_store``), runs the decode
-loop (``generation``), and reports figures (``RequestStats``).
+(``prompt``) and opens its event stream (``reply_events``). On the CPU fast path
+the reply joins the batch (``batch_runner``, over ``engine/scheduler``), which runs
+until no request is left, taking in new Generates between two steps. Other
+backends run one reply at a time over the conversation's KV cache
+(``cache_store``) with the decode loop (``generation``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from dataclasses import replace
 import torch
 
 from engine.chat.cache_store import CacheStore
-from engine.chat.generation import CachedSequence, DecodeLoop, ReplyOutcome
+from engine.chat.generation import CachedSequence, DecodeLoop
 from engine.chat.prompt import ContextOverflow, PromptPlan, plan_prompt, reply_budget
 from engine.host.allocator import keep_freed_buffers
 from engine.host.cpu_threads import apply_engine_threads
@@ -32,17 +35,17 @@ from engine.protocol.messages import (
     LoadModel,
     MemorySampled,
     ModelLoaded,
-    PrefillDone,
     ReplyFailed,
-    ReplyFinished,
     Request,
-    RequestStats,
+    SamplingParams,
     StatusChanged,
-    TokenStreamed,
 )
 from engine.service.background_load import CANCELLED_MESSAGE, BackgroundLoad, LoadDone
+from engine.service.batch_runner import BatchRunner
+from engine.service.reply_events import ReplyEvents, is_out_of_memory
 
 SUPERSEDED_MESSAGE = "Another model was chosen before this one finished loading."
+ONE_AT_A_TIME_NOTICE = "This model's path answers one request at a time: further requests wait for the reply before them."
 
 
 class ModelRuntime:
@@ -52,7 +55,8 @@ class ModelRuntime:
         self._emit = emit
         self._watch = watch
         self._loaded: LoadedModel | None = None
-        self._caches: CacheStore | None = None
+        self._caches: CacheStore | None = None  # per-conversation caches, for backends without batching
+        self._batch: BatchRunner | None = None
         self._pending: BackgroundLoad | None = None
         apply_engine_threads()
         keep_freed_buffers()
@@ -82,7 +86,7 @@ class ModelRuntime:
             self._pending.cancel()
             self._pending.join(timeout=5)
         self._loaded = None
-        self._caches = None
+        self._caches = self._batch = None
 
     # ------------------------------------------------------------ loading
 
@@ -109,16 +113,21 @@ class ModelRuntime:
         else:
             self._swap_in(load.result)
             loaded = load.result
+            notices = loaded.notices + (() if self._batch else (ONE_AT_A_TIME_NOTICE,))
             self._emit(ModelLoaded(
                 done.request_id, loaded.name, loaded.path, loaded.device, loaded.precision_label,
-                loaded.context_length, loaded.load_s, self._memory(""), loaded.notices,
+                loaded.context_length, loaded.load_s, self._memory(""), notices,
             ))
         self._emit_ready()
 
     def _swap_in(self, loaded: LoadedModel) -> None:
         """The new model replaces the old one only now that it is ready; the old one's memory is freed."""
         self._loaded = loaded
-        self._caches = CacheStore(loaded.backend.new_cache, loaded.backend.cache_bytes)
+        self._batch = self._caches = None  # the old model's KV memory goes before the new model's is taken
+        if hasattr(loaded.backend, "forward_batch"):
+            self._batch = BatchRunner(loaded, self._emit, self._watch.is_cancelled)
+        else:
+            self._caches = CacheStore(loaded.backend.new_cache, loaded.backend.cache_bytes)
         gc.unfreeze()  # the previous model's objects may go now
         gc.collect()
         gc.freeze()  # torch, transformers and the model live long: keep full collections (GIL held) short
@@ -135,37 +144,67 @@ class ModelRuntime:
     # ------------------------------------------------------------ replies
 
     def _generate(self, request: Generate) -> None:
-        loaded, caches = self._loaded, self._caches
-        if loaded is None or caches is None:
+        loaded = self._loaded
+        if loaded is None:
             self._emit(ReplyFailed(request.request_id, "No model is loaded yet. Open a model first."))
             return
+        prepared = self._prepare(loaded, request)
+        if prepared is None:
+            return
+        events, sampling = prepared
+        if self._batch is not None:
+            self._serve_batch(request, events, sampling)
+        else:
+            self._run_alone(loaded, request, events, sampling)
+        self._emit_ready()
+
+    def _prepare(self, loaded: LoadedModel, request: Generate) -> tuple[ReplyEvents, SamplingParams] | None:
+        """The request's prompt planned and its event stream opened; ``None`` (and a ``ReplyFailed``) if it cannot be."""
         started = time.perf_counter()
         try:
             plan = self._plan(loaded, request)
         except (ContextOverflow, ModelFileError) as exc:  # ModelFileError: the chat template failed
             self._emit(ReplyFailed(request.request_id, str(exc)))
-            return
+            return None
         tokenize_ms = (time.perf_counter() - started) * 1000
         self._emit(StatusChanged("generating", loaded.name))
+        events = ReplyEvents(self._emit, request.request_id, plan, tokenize_ms, loaded.context_length, started)
+        return events, replace(request.sampling, stop=request.sampling.stop + loaded.template.stop_strings)
+
+    def _run_alone(self, loaded: LoadedModel, request: Generate, events: ReplyEvents, sampling: SamplingParams) -> None:
+        """One reply to its end over its conversation's cache (backends without batching)."""
+        caches = self._caches
         seq = caches.checkout(request.conversation_id)
-        stream = _Stream(self._emit, request.request_id, plan, tokenize_ms, loaded.context_length)
         try:
-            sampling = replace(request.sampling, stop=request.sampling.stop + loaded.template.stop_strings)
             loop = DecodeLoop(
                 loaded.backend, loaded.tokenizer, sampling, loaded.eos_ids, loaded.context_length,
                 is_cancelled=lambda: self._watch.is_cancelled(request.request_id),
-                on_prefill=stream.prefilled,
-                on_text=stream.token,
+                on_prefill=events.prefilled,
+                on_text=events.token,
             )
-            outcome = loop.run(seq, plan.token_ids)
+            outcome = loop.run(seq, events.prompt_ids)
         except Exception as exc:
-            self._fail(request, exc, stream.text, seq)
+            self._fail(events, exc, seq)
             return
         finally:
             caches.release(request.conversation_id)
             self._watch.forget(request.request_id)
-        self._finish(request, plan, outcome, tokenize_ms, started)
-        self._emit_ready()
+        events.finished(outcome, self._memory(request.conversation_id))
+
+    def _serve_batch(self, request: Generate, events: ReplyEvents, sampling: SamplingParams) -> None:
+        """Steps the batch until it is empty; Generates that arrive meanwhile join between two steps."""
+        batch = self._batch
+        batch.add(request.request_id, events.prompt_ids, sampling, events)
+        served = [request.request_id]
+        while batch.has_work:
+            batch.step(lambda held: self._memory("", held))
+            for joining in self._watch.take(Generate):
+                prepared = self._prepare(self._loaded, joining)
+                if prepared is not None:
+                    batch.add(joining.request_id, prepared[0].prompt_ids, prepared[1], prepared[0])
+                    served.append(joining.request_id)
+        for request_id in served:
+            self._watch.forget(request_id)
 
     def _plan(self, loaded: LoadedModel, request: Generate) -> PromptPlan:
         budget = reply_budget(request.sampling.max_new_tokens, loaded.context_length)
@@ -173,7 +212,7 @@ class ModelRuntime:
             request.messages, loaded.render, loaded.tokenize, loaded.context_length, budget, request.overflow
         )
 
-    def _fail(self, request: Generate, exc: Exception, partial: str, seq: CachedSequence) -> None:
+    def _fail(self, events: ReplyEvents, exc: Exception, seq: CachedSequence) -> None:
         """A reply broke off (out of memory, say): free its working memory, keep what was said.
 
         The conversation's cache is dropped too: it may hold a half-written step. The next
@@ -182,72 +221,16 @@ class ModelRuntime:
         seq.kv = self._loaded.backend.new_cache() if self._loaded else seq.kv
         seq.token_ids.clear()
         gc.collect()
-        if _is_out_of_memory(exc):
-            message = (
-                "The model ran out of memory while replying. The partial reply is kept, and the next "
-                "message will work; a shorter context or a smaller precision leaves more room."
-            )
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        else:
-            message = f"The reply failed: {type(exc).__name__}: {exc}"
-        self._emit(ReplyFailed(request.request_id, message, partial))
+        if is_out_of_memory(exc) and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        events.failed(exc)
         self._emit_ready()
 
-    def _finish(self, request: Generate, plan: PromptPlan, outcome: ReplyOutcome, tokenize_ms: float, started: float) -> None:
-        decode_steps = max(outcome.tokens_generated - 1, 0)
-        stats = RequestStats(
-            tokenize_ms=tokenize_ms,
-            prompt_tokens=len(plan.token_ids),
-            reused_tokens=outcome.reused_tokens,
-            prefill_ms=outcome.prefill_ms,
-            ttft_ms=(outcome.first_token_at - started) * 1000,
-            decode_ms=outcome.decode_ms,
-            decode_tok_s=decode_steps / (outcome.decode_ms / 1000) if outcome.decode_ms > 0 else 0.0,
-            tokens_generated=outcome.tokens_generated,
-            finish_reason=outcome.finish_reason,
-            context_length=self._loaded.context_length if self._loaded else 0,
-            dropped_turns=plan.dropped_turns,
-            memory=self._memory(request.conversation_id),
-            started_at=started,
-            finished_at=time.perf_counter(),
-        )
-        self._emit(ReplyFinished(request.request_id, outcome.text, stats))
-
-    def _memory(self, conversation_id: str):
+    def _memory(self, conversation_id: str, request_bytes: int = 0):
+        """Memory figures; the KV bytes of a conversation's cache, or (batching) of one request's blocks."""
         loaded, caches = self._loaded, self._caches
+        if loaded is not None and self._batch is not None:
+            return read_memory(loaded.device, loaded.weight_bytes, request_bytes, self._batch.total_bytes())
         if loaded is None or caches is None:
             return read_memory("cpu", 0, 0, 0)
         return read_memory(loaded.device, loaded.weight_bytes, caches.bytes_of(conversation_id), caches.total_bytes())
-
-
-def _is_out_of_memory(exc: Exception) -> bool:
-    text = str(exc).lower()
-    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text or "can't allocate memory" in text
-
-
-class _Stream:
-    """Turns the decode loop's callbacks into events, on the engine thread."""
-
-    def __init__(self, emit: EventSink, request_id: str, plan: PromptPlan, tokenize_ms: float, context_length: int) -> None:
-        self._emit = emit
-        self._request_id = request_id
-        self._plan = plan
-        self._tokenize_ms = tokenize_ms
-        self._context_length = context_length
-        self._first_at = 0.0
-        self.text = ""
-
-    def prefilled(self, reused: int, prefill_ms: float) -> None:
-        self._first_at = time.perf_counter()
-        self._emit(PrefillDone(
-            self._request_id, self._tokenize_ms, len(self._plan.token_ids), reused, prefill_ms,
-            self._context_length, self._plan.dropped_turns,
-        ))
-
-    def token(self, text: str, count: int) -> None:
-        now = time.perf_counter()
-        self.text += text
-        elapsed = now - self._first_at
-        rate = (count - 1) / elapsed if elapsed > 0 else 0.0
-        self._emit(TokenStreamed(self._request_id, text, count, rate, now))

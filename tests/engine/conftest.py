@@ -135,21 +135,25 @@ def engine_driver():
 @pytest.fixture
 def out_of_memory_after(monkeypatch):
     """``limit = out_of_memory_after(BackendClass)``; then ``limit["forwards"] = N`` lets N more forward passes run
-    and raises CUDA's out-of-memory error on the next one; ``None`` lifts the limit."""
+    (single-stream ``forward`` or batched ``forward_batch``, one step each) and raises CUDA's out-of-memory error on
+    the next one; ``None`` lifts the limit."""
     import torch
 
     def install(backend_class: type) -> dict[str, int | None]:
         limit: dict[str, int | None] = {"forwards": None}
-        real_forward = backend_class.forward
 
-        def limited_forward(self, token_ids, cache, start):
-            if limit["forwards"] is not None:
-                if limit["forwards"] <= 0:
-                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
-                limit["forwards"] -= 1
-            return real_forward(self, token_ids, cache, start)
+        def limited(real_forward):
+            def forward(self, *args):
+                if limit["forwards"] is not None:
+                    if limit["forwards"] <= 0:
+                        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+                    limit["forwards"] -= 1
+                return real_forward(self, *args)
+            return forward
 
-        monkeypatch.setattr(backend_class, "forward", limited_forward)
+        for name in ("forward", "forward_batch"):
+            if hasattr(backend_class, name):
+                monkeypatch.setattr(backend_class, name, limited(getattr(backend_class, name)))
         return limit
 
     return install

@@ -51,3 +51,18 @@ def test_load_of_a_broken_path_exits_2_with_a_json_error(tmp_path):
     assert done.returncode == 2
     assert lines[-1]["ok"] is False and "missing.gguf" in lines[-1]["error"]
     assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_serve_reports_each_concurrency_level_a_shared_prefix_and_a_join(tmp_path):
+    done, lines = _bench(tmp_path, "serve", "--model", "random:tiny", "--concurrency", "1,4", "--prompt-tokens", "40",
+                         "--new-tokens", "6", "--shared-prefix", "32", "--join", "--join-tokens", "64")
+    assert done.returncode == 0, done.stderr
+    levels, joined, summary = lines[:2], lines[2], lines[-1]
+    assert [level["concurrency"] for level in levels] == [1, 4]
+    for level in levels:
+        assert level["aggregate_decode_tok_s"] > 0 and level["ttft_ms_p99"] >= level["ttft_ms_p50"] > 0
+        assert level["itl_ms_p99"] >= level["itl_ms_p50"] > 0 and level["baseline"] is None
+        assert level["kv_bytes_ideal"] <= level["kv_bytes"] <= level["kv_bytes_ideal"] + level["concurrency"] * level["kv_block_bytes"]
+    assert levels[1]["kv_bytes"] < 4 * levels[0]["kv_bytes"], "the four prompts' shared 32 tokens are held once"
+    assert joined["join_prompt_tokens"] == 64 and joined["join_ttft_ms"] > 0 and joined["running_itl_ms_p50"] > 0
+    assert summary["ok"] and summary["aggregate_over_single"]["1"] == 1.0

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import uuid
+from dataclasses import replace
 
 import pytest
 
-from engine.chat.generation import common_prefix_length
+from engine.chat.generation import CachedSequence, DecodeLoop, ReplyOutcome, common_prefix_length
 from engine.protocol.messages import (
     Cancel,
     ChatMessage,
@@ -30,8 +30,15 @@ def engine(tiny_model_dir, engine_driver):
     engine.thread.stop()
 
 
-def _fresh(engine, messages: list[ChatMessage]):
-    return engine.ask(uuid.uuid4().hex, messages)
+def _fresh(tiny_loaded, messages: list[ChatMessage]) -> ReplyOutcome:
+    """The reply from an empty cache through the single-stream decode loop: what the engine must say too.
+
+    (A new conversation in the engine is no longer fresh: it reuses any cached prefix of any conversation.)
+    """
+    sampling = replace(SHORT_GREEDY, stop=SHORT_GREEDY.stop + tiny_loaded.template.stop_strings)
+    loop = DecodeLoop(tiny_loaded.backend, tiny_loaded.tokenizer, sampling, tiny_loaded.eos_ids,
+                      tiny_loaded.context_length, lambda: False, lambda *_: None, lambda *_: None)
+    return loop.run(CachedSequence(tiny_loaded.backend.new_cache()), _prompt_ids(tiny_loaded, messages))
 
 
 def _prompt_ids(tiny_loaded, messages: list[ChatMessage]) -> list[int]:
@@ -44,10 +51,10 @@ def test_ten_turns_reuse_the_cache_and_match_a_fresh_cache(engine, tiny_loaded) 
     for turn in range(10):
         history.append(ChatMessage("user", f"Hi {turn}"))
         reused = engine.ask("ten-turns", history)
-        fresh = _fresh(engine, history)
+        fresh = _fresh(tiny_loaded, history)
         prompt = _prompt_ids(tiny_loaded, history)
-        assert reused.reply.text == fresh.reply.text
-        assert fresh.prefill.reused_tokens == 0
+        assert reused.reply.text == fresh.text
+        assert fresh.reused_tokens == 0
         assert reused.prefill.prompt_tokens == len(prompt)
         assert len(previous_prompt) <= reused.prefill.reused_tokens < len(prompt)
         previous_prompt = prompt
@@ -63,7 +70,7 @@ def test_editing_an_earlier_message_crops_the_cache_at_the_edit(engine, tiny_loa
     after = _prompt_ids(tiny_loaded, edited)
     turn = engine.ask("edit", edited)
     assert turn.prefill.reused_tokens == common_prefix_length(before, after)
-    assert turn.reply.text == _fresh(engine, edited).reply.text
+    assert turn.reply.text == _fresh(tiny_loaded, edited).text
 
 
 def test_regenerate_reuses_all_but_one_prompt_token_and_repeats_the_greedy_reply(engine, tiny_loaded) -> None:
@@ -81,7 +88,7 @@ def test_switching_among_three_conversations_keeps_each_cache(engine, tiny_loade
         for name, history in histories.items():
             history.append(ChatMessage("user", f"{name} says {turn}"))
             result = engine.ask(f"switch-{name}", history)
-            assert result.reply.text == _fresh(engine, history).reply.text
+            assert result.reply.text == _fresh(tiny_loaded, history).text
             assert result.prefill.reused_tokens >= len(prompts[name])
             if turn:
                 assert result.prefill.reused_tokens > 0

@@ -1,0 +1,105 @@
+"""The keys and values of every sequence in fixed-size blocks of one preallocated tensor (engine thread).
+
+Block ``b`` is positions ``b * block_size … (b + 1) * block_size - 1`` of the
+position axis; which blocks a sequence owns, in order, is its block table, kept by
+the scheduler (``engine/scheduler``). A step's ``StepLayout`` turns each sequence's
+table into where its new keys go and where all of its keys are read: a plain slice
+when its blocks lie one after another (a single stream, nearly always), otherwise a
+gather of its positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """One sequence in a step: ``token_ids`` at positions ``start…``, held in blocks ``block_ids``."""
+
+    token_ids: Sequence[int]
+    start: int
+    block_ids: Sequence[int]
+
+
+Positions = slice | torch.Tensor  # a run of the position axis, or the positions themselves [T]
+
+
+@dataclass(frozen=True)
+class SequenceSpan:
+    rows: slice  # this sequence's rows in the step's [R, …] activations
+    start: int
+    length: int
+    read: Positions  # all of its positions, 0 … start+length-1
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    spans: tuple[SequenceSpan, ...]
+    write: Positions  # where each of the step's R new positions goes, in row order
+    positions: torch.Tensor  # [R] each row's position in its sequence
+
+
+class PagedKV:
+    """``[L, 2, Hkv, blocks × block_size, hd]``: keys and values of every layer, block by block."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, num_blocks: int, block_size: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.device = device
+        self.buffer = torch.empty((layers, 2, kv_heads, num_blocks * block_size, head_dim), dtype=dtype, device=device)
+
+    @property
+    def bytes_per_block(self) -> int:
+        layers, pair, kv_heads, _, head_dim = self.buffer.shape
+        return layers * pair * kv_heads * self.block_size * head_dim * self.buffer.element_size()
+
+    def copy_block(self, source: int, target: int, tokens: int) -> None:
+        """The first ``tokens`` positions of block ``source`` into block ``target`` (copy on write)."""
+        size = self.block_size
+        self.buffer[:, :, :, target * size : target * size + tokens] = self.buffer[:, :, :, source * size : source * size + tokens]
+
+    def layout(self, rows: Sequence[BatchRow]) -> StepLayout:
+        spans, writes, positions, first = [], [], [], 0
+        for row in rows:
+            length = len(row.token_ids)
+            end = row.start + length
+            spans.append(SequenceSpan(slice(first, first + length), row.start, length, self._positions(row.block_ids, 0, end)))
+            writes.append(self._positions(row.block_ids, row.start, end))
+            positions.append(torch.arange(row.start, end))
+            first += length
+        write = writes[0] if len(writes) == 1 else torch.cat([_as_tensor(w) for w in writes]).to(self.device)
+        return StepLayout(tuple(spans), write, torch.cat(positions).to(self.device))
+
+    def write(self, layer: int, where: Positions, keys_values: torch.Tensor) -> None:
+        """Store ``keys_values`` [2, Hkv, R, hd] at the step's new positions."""
+        held = self.buffer[layer]  # [2, Hkv, P, hd]
+        if isinstance(where, slice):
+            held[:, :, where] = keys_values
+        else:
+            held.index_copy_(2, where, keys_values)
+
+    def read(self, layer: int, where: Positions) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sequence's keys and values so far, [Hkv, T, hd] each."""
+        held = self.buffer[layer]
+        pair = held[:, :, where] if isinstance(where, slice) else held.index_select(2, where)  # [2, Hkv, T, hd]
+        return pair[0], pair[1]
+
+    def _positions(self, block_ids: Sequence[int], start: int, end: int) -> Positions:
+        size = self.block_size
+        first, last = start // size, (end - 1) // size
+        base = block_ids[first]
+        if all(block_ids[i] == base + i - first for i in range(first, last + 1)):
+            offset = base * size - first * size
+            return slice(offset + start, offset + end)
+        blocks = torch.tensor(block_ids[first : last + 1], dtype=torch.long)  # [n]
+        slots = (blocks.unsqueeze(1) * size + torch.arange(size)).flatten()  # [n * size]
+        return slots[start - first * size : end - first * size].to(self.device)
+
+
+def _as_tensor(where: Positions) -> torch.Tensor:
+    return torch.arange(where.start, where.stop) if isinstance(where, slice) else where.cpu()

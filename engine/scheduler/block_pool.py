@@ -1,0 +1,176 @@
+"""The KV blocks of one loaded model, their ref counts and the prefix index (engine thread).
+
+Bookkeeping only: block ``b`` stands for positions ``b * block_size …`` of the KV
+storage the forward pass owns (``engine/forward/paged_kv.py``).
+
+The prefix index is a tree of blocks keyed by exact token ids, as SGLang's radix
+cache is, at block granularity: a block's key is its parent block and the token ids it
+holds. It was chosen over vLLM's chained hashes of full blocks because a chat needs
+token-exact reuse: an edited or regenerated turn diverges inside a block, and the tree
+finds the cached block that shares the longest run of tokens there (full or partial,
+such as the last block of a finished reply), whose first tokens the new sequence then
+copies (copy on write) instead of recomputing. Exact keys also rule out hash
+collisions. Full blocks are indexed as soon as they fill; a sequence's partial last
+block when it finishes.
+
+A block is free when no sequence holds it (ref count 0). Free blocks wait in one queue
+in eviction order: blocks holding nothing go first, then indexed ones least recently
+used first. Allocating takes the head; taking an indexed block evicts it with its
+descendants, which no sequence can hold either (a sequence holds the whole chain).
+A block in use is never evicted.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+ROOT = -1  # the parent of every sequence's first block
+
+TokenKey = tuple[int, ...]
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    parent: int = ROOT
+    tokens: TokenKey = ()  # the token ids it holds, while indexed
+    indexed: bool = False
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """Cached blocks for a prompt's first ``len(blocks) * block_size + partial_tokens`` tokens.
+
+    ``partial`` is a cached block whose first ``partial_tokens`` tokens come next: they are
+    copied into a block of the sequence's own, since the rest of that block differs.
+    """
+
+    blocks: tuple[int, ...]
+    partial: int | None
+    partial_tokens: int
+    parent: int  # the index node the next full block of this prompt would hang under
+
+
+@dataclass
+class BlockPool:
+    """``num_blocks`` blocks of ``block_size`` positions each."""
+
+    num_blocks: int
+    block_size: int
+    blocks: list[Block] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 1 or self.block_size < 1:
+            raise ValueError(f"A KV pool needs at least one block of one position, not {self.num_blocks} × {self.block_size}.")
+        self.blocks = [Block(i) for i in range(self.num_blocks)]
+        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(self.num_blocks))
+        self._children: dict[int, dict[TokenKey, int]] = {}
+
+    @property
+    def free_blocks(self) -> int:
+        """Blocks no sequence holds: free, or cached and evictable."""
+        return len(self._free)
+
+    @property
+    def used_blocks(self) -> int:
+        """Blocks some sequence holds (cheap: every other block waits in the free queue)."""
+        return self.num_blocks - len(self._free)
+
+    def allocate(self, count: int) -> list[int] | None:
+        """``count`` blocks held once each, evicting cached ones as needed; ``None`` (and nothing taken) if short."""
+        if count > len(self._free):
+            return None
+        taken = []
+        for _ in range(count):
+            block_id, _ = self._free.popitem(last=False)
+            if self.blocks[block_id].indexed:
+                self._unindex(block_id)
+            self.blocks[block_id].ref_count = 1
+            taken.append(block_id)
+        return taken
+
+    def acquire(self, block_ids: Sequence[int]) -> None:
+        """Hold cached blocks (a matched prefix) once more; they leave the free queue."""
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self._free[block_id]
+            block.ref_count += 1
+
+    def release(self, block_ids: Sequence[int]) -> None:
+        """Let go of blocks, last first: a chain's tail is evicted before its head."""
+        for block_id in reversed(block_ids):
+            block = self.blocks[block_id]
+            assert block.ref_count > 0, f"block {block_id} released more often than held"
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None
+                self._free.move_to_end(block_id, last=block.indexed)
+
+    def index(self, parent: int, tokens: Sequence[int], block_id: int) -> int:
+        """Record that ``block_id`` holds ``tokens`` after ``parent``; returns the index node now standing for them
+        (an identical block indexed before keeps its place, and ``block_id`` stays unindexed)."""
+        key = tuple(tokens)
+        siblings = self._children.setdefault(parent, {})
+        if key in siblings:
+            return siblings[key]
+        block = self.blocks[block_id]
+        assert not block.indexed, f"block {block_id} is indexed already"
+        block.parent, block.tokens, block.indexed = parent, key, True
+        siblings[key] = block_id
+        return block_id
+
+    def forget(self, block_ids: Sequence[int]) -> None:
+        """Take blocks (and what hangs under them) out of the index: their contents are not to be trusted."""
+        for block_id in block_ids:
+            if self.blocks[block_id].indexed:
+                self._unindex(block_id)
+
+    def match(self, token_ids: Sequence[int]) -> PrefixMatch:
+        """The longest cached prefix of ``token_ids`` (the blocks are not held: ``acquire`` them)."""
+        size, node, blocks = self.block_size, ROOT, []
+        position = 0
+        while position + size <= len(token_ids):
+            child = self._children.get(node, {}).get(tuple(token_ids[position : position + size]))
+            if child is None:
+                break
+            blocks.append(child)
+            node, position = child, position + size
+        partial, shared = self._longest_child_run(node, token_ids[position : position + size])
+        return PrefixMatch(tuple(blocks), partial, shared, node)
+
+    def _longest_child_run(self, node: int, tokens: Sequence[int]) -> tuple[int | None, int]:
+        best, best_length = None, 0
+        for key, child in self._children.get(node, {}).items():
+            length = common_prefix_length(key, tokens)
+            if length > best_length:
+                best, best_length = child, length
+        return best, best_length
+
+    def _unindex(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        self._children.get(block.parent, {}).pop(block.tokens, None)  # gone already when its parent goes first
+        block.indexed, block.tokens, block.parent = False, (), ROOT
+        for child in list(self._children.pop(block_id, {}).values()):
+            self._unindex(child)
+        if block.ref_count == 0 and block_id in self._free:
+            self._free.move_to_end(block_id, last=False)  # holds nothing now: reused first
+
+    def counts(self) -> tuple[int, int, int]:
+        """Blocks in use, shared by several sequences, and cached with no sequence holding them (a scan of all)."""
+        used = sum(1 for b in self.blocks if b.ref_count > 0)
+        shared = sum(1 for b in self.blocks if b.ref_count > 1)
+        cached = sum(1 for b in self.blocks if b.ref_count == 0 and b.indexed)
+        return used, shared, cached
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading token ids ``a`` and ``b`` share."""
+    size = min(len(a), len(b))
+    for index in range(size):
+        if a[index] != b[index]:
+            return index
+    return size

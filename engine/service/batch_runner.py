@@ -1,0 +1,189 @@
+"""Continuous batching: runs the scheduler's steps over one block-wise KV store (engine thread).
+
+A step is planned by ``engine/scheduler`` (which tokens of which sequences), then run
+here: copies of shared blocks, one ``forward_batch`` over every running sequence, and
+for each sequence whose chunk reached its last token, a sampled token said through its
+own ``ReplyState`` (sampler, detokenizer, stop strings) and ``ReplyEvents``. So every
+request gets its own ``PrefillDone``, ``TokenStreamed`` and ``ReplyFinished`` or
+``ReplyFailed``, with the figures the single-stream path gives. ``BatchSampled`` goes
+out after steps that changed the batch, at most ``1 / SAMPLE_INTERVAL_S`` times a second.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from engine.chat.generation import ReplyOutcome, ReplyState
+from engine.forward.paged_kv import BatchRow
+from engine.host.memory import KV_CACHE_BUDGET_BYTES
+from engine.models.loading import LoadedModel
+from engine.protocol.channels import EventSink
+from engine.protocol.messages import BatchSampled, FinishReason, KVPoolStats, MemoryStats, ReplyFailed, SamplingParams
+from engine.scheduler.block_pool import BlockPool
+from engine.scheduler.scheduler import DEFAULT_MAX_RUNNING, DEFAULT_STEP_TOKENS, Scheduler, Step
+from engine.service.reply_events import ReplyEvents
+
+BLOCK_SIZE = 16
+SAMPLE_INTERVAL_S = 0.1
+THROUGHPUT_WINDOW_S = 3.0
+
+MemoryReading = Callable[[int], MemoryStats]  # (this request's KV bytes) -> the memory figures
+
+
+@dataclass
+class _Active:
+    events: ReplyEvents
+    reply: ReplyState
+    queued_at: float  # when it was handed to the scheduler
+    prefill_ms: float = 0.0
+    first_token_at: float = 0.0
+
+
+def pool_blocks(budget_bytes: int, bytes_per_block: int, context_length: int, max_running: int) -> int:
+    """As many blocks as the budget affords, up to every running sequence at the full context twice over
+    (the second half keeps finished conversations' prefixes cached)."""
+    most = 2 * max_running * -(-context_length // BLOCK_SIZE)
+    return max(1, min(budget_bytes // bytes_per_block, most))
+
+
+class BatchRunner:
+    """The loaded model's KV pool, its scheduler, and the replies in flight."""
+
+    def __init__(self, loaded: LoadedModel, emit: EventSink, is_cancelled: Callable[[str], bool],
+                 budget_bytes: int = KV_CACHE_BUDGET_BYTES, step_tokens: int = DEFAULT_STEP_TOKENS,
+                 max_running: int = DEFAULT_MAX_RUNNING) -> None:
+        self._loaded = loaded
+        self._backend = loaded.backend
+        self._emit = emit
+        self._is_cancelled = is_cancelled
+        self.bytes_per_block = self._backend.new_pool(1, BLOCK_SIZE).bytes_per_block
+        blocks = pool_blocks(budget_bytes, self.bytes_per_block, loaded.context_length, max_running)
+        self.kv = self._backend.new_pool(blocks, BLOCK_SIZE)
+        self.scheduler = Scheduler(BlockPool(blocks, BLOCK_SIZE), step_tokens, max_running)
+        self._active: dict[str, _Active] = {}
+        self._sampled_tokens: collections.deque[tuple[float, int]] = collections.deque()
+        self._last_sample = (0.0, None)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def add(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams, events: ReplyEvents) -> None:
+        loaded = self._loaded
+        reply = ReplyState(loaded.tokenizer, sampling, loaded.eos_ids, loaded.context_length, self._backend.device,
+                           prompt_ids, events.token)
+        self._active[request_id] = _Active(events, reply, time.perf_counter())
+        self.scheduler.add(request_id, prompt_ids)
+
+    def step(self, memory: MemoryReading) -> None:
+        """One forward pass over every running sequence, and what it means for each request."""
+        self._drop_cancelled(memory)
+        step = self.scheduler.schedule()
+        for request_id, message in step.rejected:
+            self._emit(ReplyFailed(request_id, message))
+            self._active.pop(request_id, None)
+        if step.chunks or step.copies:
+            logits = self._run(step)
+            if logits is not None:
+                self.scheduler.complete(step)
+                sampling = [(i, c.request_id) for i, c in enumerate(step.chunks) if c.samples]
+                for index, request_id in sampling:
+                    self._sampled_or_failed(request_id, logits[index], memory)
+                self._sampled_tokens.append((time.perf_counter(), len(sampling)))
+        self._report(force=not self.has_work)  # the last step's state always goes out: the panel shows it idle
+
+    def request_bytes(self, request_id: str) -> int:
+        seq = self.scheduler.get(request_id)
+        return len(seq.blocks) * self.bytes_per_block if seq else 0
+
+    def total_bytes(self) -> int:
+        used, _, cached = self.scheduler.pool.counts()
+        return (used + cached) * self.bytes_per_block
+
+    def pool_stats(self) -> KVPoolStats:
+        used, shared, cached = self.scheduler.pool.counts()
+        return KVPoolStats(BLOCK_SIZE, self.scheduler.pool.num_blocks, used, shared, cached, self.bytes_per_block)
+
+    # ------------------------------------------------------------ one step
+
+    def _run(self, step: Step) -> torch.Tensor | None:
+        """The step's forward pass, logits [B, V]; on a failure every request in it fails and ``None``."""
+        try:
+            for copy in step.copies:
+                self.kv.copy_block(copy.source, copy.target, copy.tokens)
+            rows = [BatchRow(c.token_ids, c.start, c.block_ids) for c in step.chunks]
+            return self._backend.forward_batch(rows, self.kv) if rows else torch.empty(0)
+        except Exception as exc:  # out of memory, say: these replies fail, the others and the engine go on
+            self.scheduler.complete(Step(()))  # lets go of the copy sources
+            for chunk in step.chunks:
+                self.scheduler.abort(chunk.request_id)
+                self._active.pop(chunk.request_id).events.failed(exc)
+            gc.collect()
+            return None
+
+    def _sampled_or_failed(self, request_id: str, logits: torch.Tensor, memory: MemoryReading) -> None:
+        """``_sampled``; a failure there (a sampler's bad input, say) ends this request alone."""
+        try:
+            self._sampled(request_id, logits, memory)
+        except Exception as exc:
+            self.scheduler.finish(request_id)  # its keys and values are whole: only the sampling failed
+            active = self._active.pop(request_id, None)
+            if active is not None:
+                active.events.failed(exc)
+
+    def _sampled(self, request_id: str, logits: torch.Tensor, memory: MemoryReading) -> None:
+        active = self._active[request_id]
+        seq = self.scheduler.get(request_id)
+        token = active.reply.sample(logits)
+        if not active.first_token_at:
+            active.prefill_ms = (time.perf_counter() - active.queued_at) * 1000
+            active.events.prefilled(seq.reused, active.prefill_ms)
+            active.first_token_at = time.perf_counter()
+        reason = active.reply.accept(token, seq.computed, lambda: self._is_cancelled(request_id))
+        if reason is None:
+            self.scheduler.append(request_id, token)
+        else:
+            self._finish(request_id, reason, memory)
+
+    def _drop_cancelled(self, memory: MemoryReading) -> None:
+        """A cancelled request not decoding right now (waiting, prefilling, preempted) ends before the step."""
+        for request_id in list(self._active):
+            seq = self.scheduler.get(request_id)
+            if seq is not None and seq.pending != 1 and self._is_cancelled(request_id):
+                self._finish(request_id, "cancelled", memory)
+
+    def _finish(self, request_id: str, reason: FinishReason, memory: MemoryReading) -> None:
+        active = self._active.pop(request_id)
+        seq = self.scheduler.get(request_id)
+        reused = max(seq.reused, 0) if seq else 0
+        held = self.request_bytes(request_id)
+        self.scheduler.finish(request_id)
+        if not active.first_token_at:  # cancelled before its first token
+            active.prefill_ms = (time.perf_counter() - active.queued_at) * 1000
+            active.events.prefilled(reused, active.prefill_ms)
+            active.first_token_at = time.perf_counter()
+        text = active.reply.close()
+        decode_ms = (time.perf_counter() - active.first_token_at) * 1000
+        outcome = ReplyOutcome(text, reason, reused, active.prefill_ms, active.first_token_at, decode_ms,
+                               len(active.reply.generated))
+        active.events.finished(outcome, memory(held))
+
+    def _report(self, force: bool) -> None:
+        now = time.perf_counter()
+        if now - self._last_sample[0] < SAMPLE_INTERVAL_S and not force:
+            return
+        state = (len(self.scheduler.running), len(self.scheduler.waiting), self.pool_stats())  # scans the pool
+        if state == self._last_sample[1]:
+            return
+        while self._sampled_tokens and self._sampled_tokens[0][0] < now - THROUGHPUT_WINDOW_S:
+            self._sampled_tokens.popleft()
+        span = now - self._sampled_tokens[0][0] if len(self._sampled_tokens) > 1 else 0.0
+        rate = sum(count for _, count in self._sampled_tokens) / span if span > 0 else 0.0
+        self._last_sample = (now, state)
+        self._emit(BatchSampled(state[0], state[1], rate, state[2], now))

@@ -1,0 +1,41 @@
+"""One forward pass over several sequences in a block-wise cache gives each the logits it would get alone."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.chat.generation import CachedSequence, feed
+from engine.forward.fast_llama import FastLlamaBackend
+from engine.forward.paged_kv import BatchRow
+
+BLOCK = 4
+
+
+def _alone(backend: FastLlamaBackend, token_ids: list[int]) -> torch.Tensor:
+    return feed(backend, CachedSequence(backend.new_cache()), token_ids)  # [V]
+
+
+def test_sequences_of_different_lengths_in_scattered_blocks_match_running_alone(tiny_loaded) -> None:
+    backend = tiny_loaded.backend
+    assert isinstance(backend, FastLlamaBackend)
+    kv = backend.new_pool(64, BLOCK)
+    prompts = [[5 + i for i in range(n)] for n in (3, 9, 14)]
+    tables = [[7, 2, 30, 31], [0, 1, 2 + 20, 40], [10, 11, 12, 13]]  # scattered, reordered and consecutive
+    first = backend.forward_batch([BatchRow(p[:-1], 0, t) for p, t in zip(prompts, tables)], kv)
+    assert first.shape[0] == 3
+    last = backend.forward_batch([BatchRow(p[-1:], len(p) - 1, t) for p, t in zip(prompts, tables)], kv)
+    for index, prompt in enumerate(prompts):
+        expected = _alone(backend, prompt)
+        torch.testing.assert_close(last[index], expected, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(first[index], _alone(backend, prompt[:-1]), atol=1e-4, rtol=1e-4)
+
+
+def test_a_copied_block_carries_the_shared_positions(tiny_loaded) -> None:
+    backend = tiny_loaded.backend
+    kv = backend.new_pool(16, BLOCK)
+    prompt = [9, 8, 7, 6, 5, 4]
+    backend.forward_batch([BatchRow(prompt, 0, [0, 1])], kv)
+    kv.copy_block(1, 5, 1)  # position 4 shared; position 5 differs
+    edited = prompt[:5] + [3]
+    logits = backend.forward_batch([BatchRow(edited[5:], 5, [0, 5])], kv)[0]
+    torch.testing.assert_close(logits, _alone(backend, edited), atol=1e-4, rtol=1e-4)

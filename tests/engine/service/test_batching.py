@@ -1,0 +1,215 @@
+"""Continuous batching as a user sees it: several replies at once, each as it would be alone."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from engine.chat.generation import CachedSequence, DecodeLoop
+from engine.chat.prompt import PromptPlan
+from engine.protocol.messages import (
+    BatchSampled,
+    Cancel,
+    ChatMessage,
+    Generate,
+    ModelLoaded,
+    PrefillDone,
+    ReplyFailed,
+    ReplyFinished,
+    SamplingParams,
+    TokenStreamed,
+)
+from engine.service.batch_runner import BatchRunner
+from engine.service.reply_events import ReplyEvents
+
+LONG_GREEDY = SamplingParams(temperature=0, max_new_tokens=24)
+TOPICS = ["fox", "Paris and the capital of France", "def main", "emoji 🔥", "lazy dog " * 6, "Hearth", "CJK 你好", "x " * 40]
+
+
+def _messages(index: int) -> tuple[ChatMessage, ...]:
+    return (ChatMessage("user", f"Tell me about {TOPICS[index]} ({index})"),)
+
+
+def _alone(tiny_loaded, prompt_ids: list[int], sampling: SamplingParams) -> str:
+    sampling = replace(sampling, stop=sampling.stop + tiny_loaded.template.stop_strings)
+    loop = DecodeLoop(tiny_loaded.backend, tiny_loaded.tokenizer, sampling, tiny_loaded.eos_ids,
+                      tiny_loaded.context_length, lambda: False, lambda *_: None, lambda *_: None)
+    return loop.run(CachedSequence(tiny_loaded.backend.new_cache()), prompt_ids).text
+
+
+def _prompt(tiny_loaded, index: int) -> list[int]:
+    return tiny_loaded.tokenize(tiny_loaded.render(_messages(index)))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, engine_driver):
+    engine = engine_driver()
+    assert isinstance(engine.load(str(tiny_model_dir)), ModelLoaded)
+    yield engine
+    engine.thread.stop()
+
+
+class _Events:
+    """Every event the engine sends, kept, so that none is lost while waiting for another."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.seen: list = []
+
+    def wait_for(self, kind, request_ids: set[str]) -> None:
+        while not any(isinstance(e, kind) and e.request_id in request_ids for e in self.seen):
+            self.seen.append(self.engine.events.get(timeout=120))
+            if isinstance(self.seen[-1], ReplyFailed):
+                raise AssertionError(self.seen[-1].message)
+
+    def finished(self, request_ids: set[str]) -> dict[str, ReplyFinished]:
+        for request_id in request_ids:
+            self.wait_for(ReplyFinished, {request_id})
+        return {e.request_id: e for e in self.seen if isinstance(e, ReplyFinished) and e.request_id in request_ids}
+
+    def most_at_once(self) -> int:
+        """The most replies between their ``PrefillDone`` and their ``ReplyFinished`` at one moment."""
+        open_now, most = 0, 0
+        for event in self.seen:
+            open_now += isinstance(event, PrefillDone) - isinstance(event, ReplyFinished)
+            most = max(most, open_now)
+        return most
+
+
+def test_eight_requests_joining_at_different_steps_say_what_each_says_alone(engine, tiny_loaded) -> None:
+    events = _Events(engine)
+    for index in range(8):
+        engine.thread.submit(Generate(f"join-{index}", f"c{index}", _messages(index), LONG_GREEDY))
+        if index in (0, 4):
+            events.wait_for(TokenStreamed, {f"join-{index}"})  # the next ones arrive while this one streams
+    finished = events.finished({f"join-{i}" for i in range(8)})
+    assert events.most_at_once() >= 3, "several replies streamed at once"
+    for index in range(8):
+        assert finished[f"join-{index}"].text == _alone(tiny_loaded, _prompt(tiny_loaded, index), LONG_GREEDY)
+        assert finished[f"join-{index}"].stats.prompt_tokens == len(_prompt(tiny_loaded, index))
+
+
+def test_cancelling_one_of_eight_streams_leaves_the_other_seven_unchanged(engine, tiny_loaded) -> None:
+    sampling = SamplingParams(temperature=0, max_new_tokens=40)
+    events = _Events(engine)
+    for index in range(8):
+        engine.thread.submit(Generate(f"cancel-{index}", f"k{index}", _messages(index), sampling))
+    events.wait_for(TokenStreamed, {"cancel-5"})
+    engine.thread.submit(Cancel("cancel-5"))
+    finished = events.finished({f"cancel-{i}" for i in range(8)})
+    assert finished["cancel-5"].stats.finish_reason in ("cancelled", "eos")
+    assert finished["cancel-5"].stats.tokens_generated < 40
+    for index in (0, 1, 2, 3, 4, 6, 7):
+        assert finished[f"cancel-{index}"].text == _alone(tiny_loaded, _prompt(tiny_loaded, index), sampling)
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.events: list = []
+
+    def __call__(self, event) -> None:
+        self.events.append(event)
+
+    def of(self, kind, request_id: str) -> list:
+        return [e for e in self.events if isinstance(e, kind) and e.request_id == request_id]
+
+
+def _runner(tiny_loaded, budget_bytes: int | None = None) -> tuple[BatchRunner, _Recorder]:
+    recorder = _Recorder()
+    kwargs = {} if budget_bytes is None else {"budget_bytes": budget_bytes}
+    return BatchRunner(tiny_loaded, recorder, lambda request_id: False, **kwargs), recorder
+
+
+def _add(runner: BatchRunner, recorder: _Recorder, request_id: str, prompt_ids: list[int], sampling: SamplingParams) -> None:
+    events = ReplyEvents(recorder, request_id, PromptPlan(prompt_ids, ()), 0.0, 1024, 0.0)
+    stops = runner._loaded.template.stop_strings  # as the runtime adds them, and ``_alone``
+    runner.add(request_id, prompt_ids, replace(sampling, stop=sampling.stop + stops), events)
+
+
+def _memory(held: int):
+    from engine.host.memory import read_memory
+
+    return read_memory("cpu", 0, held, 0)
+
+
+def test_eight_chats_with_one_long_system_prompt_hold_it_once(tiny_loaded) -> None:
+    runner, recorder = _runner(tiny_loaded)
+    system = tiny_loaded.tokenize("The quick brown fox jumps over the lazy dog. " * 100)[:1000]
+    sampling = SamplingParams(temperature=0, max_new_tokens=30)
+    prompts = {f"chat{i}": system + tiny_loaded.tokenize(f" Question {i}?") for i in range(8)}
+    _add(runner, recorder, "first", system + [5], replace(sampling, max_new_tokens=1))
+    while runner.has_work:
+        runner.step(_memory)
+    for request_id, prompt in prompts.items():
+        _add(runner, recorder, request_id, prompt, sampling)
+    while runner.scheduler.waiting:  # those sharing more than the cached prefix with chat0 wait for its prefill
+        runner.step(_memory)
+    pool = runner.scheduler.pool
+    shared = runner.scheduler.get("chat0").blocks[: 1000 // 16]
+    assert all(pool.blocks[b].ref_count == 8 for b in shared)
+    held = runner.scheduler.held_tokens()
+    assert held <= 1.2 * 1000 + 8 * 16, f"{held} positions held for one 1000-token prefix and eight short questions"
+    while runner.has_work:
+        runner.step(_memory)
+    assert all(recorder.of(PrefillDone, r)[0].reused_tokens >= 992 for r in prompts)
+    for request_id, prompt in prompts.items():
+        assert recorder.of(ReplyFinished, request_id)[0].text == _alone(tiny_loaded, prompt, sampling)
+
+
+def test_a_full_pool_makes_a_request_wait_and_then_completes_it(tiny_loaded) -> None:
+    probe, _ = _runner(tiny_loaded)
+    runner, recorder = _runner(tiny_loaded, budget_bytes=12 * probe.bytes_per_block)  # 12 blocks of 16 positions
+    sampling = SamplingParams(temperature=0, max_new_tokens=30)
+    prompts = {name: tiny_loaded.tokenize(f"{name}: the quick brown fox jumps over the lazy dog, twice over.") * 5
+               for name in ("one", "two")}
+    for name, prompt in prompts.items():
+        _add(runner, recorder, name, prompt, sampling)
+    runner.step(_memory)
+    assert [s.request_id for s in runner.scheduler.waiting] == ["two"]
+    while runner.has_work:
+        runner.step(_memory)
+    for name, prompt in prompts.items():
+        assert recorder.of(ReplyFinished, name)[0].text == _alone(tiny_loaded, prompt, sampling)
+    samples = [e for e in recorder.events if isinstance(e, BatchSampled)]
+    assert samples and samples[0].waiting == 1 and samples[0].pool.blocks_total == 12
+
+
+def test_a_prompt_larger_than_the_pool_fails_clearly_and_the_next_one_works(tiny_loaded) -> None:
+    probe, _ = _runner(tiny_loaded)
+    runner, recorder = _runner(tiny_loaded, budget_bytes=4 * probe.bytes_per_block)
+    _add(runner, recorder, "huge", list(range(3, 200)), SamplingParams(temperature=0, max_new_tokens=2))
+    _add(runner, recorder, "small", [5, 6, 7], SamplingParams(temperature=0, max_new_tokens=2))
+    while runner.has_work:
+        runner.step(_memory)
+    assert "needs 197 positions" in recorder.of(ReplyFailed, "huge")[0].message
+    assert recorder.of(ReplyFinished, "small")[0].stats.tokens_generated > 0
+
+
+def test_a_request_whose_sampling_fails_ends_alone_with_a_message(tiny_loaded) -> None:
+    runner, recorder = _runner(tiny_loaded)
+    sampling = SamplingParams(temperature=0, max_new_tokens=5)
+    _add(runner, recorder, "bad", [5, 6, 7, 8], sampling)
+    _add(runner, recorder, "good", [9, 10, 11], sampling)
+
+    def broken(logits):
+        raise ValueError("the sampler was given nonsense")
+
+    runner._active["bad"].reply.sample = broken
+    while runner.has_work:
+        runner.step(_memory)
+    assert "the sampler was given nonsense" in recorder.of(ReplyFailed, "bad")[0].message
+    assert recorder.of(ReplyFinished, "good")[0].text == _alone(tiny_loaded, [9, 10, 11], sampling)
+    assert runner.scheduler.pool.counts()[0] == 0
+
+
+def test_the_batch_reports_its_state_and_ends_reported_idle(tiny_loaded) -> None:
+    runner, recorder = _runner(tiny_loaded)
+    for index in range(3):
+        _add(runner, recorder, f"r{index}", [5 + index, 6, 7], SamplingParams(temperature=0, max_new_tokens=4))
+    while runner.has_work:
+        runner.step(_memory)
+    samples = [e for e in recorder.events if isinstance(e, BatchSampled)]
+    assert samples[0].running == 3 and samples[0].pool.blocks_used == 3 and samples[0].pool.block_size == 16
+    assert (samples[-1].running, samples[-1].waiting, samples[-1].pool.blocks_used) == (0, 0, 0)
+    assert samples[-1].pool.blocks_cached == 3, "the finished replies' blocks stay cached for reuse"
