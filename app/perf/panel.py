@@ -294,16 +294,18 @@ class PerformancePanel(QWidget):
 
     def _show_reply(self, reply: ReplyPerf | None) -> None:
         self._show_tokens(reply)
-        if reply is None:
+        if reply is None or reply.waiting:
             for key, _ in REPLY_ROWS:
                 self._set(key, UNKNOWN)
+            if reply is not None:
+                self._set("finish_reason", "waiting for its turn…")
             return
         self._set("ttft", format_ms(reply.ttft_ms))
         self._set("tokenize", format_ms(reply.tokenize_ms))
         self._set("reused", format_tokens(reply.reused_tokens))
         self._set("prefilled", format_tokens(reply.new_tokens))
         self._set("prefill_speed", format_tok_s(reply.prefill_tok_s))
-        reason = "waiting for its turn…" if reply.waiting else format_finish_reason(reply.finish_reason)
+        reason = format_finish_reason(reply.finish_reason)
         self._set("finish_reason", reason if reply.failure is None else f"{reason}: {reply.failure}")
         self._set("dropped_turns", dropped_turns_text(reply.dropped_turns))
 

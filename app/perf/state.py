@@ -90,6 +90,7 @@ class ReplyPerf:
 
     def take_stats(self, stats: RequestStats) -> None:
         """Overwrite with the engine's final, authoritative figures."""
+        self.waiting = False
         self.tokenize_ms = stats.tokenize_ms
         self.prompt_tokens = stats.prompt_tokens
         self.reused_tokens = stats.reused_tokens
@@ -242,6 +243,7 @@ class PerfState:
     def _reply_failed(self, event: ReplyFailed) -> None:
         if event.request_id in self._live:
             reply = self._end(event.request_id)
+            reply.waiting = False
             reply.finish_reason = "error"
             reply.failure = event.message
 

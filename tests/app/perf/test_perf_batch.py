@@ -86,9 +86,18 @@ def test_a_reply_waiting_for_its_turn_says_so(panel, qtbot):
     with qtbot.waitSignal(panel.refreshed, timeout=1000):
         pass
     assert panel.value_text("finish_reason") == "waiting for its turn…"
+    assert panel.value_text("prefilled") == "—"
     with qtbot.waitSignal(panel.refreshed, timeout=1000):
         panel.on_event(PrefillDone("a", 1.0, 300, 0, 10.0, 4096))
     assert panel.value_text("finish_reason") == "streaming…"
+
+
+def test_a_reply_stopped_while_it_waited_no_longer_says_it_waits(panel, qtbot):
+    panel.track_reply("a", "A")
+    panel.show_conversation("A")
+    with qtbot.waitSignal(panel.refreshed, timeout=1000):
+        panel.on_event(ReplyFinished("a", "", RequestStats(finish_reason="cancelled")))
+    assert panel.value_text("finish_reason") == "cancelled"
 
 
 def test_the_window_panel_shows_the_fake_batch_and_the_reply_on_screen(chat, script):
