@@ -42,6 +42,12 @@ def _start_both(chat) -> tuple[str, str]:
     return birds.id, trees.id
 
 
+def _open(chat, conversation_id: str) -> None:
+    """Open the conversation from the list and wait for its cards (older ones may come a moment later)."""
+    chat.window.conversations.open(conversation_id)
+    chat.qtbot.waitUntil(lambda: len(chat.window.chat_view.bubbles) == 2, timeout=5000)
+
+
 def _answering(chat) -> frozenset[str]:
     return chat.window.session.replies.answering
 
@@ -95,19 +101,19 @@ def test_stop_stops_only_the_reply_on_screen(chat, two_replies):
 
 def test_switching_while_both_stream_shows_the_text_so_far_and_it_goes_on(chat, two_replies):
     birds, trees = _start_both(chat)
-    chat.window.conversations.open(birds)
+    _open(chat, birds)
 
     shown = chat.shown_texts()
     assert shown[0] == "Name a bird" and shown[-1].startswith("bird0 bird1 bird2")
     assert chat.window.input_bar.stop_button.isEnabled() and not chat.window.input_bar.send_button.isEnabled()
     chat.qtbot.waitUntil(lambda: len(chat.shown_texts()[-1]) > len(shown[-1]), timeout=5000)
-    chat.window.conversations.open(trees)
+    _open(chat, trees)
     assert chat.shown_texts()[0] == "Name a tree" and "bird" not in chat.shown_texts()[-1]
     chat.wait_until_reply_ends()
 
     assert chat.shown_texts()[-1] == "".join(TREE).strip()
     _wait_until_all_replies_end(chat)
-    chat.window.conversations.open(birds)
+    _open(chat, birds)
     assert chat.shown_texts() == ["Name a bird", "".join(BIRD).strip()]
 
 
@@ -122,7 +128,7 @@ def test_a_reply_that_ends_off_screen_is_saved_and_shown_when_opened(chat, scrip
     assert chat.window.chat_view.bubbles == () and chat.window.input_bar.send_button.isEnabled()
     _wait_until_all_replies_end(chat)
     assert _stored(chat, birds)[-1] == ("assistant", "".join(BIRD), "done")
-    chat.window.conversations.open(birds)
+    _open(chat, birds)
     assert chat.shown_texts() == ["Name a bird", "".join(BIRD).strip()]
     assert chat.window.chat_view.bubbles[-1].note.text() == ""
 
