@@ -180,3 +180,23 @@ def test_an_engine_crash_ends_every_reply_it_was_writing_and_keeps_their_text(ch
         role, content, state = _stored(chat, conversation_id)[-1]
         assert (role, state) == ("assistant", "error") and word in content
     assert chat.window.input_bar.send_button.isEnabled()
+
+
+def test_regenerating_in_one_conversation_while_another_answers(chat, two_replies):
+    chat.send_and_wait("Name a bird")
+    birds = chat.window.session.conversation.id
+    _new_conversation(chat)
+    chat.type_and_press_enter("Name a tree")
+    chat.qtbot.waitUntil(lambda: "tree2" in chat.last_reply().content, timeout=5000)
+    trees = chat.window.session.conversation.id
+    _open(chat, birds)
+    two_replies.replies_by_prompt["Name a bird"] = (" Robin.",)
+    assert _answering(chat) == {trees}
+    menu = chat.window.chat_view.bubbles[1].actions_menu()
+    next(action for action in menu.actions() if "Regenerate" in action.text()).trigger()
+
+    chat.wait_until_reply_ends()
+    assert _stored(chat, birds) == [("user", "Name a bird", "done"), ("assistant", " Robin.", "done")]
+    assert chat.shown_texts() == ["Name a bird", "Robin."]
+    _wait_until_all_replies_end(chat)
+    assert _stored(chat, trees) == [("user", "Name a tree", "done"), ("assistant", "".join(TREE), "done")]
