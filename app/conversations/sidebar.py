@@ -3,8 +3,8 @@
 The sidebar only shows and asks: it lists ``ConversationSummary`` rows newest first and
 emits what the user wants (``chosen``, ``rename_requested``...). ``ConversationManager``
 does the work. A conversation that is answering carries a dot before its title (and says
-so in its tooltip and to screen readers). Keyboard: Enter opens, F2 renames in place, Delete deletes, and the list,
-search box and buttons are reachable with Tab.
+so in its tooltip and to screen readers). Keyboard: Enter opens, F2 renames in place,
+Delete deletes, and the list, search box and buttons are reachable with Tab.
 """
 
 from __future__ import annotations
