@@ -36,8 +36,11 @@ class LiveReply:
     message: DisplayMessage
     history_sources: tuple[DisplayMessage, ...]
     """The messages the engine was sent, in order (``PrefillDone.dropped_turns`` indexes them)."""
-    started: bool = False
-    """True once the engine began it (its PrefillDone arrived)."""
+
+    @property
+    def started(self) -> bool:
+        """True once the engine began it (its PrefillDone arrived)."""
+        return not self.message.waiting
 
 
 class ReplyRouter(QObject):
@@ -86,6 +89,7 @@ class ReplyRouter(QObject):
         except StorageError as error:
             self.notice.emit(f"{error} Press Regenerate on your message to try again.")
             return None
+        message.waiting = True
         sampling = self._journal.sampling_for(conversation)
         request_id = self._controller.send_prompt(conversation.id, history, sampling)
         reply = LiveReply(request_id, conversation, message, sources)
@@ -110,7 +114,8 @@ class ReplyRouter(QObject):
         reply = self._by_request.get(event.request_id)
         if reply is None:
             return
-        reply.started = True
+        reply.message.waiting = False
+        self.text_changed.emit(reply)
         offset = 1 if reply.conversation.system_prompt.strip() else 0
         dropped = tuple(index - offset for index in event.dropped_turns)
         try:
@@ -125,6 +130,7 @@ class ReplyRouter(QObject):
         reply = self._by_request.get(event.request_id)
         if reply is None:
             return
+        reply.message.waiting = False  # begun, even by an engine that sent no PrefillDone
         reply.conversation.append_to_reply(event.text)
         self._record(lambda: self._journal.record_text(reply.message, event.text))
         self.text_changed.emit(reply)
@@ -154,6 +160,7 @@ class ReplyRouter(QObject):
             self._end(reply)
 
     def _end(self, reply: LiveReply, stats: RequestStats | None = None) -> None:
+        reply.message.waiting = False
         del self._by_request[reply.request_id]
         del self._by_conversation[reply.conversation.id]
         self._record(lambda: self._journal.finish_reply(reply.message, stats))

@@ -305,6 +305,10 @@ class ChatDriver:
     def wait_until_reply_ends(self) -> None:
         self.qtbot.waitUntil(lambda: not self.window.session.generating, timeout=5000)
 
+    def wait_until_cards_are_made(self) -> None:
+        """An opened conversation gets its older cards a moment later (at once only on an idle machine)."""
+        self.qtbot.waitUntil(lambda: not self.window.chat_view.loading, timeout=5000)
+
     def last_reply(self):
         return self.window.session.conversation.messages[-1]
 

@@ -45,7 +45,7 @@ def _start_both(chat) -> tuple[str, str]:
 def _open(chat, conversation_id: str) -> None:
     """Open the conversation from the list and wait for its cards (older ones may come a moment later)."""
     chat.window.conversations.open(conversation_id)
-    chat.qtbot.waitUntil(lambda: len(chat.window.chat_view.bubbles) == 2, timeout=5000)
+    chat.qtbot.waitUntil(lambda: len(chat.window.chat_view.bubbles) == 2, timeout=5000)  # a long reply may still grow
 
 
 def _answering(chat) -> frozenset[str]:
@@ -136,8 +136,18 @@ def test_a_reply_that_ends_off_screen_is_saved_and_shown_when_opened(chat, scrip
 def test_without_batching_the_second_reply_waits_for_the_first_then_streams(chat, script):
     script.replies_by_prompt = {"Name a bird": BIRD, "Name a tree": TREE}
     script.token_delay_s = 0.01
-    birds, trees = _start_both(chat)  # the first reply is short enough to end while the second waits
+    chat.wait_until_ready()
+    chat.type_and_press_enter("Name a bird")
+    birds = chat.window.session.conversation.id
+    _new_conversation(chat)
+    chat.type_and_press_enter("Name a tree")
+    trees = chat.window.session.conversation.id
+    note = chat.window.chat_view.bubbles[-1].note
 
+    chat.qtbot.waitUntil(lambda: note.text() == "waiting for its turn…", timeout=1000)
+    assert _answering(chat) == {birds, trees}
+    chat.qtbot.waitUntil(lambda: note.text() == "writing…", timeout=5000)
+    assert _answering(chat) == {trees}  # it began once the first reply ended
     _wait_until_all_replies_end(chat)
     assert [generate.conversation_id for generate in script.generates] == [birds, trees]
     assert _stored(chat, birds)[-1] == ("assistant", "".join(BIRD), "done")
