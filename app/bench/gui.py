@@ -1,10 +1,12 @@
 """GUI-stall benchmark: ``python -m app.bench.gui --json`` (GUI thread, offscreen by default).
 
 Streams ``--tokens`` tokens at ``--rate`` tokens/s from a fake engine into a real window (with
-Markdown and a code block, as a model writes), then opens a ``--messages``-message conversation
-(short and medium replies, and every ninth a long one of ~12 000 characters with code),
-scrolls it up to its first message and down again, and switches between it and another as
-long a few times. A 2 ms QTimer records the gaps between event-loop ticks; a
+Markdown and a code block, as a model writes), then streams ``--together`` replies of half as
+many tokens at once into as many conversations (the fake engine writes them in turn, at
+``--rate`` in all) while switching from one to the next every ``TOGETHER_SWITCH_S``, then
+opens a ``--messages``-message conversation (short and medium replies, and every ninth a
+long one of ~12 000 characters with code), scrolls it up to its first message and down
+again, and switches between it and another as long a few times. A 2 ms QTimer records the gaps between event-loop ticks; a
 gap is the longest time the window could not react. One JSON line per phase with the longest
 and the 99th-percentile gap in ms. Data goes to a temporary HEARTH_HOME.
 """
@@ -23,6 +25,8 @@ FRAME_S = 0.016
 SETTLE_S = 0.3
 SWITCHES = 6
 SCROLL_LIMIT_S = 60.0
+TOGETHER_SWITCH_S = 0.25
+STREAM_PROMPT = "Stream, please"
 
 
 class StallMeter:
@@ -61,8 +65,9 @@ def streaming_runtime(tokens: int, rate: float):
     pieces = prose + ["```python\n", "def f(x):\n", "    return x\n", "```\n\n"]
 
     class Runtime:
-        def __init__(self, emit, _watch) -> None:
+        def __init__(self, emit, watch) -> None:
             self._emit = emit
+            self._watch = watch
 
         def handle(self, request) -> None:
             if isinstance(request, LoadModel):
@@ -70,14 +75,34 @@ def streaming_runtime(tokens: int, rate: float):
             elif isinstance(request, Generate):
                 self._stream(request)
 
-        def _stream(self, request) -> None:
-            started, text = time.perf_counter(), ""
-            for index in range(tokens):
-                time.sleep(max(0.0, started + index / rate - time.perf_counter()))
-                piece = pieces[index % len(pieces)]
-                text += piece
-                self._emit(TokenStreamed(request.request_id, piece, index + 1, rate, time.time()))
-            self._emit(ReplyFinished(request.request_id, text, RequestStats(tokens_generated=tokens)))
+        def _stream(self, first) -> None:
+            """One token every 1/``rate`` s, to each running reply in turn; Generates that arrive meanwhile join in."""
+            texts: dict[str, list[str]] = {}
+            lengths: dict[str, int] = {}
+            self._join(first, texts, lengths)
+            started, step = time.perf_counter(), 0
+            while texts:
+                for request_id in list(texts):
+                    time.sleep(max(0.0, started + step / rate - time.perf_counter()))
+                    step += 1
+                    self._token(request_id, texts, lengths)
+                arrived = self._watch.next_request(timeout=0)
+                if isinstance(arrived, Generate):
+                    self._join(arrived, texts, lengths)
+
+        @staticmethod
+        def _join(request, texts: dict[str, list[str]], lengths: dict[str, int]) -> None:
+            texts[request.request_id] = []
+            lengths[request.request_id] = tokens if request.messages[-1].content == STREAM_PROMPT else tokens // 2
+
+        def _token(self, request_id: str, texts: dict[str, list[str]], lengths: dict[str, int]) -> None:
+            text = texts[request_id]
+            piece = pieces[len(text) % len(pieces)]
+            text.append(piece)
+            self._emit(TokenStreamed(request_id, piece, len(text), rate, time.time()))
+            if len(text) == lengths[request_id]:
+                del texts[request_id]
+                self._emit(ReplyFinished(request_id, "".join(text), RequestStats(tokens_generated=len(text))))
 
         def idle(self) -> None:
             """Nothing to sample."""
@@ -146,13 +171,15 @@ async def run(args: argparse.Namespace) -> list[dict[str, object]]:
     collector = quiet_collector(controller, window)  # as app.main does at start-up
     controller.start(AsyncEngine(streaming_runtime(args.tokens, args.rate)))
     window.session.load_model("bench")
-    while not window.session.send("Stream, please"):
+    while not window.session.send(STREAM_PROMPT):
         await asyncio.sleep(0.01)
     meter, results = StallMeter(), []
     meter.start()
     while window.session.generating:
         await asyncio.sleep(0.01)
     results.append({"phase": "stream", "tokens": args.tokens, "rate_tok_s": args.rate, **meter.stop()})
+    together = {"phase": "together", "replies": args.together, "tokens": args.tokens // 2, "rate_tok_s": args.rate}
+    results.append({**together, **await stream_together(window, meter, args.together)})
     first = long_conversation(window.journal, args.messages)
     second = long_conversation(window.journal, args.messages)
     meter.start()
@@ -164,6 +191,20 @@ async def run(args: argparse.Namespace) -> list[dict[str, object]]:
     controller.close()
     collector.stop()
     return results
+
+
+async def stream_together(window, meter: StallMeter, count: int) -> dict[str, float]:
+    """Ask in ``count`` new conversations at once, then switch to the next answering one until all are done."""
+    meter.start()
+    for index in range(count):
+        window.conversations.new_conversation()
+        window.session.send(f"Stream {index} beside the others, please")
+    switches = 0
+    while answering := sorted(window.session.replies.answering):
+        window.conversations.open(answering[switches % len(answering)])
+        switches += 1
+        await asyncio.sleep(TOGETHER_SWITCH_S)
+    return {**meter.stop(), "switches": switches}
 
 
 async def settle(window) -> None:
@@ -203,6 +244,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=500.0)
     parser.add_argument("--tokens", type=int, default=2000)
     parser.add_argument("--messages", type=int, default=1000)
+    parser.add_argument("--together", type=int, default=3, help="replies streaming at once in the second phase")
     args = parser.parse_args()
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ["HEARTH_HOME"] = tempfile.mkdtemp(prefix="hearth-bench-")

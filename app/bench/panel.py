@@ -86,10 +86,14 @@ async def load(controller: EngineController, window: MainWindow, model: str) -> 
     return await outcome(controller.model_loaded, controller.load_failed, request_id, "Loading the model")
 
 
-async def one_reply(controller: EngineController, max_new_tokens: int) -> ReplyFinished:
-    """A greedy reply in a fresh conversation, so every reply prefills the same prompt."""
+async def one_reply(controller: EngineController, window: MainWindow, max_new_tokens: int) -> ReplyFinished:
+    """A greedy reply in a fresh conversation, so every reply prefills the same prompt.
+
+    The panel shows it as the reply of the conversation on screen, as it would a reply sent from the window.
+    """
     sampling = replace(GREEDY, max_new_tokens=max_new_tokens)
     request_id = controller.send_prompt(uuid.uuid4().hex, (ChatMessage("user", PROMPT),), sampling)
+    window.performance_dock.panel.track_reply(request_id, window.session.conversation.id)
     return await outcome(controller.reply_finished, controller.reply_failed, request_id, "A reply")
 
 
@@ -99,13 +103,13 @@ def panel_order(round_index: int) -> tuple[bool, bool]:
 
 
 async def measure(window: MainWindow, controller: EngineController, args: argparse.Namespace) -> list[dict[str, Any]]:
-    await one_reply(controller, args.tokens)  # warm-up: first-call allocations and caches
+    await one_reply(controller, window, args.tokens)  # warm-up: first-call allocations and caches
     rows = []
     for round_index in range(args.rounds):
         for panel_open in panel_order(round_index):
             window.performance_dock.setVisible(panel_open)
             await asyncio.sleep(0.2)  # let the dock show or hide before decoding starts
-            finished = await one_reply(controller, args.tokens)
+            finished = await one_reply(controller, window, args.tokens)
             row = {
                 "round": round_index,
                 "panel": "open" if panel_open else "closed",

@@ -1,12 +1,13 @@
 """GUI-thread CPU the open performance panel costs while a reply streams (no engine, no model).
 
-    python -m app.bench.refresh --json [--tokens 500] [--rate 30] [--side open|closed|both]
+    python -m app.bench.refresh --json [--tokens 500] [--rate 30] [--side open|closed|both] [--batch]
 
 Runs on the GUI thread of its own QApplication (offscreen unless
 ``QT_QPA_PLATFORM`` says otherwise). A window like Hearth's, with the
 performance dock at its usual width, is fed in real time the events an engine
 would send: a model load, a reply of ``--tokens`` tokens at ``--rate`` tokens a
-second, and a memory sample every second. ``time.thread_time()`` of the GUI
+second, and a memory sample every second (with ``--batch``, also the ``BatchSampled``
+a batching engine sends ten times a second). ``time.thread_time()`` of the GUI
 thread over the stream, divided by the stream's length, is the cost per second
 of streaming; the same run with the dock closed is the floor (the feeding
 itself). Prints one JSON line per side and a summary line last.
@@ -27,7 +28,9 @@ from PySide6.QtWidgets import QApplication, QMainWindow, QTextEdit
 
 from app.perf.dock import PerformanceDock
 from engine.protocol.messages import (
+    BatchSampled,
     Event,
+    KVPoolStats,
     MemorySampled,
     MemoryStats,
     ModelLoaded,
@@ -40,6 +43,7 @@ from engine.protocol.messages import (
 DOCK_WIDTH = 380  # the main window's PERFORMANCE_DOCK_WIDTH
 SETTLE_S = 0.3  # after the last event: the last refresh lands
 GIB = 1024**3
+BATCH_INTERVAL_S = 0.1
 
 
 def memory_at(tokens: int) -> MemoryStats:
@@ -47,15 +51,25 @@ def memory_at(tokens: int) -> MemoryStats:
     return MemoryStats("cpu", int(0.1 * GIB), kv, kv, 6 * GIB + kv, 10 * GIB - kv, 16 * GIB, int(0.6 * GIB) + kv)
 
 
-def scripted_reply(start: float, tokens: int, rate: float) -> list[Event]:
+def batch_at(tokens: int, rate: float, at: float) -> BatchSampled:
+    """Four replies running, one waiting, their KV blocks growing with the reply."""
+    pool = KVPoolStats(16, 4096, 200 + tokens // 4, 30, 100, 16 * 40_000)
+    return BatchSampled(4, 1, 4 * rate, pool, at)
+
+
+def scripted_reply(start: float, tokens: int, rate: float, batch: bool = False) -> list[Event]:
     """Events of one reply with engine timestamps from ``start`` (seconds), in the order sent."""
     events: list[Event] = [PrefillDone("bench", 2.5, 120, 0, 180.0, 8192)]
     first_token_at, next_sample_at = start + 0.2, start + 1.0
+    next_batch_at = first_token_at if batch else math.inf
     for index in range(1, tokens + 1):
         at = first_token_at + (index - 1) / rate
         if at >= next_sample_at:  # the engine samples memory about once a second
             events.append(MemorySampled(memory_at(index), at))
             next_sample_at += 1.0
+        if at >= next_batch_at:
+            events.append(batch_at(index, rate, at))
+            next_batch_at += BATCH_INTERVAL_S
         speed = rate * (1 + 0.03 * math.sin(index / 7))  # the engine's figure drifts a little
         events.append(TokenStreamed("bench", "·", index, speed, at))
     last = first_token_at + (tokens - 1) / rate
@@ -66,7 +80,7 @@ def scripted_reply(start: float, tokens: int, rate: float) -> list[Event]:
 
 
 def event_time(event: Event, start: float) -> float:
-    if isinstance(event, (TokenStreamed, MemorySampled)):
+    if isinstance(event, (TokenStreamed, MemorySampled, BatchSampled)):
         return event.timestamp
     if isinstance(event, ReplyFinished):
         return event.stats.finished_at
@@ -100,7 +114,7 @@ def measure_side(window: QMainWindow, dock: PerformanceDock, panel_open: bool, a
     dock.panel.refreshed.connect(lambda: refreshes.append(1))
     QApplication.processEvents()
     start = time.monotonic() + 0.05
-    events = scripted_reply(start, args.tokens, args.rate)
+    events = scripted_reply(start, args.tokens, args.rate, args.batch)
     wall_before, cpu_before = time.monotonic(), time.thread_time()
     stream_in_real_time(dock, events, start)
     cpu_s, wall_s = time.thread_time() - cpu_before, time.monotonic() - wall_before
@@ -152,6 +166,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=500, help="tokens in the streamed reply")
     parser.add_argument("--rate", type=float, default=30.0, help="tokens per second")
     parser.add_argument("--side", choices=("open", "closed", "both"), default="both", help="panel open, closed, or both")
+    parser.add_argument("--batch", action="store_true", help="also the figures of a batching engine, 10 a second")
     parser.add_argument("--json", action="store_true", help="print JSON lines, a summary last")
     return parser.parse_args(argv)
 

@@ -1,48 +1,41 @@
-"""Follows a prompt from the input bar to the engine and the reply back (GUI thread).
+"""Follows a prompt from the input bar to the engine, and shows the conversation on screen (GUI thread).
 
-``ChatSession`` keeps the current ``Conversation``, its cards and the store (through
-``ConversationJournal``) in step with the engine's events: it saves and sends the history
-on Send, appends streamed text, and marks a reply as stopped or broken off while keeping
-what was written. It refuses to send (keeping the typed text) while no model is loaded,
-a reply is being written, or the message could not be saved. Regenerate, edit and delete
-replace later turns; the engine reuses its KV cache up to the first changed token.
-When loading another model fails, the engine keeps the previous one, and so does
-the session: sending works again with it.
+``ChatSession`` keeps the ``Conversation`` on screen, its cards and the store (through
+``ConversationJournal``) in step: it saves the message on Send and has ``ReplyRouter``
+start the reply, which then streams into its own conversation whether or not that one
+is on screen. Several conversations may be answering at once; switching to one that is
+shows its text so far and keeps streaming. Stop stops the reply of the conversation on
+screen. It refuses to send (keeping the typed text) while no model is loaded, a reply is
+being written in this conversation, or the message could not be saved. Regenerate, edit
+and delete replace later turns (refused while this conversation is answering); the engine
+reuses its KV cache up to the first changed token. When loading another model fails,
+the engine keeps the previous one, and so does the session: sending works again with it.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from PySide6.QtCore import QObject, Signal
 
 from app.chat.chat_view import ChatView
 from app.chat.input_box import InputBar
 from app.chat.message_bubble import MessageBubble
+from app.chat.reply_router import LiveReply, ReplyRouter
 from app.controller import EngineController
 from app.conversations.conversation import Conversation, DisplayMessage
 from app.conversations.persistence import ConversationJournal
 from app.storage import StorageError
-from engine.protocol.messages import (
-    EngineError,
-    LoadFailed,
-    LoadOptions,
-    ModelLoaded,
-    PrefillDone,
-    ReplyFailed,
-    ReplyFinished,
-    RequestStats,
-    TokenStreamed,
-)
+from engine.protocol.messages import LoadFailed, LoadOptions, ModelLoaded
 
 
 class ChatSession(QObject):
-    """The conversation on screen and the one request, if any, writing into it."""
+    """The conversation on screen; its reply, if one is being written, is one of ``replies``."""
 
     notice = Signal(str)
     """Something the user should read, e.g. why Enter did not send."""
     saved = Signal(str)
     """A conversation (by id) changed in the store: its title, order or existence."""
+    shown = Signal(str)
+    """The id of the conversation now on screen (also sent when a new one got its id on its first message)."""
 
     def __init__(
         self,
@@ -57,12 +50,12 @@ class ChatSession(QObject):
         self._view = view
         self._input = input_bar
         self._journal = journal
+        self.replies = ReplyRouter(controller, journal, self)
         self._conversation = journal.new_conversation()
         self._model_ready = False
         self._has_model = False
-        self._active_request: str | None = None
         self._reply_bubble: MessageBubble | None = None
-        self._history_sources: tuple[DisplayMessage, ...] = ()
+        """The card of the reply being written into the conversation on screen, if any."""
         self._connect()
         self._update_controls()
 
@@ -72,22 +65,29 @@ class ChatSession(QObject):
 
     @property
     def generating(self) -> bool:
-        return self._active_request is not None
+        """True while a reply is being written into the conversation on screen."""
+        return self.replies.reply_in(self._conversation.id) is not None
 
-    def show_conversation(self, conversation: Conversation) -> bool:
-        """Switch to ``conversation``; refused (False) while a reply is being written."""
-        if self.generating:
-            self.notice.emit("Stop the reply first, then switch conversations.")
-            return False
+    def live_conversation(self, conversation_id: str) -> Conversation | None:
+        """The conversation ``conversation_id`` as it is being answered now, or None when it is not."""
+        reply = self.replies.reply_in(conversation_id)
+        return reply.conversation if reply is not None else None
+
+    def show_conversation(self, conversation: Conversation) -> None:
+        """Put ``conversation`` on screen; a reply streaming into it goes on streaming there."""
+        conversation = self.live_conversation(conversation.id) or conversation
         self._conversation = conversation
         self._view.show_messages(conversation.messages)
         damage = f"Part of this conversation could not be read: {conversation.damage}." if conversation.damage else ""
         self._view.set_banner(damage)
-        return True
+        reply = self.replies.reply_in(conversation.id)
+        self._reply_bubble = self._view.bubble_for(reply.message) if reply is not None else None
+        self._update_controls()
+        self.shown.emit(conversation.id)
 
     def load_model(self, path: str, options: LoadOptions = LoadOptions()) -> str:
-        """Load another model and return the request id; sending waits until it is loaded."""
-        self.stop()
+        """Load another model and return the request id; every reply is stopped, sending waits until it is loaded."""
+        self.replies.stop_all()
         self._model_ready = False
         self._update_controls()
         return self._controller.load_model(path, options)
@@ -132,7 +132,7 @@ class ChatSession(QObject):
             self._start_reply()
 
     def delete(self, message: DisplayMessage) -> None:
-        """Delete one message (refused while a reply is being written)."""
+        """Delete one message (refused while this conversation is answering)."""
         if self.generating:
             self.notice.emit("Stop the reply first, then delete messages.")
             return
@@ -143,6 +143,10 @@ class ChatSession(QObject):
             return
         self._view.remove_message(message)
         self.saved.emit(self._conversation.id)
+
+    def stop(self) -> None:
+        """Stop the reply of the conversation on screen; the others go on."""
+        self.replies.stop(self._conversation.id)
 
     def _refuse_change(self) -> bool:
         refusal = self._refusal()
@@ -158,29 +162,18 @@ class ChatSession(QObject):
         self._view.show_messages(self._conversation.messages)
 
     def _start_reply(self) -> None:
-        """Ask the engine to answer the conversation as it stands; the reply is recorded as it streams."""
-        conversation = self._conversation
-        self._history_sources = conversation.history_sources()
-        history = conversation.history(conversation.system_prompt)
-        try:
-            reply = self._journal.begin_reply(conversation)
-        except StorageError as error:
-            self.notice.emit(f"{error} Press Regenerate on your message to try again.")
-            return
-        self._reply_bubble = self._view.add_message(reply)
-        sampling = self._journal.sampling_for(conversation)
-        self._active_request = self._controller.send_prompt(conversation.id, history, sampling)
+        """Have the conversation on screen answered; the reply is recorded as it streams."""
+        self.shown.emit(self._conversation.id)
+        reply = self.replies.start(self._conversation)
+        if reply is not None:
+            self._reply_bubble = self._view.add_message(reply.message)
         self._update_controls()
-
-    def stop(self) -> None:
-        if self._active_request is not None:
-            self._controller.stop(self._active_request)
 
     def _refusal(self) -> str:
         if not self._model_ready:
             return "The model is not loaded yet; your message is kept, send it once the model is ready."
         if self.generating:
-            return "A reply is still being written; press Stop or wait, your message is kept."
+            return "A reply is still being written here; press Stop or wait, your message is kept."
         return ""
 
     def _connect(self) -> None:
@@ -188,11 +181,10 @@ class ChatSession(QObject):
         self._input.stop_requested.connect(self.stop)
         self._controller.model_loaded.connect(self._on_model_loaded)
         self._controller.load_failed.connect(self._on_load_failed)
-        self._controller.prefill_done.connect(self._on_prefill_done)
-        self._controller.token_streamed.connect(self._on_token)
-        self._controller.reply_finished.connect(self._on_finished)
-        self._controller.reply_failed.connect(self._on_failed)
-        self._controller.engine_error.connect(self._on_engine_error)
+        self.replies.text_changed.connect(self._on_reply_text)
+        self.replies.turns_marked.connect(self._on_turns_marked)
+        self.replies.ended.connect(self._on_reply_ended)
+        self.replies.notice.connect(self.notice)
 
     def _update_controls(self) -> None:
         self._input.set_ready(self._model_ready, self.generating)
@@ -205,57 +197,20 @@ class ChatSession(QObject):
         self._model_ready = self._has_model
         self._update_controls()
 
-    def _on_prefill_done(self, event: PrefillDone) -> None:
-        """Mark the turns the engine left out of the context (indices into the request's messages)."""
-        if event.request_id != self._active_request:
-            return
-        offset = 1 if self._conversation.system_prompt.strip() else 0
-        dropped = tuple(index - offset for index in event.dropped_turns)
-        try:
-            changed = self._journal.mark_dropped(self._history_sources, dropped)
-        except StorageError as error:
-            self.notice.emit(str(error))
-            return
-        for message in changed:
-            self._view.refresh_message(message)
-
-    def _on_token(self, event: TokenStreamed) -> None:
-        if event.request_id == self._active_request:
-            self._conversation.append_to_reply(event.text)
-            self._refresh_reply()
-            self._record(lambda: self._journal.record_text(event.text))
-
-    def _on_finished(self, event: ReplyFinished) -> None:
-        if event.request_id == self._active_request:
-            self._conversation.finish_reply(event.text, interrupted=event.stats.finish_reason == "cancelled")
-            self._end_reply(event.stats)
-
-    def _on_failed(self, event: ReplyFailed) -> None:
-        if event.request_id == self._active_request:
-            self._conversation.fail_reply(event.message, event.partial_text)
-            self._end_reply()
-
-    def _on_engine_error(self, event: EngineError) -> None:
-        if self.generating:
-            self._conversation.fail_reply(event.message)
-            self._end_reply()
-
-    def _end_reply(self, stats: RequestStats | None = None) -> None:
-        reply = self._conversation.messages[-1]
-        self._record(lambda: self._journal.finish_reply(reply, stats))
-        self._active_request = None
-        self._refresh_reply()
-        self._reply_bubble = None
-        self._update_controls()
-        self.saved.emit(self._conversation.id)
-
-    def _record(self, save: Callable[[], None]) -> None:
-        """Run a save of the streaming reply; a failure is reported and the reply goes on on screen."""
-        try:
-            save()
-        except StorageError as error:
-            self.notice.emit(str(error))
-
-    def _refresh_reply(self) -> None:
-        if self._reply_bubble is not None:
+    def _on_reply_text(self, reply: LiveReply) -> None:
+        if reply.conversation is self._conversation and self._reply_bubble is not None:
             self._reply_bubble.refresh()
+
+    def _on_turns_marked(self, conversation: Conversation, changed: list[DisplayMessage]) -> None:
+        if conversation is self._conversation:
+            for message in changed:
+                self._view.refresh_message(message)
+
+    def _on_reply_ended(self, reply: LiveReply) -> None:
+        """Show the end of the reply if it is on screen; either way its conversation moved up the list."""
+        if reply.conversation is self._conversation:
+            if self._reply_bubble is not None:
+                self._reply_bubble.refresh()
+            self._reply_bubble = None
+            self._update_controls()
+        self.saved.emit(reply.conversation.id)

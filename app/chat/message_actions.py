@@ -1,7 +1,7 @@
 """What the actions on a message card do: edit (in a dialog), regenerate, delete (GUI thread).
 
 Copy is handled by the card itself; the rest goes to ``ChatSession``, which refuses while a
-reply is being written. Editing opens a small non-blocking dialog with the message's text.
+reply is being written in that conversation. Editing opens a small non-blocking dialog with the message's text.
 """
 
 from __future__ import annotations

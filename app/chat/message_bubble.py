@@ -7,10 +7,11 @@ hundreds of tokens a second stay smooth. Assistant cards take the full width the
 have, so a growing reply never changes the card's width. The header holds
 a Copy button and a menu of actions (Edit, Regenerate, Delete) that the card only
 announces through ``action_requested``; code blocks' Copy links copy their code.
-A finished reply's card is made with its first ``FIRST_CHUNKS`` Markdown chunks and shows
-the rest through ``grow``, which its owner calls in later turns of the event loop (a long
-reply would otherwise freeze the window while its card is made); its buttons act on the
-whole message meanwhile.
+A reply's card is made with its first ``FIRST_CHUNKS`` Markdown chunks and shows the rest
+through ``grow``, which its owner calls in later turns of the event loop (a long reply would
+otherwise freeze the window while its card is made); its buttons act on the whole message
+meanwhile. That holds for a reply still streaming too (the user switched to a conversation
+that is answering): until ``grow`` has caught up with its text, new text waits for ``grow``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ DROPPED_NOTE = "Left out of the model's context: the conversation is longer than
 def state_note(message: DisplayMessage) -> str:
     """The lines under a message that say how it ended, if not normally, and if the model no longer sees it."""
     notes = {
-        "streaming": "writing…",
+        "streaming": "waiting for its turn…" if message.waiting else "writing…",
         "interrupted": "Stopped: this reply is incomplete.",
         "error": f"The reply broke off: {message.error}",
     }
@@ -96,7 +97,7 @@ class MessageBubble(QFrame):
         self._complete = True
         self._highlighted: set[int] = set()
         """The long code blocks ``grow`` highlighted, by index."""
-        self._render(FIRST_CHUNKS if message.state != "streaming" else None)
+        self._render(FIRST_CHUNKS)
 
     @property
     def complete(self) -> bool:
@@ -158,11 +159,15 @@ class MessageBubble(QFrame):
         return QSize(width, self.heightForWidth(width))
 
     def _render(self, most_new_chunks: int | None = None) -> None:
-        if isinstance(self.body, ReplyView) and most_new_chunks is None:
-            self._complete = self.body.show_markdown(self.message.content, code_colours(self))
-        elif isinstance(self.body, ReplyView):
+        """Show the message's text (a reply: all of it, or its first ``most_new_chunks`` new chunks) and state.
+
+        A reply whose card is still growing keeps its text as shown: ``grow`` shows the rest.
+        """
+        if isinstance(self.body, ReplyView) and most_new_chunks is not None:
             self._show_first_chunks(most_new_chunks)
-        else:
+        elif isinstance(self.body, ReplyView) and self._complete:
+            self._complete = self.body.show_markdown(self.message.content, code_colours(self))
+        elif not isinstance(self.body, ReplyView):
             self.body.setText(self.message.content)
             self._natural_width = self._plain_text_width()
         self.updateGeometry()

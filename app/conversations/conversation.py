@@ -36,6 +36,8 @@ class DisplayMessage:
     """The message's position in the store (gaps are possible after deletions)."""
     dropped: bool = False
     """True when the model's context overflowed and this turn was left out of it."""
+    waiting: bool = False
+    """True while a streaming reply waits for the engine to begin it (it is writing other replies)."""
 
 
 class Conversation:

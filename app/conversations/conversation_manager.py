@@ -2,9 +2,12 @@
 
 ``ConversationManager`` answers the sidebar: it opens, creates, renames, deletes (softly,
 with Undo) and searches conversations through the store, and keeps the list in step after
-each change the chat session saves. A deleted conversation's KV cache is released in the
-engine at once (Undo just rebuilds it on the next reply); the store purges conversations
-deleted more than ``PURGE_AFTER`` ago when Hearth starts. Storage errors become notices.
+each change the chat session saves; conversations that are answering carry a mark there.
+A conversation that is answering opens as it stands in memory (its text so far, still
+streaming) and cannot be deleted until its reply ends or is stopped. A deleted
+conversation's KV cache is released in the engine at once (Undo just rebuilds it on the
+next reply); the store purges conversations deleted more than ``PURGE_AFTER`` ago when
+Hearth starts. Storage errors become notices.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class ConversationManager(QObject):
         sidebar.undo_requested.connect(self.undo_delete)
         sidebar.search_changed.connect(lambda _text: self.refresh())
         session.saved.connect(lambda _id: self.refresh())
+        session.replies.answering_changed.connect(sidebar.set_answering)
 
     @property
     def current_id(self) -> str:
@@ -78,15 +82,16 @@ class ConversationManager(QObject):
     def open(self, conversation_id: str) -> None:
         if conversation_id == self.current_id:
             return
-        conversation = self._read(lambda: self._journal.load(conversation_id))
+        live = self._session.live_conversation(conversation_id)
+        conversation = live or self._read(lambda: self._journal.load(conversation_id))
         if conversation is not None:
             self._session.show_conversation(conversation)
         self.refresh()
 
     def new_conversation(self) -> None:
         """Show an empty conversation; it enters the list with its first message."""
-        if self._session.show_conversation(self._journal.new_conversation()):
-            self.refresh()
+        self._session.show_conversation(self._journal.new_conversation())
+        self.refresh()
 
     def rename(self, conversation_id: str, title: str) -> None:
         self._change(lambda: self._journal.store.rename(conversation_id, title))
@@ -94,10 +99,13 @@ class ConversationManager(QObject):
 
     def delete(self, conversation_id: str) -> None:
         """Hide the conversation; Undo brings it back. Deleting the open one opens a new one."""
+        if self._session.live_conversation(conversation_id) is not None:
+            self.notice.emit("This conversation is still answering: stop its reply first, then delete it.")
+            return
         item = self._sidebar.item_for(conversation_id)
         title = item.text() if item is not None else ""
-        if conversation_id == self.current_id and not self._session.show_conversation(self._journal.new_conversation()):
-            return
+        if conversation_id == self.current_id:
+            self._session.show_conversation(self._journal.new_conversation())
         if not self._change(lambda: self._journal.store.delete_conversation(conversation_id)):
             return
         self._controller.submit(ForgetConversation(conversation_id))

@@ -1,8 +1,9 @@
 """The glue that records what happens in a conversation into the ``ChatStore`` (GUI thread).
 
-``ConversationJournal`` is called by ``ChatSession`` at each step of a turn: the user's
-message is committed when it is sent, a streamed reply is checkpointed at least once a
-second by a ``ReplyRecorder`` and committed when it ends. Every call either changes the
+``ConversationJournal`` is called at each step of a turn: the user's message is committed
+when it is sent (by ``ChatSession``), and each streamed reply, in whichever conversation it
+is written, is checkpointed at least once a second by its own ``ReplyRecorder`` and
+committed when it ends (by ``ReplyRouter``). Every call either changes the
 store and the on-screen ``Conversation`` together, or raises ``StorageError`` and changes
 neither, so what the user sees is what was saved. The store's conversation id is also the
 engine's ``conversation_id``, so KV caches follow conversations.
@@ -69,13 +70,14 @@ def open_journal(defaults: Callable[[], Settings]) -> tuple[ConversationJournal,
 
 
 class ConversationJournal:
-    """Keeps on-screen conversations and the store in step; at most one reply is recorded at a time."""
+    """Keeps on-screen conversations and the store in step; each streaming reply has its own recorder."""
 
     def __init__(self, store: ChatStore, defaults: Callable[[], Settings], clock: Clock = time.monotonic) -> None:
         self.store = store
         self._defaults = defaults
         self._clock = clock
-        self._recorder: ReplyRecorder | None = None
+        self._recorders: dict[str, ReplyRecorder] = {}
+        """The recorder of each reply being written, by the reply's message id."""
 
     def new_conversation(self) -> Conversation:
         """An unsaved conversation with the default system prompt; it is saved on its first message."""
@@ -99,20 +101,22 @@ class ConversationJournal:
 
     def begin_reply(self, conversation: Conversation) -> DisplayMessage:
         """Start recording an empty streaming reply after the last message."""
-        self._recorder = ReplyRecorder.start(self.store, conversation.id, self._clock())
+        recorder = ReplyRecorder.start(self.store, conversation.id, self._clock())
         message = conversation.start_reply()
-        message.message_id = self._recorder.message_id
+        message.message_id = recorder.message_id
+        self._recorders[recorder.message_id] = recorder
         message.position = max((m.position for m in conversation.messages), default=-1) + 1
         return message
 
-    def record_text(self, text: str) -> None:
-        """Streamed text of the reply; saved at least once a second."""
-        if self._recorder is not None:
-            self._recorder.append(text, self._clock())
+    def record_text(self, reply: DisplayMessage, text: str) -> None:
+        """Streamed text of ``reply``; saved at least once a second."""
+        recorder = self._recorders.get(reply.message_id)
+        if recorder is not None:
+            recorder.append(text, self._clock())
 
     def finish_reply(self, message: DisplayMessage, stats: RequestStats | None = None) -> None:
         """Commit the reply with its final text and state (the recorder is released even on failure)."""
-        recorder, self._recorder = self._recorder, None
+        recorder = self._recorders.pop(message.message_id, None)
         if recorder is not None:
             recorder.finish(message.state, stats, message.content)
 

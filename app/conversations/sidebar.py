@@ -2,8 +2,9 @@
 
 The sidebar only shows and asks: it lists ``ConversationSummary`` rows newest first and
 emits what the user wants (``chosen``, ``rename_requested``...). ``ConversationManager``
-does the work. Keyboard: Enter opens, F2 renames in place, Delete deletes, and the list,
-search box and buttons are reachable with Tab.
+does the work. A conversation that is answering carries a dot before its title (and says
+so in its tooltip and to screen readers). Keyboard: Enter opens, F2 renames in place,
+Delete deletes, and the list, search box and buttons are reachable with Tab.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from PySide6.QtCore import QEvent, QObject, QPoint, Qt, Signal
-from PySide6.QtGui import QKeyEvent
+from PySide6.QtGui import QColor, QIcon, QKeyEvent, QPainter, QPixmap
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,
@@ -28,6 +29,22 @@ from PySide6.QtWidgets import (
 from app.storage import ConversationSummary
 
 ID_ROLE = Qt.ItemDataRole.UserRole
+ANSWERING_ROLE = Qt.ItemDataRole.UserRole + 1
+ANSWERING_COLOUR = QColor("#c47a3a")
+ANSWERING_DOT_PX = 10
+
+
+def answering_icon() -> QIcon:
+    """A small filled dot: the mark of a conversation whose reply is being written."""
+    pixmap = QPixmap(ANSWERING_DOT_PX, ANSWERING_DOT_PX)
+    pixmap.fill(Qt.GlobalColor.transparent)
+    painter = QPainter(pixmap)
+    painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+    painter.setPen(Qt.PenStyle.NoPen)
+    painter.setBrush(ANSWERING_COLOUR)
+    painter.drawEllipse(1, 1, ANSWERING_DOT_PX - 2, ANSWERING_DOT_PX - 2)
+    painter.end()
+    return QIcon(pixmap)
 
 
 class Sidebar(QWidget):
@@ -51,6 +68,8 @@ class Sidebar(QWidget):
         self.search_box.setClearButtonEnabled(True)
         self.new_button = self._button("New", "New conversation", self.new_requested.emit)
         self.list = self._build_list()
+        self._answering: frozenset[str] = frozenset()
+        self._answering_icon = answering_icon()
         self.undo_label = QLabel("", self)
         self.undo_label.setObjectName("undoLabel")
         self.undo_label.setAccessibleName("Deleted conversation")
@@ -78,10 +97,24 @@ class Sidebar(QWidget):
             item.setData(ID_ROLE, summary.id)
             item.setToolTip(summary.display_title)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
+            self._mark(item)
             self.list.addItem(item)
             if summary.id == current_id:
                 self.list.setCurrentItem(item)
         self.list.blockSignals(False)
+
+    def set_answering(self, conversation_ids: frozenset[str]) -> None:
+        """Mark the conversations ``conversation_ids`` as answering, and only those."""
+        self._answering = frozenset(conversation_ids)
+        self.list.blockSignals(True)  # item changes must not read as renames
+        for row in range(self.list.count()):
+            self._mark(self.list.item(row))
+        self.list.blockSignals(False)
+
+    def answering_titles(self) -> list[str]:
+        """The titles of the listed conversations marked as answering, in list order."""
+        items = (self.list.item(row) for row in range(self.list.count()))
+        return [item.text() for item in items if item.data(ANSWERING_ROLE)]
 
     def titles(self) -> list[str]:
         return [self.list.item(row).text() for row in range(self.list.count())]
@@ -106,6 +139,15 @@ class Sidebar(QWidget):
     def hide_undo(self) -> None:
         self.undo_label.hide()
         self.undo_button.hide()
+
+    def _mark(self, item: QListWidgetItem) -> None:
+        answering = item.data(ID_ROLE) in self._answering
+        if bool(item.data(ANSWERING_ROLE)) == answering:
+            return
+        item.setData(ANSWERING_ROLE, answering)
+        item.setIcon(self._answering_icon if answering else QIcon())
+        item.setToolTip(f"{item.text()} (answering…)" if answering else item.text())
+        item.setData(Qt.ItemDataRole.AccessibleDescriptionRole, "answering" if answering else "")
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         """Delete and F2 on the list (while no title is being edited)."""

@@ -1,8 +1,9 @@
 """The live performance panel (View > Performance): figures, plots and a stage timeline.
 
 GUI thread only. The main window docks ``PerformanceDock`` and forwards every
-engine event to ``dock.panel.on_event``; ``PerfState`` is the Qt-free model
-behind it.
+engine event to ``dock.panel.on_event``, and tells it which conversation is on
+screen and which conversation each reply answers; ``PerfState`` is the Qt-free
+model behind it.
 """
 
 from app.perf.dock import PerformanceDock

@@ -73,6 +73,13 @@ def format_count(count: int | None) -> str:
     return f"{count:,}"
 
 
+def format_blocks(count: int, bytes_per_block: int) -> str:
+    """KV-cache blocks and what they hold: ``120 · 30.0 MiB`` (just ``120`` when the block size is unknown)."""
+    if bytes_per_block <= 0:
+        return format_count(count)
+    return f"{count:,} · {format_bytes(count * bytes_per_block)}"
+
+
 def format_tokens(count: int | None) -> str:
     """``1 token``, ``1,024 tokens``."""
     if count is None:

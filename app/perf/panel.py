@@ -1,4 +1,4 @@
-"""The performance panel: the current reply, the session, memory, context fill, and plots.
+"""The performance panel: the reply on screen, the batch, the session, memory, context fill, and plots.
 
 Runs on the GUI thread. ``on_event`` folds an engine event into ``PerfState``
 (O(1)) and notes which parts of the panel it touched; a single-shot timer then
@@ -9,6 +9,12 @@ text is unchanged are left alone, the figures that change with every token sit
 in fixed-size labels (so the panel is not laid out again), and each plot repaints
 only when its picture changed. Every figure shown is one the engine sent (or a
 sum or quotient of such figures), formatted by ``app.perf.format``.
+
+Replies of several conversations may stream at once: the reply figures, the timeline,
+the context bar and the decode line are those of the conversation on screen
+(``show_conversation``; ``track_reply`` says which conversation a request answers).
+The batch box, shown once the engine sends a ``BatchSampled``, is about all of them:
+replies running and waiting, the throughput across them, and the KV pool's blocks.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from app.perf.chart import ChartLine, LineChart
 from app.perf.context_bar import ContextBar
 from app.perf.format import (
     UNKNOWN,
+    format_blocks,
     format_bytes,
     format_count,
     format_finish_reason,
@@ -33,17 +40,26 @@ from app.perf.format import (
 )
 from app.perf.state import DECODE_WINDOW_S, MEMORY_WINDOW_S, PerfState, ReplyPerf
 from app.perf.timeline import StageTimeline
-from engine.protocol.messages import Event, MemorySampled, MemoryStats, TokenStreamed
+from engine.protocol.messages import BatchSampled, Event, MemorySampled, MemoryStats, TokenStreamed
 
 MAX_REFRESH_HZ = 10
 STREAMING_REFRESH_HZ = 5  # live figures read fine at this rate, and it halves the panel's CPU time
 
-ALL_PARTS = frozenset({"model", "reply", "session", "memory", "context"})
-PARTS_CHANGED_BY = {TokenStreamed: frozenset({"tokens", "context"}), MemorySampled: frozenset({"memory"})}
-STREAMING_PARTS = frozenset({"tokens", "context", "memory"})
+ALL_PARTS = frozenset({"model", "reply", "session", "memory", "context", "batch"})
+PARTS_CHANGED_BY = {
+    TokenStreamed: frozenset({"tokens", "context"}),
+    MemorySampled: frozenset({"memory"}),
+    BatchSampled: frozenset({"batch"}),
+}
+STREAMING_PARTS = frozenset({"tokens", "context", "memory", "batch"})
+POOL_KEYS = ("pool_used", "pool_shared", "pool_cached", "pool_free")
 LIVE_VALUE_SAMPLES = {
     "decode_speed": format_tok_s(88_888.0),
     "tokens_generated": format_count(88_888),
+    "batch_running": format_count(8_888),
+    "batch_waiting": format_count(8_888),
+    "batch_throughput": format_tok_s(88_888.0),
+    **{key: f"{format_count(88_888)} · {format_bytes(1000 * 1024**2)}" for key in POOL_KEYS},
     **{key: format_bytes(1000 * 1024**2) for key in ("kv_conversation", "kv_total", "device_used", "device_free", "process_rss")},
 }
 
@@ -57,6 +73,16 @@ REPLY_ROWS = (
     ("tokens_generated", "Tokens generated"),
     ("finish_reason", "Stopped because"),
     ("dropped_turns", "History dropped"),
+)
+BATCH_ROWS = (
+    ("batch_running", "Replies running"),
+    ("batch_waiting", "Replies waiting"),
+    ("batch_throughput", "Throughput, all replies"),
+    ("pool_size", "KV pool"),
+    ("pool_used", "KV blocks in use"),
+    ("pool_shared", "KV blocks shared"),
+    ("pool_cached", "KV blocks cached"),
+    ("pool_free", "KV blocks free"),
 )
 SESSION_ROWS = (("session_throughput", "Throughput"), ("session_replies", "Replies"))
 MEMORY_ROWS = (
@@ -134,15 +160,27 @@ class PerformancePanel(QWidget):
         self._captions: dict[str, QLabel] = {}
         self._build()
         self._values["finish_reason"].setWordWrap(True)
+        self._values["pool_size"].setWordWrap(True)
         self.refresh()
 
     def on_event(self, event: Event) -> None:
         """Take one engine event; the labels catch up on the next timer tick."""
-        if not self.state.apply(event):
-            return
-        parts = PARTS_CHANGED_BY.get(type(event), ALL_PARTS)
+        if self.state.apply(event):
+            self._mark_stale(PARTS_CHANGED_BY.get(type(event), ALL_PARTS))
+
+    def show_conversation(self, conversation_id: str) -> None:
+        """Show the figures of ``conversation_id``'s replies from now on (the conversation on screen)."""
+        self.state.show_conversation(conversation_id)
+        self._mark_stale(ALL_PARTS)
+
+    def track_reply(self, request_id: str, conversation_id: str) -> None:
+        """``request_id`` answers ``conversation_id``; told before the request's first event."""
+        if self.state.track(request_id, conversation_id):
+            self._mark_stale(frozenset({"reply", "context"}))
+
+    def _mark_stale(self, parts: frozenset[str]) -> None:
         self._stale_parts |= parts
-        if self.isVisible() and (parts is ALL_PARTS or not self._timer.isActive()):
+        if self.isVisible() and (not parts <= STREAMING_PARTS or not self._timer.isActive()):
             self._schedule_refresh()  # else the running timer will do, or showEvent starts it
 
     def _schedule_refresh(self) -> None:
@@ -169,6 +207,8 @@ class PerformancePanel(QWidget):
             self._show_tokens(self.state.reply)
         if "session" in stale:
             self._show_session()
+        if "batch" in stale:
+            self._show_batch(self.state.batch)
         if "memory" in stale:
             self._show_memory(self.state.memory)
         for chart in (self.decode_chart, self.memory_chart):
@@ -200,14 +240,18 @@ class PerformancePanel(QWidget):
         column.addWidget(reply_box)
         self.context_bar = ContextBar()
         column.addWidget(self._boxed("Context", self.context_bar))
+        self.batch_box = self._form_box("Batch (all conversations)", BATCH_ROWS)
+        self.batch_box.hide()  # until the engine says it batches
+        column.addWidget(self.batch_box)
         column.addWidget(self._form_box("Session (since the model loaded)", SESSION_ROWS))
         column.addWidget(self._form_box("Memory", MEMORY_ROWS))
         self._build_charts(column)
         column.addStretch(1)
 
     def _build_charts(self, column: QVBoxLayout) -> None:
-        decode_line = ChartLine("decode", QColor("#3d85c6"), self.state.decode_speed)
-        self.decode_chart = LineChart("Decode speed (tok/s)", [decode_line], format_number, DECODE_WINDOW_S)
+        decode_line = ChartLine("this reply", QColor("#3d85c6"), self.state.decode_speed)
+        batch_line = ChartLine("all replies", QColor("#e69138"), self.state.batch_throughput)
+        self.decode_chart = LineChart("Decode speed (tok/s)", [decode_line, batch_line], format_number, DECODE_WINDOW_S)
         used_line = ChartLine("device used", QColor("#6aa84f"), self.state.device_used)
         rss_line = ChartLine("process RSS", QColor("#c27ba0"), self.state.process_rss)
         self.memory_chart = LineChart("Memory", [used_line, rss_line], format_bytes, MEMORY_WINDOW_S, value_base=1024)
@@ -250,9 +294,11 @@ class PerformancePanel(QWidget):
 
     def _show_reply(self, reply: ReplyPerf | None) -> None:
         self._show_tokens(reply)
-        if reply is None:
+        if reply is None or reply.waiting:
             for key, _ in REPLY_ROWS:
                 self._set(key, UNKNOWN)
+            if reply is not None:
+                self._set("finish_reason", "waiting for its turn…")
             return
         self._set("ttft", format_ms(reply.ttft_ms))
         self._set("tokenize", format_ms(reply.tokenize_ms))
@@ -274,6 +320,22 @@ class PerformancePanel(QWidget):
         session = self.state.session
         self._set("session_throughput", format_tok_s(session.throughput_tok_s))
         self._set("session_replies", format_count(session.replies))
+
+    def _show_batch(self, batch: BatchSampled | None) -> None:
+        """The batch and its KV pool; the box stays hidden while the engine sends no such figures."""
+        self.batch_box.setVisible(batch is not None)
+        if batch is None:
+            return
+        pool = batch.pool
+        self._set("batch_running", format_count(batch.running))
+        self._set("batch_waiting", format_count(batch.waiting))
+        self._set("batch_throughput", format_tok_s(batch.throughput_tok_s))
+        size = f"{format_count(pool.blocks_total)} blocks of {format_tokens(pool.block_size)}"
+        self._set("pool_size", f"{size} · {format_bytes(pool.blocks_total * pool.bytes_per_block)}")
+        free = pool.blocks_total - pool.blocks_used - pool.blocks_cached
+        counts = (pool.blocks_used, pool.blocks_shared, pool.blocks_cached, free)
+        for key, count in zip(POOL_KEYS, counts):
+            self._set(key, format_blocks(count, pool.bytes_per_block))
 
     def _show_memory(self, memory: MemoryStats | None) -> None:
         if memory is None:

@@ -3,7 +3,8 @@
     python -m app.perf.preview OUT.png [WIDTH]
 
 Runs on the GUI thread of its own offscreen QApplication. The events are made
-up here (two replies on a GPU, the second reusing the cached history) so the
+up here (two replies on a GPU, the second reusing the cached history, while a
+batching engine runs it beside other conversations' replies) so the
 panel's look can be reviewed without a model; the README screenshot comes
 from the real app.
 """
@@ -18,7 +19,9 @@ from PySide6.QtWidgets import QApplication
 
 from app.perf.panel import PerformancePanel
 from engine.protocol.messages import (
+    BatchSampled,
     Event,
+    KVPoolStats,
     MemorySampled,
     MemoryStats,
     ModelLoaded,
@@ -59,6 +62,16 @@ def _reply(request_id: str, start: float, prompt: int, reused: int, count: int, 
     return events
 
 
+def _batch_samples(start: float, end: float, rng: random.Random) -> list[Event]:
+    """What a batching engine reports four times a second: three replies running, one waiting."""
+    samples: list[Event] = []
+    for step in range(int((end - start) * 4)):
+        used = 180 + step // 8
+        pool = KVPoolStats(16, 2048, used, 74, 60, 16 * 28 * 1024)
+        samples.append(BatchSampled(3, 1, 128 + 8 * rng.random(), pool, start + step / 4))
+    return samples
+
+
 def scripted_session(seed: int = 7) -> list[Event]:
     """A model load, memory samples over two and a half minutes, then two replies (the second reuses)."""
     rng = random.Random(seed)
@@ -69,7 +82,7 @@ def scripted_session(seed: int = 7) -> list[Event]:
         events.append(MemorySampled(_memory(kv, kv + 40 * MIB, rss), 1000.0 + second))
     events += _reply("r1", 1088.0, 812, 0, 480, rng)
     events += _reply("r2", 1121.0, 1318, 1190, 700, rng)
-    return events
+    return events + _batch_samples(1100.0, 1135.0, rng)
 
 
 def render_preview(path: str, width: int = DEFAULT_WIDTH) -> None:

@@ -5,6 +5,12 @@ no Qt and does no drawing, so it is cheap to call for every streamed token and
 easy to test. It runs on the GUI thread (the events arrive there from the
 engine client). The few derived figures (prefill tokens/s, session throughput,
 context in use) are simple arithmetic on figures the engine sent.
+
+Several replies may stream at once, one per conversation. Each in-flight reply has
+its own ``ReplyPerf``; ``track`` says which conversation a request answers, and
+``focus`` which conversation is on screen: ``reply`` is that conversation's latest
+reply (with no focus, the latest reply of all), and only its tokens feed the decode
+chart. ``batch`` is the engine's last ``BatchSampled``: the whole batch and its KV pool.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from dataclasses import dataclass, field
 
 from app.perf.series import RollingSeries
 from engine.protocol.messages import (
+    BatchSampled,
     Event,
     MemorySampled,
     MemoryStats,
@@ -44,6 +51,8 @@ class ReplyPerf:
     """Figures of the reply in progress, or of the last one once it finished."""
 
     request_id: str
+    waiting: bool = False
+    """True from the request until the engine begins it (it may wait for room in the batch)."""
     tokenize_ms: float = 0.0
     prompt_tokens: int = 0
     reused_tokens: int = 0
@@ -81,6 +90,7 @@ class ReplyPerf:
 
     def take_stats(self, stats: RequestStats) -> None:
         """Overwrite with the engine's final, authoritative figures."""
+        self.waiting = False
         self.tokenize_ms = stats.tokenize_ms
         self.prompt_tokens = stats.prompt_tokens
         self.reused_tokens = stats.reused_tokens
@@ -121,11 +131,21 @@ class PerfState:
 
     def __init__(self) -> None:
         self.model: ModelInfo | None = None
-        self.reply: ReplyPerf | None = None
         self.session = SessionPerf()
         self.memory: MemoryStats | None = None
+        self.batch: BatchSampled | None = None
         self.now: float | None = None
+        self.focus: str | None = None
+        """The conversation on screen (None: follow the latest reply, whichever conversation it answers)."""
+        self._live: dict[str, ReplyPerf] = {}
+        """The replies in flight, by request id."""
+        self._latest: dict[str, ReplyPerf] = {}
+        """The latest reply of each conversation, by conversation id ("" for requests never tracked)."""
+        self._conversation_of: dict[str, str] = {}
+        """The conversation of each tracked request in flight."""
+        self._latest_key: str | None = None
         self.decode_speed = RollingSeries(DECODE_WINDOW_S, DECODE_WINDOW_S / CHART_POINTS)
+        self.batch_throughput = RollingSeries(DECODE_WINDOW_S, DECODE_WINDOW_S / CHART_POINTS)
         self.device_used = RollingSeries(MEMORY_WINDOW_S, MEMORY_WINDOW_S / CHART_POINTS)
         self.process_rss = RollingSeries(MEMORY_WINDOW_S, MEMORY_WINDOW_S / CHART_POINTS)
 
@@ -137,56 +157,105 @@ class PerfState:
         return True
 
     @property
+    def reply(self) -> ReplyPerf | None:
+        """The reply whose figures are shown: the latest of the conversation on screen."""
+        key = self._latest_key if self.focus is None else self.focus
+        return self._latest.get(key) if key is not None else None
+
+    @property
     def context_length(self) -> int | None:
-        if self.reply is not None and self.reply.context_length > 0:
-            return self.reply.context_length
+        reply = self.reply
+        if reply is not None and reply.context_length > 0:
+            return reply.context_length
         return self.model.context_length if self.model is not None else None
+
+    def track(self, request_id: str, conversation_id: str) -> bool:
+        """``request_id`` answers ``conversation_id`` (told before its first event); True if that one is shown."""
+        self._conversation_of[request_id] = conversation_id
+        self._begin(ReplyPerf(request_id=request_id, waiting=True))
+        return self.is_shown(request_id)
+
+    def show_conversation(self, conversation_id: str) -> None:
+        if conversation_id != self.focus:
+            self.focus = conversation_id
+            self.decode_speed.break_line()
+
+    def is_shown(self, request_id: str) -> bool:
+        """Whether ``request_id`` is the reply whose figures are shown."""
+        reply = self.reply
+        return reply is not None and reply.request_id == request_id
+
+    def _begin(self, reply: ReplyPerf) -> None:
+        key = self._conversation_of.get(reply.request_id, "")
+        self._live[reply.request_id] = reply
+        self._latest[key] = reply
+        self._latest_key = key
+
+    def _end(self, request_id: str) -> ReplyPerf:
+        """Take ``request_id`` out of the replies in flight (one that was never begun is begun, to hold its end)."""
+        if request_id not in self._live:
+            self._begin(ReplyPerf(request_id=request_id))
+        self._conversation_of.pop(request_id, None)
+        return self._live.pop(request_id)
 
     def _model_loaded(self, event: ModelLoaded) -> None:
         self.model = ModelInfo(event.name, event.device, event.precision, event.context_length)
         self.memory = event.memory
-        self.reply = None
+        self.batch = None
+        self._live.clear()
+        self._latest.clear()
+        self._conversation_of.clear()
+        self._latest_key = None
         self.session = SessionPerf()
 
     def _prefill_done(self, event: PrefillDone) -> None:
-        self.reply = ReplyPerf(
-            request_id=event.request_id,
-            tokenize_ms=event.tokenize_ms,
-            prompt_tokens=event.prompt_tokens,
-            reused_tokens=event.reused_tokens,
-            prefill_ms=event.prefill_ms,
-            context_length=event.context_length,
-            dropped_turns=event.dropped_turns,
+        self._begin(
+            ReplyPerf(
+                request_id=event.request_id,
+                tokenize_ms=event.tokenize_ms,
+                prompt_tokens=event.prompt_tokens,
+                reused_tokens=event.reused_tokens,
+                prefill_ms=event.prefill_ms,
+                context_length=event.context_length,
+                dropped_turns=event.dropped_turns,
+            )
         )
-        self.decode_speed.break_line()
+        if self.is_shown(event.request_id):
+            self.decode_speed.break_line()
 
     def _token_streamed(self, event: TokenStreamed) -> None:
-        reply = self.reply
-        if reply is None or reply.request_id != event.request_id or reply.done:
+        reply = self._live.get(event.request_id)
+        if reply is None:
             return
         reply.tokens_generated = event.tokens_generated
         reply.decode_tok_s = event.decode_tok_s
         reply.token_times.append(event.timestamp)
-        self.decode_speed.add(event.timestamp, event.decode_tok_s)
+        if reply is self.reply:
+            self.decode_speed.add(event.timestamp, event.decode_tok_s)
         self._advance_clock(event.timestamp)
 
     def _reply_finished(self, event: ReplyFinished) -> None:
-        if self.reply is None or self.reply.request_id != event.request_id:
-            self.reply = ReplyPerf(request_id=event.request_id)
-        self.reply.take_stats(event.stats)
+        self._end(event.request_id).take_stats(event.stats)
         self.session.add(event.stats)
         self.memory = event.stats.memory
         self._advance_clock(event.stats.finished_at)
 
     def _reply_failed(self, event: ReplyFailed) -> None:
-        if self.reply is not None and self.reply.request_id == event.request_id:
-            self.reply.finish_reason = "error"
-            self.reply.failure = event.message
+        if event.request_id in self._live:
+            reply = self._end(event.request_id)
+            reply.waiting = False
+            reply.finish_reason = "error"
+            reply.failure = event.message
 
     def _memory_sampled(self, event: MemorySampled) -> None:
         self.memory = event.memory
         self.device_used.add(event.timestamp, event.memory.device_used_bytes)
         self.process_rss.add(event.timestamp, event.memory.process_rss_bytes)
+        self._advance_clock(event.timestamp)
+
+    def _batch_sampled(self, event: BatchSampled) -> None:
+        self.batch = event
+        self.batch_throughput.add(event.timestamp, event.throughput_tok_s)
         self._advance_clock(event.timestamp)
 
     def _advance_clock(self, timestamp: float) -> None:
@@ -201,4 +270,5 @@ _HANDLERS = {
     ReplyFinished: PerfState._reply_finished,
     ReplyFailed: PerfState._reply_failed,
     MemorySampled: PerfState._memory_sampled,
+    BatchSampled: PerfState._batch_sampled,
 }

@@ -89,7 +89,11 @@ class MainWindow(QMainWindow):
         self.resizeDocks([self.performance_dock], [PERFORMANCE_DOCK_WIDTH], Qt.Orientation.Horizontal)
         self.performance_dock.hide()
         menu_named(self, "&View").addAction(self.performance_dock.toggleViewAction())
-        controller.event_received.connect(self.performance_dock.panel.on_event)
+        panel = self.performance_dock.panel
+        controller.event_received.connect(panel.on_event)
+        panel.show_conversation(self.session.conversation.id)
+        self.session.shown.connect(panel.show_conversation)
+        self.session.replies.reply_started.connect(panel.track_reply)
 
     def _new_conversation(self) -> None:
         self.conversations.new_conversation()

@@ -1,7 +1,11 @@
 """Fixtures for the GUI tests: a fake runtime on a real engine thread, a qasync loop, a window.
 
 The fake runtime runs on the engine thread exactly where the model would, so the
-tests exercise the real queue, cancellation and hand-over to the GUI thread.
+tests exercise the real queue, cancellation and hand-over to the GUI thread. By
+default it answers one request at a time, as the engine does without batching; with
+``FakeScript.interleave`` it steps every reply it was asked for in turn, one token
+each, taking new requests between steps, and reports a ``BatchSampled`` after each
+round, as a batching engine does.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -20,6 +25,7 @@ from app.conversations.sidebar import Sidebar
 from app.window.main_window import MainWindow
 from engine.protocol.channels import CancelWatch, EventSink
 from engine.protocol.messages import (
+    BatchSampled,
     Generate,
     InspectFailed,
     InspectModel,
@@ -27,6 +33,7 @@ from engine.protocol.messages import (
     LoadModel,
     LoadProgress,
     ModelInspected,
+    KVPoolStats,
     ModelLoaded,
     PrecisionEstimate,
     PrefillDone,
@@ -34,6 +41,7 @@ from engine.protocol.messages import (
     ReplyFinished,
     Request,
     RequestStats,
+    Shutdown,
     StatusChanged,
     TokenStreamed,
 )
@@ -44,19 +52,27 @@ FAKE_WEIGHTS_FP32 = 2 * GIB
 FAKE_KV_PER_TOKEN_FP32 = 64 * 1024
 FAKE_SCALES = {"fp32": (1.0, 1.0), "bf16": (0.5, 0.5), "fp16": (0.5, 0.5), "nf4": (0.16, 0.5)}  # (weights, KV cache)
 LOAD_STEPS = 10
+FAKE_POOL_BLOCKS = 64
+FAKE_BLOCK_BYTES = 256 * 1024
+FAKE_TOK_S = 123.4
+REPLY_ENDED = object()
 
 @dataclass
 class FakeScript:
     """How the fake model behaves; ``reply_tokens`` are streamed one per step."""
 
     reply_tokens: tuple[str, ...] = ("Hello", " from", " the", " **fake**", " model.")
+    replies_by_prompt: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Tokens of the reply to a conversation whose last message is the key (else ``reply_tokens``)."""
+    interleave: bool = False
+    """Step all replies asked for in turn, as a batching engine does (else one after another)."""
     token_delay_s: float = 0.005
     load_delay_s: float = 0.0
     broken_path: str = "broken-model"
     reply_failure: str = ""
-    """When set, a reply breaks off with a ReplyFailed of this message after two tokens."""
+    """When set, a reply breaks off with a ReplyFailed of this message after two tokens, or at the next one."""
     crash: str = ""
-    """When set, Generate raises RuntimeError(crash) after two tokens (the engine reports it)."""
+    """When set, Generate raises RuntimeError(crash) after two tokens, or at the next one (the engine reports it)."""
     dropped_turns: tuple[int, ...] = ()
     """Reported in PrefillDone, as if the context had overflowed."""
     free_cpu_bytes: int = 16 * GIB
@@ -69,6 +85,9 @@ class FakeScript:
     @property
     def full_reply(self) -> str:
         return "".join(self.reply_tokens)
+
+    def tokens_for(self, request: Generate) -> tuple[str, ...]:
+        return self.replies_by_prompt.get(request.messages[-1].content, self.reply_tokens)
 
 
 class FakeRuntime:
@@ -90,7 +109,11 @@ class FakeRuntime:
         elif isinstance(request, Generate):
             self._script.generates.append(request)
             self._emit(StatusChanged("generating"))
-            self._generate(request)
+            if self._script.interleave:
+                self._generate_interleaved(request)
+            else:
+                for _step in self._reply_steps(request):
+                    pass
             self._emit(StatusChanged("ready"))
 
     def idle(self) -> None:
@@ -147,22 +170,54 @@ class FakeRuntime:
             return True
         return False
 
-    def _generate(self, request: Generate) -> None:
+    def _reply_steps(self, request: Generate) -> Iterator[None]:
+        """The reply to ``request``, one token per step."""
         self._emit(PrefillDone(request.request_id, 1.0, 10, 0, 5.0, 2048, self._script.dropped_turns))
         text = ""
         finish_reason = "eos"
-        for count, token in enumerate(self._script.reply_tokens, start=1):
+        for count, token in enumerate(self._script.tokens_for(request), start=1):
             if self._watch.is_cancelled(request.request_id):
                 finish_reason = "cancelled"
                 break
             time.sleep(self._script.token_delay_s)
             text += token
             self._emit(TokenStreamed(request.request_id, token, count, 123.4, time.time()))
-            if count == 2 and self._break_off(request, text):
+            if count >= 2 and self._break_off(request, text):
                 return
+            yield
         self._watch.forget(request.request_id)
         stats = RequestStats(ttft_ms=42.0, decode_tok_s=123.4, tokens_generated=len(text.split()), finish_reason=finish_reason)
         self._emit(ReplyFinished(request.request_id, text, stats))
+
+    def _generate_interleaved(self, first: Generate) -> None:
+        """Step every running reply once per round; Generates that arrive meanwhile join the batch.
+
+        Other requests that arrive meanwhile are handled once the batch is empty (a Shutdown at once).
+        """
+        running = {first.request_id: self._reply_steps(first)}
+        later: list[Request] = []
+        while running:
+            for request_id, steps in list(running.items()):
+                if next(steps, REPLY_ENDED) is REPLY_ENDED:
+                    del running[request_id]
+            while (request := self._watch.next_request(timeout=0)) is not None:
+                if isinstance(request, Generate):
+                    self._script.generates.append(request)
+                    running[request.request_id] = self._reply_steps(request)
+                elif isinstance(request, Shutdown):
+                    self._watch.post(request)
+                    return
+                else:
+                    later.append(request)
+            self._emit(fake_batch_sample(len(running)))
+        for request in later:
+            self.handle(request)
+
+
+def fake_batch_sample(running: int) -> BatchSampled:
+    """What the fake reports after a round: 4 blocks a reply, 2 of them shared when several run, 8 cached."""
+    pool = KVPoolStats(16, FAKE_POOL_BLOCKS, 4 * running, 2 if running > 1 else 0, 8, FAKE_BLOCK_BYTES)
+    return BatchSampled(running, 0, FAKE_TOK_S * running, pool, time.time())
 
 
 @pytest.fixture(autouse=True)
@@ -249,6 +304,10 @@ class ChatDriver:
 
     def wait_until_reply_ends(self) -> None:
         self.qtbot.waitUntil(lambda: not self.window.session.generating, timeout=5000)
+
+    def wait_until_cards_are_made(self) -> None:
+        """An opened conversation gets its older cards a moment later (at once only on an idle machine)."""
+        self.qtbot.waitUntil(lambda: not self.window.chat_view.loading, timeout=5000)
 
     def last_reply(self):
         return self.window.session.conversation.messages[-1]

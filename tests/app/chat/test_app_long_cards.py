@@ -96,3 +96,21 @@ def test_the_card_being_read_stays_in_place_while_a_long_card_above_it_grows(qtb
 
     assert card.height() > height_before
     assert _top(view, reading) - bar.value() == offset_before
+
+
+def test_a_long_reply_still_streaming_gets_its_card_in_slices_and_goes_on_streaming(qtbot, chat_view):
+    """What switching to a conversation that is answering does: its reply so far is long already."""
+    view = chat_view
+    reply = DisplayMessage("assistant", _long_reply(), state="streaming")
+    view.show_messages((DisplayMessage("user", "Explain it all"), reply))
+    card = view.bubble_for(reply)
+    assert not card.complete and "The very last sentence." not in card.shown_text()
+    reply.content += "\n\nOne more"
+    card.refresh()
+
+    qtbot.waitUntil(lambda: not view.loading, timeout=5000)
+    assert card.complete and card.shown_text().rstrip().endswith("One more")
+    reply.content += " line, streamed after it grew."
+    card.refresh()
+    qtbot.waitUntil(lambda: card.shown_text().rstrip().endswith("streamed after it grew."), timeout=1000)
+    assert "Point 7: keep case 7 in mind." in card.shown_text()

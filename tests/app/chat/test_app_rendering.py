@@ -27,7 +27,7 @@ def test_html_written_by_the_model_is_shown_as_text():
 
 def test_a_streaming_reply_is_rendered_at_most_once_per_interval(qtbot, monkeypatch):
     renders: list[str] = []
-    monkeypatch.setattr(ReplyView, "show_markdown", lambda _view, text, _colours, _most_new_chunks=None: renders.append(text))
+    monkeypatch.setattr(ReplyView, "show_markdown", lambda _view, text, _colours, _most_new_chunks=None: renders.append(text) or True)
     message = DisplayMessage("assistant", "", state="streaming")
     bubble = message_bubble.MessageBubble(message)
     qtbot.addWidget(bubble)

@@ -34,6 +34,7 @@ def test_choosing_a_conversation_with_the_keyboard_opens_it(chat):
     conversation_list.setFocus()
     conversation_list.setCurrentRow(1)
     chat.qtbot.keyClick(conversation_list, Qt.Key.Key_Return)
+    chat.wait_until_cards_are_made()
 
     assert chat.shown_texts()[0] == "About apples"
 
@@ -64,6 +65,7 @@ def test_delete_hides_a_conversation_and_undo_brings_it_back(chat, reopen):
     assert sidebar.undo_button.isVisible()
     chat.qtbot.mouseClick(sidebar.undo_button, Qt.MouseButton.LeftButton)
     assert chat.sidebar_titles() == ["About pears", "About apples"]
+    chat.wait_until_cards_are_made()
     assert chat.shown_texts()[0] == "About apples"
     assert not sidebar.undo_button.isVisible()
 

@@ -14,7 +14,7 @@ from app.perf.panel import STREAMING_REFRESH_HZ, LiveValueLabel, PerformancePane
 from app.perf.series import RollingSeries
 from app.perf.state import ReplyPerf
 from app.perf.timeline import build_layout
-from engine.protocol.messages import MemorySampled, MemoryStats, PrefillDone, TokenStreamed
+from engine.protocol.messages import BatchSampled, MemorySampled, MemoryStats, PrefillDone, TokenStreamed
 
 
 def count_refreshes(panel: PerformancePanel) -> list[int]:
@@ -107,3 +107,11 @@ def test_refresh_benchmark_reports_the_gui_threads_cost(qapp, capsys):
     assert [row.get("panel") for row in rows[:2]] == ["open", "closed"]
     assert rows[0]["refreshes"] >= 1 and rows[1]["refreshes"] == 0
     assert rows[-1]["summary"] and "panel_cost_ms_per_s" in rows[-1]
+
+
+def test_the_refresh_benchmark_can_feed_a_batching_engines_figures_ten_times_a_second():
+    events = bench_refresh.scripted_reply(100.0, 60, 30.0, batch=True)
+    times = [event.timestamp for event in events if isinstance(event, BatchSampled)]
+    assert 19 <= len(times) <= 21  # two seconds of tokens
+    assert all(0.09 < later - earlier < 0.15 for earlier, later in zip(times, times[1:]))
+    assert not any(isinstance(event, BatchSampled) for event in bench_refresh.scripted_reply(100.0, 60, 30.0))
