@@ -36,6 +36,7 @@ from engine.service.fanout import EngineHub
 
 START_TIMEOUT_S = 10.0
 GRACEFUL_SHUTDOWN_S = 2
+BACKLOG = 128
 
 
 async def health(request: Request) -> Response:
@@ -99,6 +100,7 @@ class ApiServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self.config.host, self.config.port))
+            sock.listen(BACKLOG)  # clients may connect at once: the kernel queues them until uvicorn accepts
         except OSError as exc:
             sock.close()
             raise OSError(f"Cannot listen on {self.config.host}:{self.config.port}: {exc.strerror or exc}.") from None
