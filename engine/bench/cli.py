@@ -6,6 +6,7 @@
     chat   --model … --device … --quant … --context-tokens 4096 --new-tokens 50 [--repeats N]
     turns  --model default --turns 20 [--repeats N]
     load   --model PATH [--cycles N]
+    serve-api --model default|PATH --new-tokens N [--rounds N]   (``serve_api``: what the API server adds)
 
 One JSON object per line on stdout (``--json``; without it, ``key=value`` lines);
 the last line is the summary. Baselines run in the same process, taking turns
@@ -21,6 +22,8 @@ import json
 import time
 from typing import Any
 
+from engine.bench.serve_api import add_parser as add_serve_api_parser
+from engine.bench.serve_api import run as run_serve_api
 from engine.protocol.messages import LoadOptions
 
 QUANT_PRECISION = {"int8": "int8", "nf4": "nf4", "auto": "auto"}
@@ -70,7 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     turns.add_argument("--repeats", type=int, default=3, help="reused times to first token per turn (median)")
     load = commands.add_parser("load", help="load time and weight size")
     load.add_argument("--cycles", type=int, default=1, help="load and unload this many times, reporting memory")
-    for command in (decode, prefill, chat, turns, load):
+    serve_api = add_serve_api_parser(commands)
+    for command in (decode, prefill, chat, turns, load, serve_api):
         command.add_argument("--model", default="default")
         command.add_argument("--json", action="store_true", help="JSON lines (else key=value lines)")
     return parser
@@ -253,4 +257,4 @@ def _load(args: argparse.Namespace, show) -> dict[str, Any]:
     return {"load_s": round(load_s, 3), "weight_bytes": loaded.weight_bytes, "precision": loaded.precision}
 
 
-COMMANDS = {"decode": _decode, "prefill": _prefill, "chat": _chat, "turns": _turns, "load": _load}
+COMMANDS = {"decode": _decode, "prefill": _prefill, "chat": _chat, "turns": _turns, "load": _load, "serve-api": run_serve_api}
