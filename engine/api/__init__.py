@@ -1,7 +1,8 @@
 """Hearth as a local OpenAI-compatible API server (``python -m engine serve``, or the app's Server menu).
 
 The server owns ``server.py`` (the Starlette routes and the uvicorn thread),
-``access.py`` (Host, API key and body-size checks), ``openai_schema.py`` (request
+``config.py`` (how it listens, and the rule that a non-loopback bind needs a key),
+``access.py`` (the Host and API key checks), ``openai_schema.py`` (request
 bodies in, OpenAI-shaped replies out), ``errors.py`` (OpenAI-shaped errors),
 ``engine_link.py`` (the server's door into the engine thread), ``metrics.py``
 (Prometheus text) and ``standalone.py`` (the ``serve`` command).

@@ -27,7 +27,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from engine.api.access import AccessGuard, ServerConfig
+from engine.api.access import AccessGuard
+from engine.api.config import ServerConfig
 from engine.api.completions import chat_completions, completions
 from engine.api.engine_link import EngineLink, OnActivity
 from engine.api.errors import HANDLERS

@@ -12,7 +12,7 @@ import queue
 import sys
 import threading
 
-from engine.api.access import DEFAULT_MAX_BODY_BYTES, ServerConfig
+from engine.api.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
 from engine.api.server import ApiServer
 from engine.protocol.messages import EngineError, Event, LoadFailed, LoadModel, LoadOptions, ModelLoaded
 from engine.service.fanout import EngineHub

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from engine.api.access import ServerConfig
+from engine.api.config import ServerConfig
 from engine.api.engine_link import conversation_key
 from engine.api.openai_schema import parse_chat
 from engine.api.server import ApiServer

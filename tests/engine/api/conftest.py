@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.api.access import ServerConfig
+from engine.api.config import ServerConfig
 from engine.api.server import ApiServer
 from engine.protocol.messages import LoadFailed, LoadModel, ModelLoaded, Request
 from engine.service.fanout import EngineHub

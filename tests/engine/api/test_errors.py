@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 
-from engine.api.access import ServerConfig
+from engine.api.config import ServerConfig
 from engine.api.server import ApiServer
 from engine.protocol.messages import StatusChanged
 from engine.service.fanout import EngineHub
