@@ -20,6 +20,7 @@ from engine.api.engine_link import EngineLink, RequestStream
 from engine.api.errors import ApiError, error_body
 from engine.api.openai_schema import CompletionAsk, choice, envelope, finish_reason, parse_chat, parse_completion, usage
 from engine.protocol.messages import Event, PrefillDone, ReplyFailed, ReplyFinished, TokenStreamed
+from engine.service.worker import ENGINE_FAILURE
 
 T = TypeVar("T")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -68,7 +69,9 @@ async def _answer(request: Request, ask: CompletionAsk, chat: bool) -> Response:
     except ClientGone:
         link.cancel(stream)
         return Response(status_code=499)
-    if isinstance(first, ReplyFailed):
+    if isinstance(first, ReplyFailed):  # refused before any token: the prompt (400), unless the engine broke (500)
+        if first.message.startswith(ENGINE_FAILURE):
+            raise ApiError(500, first.message, code="generation_failed")
         raise ApiError(400, first.message, code="prompt_refused")
     if ask.stream:
         events = _sse(link, stream, ask, chat, first)

@@ -12,7 +12,7 @@ import pytest
 
 from engine.api.config import ServerConfig
 from engine.api.server import ApiServer
-from engine.protocol.messages import StatusChanged
+from engine.protocol.messages import Generate, ModelLoaded, StatusChanged
 from engine.service.fanout import EngineHub
 
 CHAT = "/v1/chat/completions"
@@ -215,3 +215,43 @@ def test_metrics_are_prometheus_text(served_tiny) -> None:
                  "hearth_time_to_first_token_seconds_count", "hearth_kv_cache_bytes"):
         assert f"\n{name} " in text or f"\n{name}{{" in text
     assert "# TYPE hearth_time_to_first_token_seconds histogram" in text
+
+
+class _CrashingRuntime:
+    """Has a model, but every reply raises inside the engine (a bug, a lost device)."""
+
+    def __init__(self, emit, watch) -> None:
+        emit(ModelLoaded("load", "crashy", "crashy", "cpu", "fp32", 256, 0.0))
+        emit(StatusChanged("ready", "crashy"))
+
+    def handle(self, request) -> None:
+        if isinstance(request, Generate):
+            raise RuntimeError("device lost")
+
+    def idle(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def test_an_engine_failure_is_a_500_and_the_server_stays_up() -> None:
+    hub = EngineHub(_CrashingRuntime)
+    seen: queue.Queue = queue.Queue()
+    hub.listen(seen.put)
+    hub.start()
+    while not isinstance(seen.get(timeout=30), StatusChanged):
+        pass
+    server = ApiServer(hub, ServerConfig(port=0))
+    server.start()
+    try:
+        root = server.url.removesuffix("/v1")
+        body = {"model": "crashy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        whole = call(root, "POST", CHAT, body)
+        streamed = call(root, "POST", CHAT, {**body, "stream": True})
+        health = call(root, "GET", "/health")
+    finally:
+        server.stop()
+        hub.stop()
+
+    assert "device lost" in assert_openai_error(whole, 500, code="generation_failed")["message"]
+    assert_openai_error(streamed, 500)
+    assert health[0] == 200
