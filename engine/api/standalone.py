@@ -8,13 +8,12 @@ reports the load, and waits.
 from __future__ import annotations
 
 import argparse
-import queue
 import sys
 import threading
 
 from engine.api.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
 from engine.api.server import ApiServer
-from engine.protocol.messages import EngineError, Event, LoadFailed, LoadModel, LoadOptions, ModelLoaded
+from engine.protocol.messages import LoadModel, LoadOptions, ModelLoaded
 from engine.service.fanout import EngineHub
 
 EXIT_FAILED = 2
@@ -50,7 +49,6 @@ def serve(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
 
 
 def _serve_loaded(hub: EngineHub, config: ServerConfig, options: LoadOptions, model: str, stop: threading.Event | None) -> int:
-    loads: queue.Queue[Event] = queue.Queue()
     server = ApiServer(hub, config)
     try:
         server.start()  # answers /health with 503 while the model loads
@@ -58,16 +56,12 @@ def _serve_loaded(hub: EngineHub, config: ServerConfig, options: LoadOptions, mo
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     print(f"[serving on {server.url}; loading {model}…]", file=sys.stderr)
-    hub.submit(LoadModel("serve-load", model, options), loads.put)
-    hub.listen(lambda event: loads.put(event) if isinstance(event, EngineError) else None)
     try:
-        event = loads.get()
-        while not isinstance(event, (ModelLoaded, LoadFailed, EngineError)):
-            event = loads.get()
-        if not isinstance(event, ModelLoaded):
-            print(f"error: {event.message}", file=sys.stderr)
+        loaded = hub.load_and_wait(LoadModel("serve-load", model, options))
+        if not isinstance(loaded, ModelLoaded):
+            print(f"error: {loaded.message}", file=sys.stderr)
             return EXIT_FAILED
-        print(f"[{event.name} on {event.device}, {event.precision}; model id '{event.name}' at {server.url}]", file=sys.stderr)
+        print(f"[{loaded.name} on {loaded.device}, {loaded.precision}; model id '{loaded.name}' at {server.url}]", file=sys.stderr)
         (stop or threading.Event()).wait()
         return 0
     finally:

@@ -25,7 +25,7 @@ from engine.api.config import ServerConfig
 from engine.api.engine_link import conversation_key
 from engine.api.openai_schema import parse_chat
 from engine.api.server import ApiServer
-from engine.protocol.messages import Generate, LoadFailed, LoadModel, LoadOptions, ModelLoaded, ReplyFailed, ReplyFinished, TokenStreamed
+from engine.protocol.messages import Generate, LoadModel, LoadOptions, ModelLoaded, ReplyFailed, ReplyFinished, TokenStreamed
 from engine.service.fanout import EngineHub
 
 QUESTION = "Tell me a long story about a dragon who learns to cook, with many details."
@@ -64,14 +64,10 @@ def run(args: argparse.Namespace, show) -> dict[str, Any]:
 
 
 def _load(hub: EngineHub, path: str, device: str) -> ModelLoaded:
-    events: queue.Queue = queue.Queue()
-    hub.submit(LoadModel("bench-load", path, LoadOptions(device=device)), events.put)
-    event = events.get(timeout=TIMEOUT_S)
-    while not isinstance(event, (ModelLoaded, LoadFailed)):
-        event = events.get(timeout=TIMEOUT_S)
-    if isinstance(event, LoadFailed):
-        raise RuntimeError(event.message)
-    return event
+    loaded = hub.load_and_wait(LoadModel("bench-load", path, LoadOptions(device=device)), TIMEOUT_S)
+    if not isinstance(loaded, ModelLoaded):
+        raise RuntimeError(loaded.message)
+    return loaded
 
 
 def _rounds(hub: EngineHub, server: ApiServer, loaded: ModelLoaded, args: argparse.Namespace, show) -> dict[str, Any]:

@@ -5,7 +5,8 @@ belongs to a request (it has a ``request_id``) goes only to the listener that
 submitted that request; every other event (status, memory, batch figures, errors)
 goes to all listeners, and so does ``ModelLoaded``, because a new model concerns
 everyone. A listener that joins late is told the last status and the last model at
-once, so a server started after the load still knows what it serves.
+once, so a server started after the load still knows what it serves. ``load_and_wait``
+is the blocking load of the CLI, the benchmarks and the tests.
 
 ``_dispatch`` runs on the engine thread (and the loader thread); ``listen``,
 ``submit`` and ``unlisten`` are called from any thread. Listeners must be cheap and
@@ -14,14 +15,17 @@ thread-safe: they hand the event on (``loop.call_soon_threadsafe``) and return.
 
 from __future__ import annotations
 
+import queue
 import threading
 
 from engine.protocol.channels import EventSink
 from engine.protocol.messages import (
     Cancel,
+    EngineError,
     Event,
     InspectFailed,
     LoadFailed,
+    LoadModel,
     ModelInspected,
     ModelLoaded,
     ReplyFailed,
@@ -75,6 +79,20 @@ class EngineHub:
             with self._lock:
                 self._owners[request_id] = owner
         self._thread.submit(request)
+
+    def load_and_wait(self, request: LoadModel, timeout: float | None = None) -> ModelLoaded | LoadFailed | EngineError:
+        """Submit ``request`` and block until it ends (``queue.Empty`` after ``timeout``); for callers off any event loop."""
+        ended: queue.Queue[Event] = queue.Queue()
+        keep = lambda event: ended.put(event) if isinstance(event, (ModelLoaded, LoadFailed, EngineError)) else None
+        self.listen(keep)  # an EngineError is global: only listeners hear it
+        try:
+            self.submit(request, keep)
+            while True:
+                event = ended.get(timeout=timeout)
+                if isinstance(event, EngineError) or getattr(event, "request_id", None) == request.request_id:
+                    return event  # type: ignore[return-value]
+        finally:
+            self.unlisten(keep)
 
     def _dispatch(self, event: Event) -> None:
         request_id = getattr(event, "request_id", None)

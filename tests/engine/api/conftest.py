@@ -10,7 +10,7 @@ import pytest
 
 from engine.api.config import ServerConfig
 from engine.api.server import ApiServer
-from engine.protocol.messages import LoadFailed, LoadModel, ModelLoaded, Request
+from engine.protocol.messages import LoadModel, ModelLoaded, Request
 from engine.service.fanout import EngineHub
 
 
@@ -46,20 +46,11 @@ class Served:
         return server
 
 
-def load_into(hub: EngineHub, path: str) -> ModelLoaded:
-    events: queue.Queue = queue.Queue()
-    hub.submit(LoadModel("fixture-load", path), events.put)
-    event = events.get(timeout=300)
-    while not isinstance(event, (ModelLoaded, LoadFailed)):
-        event = events.get(timeout=300)
-    assert isinstance(event, ModelLoaded), getattr(event, "message", event)
-    return event
-
-
 def serve(path: str, config: ServerConfig):
     hub = RecordingHub()
     hub.start()
-    loaded = load_into(hub, path)
+    loaded = hub.load_and_wait(LoadModel("fixture-load", path), timeout=300)
+    assert isinstance(loaded, ModelLoaded), loaded.message
     server = ApiServer(hub, config)
     server.start()
     try:
