@@ -38,6 +38,10 @@ from engine.service.worker import EngineThread, RuntimeFactory, _default_runtime
 FINAL_EVENTS = (ReplyFinished, ReplyFailed, ModelLoaded, LoadFailed, ModelInspected, InspectFailed)
 
 
+def _discard(event: Event) -> None:
+    """The owner of requests whose listener has gone."""
+
+
 class EngineHub:
     """An engine thread whose events fan out to the listeners that asked for them."""
 
@@ -68,9 +72,10 @@ class EngineHub:
             sink(event)
 
     def unlisten(self, sink: EventSink) -> None:
+        """Remove a listener; the rest of its requests' events are dropped, never handed to the others."""
         with self._lock:
-            self._listeners = [listener for listener in self._listeners if listener is not sink]
-            self._owners = {rid: owner for rid, owner in self._owners.items() if owner is not sink}
+            self._listeners = [listener for listener in self._listeners if listener != sink]  # bound methods: equal, not identical
+            self._owners = {rid: _discard if owner == sink else owner for rid, owner in self._owners.items()}
 
     def submit(self, request: Request, owner: EventSink | None = None) -> None:
         """Queue ``request``; the events of its request id go to ``owner`` only (a ``Cancel`` claims nothing)."""

@@ -86,3 +86,21 @@ def test_a_late_listener_learns_the_loaded_model_and_status_at_once() -> None:
 
     assert isinstance(replayed[0], ModelLoaded) and replayed[0].name == "echo"
     assert isinstance(replayed[1], StatusChanged) and replayed[1].state == "ready"
+
+
+def test_a_listener_that_leaves_takes_its_requests_events_with_it() -> None:
+    hub = EngineHub(_EchoRuntime)
+    gui, server = queue.Queue(), queue.Queue()
+    hub.listen(gui.put)
+    hub.listen(server.put)
+    hub.submit(Generate("from-server", "c2", ()), server.put)  # queued before the engine thread starts
+    hub.unlisten(server.put)
+    hub.start()
+    try:
+        hub.submit(Generate("from-gui", "c1", ()), gui.put)
+        gui_events = _collect(gui, ReplyFinished)
+    finally:
+        hub.stop()
+
+    assert [e.request_id for e in gui_events if isinstance(e, (TokenStreamed, ReplyFinished))] == ["from-gui"] * 2
+    assert server.empty()
