@@ -69,24 +69,29 @@ class ServerMetrics:
 
     def render(self) -> str:
         lines: list[str] = []
-        _metric(lines, "hearth_requests_running", "gauge", "Requests the engine is answering now.", self.running)
-        _metric(lines, "hearth_requests_waiting", "gauge", "Requests queued for the engine.", self.waiting)
-        _metric(lines, "hearth_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", self.prompt_tokens)
-        _metric(lines, "hearth_prompt_tokens_cached_total", "counter", "Prompt tokens taken from the KV cache.", self.cached_tokens)
-        _metric(lines, "hearth_generation_tokens_total", "counter", "Tokens generated for finished requests.", self.generation_tokens)
+        gauges_and_counters = (
+            ("hearth_requests_running", "gauge", "Requests the engine is answering now.", self.running),
+            ("hearth_requests_waiting", "gauge", "Requests queued for the engine.", self.waiting),
+            ("hearth_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", self.prompt_tokens),
+            ("hearth_prompt_tokens_cached_total", "counter", "Prompt tokens taken from the KV cache.", self.cached_tokens),
+            ("hearth_generation_tokens_total", "counter", "Tokens generated for finished requests.", self.generation_tokens),
+        )
+        for name, kind, help_text, value in gauges_and_counters:
+            _metric(lines, name, kind, help_text, value)
         _header(lines, "hearth_requests_total", "counter", "Finished requests by how they ended.")
         lines += [f'hearth_requests_total{{outcome="{name}"}} {count}' for name, count in sorted(self.outcomes.items())]
         self._render_ttft(lines)
         _metric(lines, "hearth_kv_cache_bytes", "gauge", "Bytes of KV cache held.", self.kv_bytes)
         usage = self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
-        _metric(lines, "hearth_kv_cache_usage_ratio", "gauge", "Share of the KV block pool in use (0 without a pool).", usage)
+        _metric(lines, "hearth_kv_cache_usage_ratio", "gauge", "Share of the KV block pool in use (0 without one).", usage)
         return "\n".join(lines) + "\n"
 
     def _render_ttft(self, lines: list[str]) -> None:
         name = "hearth_time_to_first_token_seconds"
         _header(lines, name, "histogram", "From the request's arrival to its first token, queueing included.")
         lines += [f'{name}_bucket{{le="{bound}"}} {count}' for bound, count in zip(TTFT_BUCKETS_S, self.ttft_counts)]
-        lines += [f'{name}_bucket{{le="+Inf"}} {self.ttft_count}', f"{name}_sum {self.ttft_sum_s:.6f}", f"{name}_count {self.ttft_count}"]
+        lines.append(f'{name}_bucket{{le="+Inf"}} {self.ttft_count}')
+        lines += [f"{name}_sum {self.ttft_sum_s:.6f}", f"{name}_count {self.ttft_count}"]
 
 
 def _header(lines: list[str], name: str, kind: str, help_text: str) -> None:

@@ -51,7 +51,9 @@ def parse_completion(body: Any, model_id: str, context_length: int) -> Completio
     return _ask(body, model_id, context_length, (), prompt)
 
 
-def _ask(body: dict, model_id: str, context_length: int, messages: tuple[ChatMessage, ...], prompt: str | None) -> CompletionAsk:
+def _ask(
+    body: dict, model_id: str, context_length: int, messages: tuple[ChatMessage, ...], prompt: str | None
+) -> CompletionAsk:
     _check_model(body.get("model"), model_id)
     if body.get("n", 1) != 1:
         raise ApiError(400, "Only n = 1 is supported: ask once per reply.", "n", "unsupported_parameter")
@@ -75,7 +77,8 @@ def _check_model(model: Any, model_id: str) -> None:
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' is required: use the id that GET /v1/models lists.", "model")
     if model != model_id:
-        raise ApiError(404, f"The model '{model}' does not exist here; this server serves '{model_id}'.", "model", "model_not_found")
+        message = f"The model '{model}' does not exist here; this server serves '{model_id}'."
+        raise ApiError(404, message, "model", "model_not_found")
 
 
 def _messages(value: Any) -> tuple[ChatMessage, ...]:

@@ -74,7 +74,8 @@ class EngineHub:
     def unlisten(self, sink: EventSink) -> None:
         """Remove a listener; the rest of its requests' events are dropped, never handed to the others."""
         with self._lock:
-            self._listeners = [listener for listener in self._listeners if listener != sink]  # bound methods: equal, not identical
+            # ``!=``, not ``is not``: each ``obj.method`` is a new bound-method object, equal to the last
+            self._listeners = [listener for listener in self._listeners if listener != sink]
             self._owners = {rid: _discard if owner == sink else owner for rid, owner in self._owners.items()}
 
     def submit(self, request: Request, owner: EventSink | None = None) -> None:
