@@ -77,3 +77,21 @@ def test_other_machines_without_a_key_are_refused_with_a_message(chat, window, q
     box = next(box for box in window.findChildren(QMessageBox) if box.isVisible())
     assert "API key" in box.text()
     assert window.server_menu.config.host == "127.0.0.1"
+
+
+def test_a_chat_in_the_window_and_an_api_request_share_the_engine(chat, script, window, qtbot):
+    script.token_delay_s = 0.02
+    chat.wait_until_ready()
+    _settings_dialog(window, port=0)
+    window.server_menu.start_action.trigger()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        reply = pool.submit(_ask, window.server_menu.url)
+        chat.type_and_press_enter("Hi from the window")
+        chat.wait_until_reply_ends()
+        qtbot.waitUntil(reply.done, timeout=10000)
+
+    assert reply.result() == script.full_reply
+    assert chat.last_reply().content == script.full_reply
+    assert chat.last_reply().state != "error"
+    assert {generate.conversation_id.startswith("api-") for generate in script.generates} == {True, False}
