@@ -40,6 +40,7 @@ from engine.protocol.messages import (
     TokenStreamed,
 )
 from engine.service.client import AsyncEngine
+from engine.service.fanout import EngineHub
 
 SIGNAL_FOR_EVENT: dict[type, str] = {
     StatusChanged: "status_changed",
@@ -98,6 +99,11 @@ class EngineController(QObject):
             raise RuntimeError("The engine controller is already started.")
         self._engine = engine
         self._pump_task = asyncio.get_running_loop().create_task(self._pump(engine), name="hearth-event-pump")
+
+    @property
+    def engine_hub(self) -> EngineHub | None:
+        """The engine thread's hub, for another listener (the API server) to share it; None before ``start``."""
+        return getattr(self._engine, "hub", None)
 
     def submit(self, request: Request) -> None:
         if self._engine is None:

@@ -1,5 +1,8 @@
 """A terminal chat on the engine, without Qt: ``python -m engine chat --model default``.
 
+``python -m engine serve`` (the OpenAI-compatible API server) is parsed here and
+run by ``engine.api.standalone``.
+
 Runs on the main thread; the model lives on the engine thread as in the app, and
 events come back through a plain queue. With ``--prompt`` it answers once;
 without, it is an interactive chat that keeps the conversation across turns.
@@ -12,6 +15,7 @@ import queue
 import sys
 import uuid
 
+from engine.api.standalone import add_serve_command, serve
 from engine.protocol.messages import (
     ChatMessage,
     EngineError,
@@ -34,8 +38,9 @@ EXIT_FAILED = 2
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m engine", description="Chat with a local model in the terminal.")
+    parser = argparse.ArgumentParser(prog="python -m engine", description="Chat with a local model in the terminal, or serve it.")
     commands = parser.add_subparsers(dest="command", required=True)
+    add_serve_command(commands)
     chat = commands.add_parser("chat", help="chat with a model")
     chat.add_argument("--model", default="default", help='"default", a model folder or a .gguf file')
     chat.add_argument("--prompt", help="answer this one message and exit")
@@ -113,6 +118,8 @@ def _interactive(chat: TerminalChat) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    if args.command == "serve":
+        return serve(args)
     chat = TerminalChat(args)
     try:
         if not chat.load(args.model, LoadOptions(device=args.device, precision=args.precision)):

@@ -2,7 +2,8 @@
 
 The window only assembles parts: ``ChatSession`` runs the conversation, ``StatusLine``
 reports the engine, ``ModelLoader`` opens models (File menu, drops), the
-performance dock shows every engine event, and errors that need attention open a
+performance dock shows every engine event, the Server menu runs the API server
+on the same engine (``server_menu``), and errors that need attention open a
 non-blocking dialog.
 """
 
@@ -23,6 +24,7 @@ from app.perf.dock import PerformanceDock
 from app.settings.app_settings import SettingsHolder
 from app.settings.theme import STYLE_SHEET
 from app.window.menus import MENU_ORDER, add_action, menu_named
+from app.window.server_menu import install_server_menu
 from app.window.status_line import StatusLine
 
 PERFORMANCE_DOCK_WIDTH = 380
@@ -54,6 +56,7 @@ class MainWindow(QMainWindow):
         self.conversations = install_conversations(self, controller, startup_notices)
         self._build_model_menu(controller)
         self._build_performance_dock(controller)
+        self.server_menu = install_server_menu(self, controller, self.performance_dock.panel, self.show_error)
         self.input_bar.prompt.setFocus()
 
     def closeEvent(self, event: QCloseEvent) -> None:

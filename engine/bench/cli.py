@@ -10,6 +10,7 @@
     batched --model GGUF --sequences 1 8 16 [--prompt-tokens N] [--new-tokens N]
     serve  --model … --concurrency 1,2,4,8,16 [--prompt-tokens N] [--new-tokens N] [--shared-prefix N]
            [--join [--join-tokens N] [--step-tokens N]]
+    serve-api --model default|PATH --new-tokens N [--rounds N]   (``serve_api``: what the API server adds)
 
 One JSON object per line on stdout (``--json``; without it, ``key=value`` lines);
 the last line is the summary. Baselines run in the same run, taking turns with
@@ -27,6 +28,9 @@ import argparse
 import json
 from pathlib import Path
 from typing import Any
+
+from engine.bench.serve_api import add_parser as add_serve_api_parser
+from engine.bench.serve_api import run as run_serve_api
 
 WARMUP_TOKENS = 4
 BASELINES = ("transformers", "llama.cpp")
@@ -91,7 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--join", action="store_true", help="a request arriving while 7 others stream")
     serve.add_argument("--join-tokens", type=int, default=2000, help="the arriving request's prompt tokens")
     serve.add_argument("--step-tokens", type=int, default=None, help="the joining test's tokens per step (scheduler's default)")
-    for command in (decode, prefill, chat, turns, load, batched, serve):
+    serve_api = add_serve_api_parser(commands)
+    for command in (decode, prefill, chat, turns, load, batched, serve, serve_api):
         command.add_argument("--model", default="default")
         command.add_argument("--json", action="store_true", help="JSON lines (else key=value lines)")
     return parser
@@ -351,4 +356,4 @@ def _serve(args: argparse.Namespace, show) -> dict[str, Any]:
 
 
 COMMANDS = {"decode": _decode, "prefill": _prefill, "chat": _chat, "turns": _turns, "load": _load,
-            "batched": _batched, "serve": _serve}
+            "batched": _batched, "serve": _serve, "serve-api": run_serve_api}

@@ -52,6 +52,19 @@ def plan_prompt(
     return PromptPlan(ids, dropped)
 
 
+def plan_raw_prompt(text: str, tokenize: Tokenize, context_length: int, budget: int) -> PromptPlan:
+    """Raw text to continue, without a chat template; nothing can be dropped, so too long is refused."""
+    ids = tokenize(text)
+    if not ids:
+        raise ContextOverflow("The prompt is empty: give the model some text to continue.")
+    if len(ids) > context_length - budget:
+        raise ContextOverflow(
+            f"The prompt needs {len(ids)} tokens plus {budget} for the reply, but the model's context "
+            f"holds {context_length}. Shorten the prompt or lower max_tokens."
+        )
+    return PromptPlan(ids, ())
+
+
 def _oldest_droppable(messages: Sequence[ChatMessage], kept: list[int]) -> set[int] | None:
     """The oldest user turn still kept and the assistant reply after it; never the system prompt or the last message."""
     candidates = [i for i in kept[:-1] if messages[i].role != "system"]

@@ -68,13 +68,18 @@ class LoadModel:
 
 @dataclass(frozen=True)
 class Generate:
-    """Reply to the last user message of ``messages`` in conversation ``conversation_id``."""
+    """Reply to the last user message of ``messages`` in conversation ``conversation_id``.
+
+    With ``prompt`` set, the model continues that raw text instead: no chat template,
+    ``messages`` is ignored (the API server's ``/v1/completions``).
+    """
 
     request_id: str
     conversation_id: str
     messages: tuple[ChatMessage, ...]
     sampling: SamplingParams = SamplingParams()
     overflow: OverflowPolicy = "drop_oldest"
+    prompt: str | None = None
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,11 @@
 
 ``worker`` owns the engine thread, the only thread that touches the model, and
 hands each request to ``runtime`` (one loaded model); ``batch_runner`` runs the
-scheduler's batched steps, and ``reply_events`` sends each reply's events; ``background_load`` builds a new model on a helper thread while
-the old one keeps answering. ``client`` is the asyncio side: it submits requests
+scheduler's batched steps, and ``reply_events`` sends each reply's events;
+``background_load`` builds a new model on a helper thread while the old one keeps
+answering. ``fanout``'s ``EngineHub`` hands the engine's events to several listeners
+(the GUI and the API server), each getting its own requests' events and the global
+ones. ``client`` is the asyncio side: it submits requests
 from the caller's event loop (the GUI's under qasync, or the CLI's) and receives
 events handed over with ``loop.call_soon_threadsafe``.
 """

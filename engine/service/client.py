@@ -3,6 +3,8 @@
 ``AsyncEngine`` is created and used on the thread that runs the asyncio loop (the
 GUI thread under qasync, or the CLI's main thread). Events are handed over from
 the engine thread with ``loop.call_soon_threadsafe``, so the loop never blocks.
+It is one listener of an ``EngineHub``; ``hub`` lets another listener (the API
+server) share the same engine thread.
 """
 
 from __future__ import annotations
@@ -11,17 +13,19 @@ import asyncio
 from typing import AsyncIterator
 
 from engine.protocol.messages import Event, Request
-from engine.service.worker import EngineThread, RuntimeFactory, _default_runtime
+from engine.service.fanout import EngineHub
+from engine.service.worker import RuntimeFactory, _default_runtime
 
 
 class AsyncEngine:
-    """An engine thread whose events arrive on an asyncio queue."""
+    """An engine thread whose events (those of its own requests, and the global ones) arrive on an asyncio queue."""
 
     def __init__(self, runtime_factory: RuntimeFactory = _default_runtime) -> None:
         self._loop = asyncio.get_running_loop()
         self._events: asyncio.Queue[Event] = asyncio.Queue()
-        self._thread = EngineThread(self._hand_over, runtime_factory)
-        self._thread.start()
+        self.hub = EngineHub(runtime_factory)
+        self.hub.listen(self._hand_over)
+        self.hub.start()
 
     def _hand_over(self, event: Event) -> None:
         """Runs on the engine thread."""
@@ -29,7 +33,7 @@ class AsyncEngine:
             self._loop.call_soon_threadsafe(self._events.put_nowait, event)
 
     def submit(self, request: Request) -> None:
-        self._thread.submit(request)
+        self.hub.submit(request, self._hand_over)
 
     async def next_event(self) -> Event:
         return await self._events.get()
@@ -39,4 +43,4 @@ class AsyncEngine:
             yield await self._events.get()
 
     def close(self, timeout: float | None = 10.0) -> None:
-        self._thread.stop(timeout)
+        self.hub.stop(timeout)

@@ -18,7 +18,7 @@ import torch
 
 from engine.chat.cache_store import CacheStore
 from engine.chat.generation import CachedSequence, DecodeLoop
-from engine.chat.prompt import ContextOverflow, PromptPlan, plan_prompt, reply_budget
+from engine.chat.prompt import ContextOverflow, PromptPlan, plan_prompt, plan_raw_prompt, reply_budget
 from engine.host.allocator import keep_freed_buffers
 from engine.host.cpu_threads import apply_engine_threads
 from engine.host.memory import read_memory
@@ -208,6 +208,8 @@ class ModelRuntime:
 
     def _plan(self, loaded: LoadedModel, request: Generate) -> PromptPlan:
         budget = reply_budget(request.sampling.max_new_tokens, loaded.context_length)
+        if request.prompt is not None:
+            return plan_raw_prompt(request.prompt, loaded.tokenize, loaded.context_length, budget)
         return plan_prompt(
             request.messages, loaded.render, loaded.tokenize, loaded.context_length, budget, request.overflow
         )

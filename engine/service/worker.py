@@ -14,9 +14,10 @@ import traceback
 from typing import Callable, Protocol
 
 from engine.protocol.channels import CancelWatch, EventSink
-from engine.protocol.messages import EngineError, Request, Shutdown
+from engine.protocol.messages import EngineError, Generate, ReplyFailed, Request, Shutdown
 
 IDLE_TICK_S = 1.0
+ENGINE_FAILURE = "The engine failed while handling this request"  # how a ReplyFailed from a crash begins
 
 
 class Runtime(Protocol):
@@ -91,3 +92,5 @@ class EngineThread:
             except Exception as exc:
                 traceback.print_exc()
                 self._emit(EngineError(f"{type(exc).__name__}: {exc}"))
+                if isinstance(request, Generate):  # every Generate ends with a reply event, so no waiter hangs
+                    self._emit(ReplyFailed(request.request_id, f"{ENGINE_FAILURE}: {type(exc).__name__}: {exc}"))

@@ -1,0 +1,141 @@
+"""The Server menu: run Hearth's OpenAI-compatible API server on the app's own engine thread (GUI thread).
+
+Start and stop, the port and API key (``ServerSettingsDialog``), and the URL to
+copy. The server shares the engine thread with the window through the engine's
+``EngineHub``, so its requests queue with the window's chats and reuse the same
+loaded model. Its per-request figures come from the server thread through a
+queued Qt signal into the performance panel's ``ServerRequestList``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QCheckBox, QDialog, QDialogButtonBox, QFormLayout, QLineEdit, QMainWindow, QSpinBox, QWidget
+
+from app.controller import EngineController
+from app.perf.server_requests import ServerRequestList
+from app.window.menus import add_action, menu_named
+from engine.api.config import ServerConfig
+
+if TYPE_CHECKING:
+    from engine.api.server import ApiServer
+
+ALL_INTERFACES = "0.0.0.0"
+
+
+class ServerSettingsDialog(QDialog):
+    """Port, API key, and whether other machines may connect (which needs the key)."""
+
+    def __init__(self, config: ServerConfig, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("API server settings")
+        self.port = QSpinBox(minimum=0, maximum=65535, value=config.port, objectName="server_port")
+        self.port.setSpecialValueText("any free port")
+        self.api_key = QLineEdit(config.api_key or "", objectName="server_api_key", placeholderText="none (this machine only)")
+        self.everywhere = QCheckBox("Let other machines connect (needs an API key)", objectName="server_everywhere")
+        self.everywhere.setChecked(config.host == ALL_INTERFACES)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        form = QFormLayout(self)
+        form.addRow("Port", self.port)
+        form.addRow("API key", self.api_key)
+        form.addRow(self.everywhere)
+        form.addRow(buttons)
+
+    def chosen(self, previous: ServerConfig) -> ServerConfig:
+        host = ALL_INTERFACES if self.everywhere.isChecked() else "127.0.0.1"
+        key = self.api_key.text().strip() or None
+        return ServerConfig(host, self.port.value(), key, previous.cors_origins, previous.max_body_bytes)
+
+
+class ServerMenu(QObject):
+    """Owns the API server while it runs; ``request_seen`` carries each ``ServerRequestInfo`` to the GUI thread."""
+
+    request_seen = Signal(object)
+    running_changed = Signal(bool)
+
+    def __init__(self, window: QMainWindow, controller: EngineController, requests: ServerRequestList, show_error) -> None:
+        super().__init__(window)
+        self.config = ServerConfig()
+        self.server: "ApiServer | None" = None
+        self._window = window
+        self._controller = controller
+        self._show_error = show_error
+        self.requests = requests
+        self.request_seen.connect(requests.on_request)
+        menu = menu_named(window, "Se&rver")
+        self.start_action = add_action(menu, "&Start API server", None, self.start)
+        self.stop_action = add_action(menu, "S&top API server", None, self.stop)
+        self.url_action = add_action(menu, "&Copy URL", None, self.copy_url)
+        menu.addSeparator()
+        self.settings_action = add_action(menu, "Server s&ettings…", None, self.edit_settings)
+        self._show_state()
+
+    @property
+    def url(self) -> str:
+        return self.server.url if self.server else self.config.url
+
+    def start(self) -> None:
+        hub = self._controller.engine_hub
+        if hub is None:
+            self._show_error("The API server cannot start", "It serves Hearth's own engine, which is not running now.")
+            return
+        from engine.api.server import ApiServer  # starlette and uvicorn load when first needed, not at app start
+
+        try:
+            server = ApiServer(hub, self.config, self.request_seen.emit)  # the callback runs on the server thread
+            server.start()
+        except (ValueError, OSError) as exc:
+            self._show_error("The API server cannot start", str(exc))
+            return
+        self.server = server
+        self._show_state()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        self._show_state()
+
+    def copy_url(self) -> None:
+        QGuiApplication.clipboard().setText(self.url)
+
+    def edit_settings(self) -> None:
+        dialog = ServerSettingsDialog(self.config, self._window)
+        dialog.accepted.connect(lambda: self._apply(dialog.chosen(self.config)))
+        dialog.open()
+
+    def _apply(self, config: ServerConfig) -> None:
+        try:
+            config.check()
+        except ValueError as exc:
+            self._show_error("These server settings cannot be used", str(exc))
+            return
+        self.config = config
+        if self.server is not None:  # a running server takes the new settings at once
+            self.stop()
+            self.start()
+        self._show_state()
+
+    def _show_state(self) -> None:
+        running = self.server is not None
+        self.start_action.setEnabled(not running)
+        self.stop_action.setEnabled(running)
+        self.url_action.setText(f"&Copy URL ({self.url})")
+        self.url_action.setStatusTip("Running: " + self.url if running else "Not running; starts at " + self.url)
+        self.running_changed.emit(running)
+
+
+def install_server_menu(window: QMainWindow, controller: EngineController, panel_column: QWidget, show_error) -> ServerMenu:
+    """The Server menu and the panel's request list; the server stops when the window closes."""
+    requests = ServerRequestList(panel_column)
+    panel_column.layout().addWidget(requests)
+    server_menu = ServerMenu(window, controller, requests, show_error)
+    window.closed.connect(server_menu.stop)  # type: ignore[attr-defined]
+    return server_menu
+
+

@@ -1,0 +1,167 @@
+"""``POST /v1/chat/completions`` and ``POST /v1/completions``: one request through the engine and back (server loop).
+
+Both endpoints submit one ``Generate`` through ``EngineLink`` and turn its events
+into OpenAI's JSON, whole or as server-sent events. The first event is awaited
+before any reply starts, so a prompt the engine refuses (too long for the
+context) still gets a proper 400. A client that goes away, while waiting or while
+streaming, cancels its request: the engine stops at its next decode step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import AsyncIterator, Awaitable, TypeVar
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from engine.api.engine_link import EngineLink, RequestStream
+from engine.api.errors import ApiError, error_body
+from engine.api.openai_schema import CompletionAsk, choice, envelope, finish_reason, parse_chat, parse_completion, usage
+from engine.protocol.messages import Event, PrefillDone, ReplyFailed, ReplyFinished, TokenStreamed
+from engine.service.worker import ENGINE_FAILURE
+
+T = TypeVar("T")
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its reply was ready."""
+
+
+async def chat_completions(request: Request) -> Response:
+    link: EngineLink = request.app.state.link
+    body = await read_json(request)
+    model = link.ready_model()
+    return await _answer(request, parse_chat(body, model.name, model.context_length), chat=True)
+
+
+async def completions(request: Request) -> Response:
+    link: EngineLink = request.app.state.link
+    body = await read_json(request)
+    model = link.ready_model()
+    return await _answer(request, parse_completion(body, model.name, model.context_length), chat=False)
+
+
+async def read_json(request: Request) -> object:
+    """The body as JSON, at most ``max_body_bytes`` (413 beyond, 400 for anything that is not JSON)."""
+    limit = request.app.state.config.max_body_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"The request body is larger than the server's limit of {limit} bytes.", code="body_too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, f"The request body is larger than the server's limit of {limit} bytes.", code="body_too_large")
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"The request body is not valid JSON: {exc}.", code="invalid_json") from None
+
+
+async def _answer(request: Request, ask: CompletionAsk, chat: bool) -> Response:
+    link: EngineLink = request.app.state.link
+    stream = link.open(ask, _client_label(request), request.url.path)
+    try:
+        first = await _unless_gone(request, stream.next())
+    except ClientGone:
+        link.cancel(stream)
+        return Response(status_code=499)
+    if isinstance(first, ReplyFailed):  # refused before any token: the prompt (400), unless the engine broke (500)
+        if first.message.startswith(ENGINE_FAILURE):
+            raise ApiError(500, first.message, code="generation_failed")
+        raise ApiError(400, first.message, code="prompt_refused")
+    if ask.stream:
+        events = _sse(link, stream, ask, chat, first)
+        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    try:
+        return await _unless_gone(request, _whole_reply(stream, ask, chat, first))
+    except ClientGone:
+        link.cancel(stream)
+        return Response(status_code=499)
+
+
+async def _unless_gone(request: Request, work: Awaitable[T]) -> T:
+    """``work``'s result, or ``ClientGone`` as soon as the client disconnects."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task not in done:
+        task.cancel()
+        raise ClientGone()
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _whole_reply(stream: RequestStream, ask: CompletionAsk, chat: bool, event: Event) -> JSONResponse:
+    while not isinstance(event, (ReplyFinished, ReplyFailed)):
+        event = await stream.next()
+    if isinstance(event, ReplyFailed):
+        raise ApiError(500, event.message, code="generation_failed")
+    reply = envelope(stream.request_id, ask.model, chat, streamed=False)
+    reply["choices"] = [choice(chat, False, event.text, finish_reason(event.stats.finish_reason))]
+    reply["usage"] = usage(stream.prefill, event.stats.tokens_generated)
+    return JSONResponse(reply)
+
+
+async def _sse(link: EngineLink, stream: RequestStream, ask: CompletionAsk, chat: bool, event: Event) -> AsyncIterator[str]:
+    """Server-sent events until ``[DONE]``; if the client goes away first, the request is cancelled."""
+    finished = False
+    try:
+        while True:
+            chunk = _chunk(stream, ask, chat, event)
+            if chunk is not None:
+                yield _data(chunk)
+            if isinstance(event, (ReplyFinished, ReplyFailed)):
+                break
+            event = await stream.next()
+        if ask.include_usage and isinstance(event, ReplyFinished):
+            last = envelope(stream.request_id, ask.model, chat, streamed=True)
+            last.update(choices=[], usage=usage(stream.prefill, event.stats.tokens_generated))
+            yield _data(last)
+        finished = True
+        yield "data: [DONE]\n\n"
+    finally:
+        if not finished:
+            link.cancel(stream)
+
+
+def _chunk(stream: RequestStream, ask: CompletionAsk, chat: bool, event: Event) -> dict | None:
+    if isinstance(event, ReplyFailed):
+        return error_body(500, event.message, code="generation_failed")
+    if isinstance(event, PrefillDone):
+        if not chat:
+            return None
+        parts = [choice(chat, True, "", None, first=True)]
+    elif isinstance(event, TokenStreamed):
+        if not event.text:
+            return None
+        parts = [choice(chat, True, event.text, None)]
+    elif isinstance(event, ReplyFinished):
+        parts = [choice(chat, True, None if chat else "", finish_reason(event.stats.finish_reason))]
+    else:
+        return None
+    chunk = envelope(stream.request_id, ask.model, chat, streamed=True)
+    chunk["choices"] = parts
+    if ask.include_usage:
+        chunk["usage"] = None
+    return chunk
+
+
+def _data(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def _client_label(request: Request) -> str:
+    peer = request.client.host if request.client else "?"
+    agent = request.headers.get("user-agent", "")
+    return f"{peer} · {agent[:40]}" if agent else peer

@@ -1,0 +1,141 @@
+"""The API server: Starlette routes served by uvicorn on a thread and asyncio loop of its own.
+
+Why Starlette and uvicorn: they are what vLLM's and llama-cpp-python's servers stand
+on (FastAPI is Starlette underneath), both are small and well kept, and Starlette
+alone is enough here: the request bodies are validated by hand in
+``openai_schema`` so every refusal gets OpenAI's error shape, which FastAPI's
+automatic 422 replies would not give.
+
+``ApiServer.start``/``stop`` are called from any thread (the CLI's main thread, the
+GUI thread); the routes and ``EngineLink`` run on the server thread. The socket is
+bound in ``start`` itself, so a port in use fails there with a clear message, and
+port 0 picks a free one (``port`` tells which).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from dataclasses import replace
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from engine.api.access import AccessGuard
+from engine.api.config import ServerConfig
+from engine.api.completions import chat_completions, completions
+from engine.api.engine_link import EngineLink, OnActivity
+from engine.api.errors import HANDLERS
+from engine.api.metrics import ServerMetrics
+from engine.service.fanout import EngineHub
+
+START_TIMEOUT_S = 10.0
+GRACEFUL_SHUTDOWN_S = 2
+BACKLOG = 128
+
+
+async def health(request: Request) -> Response:
+    link: EngineLink = request.app.state.link
+    if link.model is not None and link.state in ("ready", "generating"):
+        return JSONResponse({"status": "ok", "model": link.model.name})
+    status = "loading" if link.state in ("loading", "fetching") else "unavailable"
+    return JSONResponse({"status": status}, status_code=503)
+
+
+async def metrics(request: Request) -> Response:
+    return PlainTextResponse(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+async def models(request: Request) -> Response:
+    link: EngineLink = request.app.state.link
+    listed = [] if link.model is None else [{"id": link.model.name, "object": "model", "created": 0, "owned_by": "hearth"}]
+    return JSONResponse({"object": "list", "data": listed})
+
+
+def build_app(config: ServerConfig, link: EngineLink, figures: ServerMetrics) -> Starlette:
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+    ]
+    middleware = [Middleware(AccessGuard, config=config)]
+    if config.cors_origins:
+        middleware.append(Middleware(
+            CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        ))
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers=HANDLERS)  # type: ignore[arg-type]
+    app.state.config, app.state.link, app.state.metrics = config, link, figures
+    return app
+
+
+class ApiServer:
+    """Serves ``hub``'s engine over HTTP until ``stop``; ``on_activity`` hears of each request (server thread)."""
+
+    def __init__(self, hub: EngineHub, config: ServerConfig, on_activity: OnActivity | None = None) -> None:
+        config.check()
+        self.config = config
+        self._hub = hub
+        self._on_activity = on_activity
+        self._socket: socket.socket | None = None
+        self._uvicorn: uvicorn.Server | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hearth-api", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return self.config.url
+
+    def start(self) -> None:
+        """Bind and start serving; ``OSError`` (port in use, say) comes from here, before any thread starts."""
+        family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.config.host, self.config.port))
+            sock.listen(BACKLOG)  # clients may connect at once: the kernel queues them until uvicorn accepts
+        except OSError as exc:
+            sock.close()
+            raise OSError(f"Cannot listen on {self.config.host}:{self.config.port}: {exc.strerror or exc}.") from None
+        self._socket = sock
+        self.config = replace(self.config, port=sock.getsockname()[1])
+        self._thread.start()
+        if not self._started.wait(START_TIMEOUT_S):
+            raise OSError("The API server did not start in time.")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        figures = ServerMetrics()
+        link = EngineLink(self._hub, figures, self._on_activity)
+        link.attach()
+        app = build_app(self.config, link, figures)
+        settings = uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+        self._uvicorn = uvicorn.Server(settings)
+        self._started.set()
+        try:
+            await self._uvicorn.serve(sockets=[self._socket])
+        finally:
+            link.detach()
+            self._socket.close()

@@ -1,0 +1,68 @@
+"""``python -m engine serve``: the API server owning its own engine thread (main thread waits).
+
+Loads the model, then serves until Ctrl+C. The engine thread and the server thread
+are the same kinds as inside the app; here the main thread only starts them,
+reports the load, and waits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+
+from engine.api.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
+from engine.api.server import ApiServer
+from engine.protocol.messages import LoadModel, LoadOptions, ModelLoaded
+from engine.service.fanout import EngineHub
+
+EXIT_FAILED = 2
+
+
+def add_serve_command(commands: argparse._SubParsersAction) -> None:
+    serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    serve.add_argument("--model", default="default", help='"default", a model folder or a .gguf file')
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (anything but loopback needs --api-key)")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request but /health")
+    serve.add_argument("--cors-origin", action="append", default=[], help="allow this web origin (repeatable); none by default")
+    serve.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    serve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    serve.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16", "int8", "nf4"])
+
+
+def serve(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
+    config = ServerConfig(args.host, args.port, args.api_key, tuple(args.cors_origin), args.max_body_bytes)
+    try:
+        config.check()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    hub = EngineHub()
+    hub.start()
+    try:
+        return _serve_loaded(hub, config, LoadOptions(device=args.device, precision=args.precision), args.model, stop)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        hub.stop()
+
+
+def _serve_loaded(hub: EngineHub, config: ServerConfig, options: LoadOptions, model: str, stop: threading.Event | None) -> int:
+    server = ApiServer(hub, config)
+    try:
+        server.start()  # answers /health with 503 while the model loads
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"[serving on {server.url}; loading {model}…]", file=sys.stderr)
+    try:
+        loaded = hub.load_and_wait(LoadModel("serve-load", model, options))
+        if not isinstance(loaded, ModelLoaded):
+            print(f"error: {loaded.message}", file=sys.stderr)
+            return EXIT_FAILED
+        print(f"[{loaded.name} on {loaded.device}, {loaded.precision}; model id '{loaded.name}' at {server.url}]", file=sys.stderr)
+        (stop or threading.Event()).wait()
+        return 0
+    finally:
+        server.stop()

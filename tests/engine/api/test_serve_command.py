@@ -1,0 +1,70 @@
+"""``python -m engine serve``: loads the model, serves it, refuses unsafe or impossible settings, stops on Ctrl+C."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import openai
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _start(*args: str) -> tuple[subprocess.Popen, queue.Queue]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "engine", "serve", *args], cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stderr], daemon=True).start()
+    return process, lines
+
+
+def _line_matching(lines: queue.Queue, pattern: str, timeout: float = 120) -> re.Match:
+    seen = []
+    while True:
+        line = lines.get(timeout=timeout)
+        seen.append(line)
+        found = re.search(pattern, line)
+        if found:
+            return found
+        assert len(seen) < 200, "".join(seen)
+
+
+def test_serve_answers_and_stops_on_ctrl_c(tiny_model_dir) -> None:
+    with socket.socket() as probe:  # a port that is free now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process, lines = _start("--model", str(tiny_model_dir), "--port", str(port), "--device", "cpu")
+    try:
+        model_id = _line_matching(lines, r"model id '([^']+)'").group(1)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
+        reply = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "Paris"}], max_tokens=4)
+        process.send_signal(signal.SIGINT)
+        code = process.wait(timeout=60)
+    finally:
+        process.kill()
+
+    assert reply.choices[0].message.content
+    assert code == 0
+
+
+def test_serve_refuses_other_machines_without_a_key_and_a_taken_port(tiny_model_dir) -> None:
+    open_to_all, open_lines = _start("--model", str(tiny_model_dir), "--host", "0.0.0.0")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        busy, busy_lines = _start("--model", str(tiny_model_dir), "--port", str(taken.getsockname()[1]))
+        busy_code = busy.wait(timeout=120)
+
+    assert open_to_all.wait(timeout=120) == 2
+    assert _line_matching(open_lines, r"0\.0\.0\.0.*set an API key", timeout=10)
+    assert busy_code == 2
+    assert _line_matching(busy_lines, r"Cannot listen on 127\.0\.0\.1:\d+", timeout=10)
