@@ -54,16 +54,30 @@ class LoadOptions:
     context_length: int | None = None
 
 
+@dataclass(frozen=True)
+class RemoteServer:
+    """An OpenAI-compatible server (vLLM, llama.cpp, Ollama, …): ``base_url`` such as
+    ``http://host:8000``; ``api_key`` is sent as a bearer token when not empty and never shown in a repr."""
+
+    base_url: str
+    api_key: str = field(default="", repr=False)
+
+
 # ---------------------------------------------------------------- requests
 
 
 @dataclass(frozen=True)
 class LoadModel:
-    """Load ``path`` ("default" for the built-in model, a folder or a .gguf file)."""
+    """Load ``path`` ("default" for the built-in model, a folder or a .gguf file).
+
+    With ``server``, ``path`` is the id of a model that remote server runs: "loading" it
+    checks the server still lists it, and replies are then asked of that server.
+    """
 
     request_id: str
     path: str
     options: LoadOptions = LoadOptions()
+    server: RemoteServer | None = None
 
 
 @dataclass(frozen=True)
@@ -105,7 +119,15 @@ class InspectModel:
     options: LoadOptions = LoadOptions()
 
 
-Request = Union[LoadModel, Generate, Cancel, ForgetConversation, Shutdown, InspectModel]
+@dataclass(frozen=True)
+class ListRemoteModels:
+    """Ask ``server`` which models it runs (answered by RemoteModelsListed or RemoteModelsFailed)."""
+
+    request_id: str
+    server: RemoteServer
+
+
+Request = Union[LoadModel, Generate, Cancel, ForgetConversation, Shutdown, InspectModel, ListRemoteModels]
 
 
 # ---------------------------------------------------------------- events
@@ -162,6 +184,7 @@ class ModelLoaded:
     load_s: float
     memory: MemoryStats = MemoryStats()
     notices: tuple[str, ...] = ()  # things the user should know (e.g. "no chat template: using a plain one")
+    server: str = ""  # the remote server's base URL when the model runs there; "" for a model in this process
 
 
 @dataclass(frozen=True)
@@ -197,8 +220,32 @@ class TokenStreamed:
 
 
 @dataclass(frozen=True)
+class RemoteFigures:
+    """What a remote server reported about one reply; None where it reported nothing.
+
+    From the OpenAI ``usage`` object: ``prompt_tokens``, ``completion_tokens`` and
+    ``cached_tokens`` (``prompt_tokens_details.cached_tokens``). From llama.cpp's
+    ``timings``: ``prompt_tok_s`` (``prompt_per_second``), ``decode_tok_s``
+    (``predicted_per_second``) and ``cache_n`` (prompt tokens taken from its cache).
+    """
+
+    server: str
+    model: str
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    prompt_tok_s: float | None = None
+    decode_tok_s: float | None = None
+    cache_n: int | None = None
+
+
+@dataclass(frozen=True)
 class RequestStats:
-    """Everything measured for one reply."""
+    """Everything measured for one reply.
+
+    For a remote model the timings are what this client measured (the network
+    included) and ``remote`` holds what the server itself reported.
+    """
 
     tokenize_ms: float = 0.0
     prompt_tokens: int = 0
@@ -214,6 +261,7 @@ class RequestStats:
     memory: MemoryStats = field(default_factory=MemoryStats)
     started_at: float = 0.0
     finished_at: float = 0.0
+    remote: RemoteFigures | None = None
 
 
 @dataclass(frozen=True)
@@ -323,6 +371,23 @@ class InspectFailed:
     message: str
 
 
+@dataclass(frozen=True)
+class RemoteModelsListed:
+    """The models the server at ``base_url`` runs, by id, as its ``GET /v1/models`` listed them."""
+
+    request_id: str
+    base_url: str
+    models: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RemoteModelsFailed:
+    """``ListRemoteModels`` got no list; ``message`` says why and what to do."""
+
+    request_id: str
+    message: str
+
+
 Event = Union[
     StatusChanged,
     FetchProgress,
@@ -338,4 +403,6 @@ Event = Union[
     EngineError,
     ModelInspected,
     InspectFailed,
+    RemoteModelsListed,
+    RemoteModelsFailed,
 ]
