@@ -29,6 +29,7 @@ from engine.protocol.messages import (
     LoadOptions,
     ModelLoaded,
     PrefillDone,
+    RemoteServer,
     ReplyFailed,
     ReplyFinished,
     RequestStats,
@@ -85,12 +86,13 @@ class ChatSession(QObject):
         self._view.set_banner(damage)
         return True
 
-    def load_model(self, path: str, options: LoadOptions = LoadOptions()) -> str:
-        """Load another model and return the request id; sending waits until it is loaded."""
+    def load_model(self, path: str, options: LoadOptions = LoadOptions(), server: RemoteServer | None = None) -> str:
+        """Load another model (with ``server``: use that server's model ``path``) and return the request id;
+        sending waits until it is loaded."""
         self.stop()
         self._model_ready = False
         self._update_controls()
-        return self._controller.load_model(path, options)
+        return self._controller.load_model(path, options, server)
 
     def send(self, text: str) -> bool:
         """Send ``text`` as the next user message; False (text kept) if not possible now."""

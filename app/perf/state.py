@@ -18,6 +18,7 @@ from engine.protocol.messages import (
     MemoryStats,
     ModelLoaded,
     PrefillDone,
+    RemoteFigures,
     ReplyFailed,
     ReplyFinished,
     RequestStats,
@@ -37,6 +38,7 @@ class ModelInfo:
     device: str
     precision: str
     context_length: int
+    server: str = ""  # the remote server's address, "" for a model in this process
 
 
 @dataclass
@@ -59,6 +61,7 @@ class ReplyPerf:
     started_at: float | None = None
     finished_at: float | None = None
     token_times: list[float] = field(default_factory=list)
+    remote: RemoteFigures | None = None
 
     @property
     def new_tokens(self) -> int:
@@ -94,6 +97,7 @@ class ReplyPerf:
         self.finish_reason = stats.finish_reason
         self.started_at = stats.started_at
         self.finished_at = stats.finished_at
+        self.remote = stats.remote
 
 
 @dataclass
@@ -143,7 +147,7 @@ class PerfState:
         return self.model.context_length if self.model is not None else None
 
     def _model_loaded(self, event: ModelLoaded) -> None:
-        self.model = ModelInfo(event.name, event.device, event.precision, event.context_length)
+        self.model = ModelInfo(event.name, event.device, event.precision, event.context_length, event.server)
         self.memory = event.memory
         self.reply = None
         self.session = SessionPerf()
