@@ -5,18 +5,37 @@ as chunked server-sent events (``data: {...}``, then ``data: [DONE]``), with the
 chunks carrying ``usage`` and llama.cpp-style ``timings``. ``FakeScript`` says how it
 behaves: the reply's pieces, a required API key, and a way to fail (cut the
 connection, answer HTML, stream an error, lose the model, or stream until the client
-hangs up). Everything it received is kept for the test to check.
+hangs up). Everything it received is kept for the test to check. ``RemoteDriver`` runs
+the real remote runtime on a real engine thread for engine tests.
 """
 
 from __future__ import annotations
 
 import json
+import queue
+import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from engine.api.remote_runtime import RemoteRuntime
+from engine.protocol.messages import (
+    ChatMessage,
+    Generate,
+    LoadFailed,
+    LoadModel,
+    ModelLoaded,
+    RemoteServer,
+    ReplyFailed,
+    ReplyFinished,
+    SamplingParams,
+)
+from engine.service.worker import EngineThread
+
 ENDLESS_LIMIT_S = 10.0  # an "endless" stream still ends, so a broken test cannot hang
+QUESTION = (ChatMessage("system", "Be brief."), ChatMessage("user", "What is the capital of France?"))
 
 
 @dataclass
@@ -150,3 +169,37 @@ class FakeOpenAIServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (at the moment of asking)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class RemoteDriver:
+    """The test thread's side: submit requests, collect the events the engine thread emits."""
+
+    def __init__(self) -> None:
+        self.events: queue.Queue[object] = queue.Queue()
+        self.thread = EngineThread(self.events.put, RemoteRuntime)
+        self.thread.start()
+
+    def wait_for(self, *kinds: type, timeout: float = 10.0) -> tuple[object, list[object]]:
+        """The first event of one of ``kinds``, and every event before it."""
+        seen: list[object] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            event = self.events.get(timeout=max(deadline - time.monotonic(), 0.01))
+            if isinstance(event, kinds):
+                return event, seen
+            seen.append(event)
+
+    def connect(self, server: RemoteServer, model: str = "big-model") -> object:
+        self.thread.submit(LoadModel(uuid.uuid4().hex, model, server=server))
+        return self.wait_for(ModelLoaded, LoadFailed)[0]
+
+    def ask(self, request_id: str = "reply-1") -> tuple[object, list[object]]:
+        self.thread.submit(Generate(request_id, "chat-1", QUESTION, SamplingParams(temperature=0.0, max_new_tokens=64)))
+        return self.wait_for(ReplyFinished, ReplyFailed)

@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import queue
-import socket
-import time
-import uuid
-
 import pytest
 
-from engine.api.remote_runtime import RemoteRuntime
 from engine.protocol.messages import (
     Cancel,
-    ChatMessage,
     Generate,
     ListRemoteModels,
     LoadFailed,
-    LoadModel,
     ModelLoaded,
     PrefillDone,
     RemoteModelsFailed,
@@ -24,40 +16,9 @@ from engine.protocol.messages import (
     RemoteServer,
     ReplyFailed,
     ReplyFinished,
-    SamplingParams,
     TokenStreamed,
 )
-from engine.service.worker import EngineThread
-from tests.openai_fake import FakeOpenAIServer, FakeScript
-
-QUESTION = (ChatMessage("system", "Be brief."), ChatMessage("user", "What is the capital of France?"))
-
-
-class RemoteDriver:
-    """The test thread's side: submit requests, collect the events the engine thread emits."""
-
-    def __init__(self) -> None:
-        self.events: queue.Queue[object] = queue.Queue()
-        self.thread = EngineThread(self.events.put, RemoteRuntime)
-        self.thread.start()
-
-    def wait_for(self, *kinds: type, timeout: float = 10.0) -> tuple[object, list[object]]:
-        """The first event of one of ``kinds``, and every event before it."""
-        seen: list[object] = []
-        deadline = time.monotonic() + timeout
-        while True:
-            event = self.events.get(timeout=max(deadline - time.monotonic(), 0.01))
-            if isinstance(event, kinds):
-                return event, seen
-            seen.append(event)
-
-    def connect(self, server: RemoteServer, model: str = "big-model") -> object:
-        self.thread.submit(LoadModel(uuid.uuid4().hex, model, server=server))
-        return self.wait_for(ModelLoaded, LoadFailed)[0]
-
-    def ask(self, request_id: str = "reply-1") -> tuple[object, list[object]]:
-        self.thread.submit(Generate(request_id, "chat-1", QUESTION, SamplingParams(temperature=0.0, max_new_tokens=64)))
-        return self.wait_for(ReplyFinished, ReplyFailed)
+from tests.openai_fake import QUESTION, FakeOpenAIServer, FakeScript, RemoteDriver, free_port
 
 
 @pytest.fixture
@@ -77,12 +38,6 @@ def driver():
     remote = RemoteDriver()
     yield remote
     remote.thread.stop(5)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_a_reply_streams_and_the_servers_figures_reach_the_stats(driver, fake_server, fake_script):
@@ -135,7 +90,7 @@ def test_cancel_closes_the_stream_and_keeps_the_text(driver, fake_server, fake_s
 
 
 def test_an_unreachable_server_is_named(driver):
-    address = f"http://127.0.0.1:{_free_port()}"
+    address = f"http://127.0.0.1:{free_port()}"
 
     failed = driver.connect(RemoteServer(address))
 
