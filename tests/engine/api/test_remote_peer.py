@@ -30,11 +30,11 @@ def _peer_has_llama_server() -> bool:
     return subprocess.run([str(PEER_PYTHON), "-c", probe], capture_output=True, timeout=60).returncode == 0
 
 
-def _wait_until_serving(base_url: str, process: subprocess.Popen) -> None:
+def _wait_until_serving(base_url: str, process: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            pytest.fail(f"llama_cpp.server exited with {process.returncode}: {process.stderr.read().decode()[-2000:]}")
+            pytest.fail(f"llama_cpp.server exited with {process.returncode}: {log.read_text()[-2000:]}")
         try:
             with urllib.request.urlopen(f"{base_url}/v1/models", timeout=2):
                 return
@@ -44,7 +44,7 @@ def _wait_until_serving(base_url: str, process: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def llama_server(default_model_path):
+def llama_server(default_model_path, tmp_path_factory):
     if not _peer_has_llama_server():
         pytest.skip(f"needs llama.cpp's server: {PEER_PYTHON} -m llama_cpp.server")
     port = free_port()
@@ -52,10 +52,12 @@ def llama_server(default_model_path):
         str(PEER_PYTHON), "-m", "llama_cpp.server", "--model", str(default_model_path),
         "--model_alias", "smollm2", "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--n_threads", "1",
     ]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = tmp_path_factory.mktemp("llama-server") / "server.log"  # a file: its many log lines would fill a pipe
+    with log.open("wb") as log_file:
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
     base_url = f"http://127.0.0.1:{port}"
     try:
-        _wait_until_serving(base_url, process)
+        _wait_until_serving(base_url, process, log)
         yield base_url
     finally:
         process.terminate()
