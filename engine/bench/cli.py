@@ -6,6 +6,7 @@
     chat   --model … --device … --quant … --context-tokens 4096 --new-tokens 50 [--repeats N]
     turns  --model default --turns 20 [--repeats N]
     load   --model PATH [--cycles N]
+    remote --url URL --model ID [--api-key KEY] [--new-tokens N] [--rounds N]
 
 One JSON object per line on stdout (``--json``; without it, ``key=value`` lines);
 the last line is the summary. Baselines run in the same process, taking turns
@@ -21,6 +22,7 @@ import json
 import time
 from typing import Any
 
+from engine.bench import remote_client
 from engine.protocol.messages import LoadOptions
 
 QUANT_PRECISION = {"int8": "int8", "nf4": "nf4", "auto": "auto"}
@@ -73,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     for command in (decode, prefill, chat, turns, load):
         command.add_argument("--model", default="default")
         command.add_argument("--json", action="store_true", help="JSON lines (else key=value lines)")
+    remote_client.add_arguments(commands.add_parser("remote", help="Hearth's remote client vs a bare one, on a server"))
     return parser
 
 
@@ -253,4 +256,6 @@ def _load(args: argparse.Namespace, show) -> dict[str, Any]:
     return {"load_s": round(load_s, 3), "weight_bytes": loaded.weight_bytes, "precision": loaded.precision}
 
 
-COMMANDS = {"decode": _decode, "prefill": _prefill, "chat": _chat, "turns": _turns, "load": _load}
+COMMANDS = {
+    "decode": _decode, "prefill": _prefill, "chat": _chat, "turns": _turns, "load": _load, "remote": remote_client.run,
+}
