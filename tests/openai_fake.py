@@ -45,7 +45,8 @@ class FakeScript:
     piece_delay_s: float = 0.0
     api_key: str = ""
     failure: str = ""
-    """"" (none), "cut" (after two pieces), "html", "stream_error", "gone" (404), "endless", "no_models"."""
+    """"" (none), "cut" (after two pieces), "html" (both routes), "html_reply" (only the chat), "stream_error",
+    "gone" (404), "endless", "no_models"."""
     usage: dict = field(default_factory=lambda: {
         "prompt_tokens": 21, "completion_tokens": 5, "total_tokens": 26, "prompt_tokens_details": {"cached_tokens": 16},
     })
@@ -86,7 +87,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if script.failure == "gone" or body.get("model") not in script.models:
             return self._send_json(404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
-        if script.failure == "html":
+        if script.failure in ("html", "html_reply"):
             return self._send(200, b"<html>Bad gateway</html>", "text/html")
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")

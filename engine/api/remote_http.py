@@ -93,7 +93,28 @@ def open_stream(server: RemoteServer, path: str, payload: dict[str, object]) -> 
     """``POST {base}{path}`` with a JSON body; the answer's body comes line by line."""
     body = json.dumps(payload).encode("utf-8")
     connection, response, sock = _send(server, "POST", path, body, STREAM_SILENCE_S)
+    content_type = response.getheader("Content-Type", "")
+    if content_type and "event-stream" not in content_type:
+        try:
+            text = response.read(64 * 1024).decode("utf-8", errors="replace")
+        except (OSError, http.client.HTTPException):
+            text = ""
+        finally:
+            connection.close()
+        raise RemoteError(_unstreamed_message(server.base_url, path, text))
     return LineStream(connection, response, sock)
+
+
+def _unstreamed_message(base_url: str, path: str, text: str) -> str:
+    """What to say when the answer to a streamed request is not an event stream."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return not_json_message(base_url, path, text)
+    reported = error_text(data)
+    if reported:
+        return f"The server at {base_url} answered {path} with an error: {reported}"
+    return f"The server at {base_url} answered {path} in one piece instead of streaming it; it may not support streaming."
 
 
 def _send(

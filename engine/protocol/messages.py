@@ -56,8 +56,7 @@ class LoadOptions:
 
 @dataclass(frozen=True)
 class RemoteServer:
-    """An OpenAI-compatible server (vLLM, llama.cpp, Ollama, …): ``base_url`` such as
-    ``http://host:8000``; ``api_key`` is sent as a bearer token when not empty and never shown in a repr."""
+    """An OpenAI-compatible server, ``http://host:8000``; ``api_key`` ("" for none) never shows in a repr."""
 
     base_url: str
     api_key: str = field(default="", repr=False)
@@ -70,8 +69,7 @@ class RemoteServer:
 class LoadModel:
     """Load ``path`` ("default" for the built-in model, a folder or a .gguf file).
 
-    With ``server``, ``path`` is the id of a model that remote server runs: "loading" it
-    checks the server still lists it, and replies are then asked of that server.
+    With ``server``, ``path`` is a model's id there: the server must list it, and replies are asked of it.
     """
 
     request_id: str
@@ -223,10 +221,8 @@ class TokenStreamed:
 class RemoteFigures:
     """What a remote server reported about one reply; None where it reported nothing.
 
-    From the OpenAI ``usage`` object: ``prompt_tokens``, ``completion_tokens`` and
-    ``cached_tokens`` (``prompt_tokens_details.cached_tokens``). From llama.cpp's
-    ``timings``: ``prompt_tok_s`` (``prompt_per_second``), ``decode_tok_s``
-    (``predicted_per_second``) and ``cache_n`` (prompt tokens taken from its cache).
+    From ``usage``: the token counts (``cached_tokens`` from ``prompt_tokens_details``). From llama.cpp's
+    ``timings``: ``prompt_per_second``, ``predicted_per_second`` (``decode_tok_s``) and ``cache_n``.
     """
 
     server: str
@@ -241,11 +237,7 @@ class RemoteFigures:
 
 @dataclass(frozen=True)
 class RequestStats:
-    """Everything measured for one reply.
-
-    For a remote model the timings are what this client measured (the network
-    included) and ``remote`` holds what the server itself reported.
-    """
+    """Everything measured for one reply (for a remote model: by this client, the network included)."""
 
     tokenize_ms: float = 0.0
     prompt_tokens: int = 0
@@ -261,7 +253,7 @@ class RequestStats:
     memory: MemoryStats = field(default_factory=MemoryStats)
     started_at: float = 0.0
     finished_at: float = 0.0
-    remote: RemoteFigures | None = None
+    remote: RemoteFigures | None = None  # what a remote server itself reported
 
 
 @dataclass(frozen=True)

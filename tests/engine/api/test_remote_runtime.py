@@ -150,6 +150,16 @@ def test_an_answer_that_is_not_json(driver, fake_server, fake_script):
     assert "answered /v1/models with something that is not JSON ('<html><body>Welcome to nginx!" in failed.message
 
 
+def test_a_reply_that_is_not_json_is_named_as_such(driver, fake_server, fake_script):
+    driver.connect(RemoteServer(fake_server.base_url))
+    fake_script.failure = "html_reply"
+
+    failed, _ = driver.ask()
+
+    assert isinstance(failed, ReplyFailed)
+    assert "answered /v1/chat/completions with something that is not JSON ('<html>Bad gateway</html>')" in failed.message
+
+
 def test_a_bad_address_is_refused_before_connecting(driver):
     driver.thread.submit(ListRemoteModels("list-1", RemoteServer("ftp://example.org")))
 
