@@ -87,7 +87,7 @@ class RemoteConnection:
     @classmethod
     def from_dict(cls, data: object) -> RemoteConnection:
         if not isinstance(data, dict) or not isinstance(data.get("base_url"), str):
-            raise ValueError(f"expected a server with a base_url, not {data!r}")
+            raise ValueError("expected a server with a base_url")  # not the entry itself: it may hold a key
         return cls(data["base_url"], _read_text(data.get("api_key", "")), _read_text(data.get("model", "")))
 
 
