@@ -19,6 +19,7 @@ import uuid
 
 from PySide6.QtCore import QObject, Signal
 
+from engine.api.remote_runtime import RemoteRuntime
 from engine.protocol.messages import (
     BatchSampled,
     Cancel,
@@ -49,7 +50,6 @@ from engine.protocol.messages import (
     StatusChanged,
     TokenStreamed,
 )
-from engine.api.remote_runtime import RemoteRuntime
 from engine.service.client import AsyncEngine
 from engine.service.worker import RuntimeFactory
 
@@ -71,7 +71,10 @@ SIGNAL_FOR_EVENT: dict[type, str] = {
     RemoteModelsListed: "remote_models_listed",
     RemoteModelsFailed: "remote_models_failed",
 }
-FINAL_EVENTS = (ModelLoaded, LoadFailed, ReplyFinished, ReplyFailed, ModelInspected, InspectFailed, RemoteModelsListed, RemoteModelsFailed)
+FINAL_EVENTS = (
+    ModelLoaded, LoadFailed, ReplyFinished, ReplyFailed, ModelInspected, InspectFailed, RemoteModelsListed, RemoteModelsFailed,
+)
+"""The events that end a request: after one, a Cancel of that request id has nowhere to go."""
 
 
 def new_request_id() -> str:
@@ -190,11 +193,11 @@ class EngineController(QObject):
             if engine is not None:
                 engine.close(timeout)
 
-    def _dispatch(self, event: Event, engine: AsyncEngine | None = None) -> None:
-        """Emit the signal for ``event``, then ``event_received``."""
+    def _dispatch(self, event: Event, engine: AsyncEngine) -> None:
+        """Note where replies go now, emit the signal for ``event``, then ``event_received``."""
         if isinstance(event, FINAL_EVENTS):
             self._routes.pop(event.request_id, None)
-        if isinstance(event, ModelLoaded) and engine is not None:
+        if isinstance(event, ModelLoaded):
             self._answering = engine
         getattr(self, SIGNAL_FOR_EVENT[type(event)]).emit(event)
         self.event_received.emit(event)

@@ -36,7 +36,9 @@ ADDRESS_HINT = "http://localhost:8000"
 class RemoteServerDialog(QDialog):
     """Asks for a server, lists its models, and lets the user pick one."""
 
-    def __init__(self, controller: EngineController, saved: tuple[RemoteConnection, ...], parent: QWidget | None = None) -> None:
+    def __init__(
+        self, controller: EngineController, saved: tuple[RemoteConnection, ...], parent: QWidget | None = None
+    ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Connect to a server")
         self.setObjectName("remoteServerDialog")
@@ -121,7 +123,8 @@ class RemoteServerDialog(QDialog):
         if matches:
             self.models.setCurrentItem(matches[0])
         count = len(event.models)
-        self._say(f"{event.base_url} runs {count} model{'s' if count != 1 else ''}." if count else f"{event.base_url} lists no models.")
+        plural = "s" if count != 1 else ""
+        self._say(f"{event.base_url} runs {count} model{plural}." if count else f"{event.base_url} lists no models.")
         self._done_asking()
 
     def _on_failed(self, event: RemoteModelsFailed) -> None:

@@ -36,7 +36,12 @@ class RemoteModelPicker(QObject):
     """Turns a server and a model picked in the dialog into a load, and remembers what worked."""
 
     def __init__(
-        self, window: QMainWindow, session: ChatSession, controller: EngineController, status: StatusLine, progress: LoadProgressBar
+        self,
+        window: QMainWindow,
+        session: ChatSession,
+        controller: EngineController,
+        status: StatusLine,
+        progress: LoadProgressBar,
     ) -> None:
         super().__init__(window)
         self._window = window

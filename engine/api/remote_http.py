@@ -164,7 +164,10 @@ def _unreachable_message(base_url: str, error: OSError) -> str:
         reason = f"the secure connection failed ({error.reason or error})"
     else:
         reason = error.strerror or str(error)
-    return f"Could not reach the server at {base_url}: {reason}. Check that it is running and that the address and port are right."
+    return (
+        f"Could not reach the server at {base_url}: {reason}. "
+        "Check that it is running and that the address and port are right."
+    )
 
 
 def _error_detail(response: http.client.HTTPResponse) -> str:
@@ -181,7 +184,7 @@ def _error_detail(response: http.client.HTTPResponse) -> str:
 
 
 def error_text(data: object) -> str:
-    """The message of an OpenAI-style error object (``{"error": {"message": …}}`` or vLLM's ``{"object": "error", …}``)."""
+    """The message of an OpenAI-style error object: ``{"error": {"message": …}}``, or vLLM's ``{"object": "error", …}``."""
     if not isinstance(data, dict):
         return ""
     error = data.get("error")
@@ -213,7 +216,9 @@ class LineStream:
 
     _END = object()
 
-    def __init__(self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse, sock: socket.socket) -> None:
+    def __init__(
+        self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse, sock: socket.socket
+    ) -> None:
         self._connection = connection
         self._response = response
         self._sock = sock

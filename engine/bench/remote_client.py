@@ -145,7 +145,9 @@ def _bare_reply(server: RemoteServer, model: str, sampling: SamplingParams) -> T
     """The same request read by the simplest loop: one thread, each ``data:`` line parsed as it comes."""
     parts = urllib.parse.urlsplit(server.base_url)
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {server.api_key}"} if server.api_key else {})
+    headers = {"Content-Type": "application/json"}
+    if server.api_key:
+        headers["Authorization"] = f"Bearer {server.api_key}"
     body = json.dumps(chat_request(model, PROMPT, sampling))
     piece_times: list[float] = []
     started = time.perf_counter()
