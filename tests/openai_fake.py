@@ -46,7 +46,7 @@ class FakeScript:
     api_key: str = ""
     failure: str = ""
     """"" (none), "cut" (after two pieces), "html" (both routes), "html_reply" (only the chat), "stream_error",
-    "gone" (404), "endless", "no_models"."""
+    "gone" (404), "endless", "silent" (no text for seconds, as in a long prefill), "no_models"."""
     usage: dict = field(default_factory=lambda: {
         "prompt_tokens": 21, "completion_tokens": 5, "total_tokens": 26, "prompt_tokens_details": {"cached_tokens": 16},
     })
@@ -100,7 +100,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _stream(self, script: FakeScript) -> None:
         self._event(_chunk({"role": "assistant", "content": ""}))
-        if script.failure == "endless":
+        if script.failure == "silent":
+            time.sleep(ENDLESS_LIMIT_S / 2)
+        if script.failure in ("endless", "silent"):
             started = time.monotonic()
             while time.monotonic() - started < ENDLESS_LIMIT_S:
                 self._event(_chunk({"content": " more"}))

@@ -80,6 +80,8 @@ class RemoteServerDialog(QDialog):
         self.api_key = QLineEdit(self, objectName="remoteApiKey", placeholderText="none")
         self.api_key.setEchoMode(QLineEdit.EchoMode.Password)
         self.api_key.setAccessibleName("API key")
+        for field in (self.address.lineEdit(), self.api_key):
+            field.returnPressed.connect(self._list_if_none_listed)
         self.list_button = QPushButton("&List models", self, objectName="remoteListModels")
         self.list_button.clicked.connect(self.list_models)
         self.models = QListWidget(self, objectName="remoteModels")
@@ -105,6 +107,11 @@ class RemoteServerDialog(QDialog):
         column.addWidget(self.models, 1)
         column.addWidget(self.message)
         column.addWidget(self.buttons)
+
+    def _list_if_none_listed(self) -> None:
+        """Enter in the address or key lists the models; once they are listed, it picks the chosen one."""
+        if self.chosen() is None and not self._request_id:
+            self.list_models()
 
     def _fill_saved(self, base_url: str) -> None:
         connection = self._saved.get(base_url)

@@ -124,7 +124,7 @@ def test_a_saved_connection_fills_the_dialog_and_a_wrong_key_is_explained(qtbot,
     assert (dialog.address.currentText(), dialog.api_key.text()) == (remote_server.base_url, API_KEY)
 
     dialog.api_key.setText("sk-wrong")
-    qtbot.mouseClick(dialog.list_button, Qt.MouseButton.LeftButton)
+    qtbot.keyClick(dialog.api_key, Qt.Key.Key_Return)
     qtbot.waitUntil(lambda: "refused the API key" in dialog.message.text(), timeout=5000)
 
     assert dialog.models.count() == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from engine.protocol.messages import (
@@ -16,6 +18,7 @@ from engine.protocol.messages import (
     RemoteServer,
     ReplyFailed,
     ReplyFinished,
+    StatusChanged,
     TokenStreamed,
 )
 from tests.openai_fake import QUESTION, FakeOpenAIServer, FakeScript, RemoteDriver, free_port
@@ -87,6 +90,23 @@ def test_cancel_closes_the_stream_and_keeps_the_text(driver, fake_server, fake_s
     assert isinstance(finished, ReplyFinished) and finished.stats.finish_reason == "cancelled"
     assert finished.text.startswith(" more more more")
     assert fake_script.client_left.wait(3), "the server kept streaming to a cancelled client"
+
+
+def test_cancel_while_the_server_is_still_silent(driver, fake_server, fake_script):
+    fake_script.failure = "silent"
+    driver.connect(RemoteServer(fake_server.base_url))
+    driver.thread.submit(Generate("reply-1", "chat-1", QUESTION))
+    while driver.wait_for(StatusChanged)[0].state != "generating":
+        pass
+    deadline = time.monotonic() + 5
+    while not fake_script.bodies and time.monotonic() < deadline:
+        time.sleep(0.01)  # the request reached the server, which now says nothing for seconds
+
+    driver.thread.submit(Cancel("reply-1"))
+    finished, seen = driver.wait_for(ReplyFinished, ReplyFailed, timeout=1)
+
+    assert isinstance(finished, ReplyFinished) and finished.stats.finish_reason == "cancelled"
+    assert finished.text == "" and not [e for e in seen if isinstance(e, TokenStreamed)]
 
 
 def test_an_unreachable_server_is_named(driver):
