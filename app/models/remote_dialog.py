@@ -11,6 +11,8 @@ connections fill the address list; picking one fills in its key.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QComboBox,
@@ -45,7 +47,8 @@ class RemoteServerDialog(QDialog):
         self._controller = controller
         self._saved = {connection.base_url: connection for connection in saved}
         self._request_id = ""
-        self._server: RemoteServer | None = None
+        self._asked: RemoteServer | None = None  # the server being asked for its models
+        self._server: RemoteServer | None = None  # the server that listed the models shown
         self._build()
         controller.remote_models_listed.connect(self._on_listed)
         controller.remote_models_failed.connect(self._on_failed)
@@ -67,7 +70,8 @@ class RemoteServerDialog(QDialog):
             return
         self._server = None
         self.models.clear()
-        self._request_id = self._controller.list_remote_models(RemoteServer(base_url, self.api_key.text().strip()))
+        self._asked = RemoteServer(base_url, self.api_key.text().strip())
+        self._request_id = self._controller.list_remote_models(self._asked)
         self.list_button.setEnabled(False)
         self._say(f"Asking {base_url} for its models…")
 
@@ -120,9 +124,9 @@ class RemoteServerDialog(QDialog):
             self.api_key.setText(connection.api_key)
 
     def _on_listed(self, event: RemoteModelsListed) -> None:
-        if event.request_id != self._request_id:
+        if event.request_id != self._request_id or self._asked is None:
             return
-        self._server = RemoteServer(event.base_url, self.api_key.text().strip())
+        self._server = replace(self._asked, base_url=event.base_url)
         self.models.addItems(list(event.models))
         saved = self._saved.get(event.base_url)
         preferred = saved.model if saved and saved.model in event.models else (event.models[:1] or ("",))[0]
