@@ -148,7 +148,7 @@ class PerfState:
 
     def _model_loaded(self, event: ModelLoaded) -> None:
         self.model = ModelInfo(event.name, event.device, event.precision, event.context_length, event.server)
-        self.memory = event.memory
+        self.memory = None if event.server else event.memory  # a remote model's memory is the server's: unknown here
         self.reply = None
         self.session = SessionPerf()
 
@@ -179,7 +179,8 @@ class PerfState:
             self.reply = ReplyPerf(request_id=event.request_id)
         self.reply.take_stats(event.stats)
         self.session.add(event.stats)
-        self.memory = event.stats.memory
+        if event.stats.remote is None:
+            self.memory = event.stats.memory
         self._advance_clock(event.stats.finished_at)
 
     def _reply_failed(self, event: ReplyFailed) -> None:

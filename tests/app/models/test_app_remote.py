@@ -146,3 +146,16 @@ def test_loading_a_local_model_again_routes_replies_back_to_it(qtbot, chat, wind
     assert len(script.generates) == 1
     window.performance_dock.panel.refresh()
     assert not window.performance_dock.panel.remote_box.isVisibleTo(window.performance_dock.panel)
+
+
+def test_a_server_that_went_away_is_named_and_the_window_keeps_working(qtbot, chat, window, remote_server):
+    _connect(qtbot, chat, window, remote_server.base_url)
+    remote_server.close()
+
+    chat.send_and_wait(QUESTION)
+
+    reply = chat.last_reply()
+    assert reply.state == "error"
+    assert reply.error.startswith(f"Could not reach the server at {remote_server.base_url}: the connection was refused.")
+    chat.wait_until_ready()
+    assert window.input_bar.send_button.isEnabled()
