@@ -43,6 +43,7 @@ class FakeScript:
     models: tuple[str, ...] = ("big-model", "other-model")
     pieces: tuple[str, ...] = ("The", " capital", " is", " Paris", ".")
     piece_delay_s: float = 0.0
+    list_delay_s: float = 0.0
     api_key: str = ""
     failure: str = ""
     """"" (none), "cut" (after two pieces), "html" (both routes), "html_reply" (only the chat), "stream_error",
@@ -72,6 +73,7 @@ class _Handler(BaseHTTPRequestHandler):
         script = self.server.script
         if not self._authorized(script):
             return
+        time.sleep(script.list_delay_s)
         if self.path != "/v1/models":
             return self._send_json(404, {"error": {"message": f"no route {self.path}"}})
         if script.failure == "html":

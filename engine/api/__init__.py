@@ -6,5 +6,5 @@ llama.cpp's ``llama-server``, Ollama, LM Studio): ``remote_runtime`` is a
 ``Runtime`` run by its own engine thread, behind the same requests and events as
 the embedded model; ``remote_http`` opens the connections and reads a streamed
 answer line by line; ``openai_stream`` builds the request body and reads the
-server-sent events. Nothing here imports torch or Qt.
+server-sent events. The client imports neither torch nor Qt.
 """

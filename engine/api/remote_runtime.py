@@ -37,6 +37,7 @@ from engine.protocol.messages import (
 )
 
 REMOTE_PRECISION = "remote"
+CONNECT_CANCELLED = "Connecting was cancelled; the model in use stays."
 MODELS_SHOWN_IN_ERRORS = 8
 
 
@@ -89,9 +90,10 @@ class RemoteRuntime:
             if request.path not in models:
                 raise RemoteError(_missing_model_message(server.base_url, request.path, models))
         except RemoteError as error:
-            self._watch.forget(request.request_id)
-            self._emit(LoadFailed(request.request_id, str(error)))
-            self._emit_ready()
+            self._fail_load(request, str(error))
+            return
+        if self._watch.is_cancelled(request.request_id):  # the Cancel came while the server was being asked
+            self._fail_load(request, CONNECT_CANCELLED)
             return
         self._watch.forget(request.request_id)
         self._server, self._model, self._context_length = server, request.path, models[request.path]
@@ -99,6 +101,12 @@ class RemoteRuntime:
             request.request_id, request.path, request.path, urlsplit(server.base_url).netloc, REMOTE_PRECISION,
             self._context_length, time.perf_counter() - started, server=server.base_url,
         ))
+        self._emit_ready()
+
+    def _fail_load(self, request: LoadModel, message: str) -> None:
+        """The remote model in use, if any, stays."""
+        self._watch.forget(request.request_id)
+        self._emit(LoadFailed(request.request_id, message))
         self._emit_ready()
 
     def _generate(self, request: Generate) -> None:

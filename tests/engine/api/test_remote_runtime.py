@@ -11,6 +11,7 @@ from engine.protocol.messages import (
     Generate,
     ListRemoteModels,
     LoadFailed,
+    LoadModel,
     ModelLoaded,
     PrefillDone,
     RemoteModelsFailed,
@@ -107,6 +108,19 @@ def test_cancel_while_the_server_is_still_silent(driver, fake_server, fake_scrip
 
     assert isinstance(finished, ReplyFinished) and finished.stats.finish_reason == "cancelled"
     assert finished.text == "" and not [e for e in seen if isinstance(e, TokenStreamed)]
+
+
+def test_a_connection_cancelled_while_the_server_is_asked_changes_nothing(driver, fake_server, fake_script):
+    driver.connect(RemoteServer(fake_server.base_url), "other-model")
+    fake_script.list_delay_s = 0.3
+    driver.thread.submit(LoadModel("load-2", "big-model", server=RemoteServer(fake_server.base_url)))
+    driver.thread.submit(Cancel("load-2"))
+
+    failed, _ = driver.wait_for(ModelLoaded, LoadFailed)
+    finished, _ = driver.ask()
+
+    assert isinstance(failed, LoadFailed) and failed.message == "Connecting was cancelled; the model in use stays."
+    assert isinstance(finished, ReplyFinished) and fake_script.bodies[-1]["model"] == "other-model"
 
 
 def test_an_unreachable_server_is_named(driver):
