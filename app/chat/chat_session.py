@@ -24,7 +24,7 @@ from app.controller import EngineController
 from app.conversations.conversation import Conversation, DisplayMessage
 from app.conversations.persistence import ConversationJournal
 from app.storage import StorageError
-from engine.protocol.messages import LoadFailed, LoadOptions, ModelLoaded
+from engine.protocol.messages import LoadFailed, LoadOptions, ModelLoaded, RemoteServer
 
 
 class ChatSession(QObject):
@@ -85,12 +85,13 @@ class ChatSession(QObject):
         self._update_controls()
         self.shown.emit(conversation.id)
 
-    def load_model(self, path: str, options: LoadOptions = LoadOptions()) -> str:
-        """Load another model and return the request id; every reply is stopped, sending waits until it is loaded."""
+    def load_model(self, path: str, options: LoadOptions = LoadOptions(), server: RemoteServer | None = None) -> str:
+        """Load another model (with ``server``: use that server's model ``path``) and return the request id;
+        every reply is stopped, sending waits until it is loaded."""
         self.replies.stop_all()
         self._model_ready = False
         self._update_controls()
-        return self._controller.load_model(path, options)
+        return self._controller.load_model(path, options, server)
 
     def send(self, text: str) -> bool:
         """Send ``text`` as the next user message; False (text kept) if not possible now."""

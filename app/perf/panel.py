@@ -38,6 +38,7 @@ from app.perf.format import (
     format_tok_s,
     format_tokens,
 )
+from app.perf.remote_box import RemoteFiguresBox
 from app.perf.state import DECODE_WINDOW_S, MEMORY_WINDOW_S, PerfState, ReplyPerf
 from app.perf.timeline import StageTimeline
 from engine.protocol.messages import BatchSampled, Event, MemorySampled, MemoryStats, TokenStreamed
@@ -238,6 +239,8 @@ class PerformancePanel(QWidget):
         reply_box = self._form_box("Reply", REPLY_ROWS)
         reply_box.layout().addRow(self.timeline)
         column.addWidget(reply_box)
+        self.remote_box = RemoteFiguresBox()
+        column.addWidget(self.remote_box)
         self.context_bar = ContextBar()
         column.addWidget(self._boxed("Context", self.context_bar))
         self.batch_box = self._form_box("Batch (all conversations)", BATCH_ROWS)
@@ -290,10 +293,12 @@ class PerformancePanel(QWidget):
             self.model_label.setText("No model loaded.")
             return
         context = format_tokens(model.context_length)
-        self.model_label.setText(f"<b>{html.escape(model.name)}</b> · {model.device} · {model.precision} · {context} context")
+        where = f"remote server {html.escape(model.server)} (figures measured here)" if model.server else model.device
+        self.model_label.setText(f"<b>{html.escape(model.name)}</b> · {where} · {model.precision} · {context} context")
 
     def _show_reply(self, reply: ReplyPerf | None) -> None:
         self._show_tokens(reply)
+        self.remote_box.show_figures(self.state.model.server if self.state.model else "", reply.remote if reply else None)
         if reply is None or reply.waiting:
             for key, _ in REPLY_ROWS:
                 self._set(key, UNKNOWN)

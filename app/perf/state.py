@@ -25,6 +25,7 @@ from engine.protocol.messages import (
     MemoryStats,
     ModelLoaded,
     PrefillDone,
+    RemoteFigures,
     ReplyFailed,
     ReplyFinished,
     RequestStats,
@@ -44,6 +45,7 @@ class ModelInfo:
     device: str
     precision: str
     context_length: int
+    server: str = ""  # the remote server's address, "" for a model in this process
 
 
 @dataclass
@@ -68,6 +70,7 @@ class ReplyPerf:
     started_at: float | None = None
     finished_at: float | None = None
     token_times: list[float] = field(default_factory=list)
+    remote: RemoteFigures | None = None
 
     @property
     def new_tokens(self) -> int:
@@ -104,6 +107,7 @@ class ReplyPerf:
         self.finish_reason = stats.finish_reason
         self.started_at = stats.started_at
         self.finished_at = stats.finished_at
+        self.remote = stats.remote
 
 
 @dataclass
@@ -199,8 +203,8 @@ class PerfState:
         return self._live.pop(request_id)
 
     def _model_loaded(self, event: ModelLoaded) -> None:
-        self.model = ModelInfo(event.name, event.device, event.precision, event.context_length)
-        self.memory = event.memory
+        self.model = ModelInfo(event.name, event.device, event.precision, event.context_length, event.server)
+        self.memory = None if event.server else event.memory  # a remote model's memory is the server's: unknown here
         self.batch = None
         self._live.clear()
         self._latest.clear()
@@ -237,7 +241,8 @@ class PerfState:
     def _reply_finished(self, event: ReplyFinished) -> None:
         self._end(event.request_id).take_stats(event.stats)
         self.session.add(event.stats)
-        self.memory = event.stats.memory
+        if event.stats.remote is None:
+            self.memory = event.stats.memory
         self._advance_clock(event.stats.finished_at)
 
     def _reply_failed(self, event: ReplyFailed) -> None:

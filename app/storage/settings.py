@@ -3,7 +3,8 @@
 A settings file that cannot be read is never overwritten blindly: it is copied aside as
 ``settings.json.damaged-<YYYYmmdd-HHMMSS>``, the values that could be read are kept, the others
 fall back to their defaults, and ``LoadedSettings.notice`` says so. Keys Hearth does not know
-are ignored (and dropped on the next save).
+are ignored (and dropped on the next save). The file may hold the API keys of remote servers,
+so it is written readable by the user alone (mode 0600).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ Theme = Literal["system", "light", "dark"]
 THEMES: tuple[str, ...] = ("system", "light", "dark")
 SETTINGS_NAME = "settings.json"
 RECENT_MODELS_LIMIT = 10
+REMOTE_SERVERS_LIMIT = 10
+SETTINGS_MODE = 0o600
 _DEFAULTS = SamplingParams()
 
 
@@ -71,12 +74,36 @@ def _checked_number(name: str, value: object) -> float | int | None:
 
 
 @dataclass(frozen=True)
+class RemoteConnection:
+    """A remote server the user connected to, and the model last used there.
+
+    ``api_key`` ("" for none) is kept only in the settings file, never in the conversations or an export.
+    """
+
+    base_url: str
+    api_key: str = field(default="", repr=False)
+    model: str = ""
+
+    @classmethod
+    def from_dict(cls, data: object) -> RemoteConnection:
+        if not isinstance(data, dict) or not isinstance(data.get("base_url"), str):
+            raise ValueError("expected a server with a base_url")  # not the entry itself: it may hold a key
+        return cls(data["base_url"], _read_text(data.get("api_key", "")), _read_text(data.get("model", "")))
+
+
+@dataclass(frozen=True)
 class Settings:
     system_prompt: str = ""
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     theme: Theme = "system"
     last_model_path: str | None = None
     recent_models: tuple[str, ...] = ()
+    remote_servers: tuple[RemoteConnection, ...] = ()
+
+    def with_remote_connection(self, connection: RemoteConnection) -> Settings:
+        """These settings with ``connection`` first among the remote servers (one entry per address)."""
+        others = (c for c in self.remote_servers if c.base_url != connection.base_url)
+        return replace(self, remote_servers=(connection, *others)[:REMOTE_SERVERS_LIMIT])
 
     def with_recent_model(self, model_path: str) -> Settings:
         """These settings with ``model_path`` as the last model, first in the recent list (no duplicates)."""
@@ -150,12 +177,19 @@ def _read_recent(value: object) -> tuple[str, ...]:
     return tuple(_read_text(item) for item in value)[:RECENT_MODELS_LIMIT]
 
 
+def _read_remote_servers(value: object) -> tuple[RemoteConnection, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of servers, not {value!r}")
+    return tuple(RemoteConnection.from_dict(item) for item in value)[:REMOTE_SERVERS_LIMIT]
+
+
 _FIELD_READERS = {
     "system_prompt": _read_text,
     "sampling": SamplingSettings.from_dict,
     "theme": _read_theme,
     "last_model_path": _read_optional_text,
     "recent_models": _read_recent,
+    "remote_servers": _read_remote_servers,
 }
 
 
@@ -188,6 +222,7 @@ def save_settings(settings: Settings, path: Path | None = None) -> None:
 def _write_atomically(path: Path, text: str) -> None:
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(temporary, SETTINGS_MODE)
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(text)
             stream.flush()

@@ -1,7 +1,8 @@
 """Hearth's main window: lays out the conversation, the input bar and the status line (GUI thread).
 
 The window only assembles parts: ``ChatSession`` runs the conversation, ``StatusLine``
-reports the engine, ``ModelLoader`` opens models (File menu, drops), the
+reports the engine, ``ModelLoader`` opens models (File menu, drops) and
+``RemoteModelPicker`` picks one on a remote server (File › Connect to server…), the
 performance dock shows every engine event, the Server menu runs the API server
 on the same engine (``server_menu``), and errors that need attention open a
 non-blocking dialog.
@@ -20,6 +21,7 @@ from app.controller import EngineController
 from app.conversations.conversation_ui import install_conversations
 from app.conversations.persistence import open_journal
 from app.models.model_picker import ModelLoader
+from app.models.remote_picker import RemoteModelPicker
 from app.perf.dock import PerformanceDock
 from app.settings.app_settings import SettingsHolder
 from app.settings.theme import STYLE_SHEET
@@ -82,6 +84,8 @@ class MainWindow(QMainWindow):
         self.model_loader = ModelLoader(self, self.session, controller, self.status_line, self.show_error)
         file_menu = menu_named(self, "&File")
         self.model_loader.fill_menu(file_menu)
+        self.remote_picker = RemoteModelPicker(self, self.session, controller, self.status_line, self.model_loader.progress)
+        self.remote_picker.fill_menu(file_menu)
         file_menu.addSeparator()
         add_action(file_menu, "&Quit", QKeySequence.StandardKey.Quit, self.close)
 

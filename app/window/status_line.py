@@ -2,7 +2,7 @@
 
 The left side follows the engine (downloading N%, loading, ready with the model
 and device, generating, errors); the right side keeps the last reply's speed and
-time to first token. A failed load keeps the previous model's name: the engine
+time to first token, and for a remote model what its server reported. A failed load keeps the previous model's name: the engine
 keeps that model. ``show_notice`` covers the left side for a few seconds:
 refused sends and errors that end a reply, so the next state does not hide them.
 """
@@ -18,6 +18,7 @@ from engine.protocol.messages import (
     LoadFailed,
     LoadProgress,
     ModelLoaded,
+    RemoteFigures,
     ReplyFailed,
     ReplyFinished,
     RequestStats,
@@ -47,10 +48,20 @@ def describe_model(loaded: ModelLoaded) -> str:
 
 
 def describe_stats(stats: RequestStats) -> str:
-    return (
+    text = (
         f"Last reply: {stats.tokens_generated} tokens, {stats.decode_tok_s:.1f} tokens/s, "
         f"first token after {stats.ttft_ms:.0f} ms"
     )
+    return f"{text} {describe_remote(stats.remote)}" if stats.remote else text
+
+
+def describe_remote(figures: RemoteFigures) -> str:
+    """The server's own figures, after what Hearth measured over the network."""
+    said = [f"{figures.decode_tok_s:.1f} tokens/s"] if figures.decode_tok_s is not None else []
+    cached = figures.cached_tokens if figures.cached_tokens is not None else figures.cache_n
+    if cached is not None and figures.prompt_tokens is not None:
+        said.append(f"{cached} of {figures.prompt_tokens} prompt tokens cached")
+    return f"(measured here; the server says {', '.join(said)})" if said else "(measured here, over the network)"
 
 
 class StatusLine(QStatusBar):

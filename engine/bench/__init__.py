@@ -6,6 +6,7 @@ chat and load on a real or random model, with its baseline in the same run;
 ``random_gguf`` (with ``gguf_blocks``) writes GGUF files of real shapes with random
 weights; ``peer`` runs llama.cpp, the yardstick, in a process of its own
 (``peer_llama.py`` is the script it runs), ``peer_compare`` takes turns with it, and
-``load_probe`` measures one load in a fresh process. ``python -m engine.bench.gpu_check OUT_DIR``
+``load_probe`` measures one load in a fresh process, and ``remote_client`` times
+Hearth's client of a remote server against a bare one. ``python -m engine.bench.gpu_check OUT_DIR``
 runs the GPU tests and every GPU benchmark, each in its own process.
 """

@@ -11,6 +11,7 @@
     serve  --model … --concurrency 1,2,4,8,16 [--prompt-tokens N] [--new-tokens N] [--shared-prefix N]
            [--join [--join-tokens N] [--step-tokens N]]
     serve-api --model default|PATH --new-tokens N [--rounds N]   (``serve_api``: what the API server adds)
+    remote --url URL --model ID [--api-key KEY] [--new-tokens N] [--rounds N]
 
 One JSON object per line on stdout (``--json``; without it, ``key=value`` lines);
 the last line is the summary. Baselines run in the same run, taking turns with
@@ -29,6 +30,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from engine.bench import remote_client
 from engine.bench.serve_api import add_parser as add_serve_api_parser
 from engine.bench.serve_api import run as run_serve_api
 
@@ -99,6 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     for command in (decode, prefill, chat, turns, load, batched, serve, serve_api):
         command.add_argument("--model", default="default")
         command.add_argument("--json", action="store_true", help="JSON lines (else key=value lines)")
+    remote_client.add_arguments(commands.add_parser("remote", help="Hearth's remote client vs a bare one, on a server"))
     return parser
 
 
@@ -356,4 +359,5 @@ def _serve(args: argparse.Namespace, show) -> dict[str, Any]:
 
 
 COMMANDS = {"decode": _decode, "prefill": _prefill, "chat": _chat, "turns": _turns, "load": _load,
-            "batched": _batched, "serve": _serve, "serve-api": run_serve_api}
+            "batched": _batched, "serve": _serve, "serve-api": run_serve_api,
+            "remote": remote_client.run}

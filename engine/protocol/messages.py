@@ -54,16 +54,28 @@ class LoadOptions:
     context_length: int | None = None
 
 
+@dataclass(frozen=True)
+class RemoteServer:
+    """An OpenAI-compatible server, ``http://host:8000``; ``api_key`` ("" for none) never shows in a repr."""
+
+    base_url: str
+    api_key: str = field(default="", repr=False)
+
+
 # ---------------------------------------------------------------- requests
 
 
 @dataclass(frozen=True)
 class LoadModel:
-    """Load ``path`` ("default" for the built-in model, a folder or a .gguf file)."""
+    """Load ``path`` ("default" for the built-in model, a folder or a .gguf file).
+
+    With ``server``, ``path`` is a model's id there: the server must list it, and replies are asked of it.
+    """
 
     request_id: str
     path: str
     options: LoadOptions = LoadOptions()
+    server: RemoteServer | None = None
 
 
 @dataclass(frozen=True)
@@ -110,7 +122,15 @@ class InspectModel:
     options: LoadOptions = LoadOptions()
 
 
-Request = Union[LoadModel, Generate, Cancel, ForgetConversation, Shutdown, InspectModel]
+@dataclass(frozen=True)
+class ListRemoteModels:
+    """Ask ``server`` which models it runs (answered by RemoteModelsListed or RemoteModelsFailed)."""
+
+    request_id: str
+    server: RemoteServer
+
+
+Request = Union[LoadModel, Generate, Cancel, ForgetConversation, Shutdown, InspectModel, ListRemoteModels]
 
 
 # ---------------------------------------------------------------- events
@@ -167,6 +187,7 @@ class ModelLoaded:
     load_s: float
     memory: MemoryStats = MemoryStats()
     notices: tuple[str, ...] = ()  # things the user should know (e.g. "no chat template: using a plain one")
+    server: str = ""  # the remote server's base URL when the model runs there; "" for a model in this process
 
 
 @dataclass(frozen=True)
@@ -202,8 +223,26 @@ class TokenStreamed:
 
 
 @dataclass(frozen=True)
+class RemoteFigures:
+    """What a remote server reported about one reply; None where it reported nothing.
+
+    From ``usage``: the token counts (``cached_tokens`` from ``prompt_tokens_details``). From llama.cpp's
+    ``timings``: ``prompt_per_second``, ``predicted_per_second`` (``decode_tok_s``) and ``cache_n``.
+    """
+
+    server: str
+    model: str
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    prompt_tok_s: float | None = None
+    decode_tok_s: float | None = None
+    cache_n: int | None = None
+
+
+@dataclass(frozen=True)
 class RequestStats:
-    """Everything measured for one reply."""
+    """Everything measured for one reply (for a remote model: by this client, the network included)."""
 
     tokenize_ms: float = 0.0
     prompt_tokens: int = 0
@@ -219,6 +258,7 @@ class RequestStats:
     memory: MemoryStats = field(default_factory=MemoryStats)
     started_at: float = 0.0
     finished_at: float = 0.0
+    remote: RemoteFigures | None = None  # what a remote server itself reported
 
 
 @dataclass(frozen=True)
@@ -328,6 +368,23 @@ class InspectFailed:
     message: str
 
 
+@dataclass(frozen=True)
+class RemoteModelsListed:
+    """The models the server at ``base_url`` runs, by id, as its ``GET /v1/models`` listed them."""
+
+    request_id: str
+    base_url: str
+    models: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RemoteModelsFailed:
+    """``ListRemoteModels`` got no list; ``message`` says why and what to do."""
+
+    request_id: str
+    message: str
+
+
 Event = Union[
     StatusChanged,
     FetchProgress,
@@ -343,4 +400,6 @@ Event = Union[
     EngineError,
     ModelInspected,
     InspectFailed,
+    RemoteModelsListed,
+    RemoteModelsFailed,
 ]

@@ -1,0 +1,273 @@
+"""HTTP to an OpenAI-compatible server, with the standard library (engine thread; one reader thread per stream).
+
+Why ``http.client`` and not an HTTP package: a streamed reply needs a POST whose
+body is read line by line, and a way to drop the connection at once on Cancel;
+``http.client`` gives both (it decodes chunked bodies, and TLS comes from
+``ssl``), so the engine gains no dependency. (httpx2 is in the environment only
+as huggingface_hub's dependency, which Hearth does not control.)
+
+``normalize_base_url`` turns what the user typed into ``scheme://host[:port][/prefix]``
+without the ``/v1``. ``get_json`` does one GET. ``open_stream`` POSTs and returns a
+``LineStream``, whose lines a helper thread reads, so that the engine thread can
+wait for the next line with a timeout and look for a Cancel meanwhile. Every
+failure is a ``RemoteError`` whose message says what happened and what to do.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import queue
+import socket
+import ssl
+import threading
+import urllib.parse
+
+from engine.protocol.messages import RemoteServer
+
+CONNECT_TIMEOUT_S = 10.0
+LIST_TIMEOUT_S = 30.0
+STREAM_SILENCE_S = 300.0  # the longest a streamed reply may go without a byte (a long prompt on a busy server)
+MAX_JSON_BYTES = 16 * 1024 * 1024
+SNIPPET_CHARS = 120
+
+
+class RemoteError(Exception):
+    """A request to the remote server failed; ``str()`` is the message for the user."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class StreamEnded(Exception):
+    """The server closed a streamed body normally."""
+
+
+def normalize_base_url(text: str) -> str:
+    """``http://host:port[/prefix]`` from what the user typed; raises ValueError saying what is wrong."""
+    text = text.strip()
+    if not text:
+        raise ValueError("Enter the server's address, for example http://localhost:8000.")
+    if "://" not in text:
+        text = f"http://{text}"
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"The address must start with http:// or https://, not {parts.scheme}://.")
+    if not parts.hostname:
+        raise ValueError(f"The address {text!r} has no host name.")
+    try:
+        parts.port
+    except ValueError:
+        raise ValueError(f"The port in {text!r} is not a number from 1 to 65535.") from None
+    path = parts.path.rstrip("/")
+    path = path[: -len("/v1")] if path.endswith("/v1") else path
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+def not_json_message(base_url: str, path: str, text: str) -> str:
+    snippet = text.strip()[:SNIPPET_CHARS]
+    return (
+        f"The server at {base_url} answered {path} with something that is not JSON ({snippet!r}). "
+        "Is this the address of an OpenAI-compatible API?"
+    )
+
+
+def get_json(server: RemoteServer, path: str) -> object:
+    """``GET {base}{path}`` as parsed JSON."""
+    connection, response, _sock = _send(server, "GET", path, None, LIST_TIMEOUT_S)
+    try:
+        body = response.read(MAX_JSON_BYTES)
+    except (OSError, http.client.HTTPException) as error:
+        raise RemoteError(f"The connection to {server.base_url} broke off while reading {path} ({error}).") from error
+    finally:
+        connection.close()
+    text = body.decode("utf-8", errors="replace")
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise RemoteError(not_json_message(server.base_url, path, text)) from None
+
+
+def open_stream(server: RemoteServer, path: str, payload: dict[str, object]) -> LineStream:
+    """``POST {base}{path}`` with a JSON body; the answer's body comes line by line."""
+    body = json.dumps(payload).encode("utf-8")
+    connection, response, sock = _send(server, "POST", path, body, STREAM_SILENCE_S)
+    content_type = response.getheader("Content-Type", "")
+    if content_type and "event-stream" not in content_type:
+        try:
+            text = response.read(64 * 1024).decode("utf-8", errors="replace")
+        except (OSError, http.client.HTTPException):
+            text = ""
+        finally:
+            connection.close()
+        raise RemoteError(_unstreamed_message(server.base_url, path, text))
+    return LineStream(connection, response, sock)
+
+
+def _unstreamed_message(base_url: str, path: str, text: str) -> str:
+    """What to say when the answer to a streamed request is not an event stream."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return not_json_message(base_url, path, text)
+    reported = error_text(data)
+    if reported:
+        return f"The server at {base_url} answered {path} with an error: {reported}"
+    return f"The server at {base_url} answered {path} in one piece instead of streaming it; it may not support streaming."
+
+
+def _send(
+    server: RemoteServer, method: str, path: str, body: bytes | None, read_timeout_s: float
+) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, socket.socket]:
+    """Connect, send, and read the status line; an error status is raised as a ``RemoteError``."""
+    parts = urllib.parse.urlsplit(server.base_url)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = kind(parts.hostname, parts.port, timeout=CONNECT_TIMEOUT_S)
+    try:
+        connection.connect()
+    except OSError as error:
+        connection.close()
+        raise RemoteError(_unreachable_message(server.base_url, error)) from error
+    sock = connection.sock  # kept: http.client forgets it when the answer says "Connection: close"
+    sock.settimeout(read_timeout_s)
+    try:
+        connection.request(method, parts.path + path, body=body, headers=_headers(server, body is not None))
+        response = connection.getresponse()
+    except (OSError, http.client.HTTPException) as error:
+        connection.close()
+        raise RemoteError(f"The server at {server.base_url} closed the connection before answering ({error}).") from error
+    if response.status >= 400:
+        detail = _error_detail(response)
+        connection.close()
+        raise RemoteError(_status_message(server.base_url, path, response.status, detail), response.status)
+    return connection, response, sock
+
+
+def _headers(server: RemoteServer, has_body: bool) -> dict[str, str]:
+    headers = {"Accept": "text/event-stream, application/json", "User-Agent": "Hearth"}
+    if has_body:
+        headers["Content-Type"] = "application/json"
+    if server.api_key:
+        headers["Authorization"] = f"Bearer {server.api_key}"
+    return headers
+
+
+def _unreachable_message(base_url: str, error: OSError) -> str:
+    if isinstance(error, ConnectionRefusedError):
+        reason = "the connection was refused"
+    elif isinstance(error, socket.gaierror):
+        reason = "the host name is unknown"
+    elif isinstance(error, TimeoutError):
+        reason = f"no answer within {CONNECT_TIMEOUT_S:.0f} s"
+    elif isinstance(error, ssl.SSLError):
+        reason = f"the secure connection failed ({error.reason or error})"
+    else:
+        reason = error.strerror or str(error)
+    return (
+        f"Could not reach the server at {base_url}: {reason}. "
+        "Check that it is running and that the address and port are right."
+    )
+
+
+def _error_detail(response: http.client.HTTPResponse) -> str:
+    """The server's own words about an error status: the JSON ``error.message`` or ``message``, or the text."""
+    try:
+        text = response.read(64 * 1024).decode("utf-8", errors="replace").strip()
+    except (OSError, http.client.HTTPException):
+        return ""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text[:SNIPPET_CHARS]
+    return error_text(data) or text[:SNIPPET_CHARS]
+
+
+def error_text(data: object) -> str:
+    """The message of an OpenAI-style error object: ``{"error": {"message": …}}``, or vLLM's ``{"object": "error", …}``."""
+    if not isinstance(data, dict):
+        return ""
+    error = data.get("error")
+    if isinstance(error, dict):
+        return str(error.get("message") or error)
+    if error:
+        return str(error)
+    return str(data.get("message", "")) if data.get("object") == "error" else ""
+
+
+def _status_message(base_url: str, path: str, status: int, detail: str) -> str:
+    said = f": {detail}" if detail else ""
+    if status in (401, 403):
+        return (
+            f"The server at {base_url} refused the API key (HTTP {status}{said}). "
+            "Enter the right key in File › Connect to server…."
+        )
+    if status == 404:
+        return f"The server at {base_url} has no {path} (HTTP 404{said}). Is the address that of an OpenAI-compatible API?"
+    return f"The server at {base_url} answered {path} with HTTP {status}{said}."
+
+
+class LineStream:
+    """The body of a streamed answer, read line by line on a helper thread.
+
+    ``next_line`` runs on the engine thread; ``close`` may be called from it at any
+    moment and wakes the reader at once by shutting the socket down.
+    """
+
+    _END = object()
+
+    def __init__(
+        self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse, sock: socket.socket
+    ) -> None:
+        self._connection = connection
+        self._response = response
+        self._sock = sock
+        self._lines: queue.Queue[object] = queue.Queue()
+        self._closed = False
+        threading.Thread(target=self._read, name="hearth-remote-reader", daemon=True).start()
+
+    def next_line(self, timeout_s: float) -> str | None:
+        """The next line without its line ending, or None if none came within ``timeout_s``.
+
+        Raises ``StreamEnded`` when the server closed the body, ``RemoteError`` when the connection broke.
+        """
+        try:
+            item = self._lines.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+        if item is self._END:
+            raise StreamEnded
+        if isinstance(item, BaseException):
+            raise RemoteError(_cut_reason(item)) from item
+        return str(item).rstrip("\r\n")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already gone
+
+    def _read(self) -> None:
+        try:
+            while not self._closed:
+                line = self._response.readline()
+                if not line:
+                    self._lines.put(self._END)
+                    return
+                self._lines.put(line.decode("utf-8", errors="replace"))
+        except Exception as error:  # any failure of a socket closed under it: OSError, HTTPException, ValueError
+            self._lines.put(error)
+        finally:
+            self._response.close()
+            self._connection.close()
+
+
+def _cut_reason(error: BaseException) -> str:
+    if isinstance(error, TimeoutError):
+        return f"nothing arrived for {STREAM_SILENCE_S:.0f} s"
+    if isinstance(error, http.client.IncompleteRead):
+        return "the server closed the connection in the middle of a chunk"
+    return str(error) or type(error).__name__
