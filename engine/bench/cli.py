@@ -333,6 +333,14 @@ def _batched(args: argparse.Namespace, show) -> dict[str, Any]:
     return batched_rates(args.model, args.sequences, args.prompt_tokens, args.new_tokens, engine_threads())
 
 
+def _peer_batched_rates(args: argparse.Namespace, levels: list[int]) -> dict[str, float]:
+    """llama.cpp's aggregate decode rate per level on the same file ({} without the peer or a GGUF file)."""
+    if _peer_file(args.model) is None:
+        return {}
+    return _batched(argparse.Namespace(model=args.model, sequences=levels, prompt_tokens=args.prompt_tokens,
+                                       new_tokens=args.new_tokens), None)["llama_cpp_tok_s"]
+
+
 def _serve(args: argparse.Namespace, show) -> dict[str, Any]:
     from engine.bench import serve as serve
     from engine.host.cpu_threads import apply_engine_threads
@@ -343,9 +351,14 @@ def _serve(args: argparse.Namespace, show) -> dict[str, Any]:
         raise ValueError(f"{type(loaded.backend).__name__} runs one request at a time: serve needs the CPU fast path.")
     serve.run_level(loaded, 2, 16, 4, 0)  # warm-up
     levels = [int(level) for level in args.concurrency.split(",") if level.strip()]
+    peer_rates = _peer_batched_rates(args, levels)
     rows = []
     for level in levels:
         rows.append(serve.run_level(loaded, level, args.prompt_tokens, args.new_tokens, args.shared_prefix))
+        if str(level) in peer_rates:
+            rate = peer_rates[str(level)]
+            rows[-1] |= {"llama_cpp_aggregate_decode_tok_s": rate,
+                         "aggregate_over_llama_cpp": round(rows[-1]["aggregate_decode_tok_s"] / rate, 2)}
         show(rows[-1])
     summary = {**_described(args.model, loaded), "levels": levels}
     if rows and rows[0]["concurrency"] == 1:

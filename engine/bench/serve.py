@@ -7,8 +7,8 @@ lets 7 streams run, then a request with ``--join-tokens`` prompt tokens arrives,
 reports its time to first token against its time alone and the running streams'
 inter-token times while it is prefilled.
 
-``baseline_figures`` is the hook for an outside baseline (llama.cpp's batched decode,
-branch ``peer``): whatever it returns for a level goes under the line's ``baseline`` key.
+llama.cpp's batched decode on the same file, when the peer is set up, is added to
+each level's line by the command (``engine.bench.cli``), from its own process.
 """
 
 from __future__ import annotations
@@ -29,11 +29,6 @@ from engine.service.reply_events import ReplyEvents
 
 JOIN_STREAMS = 7
 JOIN_WARM_STEPS = 8  # steps the streams run before the request joins, for their inter-token times alone
-
-
-def baseline_figures(concurrency: int, prompt_tokens: int, new_tokens: int) -> dict[str, Any] | None:
-    """An outside baseline's figures for one level; none yet (llama.cpp's batched decode plugs in here)."""
-    return None
 
 
 @dataclass
@@ -117,7 +112,6 @@ def run_level(loaded: LoadedModel, concurrency: int, prompt_tokens: int, new_tok
         "itl_ms_p50": round(_percentile(gaps, 0.5), 2), "itl_ms_p99": round(_percentile(gaps, 0.99), 2),
         "kv_bytes": bench.peak[0], "kv_bytes_ideal": bench.peak[1],
         "kv_block_bytes": bench.runner.bytes_per_block,
-        "baseline": baseline_figures(concurrency, prompt_tokens, new_tokens),
     }
 
 
