@@ -53,8 +53,12 @@ async def metrics(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
+    """The model served; ``max_model_len`` (vLLM's field) tells clients its context window."""
     link: EngineLink = request.app.state.link
-    listed = [] if link.model is None else [{"id": link.model.name, "object": "model", "created": 0, "owned_by": "hearth"}]
+    model = link.model
+    listed = [] if model is None else [
+        {"id": model.name, "object": "model", "created": 0, "owned_by": "hearth", "max_model_len": model.context_length}
+    ]
     return JSONResponse({"object": "list", "data": listed})
 
 

@@ -4,13 +4,14 @@ free loopback port, shared by a module's tests (test thread + engine thread + se
 from __future__ import annotations
 
 import queue
+import time
 from dataclasses import dataclass
 
 import pytest
 
 from engine.api.config import ServerConfig
 from engine.api.server import ApiServer
-from engine.protocol.messages import LoadModel, ModelLoaded, Request
+from engine.protocol.messages import Cancel, Generate, LoadModel, ModelLoaded, Request
 from engine.service.fanout import EngineHub
 
 
@@ -24,6 +25,25 @@ class RecordingHub(EngineHub):
     def submit(self, request, owner=None) -> None:
         self.submitted.put(request)
         super().submit(request, owner)
+
+    def forget_submitted(self) -> None:
+        while not self.submitted.empty():
+            self.submitted.get_nowait()
+
+    def wait_for_cancel(self, timeout_s: float = 10.0) -> tuple[str, str]:
+        """The ids of the last ``Generate`` seen and of the first ``Cancel`` after it."""
+        generate_id = ""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                request = self.submitted.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                break
+            if isinstance(request, Generate):
+                generate_id = request.request_id
+            elif isinstance(request, Cancel):
+                return generate_id, request.request_id
+        raise AssertionError("the server sent no Cancel to the engine")
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import queue
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -13,35 +12,12 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 
-from engine.protocol.messages import Cancel, Generate
-
 LONG = {"messages": [{"role": "user", "content": "count"}], "max_tokens": 1000, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
 def client(served_tiny) -> openai.OpenAI:
     return openai.OpenAI(base_url=served_tiny.url, api_key="unused", max_retries=0, timeout=120)
-
-
-def _drain(submitted: queue.Queue) -> None:
-    while not submitted.empty():
-        submitted.get_nowait()
-
-
-def _wait_for_cancel(submitted: queue.Queue, timeout_s: float = 10.0) -> tuple[str, str]:
-    """The ids of the last ``Generate`` seen and of the first ``Cancel`` after it."""
-    generate_id = ""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            request = submitted.get(timeout=max(deadline - time.monotonic(), 0.01))
-        except queue.Empty:
-            break
-        if isinstance(request, Generate):
-            generate_id = request.request_id
-        elif isinstance(request, Cancel):
-            return generate_id, request.request_id
-    raise AssertionError("the server sent no Cancel to the engine")
 
 
 def _outcomes(served) -> dict[str, int]:
@@ -59,12 +35,12 @@ def _wait_for_outcome(served, name: str, count: int) -> None:
 
 def test_a_client_leaving_mid_stream_cancels_and_the_next_request_works(client, served_tiny) -> None:
     cancelled_before = _outcomes(served_tiny).get("cancelled", 0)
-    _drain(served_tiny.hub.submitted)
+    served_tiny.hub.forget_submitted()
     stream = client.chat.completions.create(model=served_tiny.model_id, stream=True, **LONG)
     first_chunks = [next(stream) for _ in range(3)]
     stream.close()
 
-    generate_id, cancel_id = _wait_for_cancel(served_tiny.hub.submitted)
+    generate_id, cancel_id = served_tiny.hub.wait_for_cancel()
     _wait_for_outcome(served_tiny, "cancelled", cancelled_before + 1)
     after = client.chat.completions.create(model=served_tiny.model_id, messages=LONG["messages"], max_tokens=4, temperature=0)
 
@@ -74,7 +50,7 @@ def test_a_client_leaving_mid_stream_cancels_and_the_next_request_works(client, 
 
 
 def test_a_client_leaving_before_a_whole_reply_cancels_it(served_tiny) -> None:
-    _drain(served_tiny.hub.submitted)
+    served_tiny.hub.forget_submitted()
     address = urlsplit(served_tiny.root)
     connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
     body = json.dumps({"model": served_tiny.model_id, **LONG})
@@ -82,7 +58,7 @@ def test_a_client_leaving_before_a_whole_reply_cancels_it(served_tiny) -> None:
     time.sleep(0.3)  # the reply is being generated
     connection.close()
 
-    generate_id, cancel_id = _wait_for_cancel(served_tiny.hub.submitted)
+    generate_id, cancel_id = served_tiny.hub.wait_for_cancel()
 
     assert cancel_id == generate_id
 
