@@ -24,7 +24,6 @@ from pathlib import Path
 
 import pytest
 
-from engine.bench.peer import SETUP, peer_python
 from engine.models import default_model
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -82,12 +81,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _skip_peer_tests_without_peer(items: list[pytest.Item]) -> None:
+    peer_items = [item for item in items if item.get_closest_marker("peer")]
+    if not peer_items:
+        return
+    from engine.bench.peer import SETUP, peer_python
+
     if peer_python() is not None:
         return
     skip = pytest.mark.skip(reason=f"needs llama.cpp: run `{SETUP}`, or set HEARTH_PEER_PYTHON")
-    for item in items:
-        if item.get_closest_marker("peer"):
-            item.add_marker(skip)
+    for item in peer_items:
+        item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

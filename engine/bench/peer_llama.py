@@ -35,6 +35,8 @@ CHUNK = 512  # tokens per llama_decode while prefilling (llama.cpp's default n_b
 
 
 class Peer:
+    """One model and its single-sequence context; each public method answers one ``op``."""
+
     def __init__(self) -> None:
         self.llama: Any = None
         self.model: Any = None
