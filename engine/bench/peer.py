@@ -22,10 +22,6 @@ from typing import Any, Sequence
 import numpy as np
 
 PEER_ENV = "HEARTH_PEER_PYTHON"
-WAIT_POLICY = "PASSIVE"
-"""llama.cpp's OpenMP threads sleep rather than spin at each of its many barriers, unless ``OMP_WAIT_POLICY``
-says otherwise: on a busy machine, spinning threads take the cores from the ones with work (measured: a
-16-token prompt 0.3-0.5 s passive, 0.7-7 s spinning, two threads on two shared cores)."""
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("peer_llama.py")
 SETUP = 'python3 -m venv .peer && .peer/bin/pip install "llama-cpp-python[server]==0.3.36"'
@@ -61,7 +57,7 @@ class PeerProcess:
         self._log = tempfile.TemporaryFile(mode="w+")
         self._process = subprocess.Popen(
             [str(require_peer()), str(SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-            text=True, env={"OMP_WAIT_POLICY": WAIT_POLICY, **os.environ, "OMP_NUM_THREADS": str(threads)},
+            text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)},  # OMP_WAIT_POLICY passes through
         )
         try:
             self.loaded = self.request("load", model=str(model), n_ctx=n_ctx, threads=threads)
