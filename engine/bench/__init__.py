@@ -3,7 +3,7 @@
 ``python -m engine.bench`` (``cli``) measures decode, prefill, multi-turn reuse,
 chat and load on a real or random model, with its baseline in the same run;
 ``measure`` holds the timed pieces, ``bench_models`` what ``--model`` names.
-``random_gguf`` (with ``gguf_blocks``) writes GGUF files of real shapes with random
+``random_gguf`` (with ``random_blocks``) writes GGUF files of real shapes with random
 weights; ``peer`` runs llama.cpp, the yardstick, in a process of its own
 (``peer_llama.py`` is the script it runs), ``peer_compare`` takes turns with it, and
 ``load_probe`` measures one load in a fresh process, and ``remote_client`` times

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType
 
-from engine.bench.gguf_blocks import random_blocks
+from engine.bench.random_blocks import random_blocks
 from engine.host import paths
 
 PREFIX = "random-gguf:"

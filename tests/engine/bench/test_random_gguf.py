@@ -8,7 +8,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import Q4_K, dequantize
 
 from engine.bench import random_gguf
-from engine.bench.gguf_blocks import BLOCK_FIELDS, pack_k4_scales, random_blocks
+from engine.bench.random_blocks import BLOCK_FIELDS, pack_k4_scales, random_blocks
 from engine.bench.random_gguf import SHAPES, RandomGgufError, tensor_specs
 
 Q = GGMLQuantizationType

@@ -1,7 +1,7 @@
 """Small GGUF files of random weights, written the way llama.cpp writes them (for tests).
 
-K-quant blocks are random bytes with sane fp16 scales written over them (gguf-py can only dequantize
-those types); the query and key rows of a llama file are in llama.cpp's rotary order, as its converter
+Blocks come from the benchmarks' writer (``engine.bench.random_blocks``: random codes, scales for a
+sane weight spread); the query and key rows of a llama file are in llama.cpp's rotary order, as its converter
 leaves them. The tokenizer is byte-level BPE over the 256 byte symbols and one end-of-turn token.
 """
 
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+from gguf.constants import GGMLQuantizationType as Q
 
-SCALE_RANGES = {Q.Q4_0: (0.01, 0.03), Q.Q4_1: (0.01, 0.03), Q.Q8_0: (0.002, 0.005),
-                Q.Q4_K: (0.0001, 0.0005), Q.Q5_K: (0.0001, 0.0005), Q.Q6_K: (0.00005, 0.0002)}
-FP16_FIELDS = {Q.Q4_0: 1, Q.Q4_1: 2, Q.Q8_0: 1, Q.Q4_K: 2, Q.Q5_K: 2, Q.Q6_K: 0}
+from engine.bench.random_blocks import random_blocks
+from engine.bench.random_gguf import WEIGHT_STD
+
 END_OF_TURN = "<|end|>"
 
 
@@ -32,18 +32,6 @@ class Shape:
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
-
-
-def random_blocks(quant_type: Q, rows: int, width: int, rng: np.random.Generator) -> np.ndarray:
-    """[rows, bytes per row] of ``quant_type`` blocks: random codes, fp16 scales in a sane range."""
-    block_size, type_size = GGML_QUANT_SIZES[quant_type]
-    blocks = rng.integers(0, 256, size=(rows, width // block_size, type_size), dtype=np.uint8)
-    low, high = SCALE_RANGES[quant_type]
-    fields = FP16_FIELDS[quant_type]
-    at = slice(0, 2 * fields) if fields else slice(type_size - 2, type_size)  # Q6_K keeps d last
-    scales = rng.uniform(low, high, size=(rows, blocks.shape[1], max(fields, 1))).astype(np.float16)
-    blocks[..., at] = scales.view(np.uint8).reshape(rows, blocks.shape[1], -1)
-    return blocks.reshape(rows, -1)
 
 
 def byte_tokens() -> list[str]:
@@ -67,7 +55,7 @@ def write_random_gguf(path: Path, architecture: str = "llama", layer_type: Q = Q
     _write_metadata(writer, shape, tokens)
 
     def matrix(name: str, rows: int, width: int, quant_type: Q = layer_type) -> None:
-        writer.add_tensor(name, random_blocks(quant_type, rows, width, rng), raw_dtype=quant_type)
+        writer.add_tensor(name, random_blocks(quant_type, rows, width, WEIGHT_STD, rng), raw_dtype=quant_type)
 
     def vector(name: str, size: int, around: float = 1.0) -> None:
         writer.add_tensor(name, (around + 0.1 * rng.standard_normal(size)).astype(np.float32))
