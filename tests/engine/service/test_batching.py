@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
-
 from engine.chat.generation import CachedSequence, DecodeLoop
 from engine.chat.prompt import PromptPlan
 from engine.protocol.messages import (
@@ -13,7 +11,6 @@ from engine.protocol.messages import (
     Cancel,
     ChatMessage,
     Generate,
-    ModelLoaded,
     PrefillDone,
     ReplyFailed,
     ReplyFinished,
@@ -40,14 +37,6 @@ def _alone(tiny_loaded, prompt_ids: list[int], sampling: SamplingParams) -> str:
 
 def _prompt(tiny_loaded, index: int) -> list[int]:
     return tiny_loaded.tokenize(tiny_loaded.render(_messages(index)))
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir, engine_driver):
-    engine = engine_driver()
-    assert isinstance(engine.load(str(tiny_model_dir)), ModelLoaded)
-    yield engine
-    engine.thread.stop()
 
 
 class _Events:

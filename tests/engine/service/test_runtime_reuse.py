@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
-
 from engine.chat.generation import CachedSequence, DecodeLoop, ReplyOutcome, common_prefix_length
 from engine.protocol.messages import (
     Cancel,
     ChatMessage,
     Generate,
     LoadFailed,
-    ModelLoaded,
     ReplyFailed,
     ReplyFinished,
     SamplingParams,
@@ -20,14 +17,6 @@ from engine.protocol.messages import (
 )
 
 SHORT_GREEDY = SamplingParams(temperature=0, max_new_tokens=8)
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir, engine_driver):
-    engine = engine_driver()
-    assert isinstance(engine.load(str(tiny_model_dir)), ModelLoaded)
-    yield engine
-    engine.thread.stop()
 
 
 def _fresh(tiny_loaded, messages: list[ChatMessage]) -> ReplyOutcome:
