@@ -15,9 +15,10 @@ block when it finishes.
 
 A block is free when no sequence holds it (ref count 0). Free blocks wait in one queue
 in eviction order: blocks holding nothing go first, then indexed ones least recently
-used first. Allocating takes the head; taking an indexed block evicts it with its
-descendants, which no sequence can hold either (a sequence holds the whole chain).
-A block in use is never evicted.
+used first. Allocating prefers empty blocks in one run after the sequence's last block
+(so the forward pass reads a sequence's keys in place), then takes the head; taking an
+indexed block evicts it with its descendants, which no sequence can hold either (a
+sequence holds the whole chain). A block in use is never evicted.
 """
 
 from __future__ import annotations
@@ -79,18 +80,51 @@ class BlockPool:
         """Blocks some sequence holds (cheap: every other block waits in the free queue)."""
         return self.num_blocks - len(self._free)
 
-    def allocate(self, count: int) -> list[int] | None:
-        """``count`` blocks held once each, evicting cached ones as needed; ``None`` (and nothing taken) if short."""
+    def allocate(self, count: int, after: int | None = None) -> list[int] | None:
+        """``count`` blocks held once each, evicting cached ones as needed; ``None`` (and nothing taken) if short.
+
+        The blocks come in one run where the pool allows: right after block ``after`` (the
+        sequence's last), else from the middle of the longest run of empty blocks, which
+        leaves room on both sides for the sequences beside it to grow into. A sequence
+        whose blocks follow one another is read in place by the forward pass, not gathered.
+        """
         if count > len(self._free):
             return None
-        taken = []
-        for _ in range(count):
-            block_id, _ = self._free.popitem(last=False)
+        run = self._empty_run(after + 1, count) if after is not None else []
+        run = run or self._empty_run(self._roomiest_start(), count)
+        for block_id in run:
+            del self._free[block_id]
+        taken = run + [self._free.popitem(last=False)[0] for _ in range(count - len(run))]
+        for block_id in taken:
             if self.blocks[block_id].indexed:
                 self._unindex(block_id)
             self.blocks[block_id].ref_count = 1
-            taken.append(block_id)
         return taken
+
+    def _is_empty(self, block_id: int) -> bool:
+        """Free and holding nothing cached (taking it evicts nothing)."""
+        return block_id in self._free and not self.blocks[block_id].indexed
+
+    def _empty_run(self, start: int, count: int) -> list[int]:
+        """Up to ``count`` empty blocks from ``start`` on, one after another."""
+        run = []
+        for block_id in range(start, min(start + count, self.num_blocks)):
+            if not self._is_empty(block_id):
+                break
+            run.append(block_id)
+        return run
+
+    def _roomiest_start(self) -> int:
+        """The middle of the longest run of empty blocks (its start when it begins the pool)."""
+        best_start, best_length, start = 0, 0, None
+        for block_id in range(self.num_blocks + 1):
+            if block_id < self.num_blocks and self._is_empty(block_id):
+                start = block_id if start is None else start
+                continue
+            if start is not None and block_id - start > best_length:
+                best_start, best_length = start, block_id - start
+            start = None
+        return best_start if best_start == 0 else best_start + best_length // 2
 
     def acquire(self, block_ids: Sequence[int]) -> None:
         """Hold cached blocks (a matched prefix) once more; they leave the free queue."""

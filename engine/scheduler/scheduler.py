@@ -164,7 +164,7 @@ class Scheduler:
             if seq not in self.running:
                 continue  # preempted for an earlier one
             while seq in self.running and len(seq.blocks) < self._blocks_for(len(seq.token_ids)):
-                taken = self.pool.allocate(self._blocks_for(len(seq.token_ids)) - len(seq.blocks))
+                taken = self.pool.allocate(self._blocks_for(len(seq.token_ids)) - len(seq.blocks), seq.blocks[-1])
                 if taken is not None:
                     seq.blocks += taken
                 else:
@@ -218,7 +218,8 @@ class Scheduler:
         match = self.pool.match(seq.token_ids[:-1])  # at least one token is computed: its logits start the reply
         held = [*match.blocks, *([match.partial] if match.partial is not None else [])]
         self.pool.acquire(held)
-        fresh = self.pool.allocate(self._blocks_for(len(seq.token_ids)) - len(match.blocks))
+        fresh = self.pool.allocate(self._blocks_for(len(seq.token_ids)) - len(match.blocks),
+                                   match.blocks[-1] if match.blocks else None)
         if fresh is None:
             self.pool.release(held)
             return False, None

@@ -237,3 +237,17 @@ def test_chats_arriving_together_with_one_system_prompt_compute_it_once() -> Non
     assert fed < 1000 + 8 * (16 + 9 + 7 + 10), "the shared prefix was computed once"
     for request_id, ids in prompts.items():
         assert runner.replies[request_id] == alone(ids, 10)
+
+
+def test_sequences_growing_side_by_side_keep_their_blocks_in_one_run() -> None:
+    """The forward pass reads a run of blocks in place; scattered blocks it must gather first."""
+    runner = FakeRunner(Scheduler(BlockPool(400, 16), step_tokens=64, max_running=8))
+    for index in range(8):
+        runner.submit(f"r{index}", prompt(40, index), 60)
+    for _ in range(70):
+        runner.step()
+        for seq in runner.scheduler.running:
+            assert seq.blocks == list(range(seq.blocks[0], seq.blocks[0] + len(seq.blocks))), seq.request_id
+    runner.run()
+    for index in range(8):
+        assert runner.replies[f"r{index}"] == alone(prompt(40, index), 60)
