@@ -358,7 +358,8 @@ def _serve(args: argparse.Namespace, show) -> dict[str, Any]:
         if str(level) in peer_rates:
             rate = peer_rates[str(level)]
             rows[-1] |= {"llama_cpp_aggregate_decode_tok_s": rate,
-                         "aggregate_over_llama_cpp": round(rows[-1]["aggregate_decode_tok_s"] / rate, 2)}
+                         "aggregate_over_llama_cpp": round(rows[-1]["aggregate_decode_tok_s"] / rate, 2),
+                         "steady_over_llama_cpp": round(rows[-1]["steady_decode_tok_s"] / rate, 2)}
         show(rows[-1])
     summary = {**_described(args.model, loaded), "levels": levels}
     if rows and rows[0]["concurrency"] == 1:

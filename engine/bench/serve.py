@@ -7,6 +7,10 @@ lets 7 streams run, then a request with ``--join-tokens`` prompt tokens arrives,
 reports its time to first token against its time alone and the running streams'
 inter-token times while it is prefilled.
 
+``aggregate_decode_tok_s`` counts every token after each request's first over the whole
+run, prefills of later requests included; ``steady_decode_tok_s`` counts the stretch in
+which all of them were decoding, which is what llama.cpp's batched figure measures.
+
 llama.cpp's batched decode on the same file, when the peer is set up, is added to
 each level's line by the command (``engine.bench.cli``), from its own process.
 """
@@ -43,6 +47,21 @@ class _Timeline:
             self.token_times.setdefault(event.request_id, []).append((event.timestamp, event.tokens_generated))
         elif isinstance(event, ReplyFinished):
             self.finished[event.request_id] = event
+
+    def generated_by(self, request_id: str, moment: float) -> int:
+        """Tokens ``request_id`` had generated at ``moment``."""
+        return max((count for at, count in self.token_times.get(request_id, []) if at <= moment), default=0)
+
+    def steady_tok_s(self) -> float:
+        """Tokens per second across requests while every one of them was decoding: from the last first token
+        to the first finish (as llama.cpp's batched figure counts decode steps alone); 0 when that never held."""
+        starts = [times[0][0] for times in self.token_times.values() if times]
+        ends = [reply.stats.finished_at for reply in self.finished.values()]
+        begin, end = max(starts, default=0.0), min(ends, default=0.0)
+        if end <= begin:
+            return 0.0
+        tokens = sum(self.generated_by(r, end) - self.generated_by(r, begin) for r in self.token_times)
+        return tokens / (end - begin)
 
     def gaps_ms(self, request_id: str, since: float = 0.0, until: float = float("inf")) -> list[float]:
         """Milliseconds per token between successive pieces of text of one request."""
@@ -107,6 +126,7 @@ def run_level(loaded: LoadedModel, concurrency: int, prompt_tokens: int, new_tok
     return {
         "concurrency": concurrency, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "shared_prefix": shared_prefix,
         "aggregate_decode_tok_s": round(sum(s.tokens_generated - 1 for s in stats) / span, 1),
+        "steady_decode_tok_s": round(bench.timeline.steady_tok_s(), 1),
         "per_request_decode_tok_s": round(statistics.median(s.decode_tok_s for s in stats), 1),
         "ttft_ms_p50": round(_percentile(ttfts, 0.5), 1), "ttft_ms_p99": round(_percentile(ttfts, 0.99), 1),
         "itl_ms_p50": round(_percentile(gaps, 0.5), 2), "itl_ms_p99": round(_percentile(gaps, 0.99), 2),

@@ -192,8 +192,7 @@ class FastLlama:
         for index, layer in enumerate(self.layers):
             x += self._paged_attention(layer, index, self.normalise(x), kv, layout, turns, masks)
             x += layer.down(swiglu(layer.gate_up(self.normalise(x))))
-        last = torch.tensor([span.rows.stop - 1 for span in layout.spans], device=self.device)  # [B]
-        return self.lm_head(self.normalise(x[last])).float()  # [B, V]
+        return self.lm_head(self.normalise(x[layout.last_rows])).float()  # [B, V]
 
     def _paged_attention(self, layer: _Layer, index: int, h: torch.Tensor, kv: PagedKV, layout: StepLayout,
                          turns: torch.Tensor, masks: list[torch.Tensor | None]) -> torch.Tensor:

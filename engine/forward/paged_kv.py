@@ -40,7 +40,8 @@ class SequenceSpan:
 class StepLayout:
     spans: tuple[SequenceSpan, ...]
     write: Positions  # where each of the step's R new positions goes, in row order
-    positions: torch.Tensor  # [R] each row's position in its sequence
+    positions: Positions  # each row's position in its sequence (a slice for a single sequence)
+    last_rows: slice | torch.Tensor  # each sequence's last row, [B]
 
 
 class PagedKV:
@@ -64,16 +65,19 @@ class PagedKV:
         self.buffer[:, :, :, target * size : target * size + tokens] = self.buffer[:, :, :, source * size : source * size + tokens]
 
     def layout(self, rows: Sequence[BatchRow]) -> StepLayout:
-        spans, writes, positions, first = [], [], [], 0
+        spans, writes, first = [], [], 0
         for row in rows:
             length = len(row.token_ids)
             end = row.start + length
             spans.append(SequenceSpan(slice(first, first + length), row.start, length, self._positions(row.block_ids, 0, end)))
             writes.append(self._positions(row.block_ids, row.start, end))
-            positions.append(torch.arange(row.start, end))
             first += length
-        write = writes[0] if len(writes) == 1 else torch.cat([_as_tensor(w) for w in writes]).to(self.device)
-        return StepLayout(tuple(spans), write, torch.cat(positions).to(self.device))
+        if len(rows) == 1:  # one sequence, nearly always in one run of blocks: slices throughout
+            return StepLayout(tuple(spans), writes[0], slice(rows[0].start, end), slice(first - 1, first))
+        write = torch.cat([_as_tensor(w) for w in writes]).to(self.device)  # [R]
+        positions = torch.cat([torch.arange(span.start, span.start + span.length) for span in spans])  # [R]
+        last_rows = torch.tensor([span.rows.stop - 1 for span in spans], device=self.device)  # [B]
+        return StepLayout(tuple(spans), write, positions.to(self.device), last_rows)
 
     def write(self, layer: int, where: Positions, keys_values: torch.Tensor) -> None:
         """Store ``keys_values`` [2, Hkv, R, hd] at the step's new positions."""

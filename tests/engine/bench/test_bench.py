@@ -63,6 +63,7 @@ def test_serve_reports_each_concurrency_level_a_shared_prefix_and_a_join(tmp_pat
         assert level["aggregate_decode_tok_s"] > 0 and level["ttft_ms_p99"] >= level["ttft_ms_p50"] > 0
         assert level["itl_ms_p99"] >= level["itl_ms_p50"] > 0
         assert level["kv_bytes_ideal"] <= level["kv_bytes"] <= level["kv_bytes_ideal"] + level["concurrency"] * level["kv_block_bytes"]
+    assert 0 < levels[0]["steady_decode_tok_s"] and levels[1]["steady_decode_tok_s"] >= 0
     assert levels[1]["kv_bytes"] < 4 * levels[0]["kv_bytes"], "the four prompts' shared 32 tokens are held once"
     assert joined["join_prompt_tokens"] == 64 and joined["join_ttft_ms"] > 0 and joined["running_itl_ms_p50"] > 0
     assert summary["ok"] and summary["aggregate_over_single"]["1"] == 1.0
