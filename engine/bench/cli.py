@@ -10,7 +10,7 @@
     batched --model GGUF --sequences 1 8 16 [--prompt-tokens N] [--new-tokens N]
     serve  --model … --concurrency 1,2,4,8,16 [--prompt-tokens N] [--new-tokens N] [--shared-prefix N]
            [--join [--join-tokens N] [--step-tokens N]]
-    serve-api --model default|PATH --new-tokens N [--rounds N]   (``serve_api``: what the API server adds)
+    serve-api --model default|PATH --new-tokens N [--rounds N] [--clients N]   (``serve_api``: what the API server adds)
     remote --url URL --model ID [--api-key KEY] [--new-tokens N] [--rounds N]
 
 One JSON object per line on stdout (``--json``; without it, ``key=value`` lines);

@@ -12,7 +12,8 @@ that very request, so machine noise hits both sides alike: ``ttft_added_ms`` is
 the client's time to first token less the engine's (``RequestStats.ttft_ms``),
 and ``decode_time_ratio`` the client's first-to-last-chunk time over the
 engine's first-to-last-piece time. The direct runs give the same figures
-without the server, for comparison.
+without the server, for comparison. ``--clients N`` then adds N streaming
+clients at once against N requests at once straight in (``serve_clients``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from engine.api.config import ServerConfig
 from engine.api.engine_link import conversation_key
 from engine.api.openai_schema import parse_chat
 from engine.api.server import ApiServer
+from engine.bench import serve_clients
 from engine.protocol.messages import (
     Event,
     Generate,
@@ -80,6 +82,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     serve_api.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     serve_api.add_argument("--new-tokens", type=int, default=64)
     serve_api.add_argument("--rounds", type=int, default=5, help="direct and served requests, taking turns")
+    serve_api.add_argument("--clients", type=int, default=0,
+                           help="then this many streaming clients at once against as many requests straight in (0: skip)")
     return serve_api
 
 
@@ -91,7 +95,11 @@ def run(args: argparse.Namespace, show) -> dict[str, Any]:
         server = ApiServer(hub, ServerConfig(port=0))
         server.start()
         try:
-            return _rounds(hub, server, loaded, args, show)
+            summary = _rounds(hub, server, loaded, args, show)
+            if args.clients > 0:
+                summary |= serve_clients.compare(hub, server.config.port, loaded, args.clients, args.new_tokens,
+                                                 args.rounds, QUESTION)
+            return summary
         finally:
             server.stop()
     finally:

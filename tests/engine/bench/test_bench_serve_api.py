@@ -15,7 +15,7 @@ def test_serve_api_reports_what_the_server_adds(tmp_path, tiny_model_dir):
     env = {**os.environ, "HEARTH_HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, "-m", "engine.bench", "serve-api", "--model", str(tiny_model_dir), "--device", "cpu",
-         "--new-tokens", "8", "--rounds", "3", "--json"],
+         "--new-tokens", "8", "--rounds", "3", "--clients", "3", "--json"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
@@ -26,3 +26,5 @@ def test_serve_api_reports_what_the_server_adds(tmp_path, tiny_model_dir):
     assert summary["ok"] and summary["same_text"] is True  # greedy: the server changes nothing in the reply
     assert summary["served_ttft_ms"] == sorted(line["served_ttft_ms"] for line in rounds)[1]
     assert summary["decode_time_ratio"] > 0 and summary["pieces"] >= 2
+    assert summary["clients"] == 3 and summary["served_completed"] == 3  # every concurrent client got its reply
+    assert summary["served_aggregate_tok_s"] > 0 and summary["direct_aggregate_tok_s"] > 0
