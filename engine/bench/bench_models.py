@@ -1,8 +1,9 @@
 """What a benchmark's ``--model`` names, and opening it as the engine does (main thread of a benchmark).
 
 ``default``, a path, ``random:NAME`` (a transformers model with random weights,
-``random_models``) or ``random-gguf:SHAPE:TYPE`` (a GGUF file with random weights,
-written on first use, ``random_gguf``). Files go through the public loading entry,
+``random_models``), ``random-gguf:SHAPE:TYPE`` (a GGUF file with random weights,
+written on first use, ``random_gguf``) or ``random-hf:SHAPE:DTYPE`` (a safetensors
+folder with random weights, likewise, ``random_hf``). Files go through the public loading entry,
 ``open_model``, so a benchmark measures whichever loader is in place.
 """
 
@@ -12,20 +13,24 @@ from pathlib import Path
 from typing import Any
 
 from engine.bench.random_gguf import ensure_random_gguf, is_random_gguf
+from engine.bench.random_hf import ensure_random_hf, is_random_hf
 from engine.models import default_model
 from engine.models.loading import LoadedModel, resolve_device
 from engine.models.model_open import open_model
 from engine.models.random_models import is_random, load_random
 from engine.protocol.messages import LoadOptions
 
-QUANT_PRECISION = {"int8": "int8", "nf4": "nf4", "auto": "auto"}
+PRECISIONS = ("auto", "fp32", "fp16", "bf16", "int8", "nf4")  # what ``quant`` may name besides "none"
 
 
 def resolve_model(model: str) -> str:
-    """``model`` with a ``random-gguf:`` name replaced by its file, written first if needed."""
-    if not is_random_gguf(model):
-        return model
-    return str(ensure_random_gguf(model, default_model.fetch_default_model()))  # its tokenizer is the built-in one
+    """``model`` with a ``random-gguf:`` or ``random-hf:`` name replaced by its file or folder, written first if
+    needed (their tokenizer is the built-in model's)."""
+    if is_random_gguf(model):
+        return str(ensure_random_gguf(model, default_model.fetch_default_model()))
+    if is_random_hf(model):
+        return str(ensure_random_hf(model, default_model.fetch_default_model()))
+    return model
 
 
 def gguf_file(model: str) -> Path:
@@ -40,9 +45,10 @@ def gguf_file(model: str) -> Path:
 
 
 def open_bench_model(model: str, device: str, quant: str) -> LoadedModel:
-    """The model as the engine loads it: same precision choice, same backend."""
+    """The model as the engine loads it: same precision choice, same backend. ``quant``: "none" (the device's
+    full precision) or a precision by name (``PRECISIONS``)."""
     chosen = resolve_device(device)
-    precision = QUANT_PRECISION.get(quant) or ("bf16" if chosen.type == "cuda" else "fp32")
+    precision = quant if quant in PRECISIONS else ("bf16" if chosen.type == "cuda" else "fp32")
     if is_random(model):
         return load_random(model, chosen.type, precision)
     return open_model(resolve_model(model), LoadOptions(chosen.type, precision), _ignore, _ignore, lambda: False)

@@ -29,25 +29,7 @@ from engine.forward.weights.quant_int import QUANT_FORMATS, Int4Groups
 
 Weight = torch.Tensor | Int4Groups  # a state's matmul weights may come already in 4-bit groups (GGUF files)
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
-ROPE_TYPES = ("default", "llama3", "linear")
 ROPE_TABLE_CHUNK = 4096
-
-
-def unsupported_reason(config: Any) -> str | None:
-    """Why the fast path cannot run this model, or ``None`` when it can."""
-    if getattr(config, "model_type", None) not in ARCHITECTURES:
-        return f"architecture {getattr(config, 'model_type', '?')!r}"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"activation {config.hidden_act!r}"
-    rope = getattr(config, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") not in ROPE_TYPES:
-        return f"rope scaling {rope.get('rope_type')!r}"
-    if getattr(config, "mlp_bias", False):
-        return "MLP biases"
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return "sliding-window attention"
-    return None
 
 
 @dataclass

@@ -3,7 +3,8 @@
 Nothing from a model folder ever runs as code: ``trust_remote_code`` stays off.
 A GGUF file of a Llama-family model is read as it is, tensor by tensor into the fast
 path's formats (``gguf_direct``); other GGUF architectures go through transformers,
-which dequantizes them into fp32.
+which dequantizes them into fp32. A safetensors folder of such a model streams the
+same way (``safetensors_state``): one tensor read, converted and packed at a time.
 Llama-family models run on the fast path: on the CPU ``fast_llama`` in fp32, fp16
 (with a 4-bit copy for decode steps when the file is 4-bit) or 4-bit weights, on a
 GPU ``cuda_backend`` in bf16/fp16/fp32, int8 or 4-bit weights (``quant_int``).
@@ -23,11 +24,13 @@ import torch
 
 from engine.chat.chat_template import ChatTemplate
 from engine.forward.backend import Backend, HFBackend
-from engine.forward.fast_llama import FastLlama, FastLlamaBackend, head_format, unsupported_reason
+from engine.forward.fast_llama import FastLlama, FastLlamaBackend, head_format
+from engine.forward.fast_scope import unsupported_reason
 from engine.forward.weights.quant_int import fast_format
 from engine.host.allocator import return_freed_memory
 from engine.models import gguf_direct
 from engine.models.gguf_check import read_gguf
+from engine.models.safetensors_state import SafetensorsState
 from engine.models.weight_progress import report_tensors
 from engine.protocol.messages import ChatMessage
 
@@ -148,10 +151,12 @@ def _fast_backend(config: Any, state: Any, fmt: str, plan: LoadPlan) -> tuple[An
     """The fast path's model and backend; on a GPU the plan gains its context cap and notices."""
     if plan.device.type != "cuda":
         model = FastLlama(config, state, fmt, plan.device, decode_format(fmt, plan))
+        return_freed_memory()  # the last tensors' temporaries
         return model, FastLlamaBackend(model), plan
     from engine.forward.cuda_backend import open_gpu_backend
 
     backend = open_gpu_backend(config, state, fmt, plan.device, plan.context_length)
+    return_freed_memory()
     notices = plan.notices + backend.notices(fmt, plan.context_length)
     return backend.model, backend, replace(plan, context_length=min(plan.context_length, backend.capacity), notices=notices)
 
@@ -159,9 +164,9 @@ def _fast_backend(config: Any, state: Any, fmt: str, plan: LoadPlan) -> tuple[An
 def load_model(plan: LoadPlan, progress: Progress, is_cancelled: Callable[[], bool]) -> LoadedModel:
     """Load the Hugging Face folder of ``plan`` (already inspected and found safe).
 
-    ``progress`` counts tensors; a cancel is noticed between two of them. On the CPU
-    fast path the tensors go straight from the safetensors files into ``FastLlama``,
-    without building a transformers model first.
+    ``progress`` counts tensors; a cancel is noticed between two of them. On the fast
+    path (CPU or GPU) the tensors go one at a time from the safetensors files into
+    ``FastLlama``'s formats (``SafetensorsState``), without building a transformers model first.
     """
     started = time.perf_counter()
     if is_gguf(plan):
@@ -174,7 +179,7 @@ def load_model(plan: LoadPlan, progress: Progress, is_cancelled: Callable[[], bo
     report = cancellable(progress, is_cancelled)
     fmt = fast_format(precision, plan.device) if fast else None
     if fmt:
-        model, backend, plan = _fast_backend(config, _read_safetensors(plan.folder, report), fmt, plan)
+        model, backend, plan = _fast_backend(config, SafetensorsState(plan.folder, report), fmt, plan)
         eos_ids = _eos_ids(_generation_config(plan.folder), config, tokenizer)
         return _assemble(model, backend, model.weight_bytes, eos_ids, tokenizer, plan, precision, started)
     with report_tensors(report):
@@ -198,7 +203,6 @@ def _load_gguf(plan: LoadPlan, report: Progress, started: float) -> LoadedModel:
     all_groups = head_format(fmt, plan.device) == "int4"
     state = gguf_direct.GGUFState(plan.folder, contents, groups, report, all_groups)
     model, backend, plan = _fast_backend(config, state, fmt, plan)
-    return_freed_memory()  # the last tensors' temporaries
     eos_ids = gguf_direct.end_token_ids(contents) | _eos_ids(config, tokenizer)
     return _assemble(model, backend, model.weight_bytes, eos_ids, tokenizer, plan, precision, started)
 
@@ -233,21 +237,6 @@ def _assemble(
         notices=plan.notices,
         format_note=plan.format_note,
     )
-
-
-def _read_safetensors(folder: Path, report: Progress) -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's safetensors files (checked by ``model_files`` before), reported one by one."""
-    from safetensors import safe_open
-
-    files = sorted(folder.glob("*.safetensors"))
-    handles = [safe_open(str(path), framework="pt") for path in files]
-    total = sum(len(handle.keys()) for handle in handles)
-    state: dict[str, torch.Tensor] = {}
-    for handle in handles:
-        for name in handle.keys():
-            state[name] = handle.get_tensor(name)
-            report(len(state), total)
-    return state
 
 
 def _generation_config(folder: Path) -> Any:

@@ -7,14 +7,15 @@ torch is imported only by ``available_memory("cuda")``.
 * Weights: parameters × bytes per parameter of the precision. Under int8 and nf4,
   bitsandbytes quantizes only the linear layers; the token embeddings and the
   output head stay in 16-bit, and are counted so.
-* A GGUF file the fast path reads directly (``gguf_direct``) is counted as ``FastLlama``
-  holds it: its layers in the precision's format (4-bit: groups of 32,
+* A model the fast path loads into its own formats, a GGUF file it reads directly
+  (``gguf_direct``) or a safetensors folder of an architecture it runs (``fast_scope``,
+  streamed by ``safetensors_state``), is counted as ``FastLlama`` holds it: its layers in the precision's format (4-bit: groups of 32,
   ``DECODE_COPY_BYTES`` per weight), fp16 on the CPU keeping a 4-bit copy of a 4-bit
   file's layers for decode steps (``loading.decode_format``), and the token table and
   the output layer apart even when the file ties them (on the CPU fp16, or 4-bit
   groups beside 4-bit layers alone). Its tensors
-  are decoded one at a time, so the load holds no more than that on its way. On the
-  CPU ``auto`` picks fp16 (with that copy) where it fits comfortably, else 4-bit alone.
+  are read one at a time, so the load holds no more than that and one tensor on its way.
+  On the CPU ``auto`` picks fp16 (with that copy) where it fits comfortably, else 4-bit alone.
 * Any other GGUF file goes through transformers, which dequantizes every tensor into
   fp32 before the model takes them: ``FP32_BYTES`` per parameter more while it loads.
 * KV cache: 2 (keys and values) × layers × KV heads × head size × context × bytes.
@@ -33,6 +34,7 @@ from typing import Any, Literal
 
 import psutil
 
+from engine.forward.fast_scope import config_view, unsupported_reason
 from engine.models.gguf_check import DIRECT_ARCHITECTURES
 from engine.models.model_source import ModelFileError, ModelSource
 
@@ -43,7 +45,7 @@ QUANTIZED_PRECISIONS = ("int8", "nf4")
 UNQUANTIZED_BYTES = 2.0  # embeddings and output head under int8/nf4 stay in bf16
 DECODE_COPY_BYTES = 0.5 + 4 / 32  # 4 bits, and a bf16 scale and zero point per 32 weights
 PRECISION_ORDER = {"cuda": ("bf16", "int8", "nf4"), "cpu": ("fp32", "bf16", "nf4")}
-DIRECT_GGUF_CPU_ORDER = ("fp16", "nf4")  # the fast path's formats: fp16 (+ a 4-bit decode copy), 4-bit alone
+FAST_CPU_ORDER = ("fp16", "nf4")  # the fast path's formats: fp16 (+ a 4-bit decode copy), 4-bit alone
 FAST_LAYER_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "nf4": DECODE_COPY_BYTES}
 FP32_BYTES = 4.0
 FAST_CPU_PRECISIONS = ("fp32", "fp16", "nf4")  # the CPU fast path's (quant_int.CPU_FORMATS); bf16 goes to transformers
@@ -159,15 +161,23 @@ def is_direct_gguf(source: ModelSource) -> bool:
     return source.kind == "gguf" and source.config.get("architecture") in DIRECT_ARCHITECTURES
 
 
+def reads_fast(source: ModelSource) -> bool:
+    """Whether the fast path loads ``source`` into its own formats: a GGUF file it reads directly, or a
+    safetensors folder of an architecture it runs."""
+    if source.kind == "gguf":
+        return is_direct_gguf(source)
+    return unsupported_reason(config_view(source.config)) is None
+
+
 def precision_order(source: ModelSource, device: str) -> tuple[str, ...]:
     """The precisions ``auto`` tries on ``device``, best first."""
-    if device == "cpu" and is_direct_gguf(source):
-        return DIRECT_GGUF_CPU_ORDER
+    if device == "cpu" and reads_fast(source):
+        return FAST_CPU_ORDER
     return PRECISION_ORDER[device]
 
 
-def _direct_gguf_weight_bytes(source: ModelSource, shape: ModelShape, precision: str, device: str) -> int:
-    """What ``FastLlama`` holds for a GGUF file read directly (see the module docstring)."""
+def _fast_weight_bytes(source: ModelSource, shape: ModelShape, precision: str, device: str) -> int:
+    """What ``FastLlama`` holds for a model it loads into its own formats (see the module docstring)."""
     table = shape.vocab * shape.hidden
     layer_params = max(source.n_params - shape.embedding_params, 0)
     layers = layer_params * FAST_LAYER_BYTES.get(precision, BYTES_PER_PARAM[precision])
@@ -189,8 +199,8 @@ def _table_and_head_bytes(table: int, precision: str, device: str) -> float:
 def estimate(source: ModelSource, precision: str, context_length: int, device: str) -> MemoryEstimate:
     """Memory to run ``source`` at ``precision`` on ``device`` with a KV cache of ``context_length`` tokens."""
     shape = model_shape(source.config)
-    if is_direct_gguf(source) and (device == "cuda" or precision in FAST_CPU_PRECISIONS):
-        weights = _direct_gguf_weight_bytes(source, shape, precision, device)
+    if reads_fast(source) and (device == "cuda" or precision in FAST_CPU_PRECISIONS):
+        weights = _fast_weight_bytes(source, shape, precision, device)
     else:
         weights = estimate_weight_bytes(source.n_params, precision, shape.embedding_params)
         if source.kind == "gguf":
@@ -223,10 +233,11 @@ def choose_precision(
 ) -> str:
     """The best precision that fits, for ``precision="auto"``.
 
-    On CUDA: bf16, then int8, then nf4 (quality first, quantize only to fit). On CPU:
-    fp32, then bf16, then nf4 — most CPUs run fp32 matrix products fastest and exactly
-    (the fast path then reads fp16 weights: ``loading.prefer_fast``), bf16 halves memory
-    when fp32 would not fit, and 4 bits take a quarter. A precision that "fits" wins over
+    On CUDA: bf16, then int8, then nf4 (quality first, quantize only to fit). On CPU, for
+    a model the fast path loads (``reads_fast``): fp16 (fp32 sums, within rounding of fp32),
+    then 4 bits; for any other (transformers): fp32, then bf16, then nf4 — most CPUs run
+    fp32 matrix products fastest and exactly, bf16 halves memory when fp32 would not fit,
+    and 4 bits take a quarter. A precision that "fits" wins over
     one that is only "tight". Raises ``NotEnoughMemoryError`` when none fits.
     """
     if device not in PRECISION_ORDER:
@@ -250,8 +261,8 @@ def choose_precision(
 
 
 def cpu_formats_notice(source: ModelSource, chosen: str, context_length: int, available_bytes: int) -> str | None:
-    """For a GGUF file read directly on the CPU under ``auto``: which formats were chosen, and why."""
-    if not is_direct_gguf(source) or chosen not in DIRECT_GGUF_CPU_ORDER:
+    """For a model the fast path loads on the CPU under ``auto``: which formats were chosen, and why."""
+    if not reads_fast(source) or chosen not in FAST_CPU_ORDER:
         return None
     fp16 = estimate(source, "fp16", context_length, "cpu").total_bytes
     if chosen == "fp16":

@@ -93,7 +93,7 @@ def _inspect_folder(folder: Path) -> ModelSource:
     config = _read_config(config_path)
     _refuse_remote_code(config_path, config)
     _check_architecture(config_path, config)
-    headers, notes = _folder_weights(folder)
+    headers, notes = folder_weights(folder)
     template = find_folder_template(folder)
     return ModelSource(
         kind="hf_folder",
@@ -165,7 +165,7 @@ def _check_architecture(config_path: Path, config: dict[str, Any]) -> None:
         )
 
 
-def _folder_weights(folder: Path) -> tuple[list[SafetensorsHeader], tuple[str, ...]]:
+def folder_weights(folder: Path) -> tuple[list[SafetensorsHeader], tuple[str, ...]]:
     """Validated safetensors headers of the weights transformers would load, and notes."""
     pickles = sorted(entry for entry in folder.iterdir() if entry.suffix.lower() in PICKLE_SUFFIXES)
     if (folder / INDEX_FILE).is_file():

@@ -49,9 +49,12 @@ class TensorEntry:
 
 @dataclass(frozen=True)
 class SafetensorsHeader:
+    """A checked file: its tensors, and where its data section starts (``data_start``) and how long it is."""
+
     path: Path
     tensors: tuple[TensorEntry, ...]
     data_bytes: int
+    data_start: int
 
     @property
     def n_params(self) -> int:
@@ -149,7 +152,7 @@ def read_safetensors_header(path: Path) -> SafetensorsHeader:
     header = _parse_json_header(path, raw)
     tensors = [_tensor_entry(path, name, info) for name, info in header.items()]
     _check_layout(path, tensors, data_bytes)
-    return SafetensorsHeader(path, tuple(tensors), data_bytes)
+    return SafetensorsHeader(path, tuple(tensors), data_bytes, data_start=8 + len(raw))
 
 
 def _load_index(index_path: Path) -> dict[str, str]:

@@ -145,20 +145,20 @@ def dequantize_int4(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int)
     return grouped.reshape(rows, width)
 
 
-def int4_groups_of(weight: torch.Tensor) -> Int4Groups:
-    """``weight`` [N, K] quantized into groups of 32 (``quantize_int4``), ``ROWS_AT_ONCE`` rows at a time so that
-    a large token table needs no full-size temporaries."""
+def int4_groups_of(weight: torch.Tensor, group: int = CPU_INT4_GROUP) -> Int4Groups:
+    """``weight`` [N, K] quantized into groups of ``group`` (``quantize_int4``), ``ROWS_AT_ONCE`` rows at a time so
+    that a large token table or output layer needs no full-size temporaries."""
 
     def quantized(start: int, end: int) -> Int4Groups:
-        q, scales_and_zeros = quantize_int4(weight[start:end], CPU_INT4_GROUP)
-        return Int4Groups(q.to(torch.uint8), scales_and_zeros.float(), CPU_INT4_GROUP)
+        q, scales_and_zeros = quantize_int4(weight[start:end], group)
+        return Int4Groups(q.to(torch.uint8), scales_and_zeros.float(), group)
 
     return Int4Groups.from_row_chunks(weight.shape[0], quantized)
 
 
 def _int4_linear(weight: torch.Tensor, group: int, tiles: int) -> tuple[Run, int]:
-    q, scales_and_zeros = quantize_int4(weight, group)
-    return _int4_packed(q, scales_and_zeros, group, tiles)
+    groups = int4_groups_of(weight, group)  # the same groups as at once: each row's are its own
+    return _int4_packed(groups.q, groups.scales_and_zeros.to(torch.bfloat16), group, tiles)
 
 
 def _int4_packed(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int, tiles: int) -> tuple[Run, int]:

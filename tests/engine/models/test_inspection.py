@@ -35,7 +35,7 @@ def test_a_folder_is_described_with_an_estimate_per_cpu_precision(tiny_model_dir
     assert estimates["fp32"].kv_bytes == KV_BYTES_PER_TOKEN_FP32 * 1024
     assert estimates["bf16"].weight_bytes == found.n_params * 2
     assert {item.verdict for item in found.estimates} == {"fits"}
-    assert found.auto_precision == "fp32"
+    assert found.auto_precision == "fp16"  # a Llama folder: the CPU fast path holds fp16 weights
     assert (found.cuda_available, found.available_bytes_cpu, found.available_bytes_cuda) == (False, PLENTY, 0)
 
 
@@ -49,15 +49,15 @@ def test_the_kv_cache_grows_with_the_chosen_context_length(tiny_model_dir: Path)
 
 def test_auto_takes_the_smaller_precision_when_only_it_fits(tiny_model_dir: Path):
     roomy = inspect_for_dialog(str(tiny_model_dir), LoadOptions(device="cpu"), "r3", _plenty, cuda_available=False)
-    bf16_total = _by_precision(roomy)["bf16"].total_bytes
-    just_enough = math.ceil(bf16_total / 0.85)
+    nf4_total = _by_precision(roomy)["nf4"].total_bytes
+    just_enough = math.ceil(nf4_total / 0.85)
 
     found = inspect_for_dialog(str(tiny_model_dir), LoadOptions(device="cpu"), "r3", lambda _d: just_enough, False)
 
     verdicts = {item.precision: item.verdict for item in found.estimates}
-    assert verdicts["bf16"] == "fits"
-    assert verdicts["fp32"] == "tight"
-    assert found.auto_precision == "bf16"
+    assert verdicts["nf4"] == "fits"
+    assert verdicts["fp16"] != "fits"
+    assert found.auto_precision == "nf4"
 
 
 def test_nothing_fits_in_a_few_kilobytes(tiny_model_dir: Path):

@@ -71,10 +71,22 @@ def test_fit_verdict_thresholds() -> None:
     assert fit_verdict(101, 100) == "won't fit"
 
 
-def test_cpu_prefers_fp32_then_bf16_then_4bit() -> None:
-    source = llama3_source()
+def test_cpu_prefers_fp32_then_bf16_then_4bit_for_a_model_transformers_runs() -> None:
+    gpt2_like = {**LLAMA3_8B, "model_type": "gpt2"}
+    source = ModelSource(kind="hf_folder", path=Path("/models/gpt2-like"), name="gpt2-like", config=gpt2_like,
+                         weight_files=(), total_weight_bytes=0, n_params=params_from_config(gpt2_like))
     assert choose_precision(source, "cpu", 8192, available_bytes=64 * GIB) == "fp32"
     assert choose_precision(source, "cpu", 8192, available_bytes=24 * GIB) == "bf16"
+    assert choose_precision(source, "cpu", 8192, available_bytes=10 * GIB) == "nf4"
+
+
+def test_a_llama_folder_on_the_cpu_fast_path_takes_fp16_then_4bit_counted_as_fast_llama_holds_them() -> None:
+    source = llama3_source()
+    table = 128256 * 4096
+    layers = source.n_params - 2 * table
+    assert estimate(source, "fp16", 8192, "cpu").weight_bytes == 2 * layers + 2 * 2 * table
+    assert estimate(source, "nf4", 8192, "cpu").weight_bytes == int((0.5 + 4 / 32) * (layers + 2 * table))
+    assert choose_precision(source, "cpu", 8192, available_bytes=64 * GIB) == "fp16"
     assert choose_precision(source, "cpu", 8192, available_bytes=10 * GIB) == "nf4"
 
 
