@@ -113,7 +113,7 @@ def _runner(tiny_loaded, budget_bytes: int | None = None) -> tuple[BatchRunner, 
 def _add(runner: BatchRunner, recorder: _Recorder, request_id: str, prompt_ids: list[int], sampling: SamplingParams) -> None:
     events = ReplyEvents(recorder, request_id, PromptPlan(prompt_ids, ()), 0.0, 1024, 0.0)
     stops = runner._loaded.template.stop_strings  # as the runtime adds them, and ``_alone``
-    runner.add(request_id, prompt_ids, replace(sampling, stop=sampling.stop + stops), events)
+    runner.add(request_id, request_id, prompt_ids, replace(sampling, stop=sampling.stop + stops), events)
 
 
 def _memory(held: int):
