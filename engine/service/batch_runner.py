@@ -161,10 +161,10 @@ class BatchRunner:
             self._finish(request_id, reason, memory)
 
     def _drop_cancelled(self, memory: MemoryReading) -> None:
-        """A cancelled request not decoding right now (waiting, prefilling, preempted) ends before the step."""
+        """A cancelled request ends before the step, whatever it is at: waiting (it never enters a forward pass),
+        between two prefill chunks (even with one prompt token left) or decoding."""
         for request_id in list(self._active):
-            seq = self.scheduler.get(request_id)
-            if seq is not None and seq.pending != 1 and self._is_cancelled(request_id):
+            if self.scheduler.get(request_id) is not None and self._is_cancelled(request_id):
                 self._finish(request_id, "cancelled", memory)
 
     def _finish(self, request_id: str, reason: FinishReason, memory: MemoryReading) -> None:
