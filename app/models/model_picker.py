@@ -123,7 +123,7 @@ class ModelLoader(QObject):
         if path is None or path == DEFAULT_MODEL:
             return
         try:
-            remember_model(path)
+            remember_model(self._window.settings_holder, path)
         except StorageError as error:
             self._status.show_notice(str(error))
 

@@ -13,17 +13,20 @@ from PySide6.QtCore import Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMenu, QWidget
 
-from app.storage.settings import load_settings, save_settings
+from app.settings.app_settings import SettingsHolder
+from app.storage.settings import load_settings
 
 
 def recent_model_paths() -> tuple[str, ...]:
     return load_settings().settings.recent_models
 
 
-def remember_model(path: str) -> None:
-    """Put ``path`` first in the recent models; raises ``StorageError`` when the settings cannot be saved."""
-    settings = load_settings().settings
-    save_settings(settings.with_recent_model(path))
+def remember_model(holder: SettingsHolder, path: str) -> None:
+    """Put ``path`` first in the recent models; raises ``StorageError`` when the settings cannot be saved.
+
+    Through the window's one ``SettingsHolder``: a copy saved behind its back would be overwritten by its next save.
+    """
+    holder.replace(holder.settings.with_recent_model(path))
 
 
 def menu_text(path: str) -> str:

@@ -17,7 +17,8 @@ from app.controller import EngineController
 from app.models.load_progress import LoadProgressBar
 from app.models.remote_dialog import RemoteServerDialog
 from app.storage.errors import StorageError
-from app.storage.settings import RemoteConnection, load_settings, save_settings
+from app.settings.app_settings import SettingsHolder
+from app.storage.settings import RemoteConnection, load_settings
 from app.window.menus import add_action
 from app.window.status_line import StatusLine
 from engine.protocol.messages import LoadFailed, ModelLoaded, RemoteServer
@@ -27,9 +28,12 @@ def saved_connections() -> tuple[RemoteConnection, ...]:
     return load_settings().settings.remote_servers
 
 
-def remember_connection(connection: RemoteConnection) -> None:
-    """Save ``connection`` first among the remote servers; raises ``StorageError`` when the settings cannot be saved."""
-    save_settings(load_settings().settings.with_remote_connection(connection))
+def remember_connection(holder: SettingsHolder, connection: RemoteConnection) -> None:
+    """Save ``connection`` first among the remote servers; raises ``StorageError`` when the settings cannot be saved.
+
+    Through the window's one ``SettingsHolder``: a copy saved behind its back would be overwritten by its next save.
+    """
+    holder.replace(holder.settings.with_remote_connection(connection))
 
 
 class RemoteModelPicker(QObject):
@@ -79,7 +83,7 @@ class RemoteModelPicker(QObject):
         if connection is None:
             return
         try:
-            remember_connection(connection)
+            remember_connection(self._window.settings_holder, connection)
         except StorageError as error:
             self._status.show_notice(str(error))
 

@@ -3,8 +3,8 @@
 A settings file that cannot be read is never overwritten blindly: it is copied aside as
 ``settings.json.damaged-<YYYYmmdd-HHMMSS>``, the values that could be read are kept, the others
 fall back to their defaults, and ``LoadedSettings.notice`` says so. Keys Hearth does not know
-are ignored (and dropped on the next save). The file may hold the API keys of remote servers,
-so it is written readable by the user alone (mode 0600).
+are ignored (and dropped on the next save). The file may hold the API keys of remote servers
+and of Hearth's own API server, so it is written readable by the user alone (mode 0600).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from app.storage.errors import StorageError
+from engine.api.config import ServerConfig
 from engine.host import paths
 from engine.protocol.messages import SamplingParams
 
@@ -29,6 +30,7 @@ RECENT_MODELS_LIMIT = 10
 REMOTE_SERVERS_LIMIT = 10
 SETTINGS_MODE = 0o600
 _DEFAULTS = SamplingParams()
+_SERVER_DEFAULTS = ServerConfig()
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,37 @@ class RemoteConnection:
 
 
 @dataclass(frozen=True)
+class ServerSettings:
+    """The Server menu's choices: where Hearth's API server listens, and its key ("" for none).
+
+    ``api_key`` is kept only in the settings file, never in the conversations or an export.
+    """
+
+    host: str = _SERVER_DEFAULTS.host
+    port: int = _SERVER_DEFAULTS.port
+    api_key: str = field(default="", repr=False)
+
+    def to_config(self) -> ServerConfig:
+        return ServerConfig(self.host, self.port, self.api_key or None)
+
+    @classmethod
+    def of(cls, config: ServerConfig) -> ServerSettings:
+        return cls(config.host, config.port, config.api_key or "")
+
+    @classmethod
+    def from_dict(cls, data: object) -> ServerSettings:
+        if not isinstance(data, dict):
+            raise ValueError("expected the server's settings as an object")  # not the value itself: it may hold a key
+        port = data.get("port", _SERVER_DEFAULTS.port)
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"the port must be a whole number from 0 to 65535, not {port!r}")
+        host, api_key = data.get("host", _SERVER_DEFAULTS.host), data.get("api_key", "")
+        if not isinstance(host, str) or not isinstance(api_key, str):
+            raise ValueError("the host and the API key must be text")
+        return cls(host, port, api_key)
+
+
+@dataclass(frozen=True)
 class Settings:
     system_prompt: str = ""
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
@@ -99,6 +132,7 @@ class Settings:
     last_model_path: str | None = None
     recent_models: tuple[str, ...] = ()
     remote_servers: tuple[RemoteConnection, ...] = ()
+    server: ServerSettings = field(default_factory=ServerSettings)
 
     def with_remote_connection(self, connection: RemoteConnection) -> Settings:
         """These settings with ``connection`` first among the remote servers (one entry per address)."""
@@ -190,6 +224,7 @@ _FIELD_READERS = {
     "last_model_path": _read_optional_text,
     "recent_models": _read_recent,
     "remote_servers": _read_remote_servers,
+    "server": ServerSettings.from_dict,
 }
 
 

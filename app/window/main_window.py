@@ -58,7 +58,9 @@ class MainWindow(QMainWindow):
         self.conversations = install_conversations(self, controller, startup_notices)
         self._build_model_menu(controller)
         self._build_performance_dock(controller)
-        self.server_menu = install_server_menu(self, controller, self.performance_dock.panel, self.show_error)
+        self.server_menu = install_server_menu(
+            self, controller, self.performance_dock.panel, self.settings_holder, self.show_error
+        )
         self.input_bar.prompt.setFocus()
 
     def closeEvent(self, event: QCloseEvent) -> None:

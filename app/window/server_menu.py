@@ -1,10 +1,13 @@
 """The Server menu: run Hearth's OpenAI-compatible API server on the app's own engine thread (GUI thread).
 
 Start and stop, the port and API key (``ServerSettingsDialog``), and the URL to
-copy. The server shares the engine thread with the window through the engine's
-``EngineHub``, so its requests queue with the window's chats and reuse the same
-loaded model. Its per-request figures come from the server thread through a
-queued Qt signal into the performance panel's ``ServerRequestList``.
+copy. The port, the bind address and the key are kept in the settings file (through
+the window's ``SettingsHolder``; readable by the user alone), so they come back at
+the next start; the server itself starts only when asked. The server shares the
+engine thread with the window through the engine's ``EngineHub``, so its requests
+queue with the window's chats and reuse the same loaded model. Its per-request
+figures come from the server thread through a queued Qt signal into the performance
+panel's ``ServerRequestList``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from PySide6.QtWidgets import QCheckBox, QDialog, QDialogButtonBox, QFormLayout,
 
 from app.controller import EngineController
 from app.perf.server_requests import ServerRequestList
+from app.settings.app_settings import SettingsHolder
+from app.storage import StorageError
+from app.storage.settings import ServerSettings
 from app.window.menus import add_action, menu_named
 from engine.api.config import ServerConfig
 
@@ -58,11 +64,13 @@ class ServerMenu(QObject):
     request_seen = Signal(object)
     running_changed = Signal(bool)
 
-    def __init__(self, window: QMainWindow, controller: EngineController, requests: ServerRequestList, show_error) -> None:
+    def __init__(self, window: QMainWindow, controller: EngineController, requests: ServerRequestList,
+                 holder: SettingsHolder, show_error) -> None:
         super().__init__(window)
-        self.config = ServerConfig()
+        self.config = holder.settings.server.to_config()
         self.server: "ApiServer | None" = None
         self._window = window
+        self._holder = holder
         self._controller = controller
         self._show_error = show_error
         self.requests = requests
@@ -116,6 +124,10 @@ class ServerMenu(QObject):
             self._show_error("These server settings cannot be used", str(exc))
             return
         self.config = config
+        try:
+            self._holder.update(server=ServerSettings.of(config))
+        except StorageError as error:
+            self._show_error("The server settings are used for this session only", str(error))
         if self.server is not None:  # a running server takes the new settings at once
             self.stop()
             self.start()
@@ -130,11 +142,12 @@ class ServerMenu(QObject):
         self.running_changed.emit(running)
 
 
-def install_server_menu(window: QMainWindow, controller: EngineController, panel_column: QWidget, show_error) -> ServerMenu:
+def install_server_menu(window: QMainWindow, controller: EngineController, panel_column: QWidget,
+                        holder: SettingsHolder, show_error) -> ServerMenu:
     """The Server menu and the panel's request list; the server stops when the window closes."""
     requests = ServerRequestList(panel_column)
     panel_column.layout().addWidget(requests)
-    server_menu = ServerMenu(window, controller, requests, show_error)
+    server_menu = ServerMenu(window, controller, requests, holder, show_error)
     window.closed.connect(server_menu.stop)  # type: ignore[attr-defined]
     return server_menu
 

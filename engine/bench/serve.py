@@ -85,7 +85,7 @@ class _Bench:
         sampling = self.sampling if new_tokens is None else replace(self.sampling, max_new_tokens=new_tokens)
         events = ReplyEvents(self.timeline, request_id, PromptPlan(prompt_ids, ()), 0.0,
                              self.loaded.context_length, time.perf_counter())
-        self.runner.add(request_id, prompt_ids, sampling, events)
+        self.runner.add(request_id, request_id, prompt_ids, sampling, events)
 
     def step(self) -> None:
         self.runner.step(lambda held: read_memory("cpu", 0, held, 0))

@@ -4,8 +4,10 @@
 runs one reply to its end with it, and the batch runner keeps one per sequence.
 
 Between two steps the loop asks whether the request was cancelled, so a Stop is
-acknowledged within one decode step. It stops on end-of-sequence, a stop string,
-the token budget or a full context, and says which.
+acknowledged within one decode step; it asks before the prefill too (a request
+cancelled while queued runs no forward pass) and between two prefill chunks. It
+stops on end-of-sequence, a stop string, the token budget or a full context, and
+says which.
 """
 
 from __future__ import annotations
@@ -70,6 +72,19 @@ def feed(backend: Backend, seq: CachedSequence, token_ids: Sequence[int]) -> tor
         logits = backend.forward(chunk, seq.kv, len(seq.token_ids))
         seq.token_ids.extend(chunk)
     assert logits is not None, "feed() needs at least one token"
+    return logits
+
+
+def prefill(backend: Backend, seq: CachedSequence, token_ids: Sequence[int],
+            is_cancelled: Callable[[], bool]) -> torch.Tensor | None:
+    """``feed`` a prompt a chunk at a time, asking before each further chunk whether the request was cancelled;
+    ``None`` if it was (the chunks fed so far stay in the cache)."""
+    size = backend.prefill_chunk
+    logits = feed(backend, seq, token_ids[:size])
+    for start in range(size, len(token_ids), size):
+        if is_cancelled():
+            return None
+        logits = feed(backend, seq, token_ids[start : start + size])
     return logits
 
 
@@ -149,9 +164,13 @@ class DecodeLoop:
     on_text: OnText
 
     def run(self, seq: CachedSequence, prompt_ids: Sequence[int]) -> ReplyOutcome:
+        if self.is_cancelled():  # cancelled while it waited in the queue: no forward pass for it
+            return self._cancelled_before_reply(0, time.perf_counter())
         reused = reuse_prefix(self.backend, seq, prompt_ids)
         started = time.perf_counter()
-        logits = feed(self.backend, seq, prompt_ids[reused:])
+        logits = prefill(self.backend, seq, prompt_ids[reused:], self.is_cancelled)
+        if logits is None:
+            return self._cancelled_before_reply(reused, started)
         reply = ReplyState(self.tokenizer, self.sampling, self.eos_ids, self.context_length, self.backend.device,
                            prompt_ids, self.on_text)
         token = reply.sample(logits)  # the first host sync
@@ -163,3 +182,9 @@ class DecodeLoop:
         text = reply.close()
         decode_ms = (time.perf_counter() - first_token_at) * 1000
         return ReplyOutcome(text, reason, reused, prefill_ms, first_token_at, decode_ms, len(reply.generated))
+
+    def _cancelled_before_reply(self, reused: int, started: float) -> ReplyOutcome:
+        """The reply ends, cancelled, before its first token: nothing is said."""
+        prefill_ms = (time.perf_counter() - started) * 1000
+        self.on_prefill(reused, prefill_ms)
+        return ReplyOutcome("", "cancelled", reused, prefill_ms, time.perf_counter(), 0.0, 0)

@@ -4,6 +4,8 @@
 eviction of blocks no sequence holds) and the prefix index that lets any prompt
 reuse the longest cached prefix of any conversation. ``scheduler`` decides, step by
 step, which tokens of which running sequences the next forward pass computes, admits
-waiting requests as blocks allow, and preempts one when the pool runs short. Neither
-runs the model: the runtime (``engine/service``) executes each step they plan.
+waiting requests as blocks allow, and preempts one when the pool runs short.
+``conversation_chains`` remembers which cached runs each conversation left, so a
+deleted conversation's blocks can be freed. None of them runs the model: the runtime
+(``engine/service``) executes each step they plan.
 """

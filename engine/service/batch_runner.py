@@ -26,6 +26,7 @@ from engine.models.loading import LoadedModel
 from engine.protocol.channels import EventSink
 from engine.protocol.messages import BatchSampled, FinishReason, KVPoolStats, MemoryStats, ReplyFailed, SamplingParams
 from engine.scheduler.block_pool import BlockPool
+from engine.scheduler.conversation_chains import ConversationChains
 from engine.scheduler.scheduler import DEFAULT_MAX_RUNNING, DEFAULT_STEP_TOKENS, Scheduler, Step
 from engine.service.reply_events import ReplyEvents
 
@@ -38,6 +39,7 @@ MemoryReading = Callable[[int], MemoryStats]  # (this request's KV bytes) -> the
 
 @dataclass
 class _Active:
+    conversation_id: str
     events: ReplyEvents
     reply: ReplyState
     queued_at: float  # when it was handed to the scheduler
@@ -66,6 +68,7 @@ class BatchRunner:
         blocks = pool_blocks(budget_bytes, self.bytes_per_block, loaded.context_length, max_running)
         self.kv = self._backend.new_pool(blocks, BLOCK_SIZE)
         self.scheduler = Scheduler(BlockPool(blocks, BLOCK_SIZE), step_tokens, max_running)
+        self.conversations = ConversationChains(self.scheduler.pool, blocks)
         self._active: dict[str, _Active] = {}
         self._sampled_tokens: collections.deque[tuple[float, int]] = collections.deque()
         self._last_sample = (0.0, None)
@@ -74,12 +77,18 @@ class BatchRunner:
     def has_work(self) -> bool:
         return self.scheduler.has_work
 
-    def add(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams, events: ReplyEvents) -> None:
+    def add(self, request_id: str, conversation_id: str, prompt_ids: list[int], sampling: SamplingParams,
+            events: ReplyEvents) -> None:
         loaded = self._loaded
         reply = ReplyState(loaded.tokenizer, sampling, loaded.eos_ids, loaded.context_length, self._backend.device,
                            prompt_ids, events.token)
-        self._active[request_id] = _Active(events, reply, time.perf_counter())
+        self._active[request_id] = _Active(conversation_id, events, reply, time.perf_counter())
         self.scheduler.add(request_id, prompt_ids)
+
+    def forget_conversation(self, conversation_id: str) -> None:
+        """The conversation was deleted: its cached blocks that no other conversation shares are freed."""
+        if self.conversations.forget(conversation_id):
+            self._report(force=True)  # the panel's pool figures change
 
     def step(self, memory: MemoryReading) -> None:
         """One forward pass over every running sequence, and what it means for each request."""
@@ -152,10 +161,10 @@ class BatchRunner:
             self._finish(request_id, reason, memory)
 
     def _drop_cancelled(self, memory: MemoryReading) -> None:
-        """A cancelled request not decoding right now (waiting, prefilling, preempted) ends before the step."""
+        """A cancelled request ends before the step, whatever it is at: waiting (it never enters a forward pass),
+        between two prefill chunks (even with one prompt token left) or decoding."""
         for request_id in list(self._active):
-            seq = self.scheduler.get(request_id)
-            if seq is not None and seq.pending != 1 and self._is_cancelled(request_id):
+            if self.scheduler.get(request_id) is not None and self._is_cancelled(request_id):
                 self._finish(request_id, "cancelled", memory)
 
     def _finish(self, request_id: str, reason: FinishReason, memory: MemoryReading) -> None:
@@ -164,6 +173,8 @@ class BatchRunner:
         reused = max(seq.reused, 0) if seq else 0
         held = self.request_bytes(request_id)
         self.scheduler.finish(request_id)
+        if seq is not None:
+            self.conversations.record(active.conversation_id, seq.token_ids[: seq.computed])
         if not active.first_token_at:  # cancelled before its first token
             active.prefill_ms = (time.perf_counter() - active.queued_at) * 1000
             active.events.prefilled(reused, active.prefill_ms)

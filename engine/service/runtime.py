@@ -74,8 +74,8 @@ class ModelRuntime:
                 self._cancel_load_if(self._pending.request.request_id)
         elif isinstance(request, InspectModel):
             self._emit(inspect_request(request))
-        elif isinstance(request, ForgetConversation) and self._caches:
-            self._caches.forget(request.conversation_id)
+        elif isinstance(request, ForgetConversation):
+            self._forget(request.conversation_id)
 
     def idle(self) -> None:
         if self._loaded:
@@ -87,6 +87,13 @@ class ModelRuntime:
             self._pending.join(timeout=5)
         self._loaded = None
         self._caches = self._batch = None
+
+    def _forget(self, conversation_id: str) -> None:
+        """A deleted conversation's KV cache goes (batching: its blocks no other conversation shares)."""
+        if self._batch is not None:
+            self._batch.forget_conversation(conversation_id)
+        elif self._caches is not None:
+            self._caches.forget(conversation_id)
 
     # ------------------------------------------------------------ loading
 
@@ -194,14 +201,14 @@ class ModelRuntime:
     def _serve_batch(self, request: Generate, events: ReplyEvents, sampling: SamplingParams) -> None:
         """Steps the batch until it is empty; Generates that arrive meanwhile join between two steps."""
         batch = self._batch
-        batch.add(request.request_id, events.prompt_ids, sampling, events)
+        batch.add(request.request_id, request.conversation_id, events.prompt_ids, sampling, events)
         served = [request.request_id]
         while batch.has_work:
             batch.step(lambda held: self._memory("", held))
             for joining in self._watch.take(Generate):
                 prepared = self._prepare(self._loaded, joining)
                 if prepared is not None:
-                    batch.add(joining.request_id, prepared[0].prompt_ids, prepared[1], prepared[0])
+                    batch.add(joining.request_id, joining.conversation_id, prepared[0].prompt_ids, prepared[1], prepared[0])
                     served.append(joining.request_id)
         for request_id in served:
             self._watch.forget(request_id)

@@ -126,6 +126,7 @@ def test_recent_models_lists_loaded_models_across_restarts(
     qtbot.waitUntil(lambda: not first.model_loader.progress.isVisible(), timeout=5000)
     first.model_loader.load("/models/two")
     _wait_for_model(qtbot, first, "Fake two")
+    first.settings_holder.update(theme="dark")  # another setting saved after them keeps them
     controller.close()
 
     second, controller = _start_window(qtbot, fake_engine_factory)

@@ -118,6 +118,18 @@ def test_the_key_stays_in_the_private_settings_file(qtbot, chat, window, remote_
             assert API_KEY.encode() not in path.read_bytes(), path
 
 
+def test_a_remembered_server_survives_a_setting_changed_afterwards(qtbot, chat, window, remote_server, reopen):
+    _connect(qtbot, chat, window, remote_server.base_url + "/v1")
+    dark = next(a for a in window.theme_switcher.group.actions() if a.data() == "dark")
+    dark.trigger()
+
+    reopened = reopen()
+
+    saved = reopened.settings_holder.settings.remote_servers
+    assert [(c.base_url, c.api_key, c.model) for c in saved] == [(remote_server.base_url, API_KEY, "big-model")]
+    assert reopened.settings_holder.settings.theme == "dark"
+
+
 def test_a_saved_connection_fills_the_dialog_and_a_wrong_key_is_explained(qtbot, chat, window, remote_server):
     _connect(qtbot, chat, window, remote_server.base_url)
     dialog = _open_dialog(qtbot, window)

@@ -79,3 +79,20 @@ def test_failed_save_keeps_the_previous_file(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="Could not save the settings"):
         save_settings(Settings(theme="light"), tmp_path / "gone" / "settings.json")
     assert load_settings(path).settings.theme == "dark"
+
+
+def test_the_server_settings_default_to_the_servers_own_and_a_bad_port_falls_back_without_showing_the_key(
+    tmp_path: Path,
+) -> None:
+    from app.storage.settings import ServerSettings
+    from engine.api.config import ServerConfig
+
+    assert ServerSettings().to_config() == ServerConfig()
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"theme": "dark", "server": {"port": 70000, "api_key": "sk-local-secret"}}))
+
+    loaded = load_settings(path)
+
+    assert loaded.settings.theme == "dark" and loaded.settings.server == ServerSettings()
+    assert loaded.notice is not None and "port must be a whole number from 0 to 65535" in loaded.notice
+    assert "sk-local-secret" not in loaded.notice

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import http.client
+import stat
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QMessageBox
 
+from app.storage.settings import default_settings_path
 from app.window.server_menu import ServerSettingsDialog
+
+LOCAL_KEY = "sk-hearth-local-5ecret"
 
 
 def _settings_dialog(window, port: int, key: str = "", everywhere: bool = False) -> None:
@@ -95,3 +99,22 @@ def test_a_chat_in_the_window_and_an_api_request_share_the_engine(chat, script, 
     assert chat.last_reply().content == script.full_reply
     assert chat.last_reply().state != "error"
     assert {generate.conversation_id.startswith("api-") for generate in script.generates} == {True, False}
+
+
+def test_the_port_address_and_key_come_back_after_a_restart_and_the_key_stays_private(chat, window, reopen, hearth_home):
+    chat.wait_until_ready()
+    _settings_dialog(window, port=8123, key=LOCAL_KEY, everywhere=True)
+    chat.send_and_wait("Hi")  # a conversation in the database, to look for the key in
+    window.close()
+
+    reopened = reopen().server_menu
+
+    assert (reopened.config.port, reopened.config.api_key, reopened.config.host) == (8123, LOCAL_KEY, "0.0.0.0")
+    assert reopened.server is None, "the server starts only when asked"
+    assert "8123" in reopened.url_action.text()
+    _settings_dialog(reopened.parent(), port=8124, key=LOCAL_KEY)
+    assert reopen().server_menu.config.host == "127.0.0.1", "unticking 'other machines' is kept too"
+    assert stat.S_IMODE(default_settings_path().stat().st_mode) == 0o600
+    for path in hearth_home.rglob("*"):
+        if path.is_file() and path != default_settings_path():
+            assert LOCAL_KEY.encode() not in path.read_bytes(), path

@@ -112,7 +112,7 @@ def test_cancel_is_acknowledged_within_one_step(tiny_loaded) -> None:
     steps = []
     loop = _loop(
         tiny_loaded, SamplingParams(temperature=0, max_new_tokens=50),
-        cancelled=lambda: steps.append(1) or len(steps) >= 2, stop_at_eos=False,
+        cancelled=lambda: steps.append(1) or len(steps) >= 3, stop_at_eos=False,  # the first ask: before the prefill
     )
     outcome = loop.run(CachedSequence(tiny_loaded.backend.new_cache()), prompt)
     assert outcome.finish_reason == "cancelled"
@@ -125,3 +125,41 @@ def test_context_full_stops_the_reply(tiny_loaded) -> None:
     outcome = replace(loop, context_length=len(prompt) + 4).run(CachedSequence(tiny_loaded.backend.new_cache()), prompt)
     assert outcome.finish_reason == "context_full"
     assert outcome.tokens_generated == 4
+
+
+class _CountingBackend:
+    """The tiny model's backend, with the token count of each forward pass kept."""
+
+    def __init__(self, backend, prefill_chunk: int) -> None:
+        self._backend = backend
+        self.prefill_chunk = prefill_chunk
+        self.fed: list[int] = []
+
+    def forward(self, token_ids, kv, start):
+        self.fed.append(len(token_ids))
+        return self._backend.forward(token_ids, kv, start)
+
+    def __getattr__(self, name: str):
+        return getattr(self._backend, name)
+
+
+def test_a_request_cancelled_while_queued_runs_no_forward_pass(tiny_loaded) -> None:
+    backend = _CountingBackend(tiny_loaded.backend, prefill_chunk=8)
+    prefills: list[int] = []
+    loop = replace(_loop(tiny_loaded, cancelled=lambda: True), backend=backend, on_prefill=lambda r, ms: prefills.append(r))
+    seq = CachedSequence(tiny_loaded.backend.new_cache())
+    outcome = loop.run(seq, _prompt(tiny_loaded, "Hello"))
+    assert (outcome.finish_reason, outcome.tokens_generated, outcome.text) == ("cancelled", 0, "")
+    assert backend.fed == [] and seq.token_ids == []
+    assert prefills == [0], "the reply still says it prefilled (nothing), as every reply does"
+
+
+def test_a_request_cancelled_mid_prefill_stops_before_the_next_chunk(tiny_loaded) -> None:
+    backend = _CountingBackend(tiny_loaded.backend, prefill_chunk=8)
+    prompt = _prompt(tiny_loaded, "Tell me about the quick brown fox and the lazy dog")
+    assert len(prompt) > 3 * 8
+    loop = replace(_loop(tiny_loaded, cancelled=lambda: len(backend.fed) >= 2), backend=backend)
+    seq = CachedSequence(tiny_loaded.backend.new_cache())
+    outcome = loop.run(seq, prompt)
+    assert (outcome.finish_reason, outcome.tokens_generated) == ("cancelled", 0)
+    assert backend.fed == [8, 8] and seq.token_ids == prompt[:16], "two chunks ran, and stay cached"

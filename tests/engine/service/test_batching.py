@@ -17,6 +17,7 @@ from engine.protocol.messages import (
     SamplingParams,
     TokenStreamed,
 )
+from engine.scheduler.scheduler import IDLE_STEP_TOKENS
 from engine.service.batch_runner import BatchRunner
 from engine.service.reply_events import ReplyEvents
 
@@ -104,16 +105,17 @@ class _Recorder:
         return [e for e in self.events if isinstance(e, kind) and e.request_id == request_id]
 
 
-def _runner(tiny_loaded, budget_bytes: int | None = None) -> tuple[BatchRunner, _Recorder]:
+def _runner(tiny_loaded, budget_bytes: int | None = None, cancelled=frozenset()) -> tuple[BatchRunner, _Recorder]:
+    """``cancelled``: a set of request ids the runner sees as cancelled (it may grow between steps)."""
     recorder = _Recorder()
     kwargs = {} if budget_bytes is None else {"budget_bytes": budget_bytes}
-    return BatchRunner(tiny_loaded, recorder, lambda request_id: False, **kwargs), recorder
+    return BatchRunner(tiny_loaded, recorder, cancelled.__contains__, **kwargs), recorder
 
 
 def _add(runner: BatchRunner, recorder: _Recorder, request_id: str, prompt_ids: list[int], sampling: SamplingParams) -> None:
     events = ReplyEvents(recorder, request_id, PromptPlan(prompt_ids, ()), 0.0, 1024, 0.0)
     stops = runner._loaded.template.stop_strings  # as the runtime adds them, and ``_alone``
-    runner.add(request_id, prompt_ids, replace(sampling, stop=sampling.stop + stops), events)
+    runner.add(request_id, request_id, prompt_ids, replace(sampling, stop=sampling.stop + stops), events)
 
 
 def _memory(held: int):
@@ -202,3 +204,31 @@ def test_the_batch_reports_its_state_and_ends_reported_idle(tiny_loaded) -> None
     assert samples[0].running == 3 and samples[0].pool.blocks_used == 3 and samples[0].pool.block_size == 16
     assert (samples[-1].running, samples[-1].waiting, samples[-1].pool.blocks_used) == (0, 0, 0)
     assert samples[-1].pool.blocks_cached == 3, "the finished replies' blocks stay cached for reuse"
+
+
+def test_cancelled_requests_never_reach_a_forward_pass_and_the_others_say_the_same(tiny_loaded, monkeypatch) -> None:
+    cancelled: set[str] = set()
+    runner, recorder = _runner(tiny_loaded, cancelled=cancelled)
+    rows: list[list[tuple[int, ...]]] = []  # the token ids of each row of each forward pass
+    real_forward = tiny_loaded.backend.forward_batch
+    monkeypatch.setattr(tiny_loaded.backend, "forward_batch",
+                        lambda batch, kv: rows.append([tuple(r.token_ids) for r in batch]) or real_forward(batch, kv))
+    sampling = SamplingParams(temperature=0, max_new_tokens=12)
+    keep = _prompt(tiny_loaded, 0)
+    queued = [7]  # one prompt token: waiting, it looked as if it were decoding
+    chunked = [3 + i % 190 for i in range(IDLE_STEP_TOKENS - len(keep) + 1)]  # one token left after its first chunk
+    for request_id, prompt in (("keep", keep), ("queued", queued), ("chunked", chunked)):
+        _add(runner, recorder, request_id, prompt, sampling)
+    cancelled.add("queued")
+    runner.step(_memory)
+    cancelled.add("chunked")
+    while runner.has_work:
+        runner.step(_memory)
+
+    assert rows[0] == [tuple(keep), tuple(chunked[:-1])], "the queued request was dropped before the first step"
+    assert all(len(step) == 1 for step in rows[1:]), "after its first chunk, the cancelled prompt was dropped"
+    for request_id in ("queued", "chunked"):
+        stats = recorder.of(ReplyFinished, request_id)[0].stats
+        assert (stats.finish_reason, stats.tokens_generated) == ("cancelled", 0)
+        assert recorder.of(TokenStreamed, request_id) == []
+    assert recorder.of(ReplyFinished, "keep")[0].text == _alone(tiny_loaded, keep, sampling)

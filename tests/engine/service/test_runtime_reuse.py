@@ -6,8 +6,10 @@ from dataclasses import replace
 
 from engine.chat.generation import CachedSequence, DecodeLoop, ReplyOutcome, common_prefix_length
 from engine.protocol.messages import (
+    BatchSampled,
     Cancel,
     ChatMessage,
+    ForgetConversation,
     Generate,
     LoadFailed,
     ReplyFailed,
@@ -119,3 +121,27 @@ def test_a_broken_path_fails_to_load_and_the_model_stays(engine, tmp_path) -> No
     assert isinstance(failed, LoadFailed)
     assert "nothing-here" in failed.message
     assert engine.ask("still-works", [ChatMessage("user", "Hi")]).reply.stats.tokens_generated > 0
+
+
+def _next_pool_sample(engine) -> BatchSampled:
+    return engine.wait_for(BatchSampled)
+
+
+def test_forgetting_a_conversation_frees_its_own_blocks_and_keeps_the_shared_system_prompt(engine, tiny_loaded) -> None:
+    system = ChatMessage("system", "You are Hearth, a patient assistant who answers in plain words. " * 4)
+    apples, pears = [system, ChatMessage("user", "Tell me about apples")], [system, ChatMessage("user", "Tell me about pears")]
+    engine.ask("forget-a", apples)
+    first_pears = engine.ask("forget-b", pears)
+    engine.thread.submit(ForgetConversation("forget-a"))
+    before, after = _next_pool_sample(engine), _next_pool_sample(engine)  # the batch going idle, then the forgetting
+
+    pears_again = engine.ask("forget-b", pears + [ChatMessage("assistant", first_pears.reply.text),
+                                                  ChatMessage("user", "And their seeds?")])
+    apples_again = engine.ask("forget-a2", apples)
+
+    shared = common_prefix_length(_prompt_ids(tiny_loaded, apples), _prompt_ids(tiny_loaded, pears))
+    assert shared >= 4 * 16, "the system prompt fills several blocks"
+    assert after.pool.blocks_cached < before.pool.blocks_cached
+    assert pears_again.prefill.reused_tokens >= len(_prompt_ids(tiny_loaded, pears)), "B's cache is whole"
+    assert apples_again.prefill.reused_tokens == shared, "only what A shares with B is left of A"
+    assert apples_again.reply.text == _fresh(tiny_loaded, apples).text
