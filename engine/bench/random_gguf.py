@@ -20,8 +20,10 @@ lighter than the real model's. Every layer matrix has its real shape.
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterable
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType
@@ -88,13 +90,16 @@ def is_random_gguf(model: str) -> bool:
 
 def parse(model: str) -> tuple[str, str]:
     """``random-gguf:SHAPE:TYPE`` as (shape, type), checked."""
-    shape, _, ftype = model[len(PREFIX):].partition(":")
-    if shape not in SHAPES or ftype not in FILE_TYPES:
-        raise RandomGgufError(
-            f"{model!r} is not a random GGUF model; write random-gguf:SHAPE:TYPE with SHAPE one of "
-            f"{', '.join(SHAPES)} and TYPE one of {', '.join(FILE_TYPES)}."
-        )
-    return shape, ftype
+    return parse_spec(model, PREFIX, "TYPE", FILE_TYPES, RandomGgufError)
+
+
+def parse_spec(model: str, prefix: str, label: str, kinds: Iterable[str], error: type[ValueError]) -> tuple[str, str]:
+    """``PREFIX:SHAPE:KIND`` as (shape, kind), each checked against the known ones (``error`` lists them)."""
+    shape, _, kind = model[len(prefix):].partition(":")
+    if shape not in SHAPES or kind not in kinds:
+        raise error(f"{model!r} is not a {prefix[:-1]} model; write {prefix}SHAPE:{label} with SHAPE one of "
+                    f"{', '.join(SHAPES)} and {label} one of {', '.join(kinds)}.")
+    return shape, kind
 
 
 def use_more_bits(layer: int, layers: int) -> bool:
@@ -144,17 +149,25 @@ def random_gguf_path(model: str) -> Path:
 
 
 def ensure_random_gguf(model: str, tokenizer_source: Path) -> Path:
-    """The file ``model`` names, written first if it is not there yet (into a temporary name, then renamed)."""
-    target = random_gguf_path(model)
-    if target.is_file():
+    """The file ``model`` names, written first if it is not there yet."""
+    return written_once(random_gguf_path(model), lambda staging: write_random_gguf(staging, *parse(model), tokenizer_source))
+
+
+def written_once(target: Path, write: Callable[[Path], None]) -> Path:
+    """``target`` as it is, or first written by ``write`` under a temporary name beside it, then renamed (a file
+    or a folder: an interrupted write leaves no half-written model behind)."""
+    if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(f".{target.name}.{os.getpid()}.part")
     try:
-        write_random_gguf(staging, *parse(model), tokenizer_source)
+        write(staging)
         staging.rename(target)
     finally:
-        staging.unlink(missing_ok=True)
+        if staging.is_dir():
+            shutil.rmtree(staging, ignore_errors=True)
+        else:
+            staging.unlink(missing_ok=True)
     return target
 
 

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 from pathlib import Path
 
 import torch
 
-from engine.bench.random_gguf import SHAPES, WEIGHT_STD, Shape
+from engine.bench.random_gguf import SHAPES, WEIGHT_STD, Shape, parse_spec, written_once
 from engine.host import paths
 
 PREFIX = "random-hf:"
@@ -39,13 +37,7 @@ def is_random_hf(model: str) -> bool:
 
 def parse(model: str) -> tuple[str, str]:
     """``random-hf:SHAPE:DTYPE`` as (shape, dtype), checked."""
-    shape, _, dtype = model[len(PREFIX):].partition(":")
-    if shape not in SHAPES or dtype not in DTYPES:
-        raise RandomHfError(
-            f"{model!r} is not a random Hugging Face model; write random-hf:SHAPE:DTYPE with SHAPE one of "
-            f"{', '.join(SHAPES)} and DTYPE one of {', '.join(DTYPES)}."
-        )
-    return shape, dtype
+    return parse_spec(model, PREFIX, "DTYPE", DTYPES, RandomHfError)
 
 
 def random_hf_path(model: str) -> Path:
@@ -54,18 +46,8 @@ def random_hf_path(model: str) -> Path:
 
 
 def ensure_random_hf(model: str, tokenizer_source: Path) -> Path:
-    """The folder ``model`` names, written first if it is not there yet (into a temporary name, then renamed)."""
-    target = random_hf_path(model)
-    if target.is_dir():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.with_name(f".{target.name}.{os.getpid()}.part")
-    try:
-        write_random_hf(staging, *parse(model), tokenizer_source)
-        staging.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    """The folder ``model`` names, written first if it is not there yet."""
+    return written_once(random_hf_path(model), lambda staging: write_random_hf(staging, *parse(model), tokenizer_source))
 
 
 def write_random_hf(folder: Path, shape_name: str, dtype_name: str, tokenizer_source: Path, seed: int = 0) -> None:

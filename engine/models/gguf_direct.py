@@ -16,8 +16,6 @@ order, as transformers does, and ``FastLlama`` reorders them for its own.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,6 +27,7 @@ from engine.forward.fast_llama import ROPE_FACTORS, Weight
 from engine.forward.weights.gguf_blocks import FOUR_BIT_TYPES, dense, int4_groups, requantized_groups
 from engine.host.allocator import return_freed_memory
 from engine.models.gguf_check import DIRECT_ARCHITECTURES, GGUFContents, GGUFTensorInfo
+from engine.models.tensor_reads import LazyTensors, read_exactly
 
 PERMUTED_ARCHITECTURES = ("llama",)
 TOP_LEVEL_NAMES = {
@@ -116,7 +115,7 @@ def load_tokenizer(path: Path) -> Any:
     return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
-class GGUFState(Mapping[str, Weight]):
+class GGUFState(LazyTensors):
     """The file's tensors under Hugging Face's names, each decoded when asked for.
 
     ``groups``: 4-bit layer weights come as ``Int4Groups`` (exact, for a format that packs
@@ -154,26 +153,12 @@ class GGUFState(Mapping[str, Weight]):
             return int4_groups(blocks, info.quant_type)
         return dense(blocks, info.quant_type).reshape(info.shape)
 
-    def __contains__(self, name: object) -> bool:
-        return name in self._tensors
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._tensors)
-
-    def __len__(self) -> int:
-        return len(self._tensors)
-
     def _blocks(self, info: GGUFTensorInfo) -> np.ndarray:
         """The tensor's bytes, one row of the weight per row: [rows, bytes per row] uint8."""
         block_size, type_size = GGML_QUANT_SIZES[info.quant_type]
-        descriptor = os.open(self._path, os.O_RDONLY)
-        try:
-            raw = os.pread(descriptor, info.n_bytes, self._start + info.offset)
-        finally:
-            os.close(descriptor)
-        if len(raw) != info.n_bytes:
-            raise OSError(f"{self._path.name} ended while reading a tensor (it changed since it was checked)")
-        return np.frombuffer(raw, dtype=np.uint8).reshape(-1, info.dims[0] // block_size * type_size)
+        raw = np.empty(info.n_bytes, dtype=np.uint8)
+        read_exactly(self._path, memoryview(raw), self._start + info.offset)
+        return raw.reshape(-1, info.dims[0] // block_size * type_size)
 
 
 def _unpermute_rows(weight: Weight, heads: int) -> Weight:

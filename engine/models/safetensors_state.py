@@ -23,8 +23,6 @@ file or the shards the index lists); ``report`` counts the tensors read, and rai
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -35,6 +33,7 @@ from engine.host.allocator import return_freed_memory
 from engine.models.model_files import folder_weights
 from engine.models.model_source import ModelFileError
 from engine.models.safetensors_check import TensorEntry
+from engine.models.tensor_reads import LazyTensors, read_exactly
 
 Progress = Callable[[int, int], None]  # (tensors read, tensors in all)
 TORCH_DTYPES = {
@@ -53,7 +52,7 @@ class _Located:
     start: int
 
 
-class SafetensorsState(Mapping[str, torch.Tensor]):
+class SafetensorsState(LazyTensors):
     """The folder's tensors by name, each read from its file when asked for (see the module docstring)."""
 
     def __init__(self, folder: Path, report: Progress) -> None:
@@ -72,34 +71,11 @@ class SafetensorsState(Mapping[str, torch.Tensor]):
         self._report(len(self._done), len(self._tensors))
         return tensor
 
-    def __contains__(self, name: object) -> bool:
-        return name in self._tensors
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._tensors)
-
-    def __len__(self) -> int:
-        return len(self._tensors)
-
 
 def read_tensor(path: Path, entry: TensorEntry, start: int) -> torch.Tensor:
     """The tensor ``entry`` of ``path``, its bytes read from offset ``start`` into a fresh CPU buffer."""
     if entry.dtype not in TORCH_DTYPES:
         raise ModelFileError(f"{path.name}: tensor {entry.name!r} is {entry.dtype}, which Hearth cannot load. ({path})")
     raw = torch.empty(entry.end - entry.begin, dtype=torch.uint8)  # [bytes]
-    _read_exactly(path, memoryview(raw.numpy()), start)
+    read_exactly(path, memoryview(raw.numpy()), start)
     return raw.view(TORCH_DTYPES[entry.dtype]).reshape(entry.shape)
-
-
-def _read_exactly(path: Path, buffer: memoryview, start: int) -> None:
-    """Fill ``buffer`` from ``path`` at ``start`` (a single read returns at most ~2 GiB on Linux)."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        done = 0
-        while done < len(buffer):
-            got = os.preadv(descriptor, [buffer[done:]], start + done)
-            if got == 0:
-                raise OSError(f"{path.name} ended while reading a tensor (it changed since it was checked)")
-            done += got
-    finally:
-        os.close(descriptor)
