@@ -7,7 +7,9 @@ from the step's token budget, after every decoding sequence has had its one toke
 so a long prompt is prefilled a chunk at a time while running streams keep flowing
 (with nothing decoding, a step takes bigger chunks).
 Between steps new requests join (admission needs free blocks for the whole prompt,
-after its cached prefix is matched; a request whose prefix another sequence is still
+after its cached prefix is matched, beside what the prompts already running still
+need; each chunk then takes the blocks it fills, so blocks held are the positions
+written and at most one partly filled block per sequence; a request whose prefix another sequence is still
 prefilling waits for it, so eight chats arriving with one system prompt compute it
 once) and finished or cancelled ones leave. When a
 decoding sequence needs a block and none is free, the most recently admitted running
@@ -107,10 +109,15 @@ class Scheduler:
         return bool(self.running or self.waiting)
 
     def schedule(self) -> Step:
-        """Plan the next step: grow decoding sequences (preempting if short), admit waiting ones, hand out tokens."""
+        """Plan the next step: grow decoding sequences (preempting if short), admit waiting ones, hand out tokens
+        (each chunk's blocks taken as it is planned)."""
         preempted = self._grow_running()
         admitted, copies, rejected = self._admit()
-        return Step(self._chunks(), tuple(copies), tuple(admitted), tuple(preempted), tuple(rejected))
+        chunks = self._chunks()
+        while not chunks and self.running and not copies:  # every prompt short of blocks, none decoding: make room
+            preempted.append(self._preempt(self.running[-1]))
+            chunks = self._chunks()
+        return Step(chunks, tuple(copies), tuple(admitted), tuple(preempted), tuple(rejected))
 
     def complete(self, step: Step) -> None:
         """The step ran: its positions are written; newly full blocks enter the prefix index."""
@@ -159,10 +166,11 @@ class Scheduler:
     # ------------------------------------------------------------ planning
 
     def _grow_running(self) -> list[str]:
+        """A block more for each decoding sequence whose next token starts one (prompts grow chunk by chunk)."""
         preempted: list[str] = []
         for seq in list(self.running):
-            if seq not in self.running:
-                continue  # preempted for an earlier one
+            if seq not in self.running or seq.pending != 1:
+                continue  # preempted for an earlier one, or still prefilling
             while seq in self.running and len(seq.blocks) < self._blocks_for(len(seq.token_ids)):
                 taken = self.pool.allocate(self._blocks_for(len(seq.token_ids)) - len(seq.blocks), seq.blocks[-1])
                 if taken is not None:
@@ -212,16 +220,16 @@ class Scheduler:
         )
 
     def _try_place(self, seq: SequenceState) -> tuple[bool, BlockCopy | None]:
-        """Give ``seq`` its cached prefix and new blocks for the rest (``False`` when the pool cannot yet),
-        and the copy that completes a partly shared block."""
+        """Give ``seq`` its cached prefix (``False`` when the pool cannot yet hold the rest beside the prompts
+        already running), and the block and copy that complete a partly shared one."""
         size = self.pool.block_size
         match = self.pool.match(seq.token_ids[:-1])  # at least one token is computed: its logits start the reply
         held = [*match.blocks, *([match.partial] if match.partial is not None else [])]
         self.pool.acquire(held)
-        fresh = self.pool.allocate(self._blocks_for(len(seq.token_ids)) - len(match.blocks),
-                                   match.blocks[-1] if match.blocks else None)
-        if fresh is None:
-            self.pool.release(held)
+        needed = self._blocks_for(len(seq.token_ids)) - len(match.blocks)
+        fresh = self.pool.allocate(1 if match.partial is not None else 0, match.blocks[-1] if match.blocks else None)
+        if fresh is None or self.pool.free_blocks + len(fresh) < needed + self._promised():
+            self.pool.release([*held, *(fresh or [])])
             return False, None
         seq.blocks = [*match.blocks, *fresh]
         seq.computed = len(match.blocks) * size + match.partial_tokens
@@ -232,12 +240,16 @@ class Scheduler:
         self._copy_sources.append(match.partial)
         return True, BlockCopy(match.partial, fresh[0], match.partial_tokens)
 
+    def _promised(self) -> int:
+        """Blocks the running prompts still need to finish: admission leaves them free."""
+        return sum(max(self._blocks_for(len(seq.token_ids)) - len(seq.blocks), 0) for seq in self.running)
+
     def _chunks(self) -> tuple[ScheduledChunk, ...]:
         decoding = any(seq.pending == 1 for seq in self.running)
         budget = self.step_tokens if decoding else self.idle_step_tokens
         chunks: dict[str, ScheduledChunk] = {}
         for seq in sorted(self.running, key=lambda s: s.pending > 1):  # decoding sequences first
-            count = min(seq.pending, budget)
+            count = self._held_for(seq, min(seq.pending, budget))
             if count <= 0:
                 continue
             budget -= count
@@ -245,6 +257,14 @@ class Scheduler:
             samples = seq.computed + count == len(seq.token_ids)
             chunks[seq.request_id] = ScheduledChunk(seq.request_id, tokens, seq.computed, tuple(seq.blocks), samples)
         return tuple(chunks[s.request_id] for s in self.running if s.request_id in chunks)
+
+    def _held_for(self, seq: SequenceState, count: int) -> int:
+        """``count`` tokens, or as many as its blocks can hold once it takes the blocks they need where free."""
+        missing = self._blocks_for(seq.computed + count) - len(seq.blocks)
+        if missing > 0:
+            taken = self.pool.allocate(missing, seq.blocks[-1] if seq.blocks else None)
+            seq.blocks += taken or []
+        return min(count, len(seq.blocks) * self.pool.block_size - seq.computed)
 
     # ------------------------------------------------------------ helpers
 

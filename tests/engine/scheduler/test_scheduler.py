@@ -251,3 +251,31 @@ def test_sequences_growing_side_by_side_keep_their_blocks_in_one_run() -> None:
     runner.run()
     for index in range(8):
         assert runner.replies[f"r{index}"] == alone(prompt(40, index), 60)
+
+
+def test_a_prompt_holds_blocks_for_what_is_written_not_for_all_of_it_at_once() -> None:
+    """KV held stays at the positions written plus at most one partly filled block per sequence."""
+    runner = FakeRunner(Scheduler(BlockPool(600, 16), step_tokens=40, max_running=8))
+    runner.submit("streaming", prompt(20, 0), 80)
+    runner.step()
+    for index in range(1, 8):
+        runner.submit(f"long{index}", prompt(300, index), 4)
+    while runner.scheduler.has_work:
+        runner.step()
+        for seq in runner.scheduler.running:
+            written_blocks = -(-seq.computed // 16)
+            assert len(seq.blocks) <= written_blocks + 1, (seq.request_id, seq.computed, len(seq.blocks))
+    for index in range(1, 8):
+        assert runner.replies[f"long{index}"] == alone(prompt(300, index), 4)
+    assert runner.replies["streaming"] == alone(prompt(20, 0), 80)
+
+
+def test_prompts_admitted_together_never_starve_each_other_of_blocks() -> None:
+    """Admission keeps the blocks running prompts still need free: a tight pool finishes every reply."""
+    runner = FakeRunner(Scheduler(BlockPool(24, 16), step_tokens=32, max_running=4))
+    prompts = {f"r{i}": prompt(90, i) for i in range(4)}
+    for request_id, ids in prompts.items():
+        runner.submit(request_id, ids, 20)
+    runner.run()
+    for request_id, ids in prompts.items():
+        assert runner.replies[request_id] == alone(ids, 20)
