@@ -63,3 +63,13 @@ def test_triton_paged_attention_kernel_matches_attend_in_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+@pytest.mark.gpu
+def test_the_kernel_on_a_gpu_in_bf16_stays_near_attend():
+    from engine.forward.paged_attention import paged_decode_attention
+
+    q, layer_kv, tables, lengths, expected = case(8, 4, 128)
+    on_gpu = [t.cuda() for t in (q.bfloat16(), layer_kv.bfloat16(), tables, lengths)]
+    got = paged_decode_attention(*on_gpu, BLOCK)
+    torch.testing.assert_close(got.float().cpu(), expected, rtol=3e-2, atol=3e-2)
