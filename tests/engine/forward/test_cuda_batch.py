@@ -17,7 +17,7 @@ from engine.chat.prompt import PromptPlan
 from engine.forward.cuda_backend import CudaLlama, CudaLlamaBackend
 from engine.forward.cuda_batch import BUCKETS, DevicePool, bucket_for, fits_a_bucket
 from engine.forward.paged_kv import BatchRow
-from engine.host.memory import read_memory
+from engine.host.memory import KV_CACHE_BUDGET_BYTES, kv_pool_budget, read_memory
 from engine.models.random_models import build_hf_model
 from engine.protocol.messages import ReplyFinished, SamplingParams
 from engine.service.batch_runner import BatchRunner
@@ -139,3 +139,13 @@ def test_captured_bucket_graphs_give_the_eager_steps_tokens():
     graphed.check_graphs()
     assert graphed.runner.disabled_reason is None
     assert greedy_batched(graphed, 12) == greedy_batched(eager, 12)
+
+
+def test_the_pool_budget_is_the_cpu_budget_off_a_gpu():
+    assert kv_pool_budget("cpu") == KV_CACHE_BUDGET_BYTES
+
+
+@pytest.mark.gpu
+def test_the_pool_budget_on_a_gpu_is_half_its_free_memory():
+    free = torch.cuda.mem_get_info()[0]
+    assert free // 2 <= kv_pool_budget("cuda") <= free
