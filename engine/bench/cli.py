@@ -92,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     batched.add_argument("--sequences", type=int, nargs="+", default=[1, 8, 16])
     batched.add_argument("--prompt-tokens", type=int, default=128)
     batched.add_argument("--new-tokens", type=int, default=32)
-    serve = commands.add_parser("serve", help="continuous batching: many requests at once (CPU fast path)")
+    serve = commands.add_parser("serve", help="continuous batching: many requests at once (a fast path's batch runner)")
+    serve.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
     serve.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated numbers of requests at once")
     serve.add_argument("--prompt-tokens", type=int, default=128)
     serve.add_argument("--new-tokens", type=int, default=64)
@@ -349,9 +350,9 @@ def _serve(args: argparse.Namespace, show) -> dict[str, Any]:
     from engine.host.cpu_threads import apply_engine_threads
 
     apply_engine_threads()
-    loaded = _open(args.model, "cpu", "auto")
+    loaded = _open(args.model, args.device, "auto")
     if not hasattr(loaded.backend, "forward_batch"):
-        raise ValueError(f"{type(loaded.backend).__name__} runs one request at a time: serve needs the CPU fast path.")
+        raise ValueError(f"{type(loaded.backend).__name__} runs one request at a time: serve needs a fast path.")
     serve.run_level(loaded, 2, 16, 4, 0)  # warm-up
     levels = [int(level) for level in args.concurrency.split(",") if level.strip()]
     peer_rates = _peer_batched_rates(args, levels)
@@ -368,6 +369,7 @@ def _serve(args: argparse.Namespace, show) -> dict[str, Any]:
     if rows and rows[0]["concurrency"] == 1:
         single = rows[0]["aggregate_decode_tok_s"]
         summary["aggregate_over_single"] = {row["concurrency"]: round(row["aggregate_decode_tok_s"] / single, 2) for row in rows}
+    summary["aggregate_decode_tok_s"] = {row["concurrency"]: row["aggregate_decode_tok_s"] for row in rows}
     if args.join:
         joined = serve.run_join(loaded, args.prompt_tokens, args.join_tokens, args.step_tokens or serve.DEFAULT_STEP_TOKENS)
         show(joined)

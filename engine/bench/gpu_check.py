@@ -9,8 +9,9 @@ On a CUDA machine it
    ``gpu_tests.json``;
 3. runs each benchmark line (Llama-3-8B shape in bf16, int8 and 4-bit with the
    ``generate()`` baseline, the SmolLM2-135M shape, a 4 096-token prefill, and the
-   time to first token of 50 new tokens after a cached 4 096-token chat) as its own
-   ``python -m engine.bench`` process with its own timeout.
+   time to first token of 50 new tokens after a cached 4 096-token chat, and
+   continuous batching at 1, 8 and 32 requests at once through the batch runner) as
+   its own ``python -m engine.bench`` process with its own timeout.
 Every step appends one JSON object to ``OUT_DIR/gpu_bench.jsonl`` as soon as it
 ends, with the issue's targets checked, so a crash or timeout loses only its own
 line. ``--quick`` shrinks everything to a tiny random model on the CPU, to test
@@ -64,6 +65,8 @@ FULL_LINES = (
     BenchLine("chat_ttft_8b_bf16_4096_plus_50",
               ("chat", "--model", EIGHT_B, "--quant", "none", "--context-tokens", "4096", "--new-tokens", "50"),
               (("ttft_ms", "<=", 40),), 90),
+    BenchLine("serve_8b_bf16_batched", ("serve", "--model", EIGHT_B, "--concurrency", "1,8,32", "--prompt-tokens", "128",
+                                        "--new-tokens", "64"), (), 300),  # no target yet: the first figures
 )
 QUICK_LINES = (
     BenchLine("decode_tiny", ("decode", "--model", "random:tiny", "--quant", "none", "--prompt-tokens", "16",
@@ -74,6 +77,8 @@ QUICK_LINES = (
                                "--repeats", "2"), (("prefill_ms", "<=", 10_000),), 120),
     BenchLine("chat_ttft_tiny", ("chat", "--model", "random:tiny", "--quant", "none", "--context-tokens", "64",
                                  "--new-tokens", "8", "--repeats", "2"), (("ttft_ms", "<=", 10_000),), 120),
+    BenchLine("serve_tiny_batched", ("serve", "--model", "random:tiny", "--concurrency", "1,4", "--prompt-tokens", "16",
+                                     "--new-tokens", "8"), (), 120),
 )
 
 

@@ -88,7 +88,7 @@ class _Bench:
         self.runner.add(request_id, request_id, prompt_ids, sampling, events)
 
     def step(self) -> None:
-        self.runner.step(lambda held: read_memory("cpu", 0, held, 0))
+        self.runner.step(lambda held: read_memory(self.loaded.device, 0, held, 0))
         used = self.runner.scheduler.pool.used_blocks * self.runner.bytes_per_block
         if used > self.peak[0]:
             per_token = self.runner.bytes_per_block // self.runner.scheduler.pool.block_size

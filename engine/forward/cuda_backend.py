@@ -8,6 +8,12 @@ through ``DecodeStep`` via ``GraphRunner``. Each conversation's cache is a
 ``StaticKVCache`` of ``capacity`` positions: the model's context, capped so one
 cache fits the cache store's budget and half the free GPU memory.
 
+Batched (``new_pool``, ``forward_batch``, as the batch runner drives them): a step
+whose rows are one token each runs as its batch-size bucket's fixed-shape step over
+a ``DevicePool`` (``cuda_batch``: attention by the Triton kernel straight over the
+block tables, a CUDA graph per bucket); a step with prefill chunks runs eagerly
+through ``FastLlama.forward_batch``, whose chunks attend with SDPA over gathered keys.
+
 ``open_gpu_backend`` checks at load time that a captured step gives the eager
 step's logits; if capture fails or differs, decoding stays eager and the load
 notice says so. ``HEARTH_CUDA_GRAPHS=0`` turns graphs off.
@@ -16,14 +22,17 @@ notice says so. ``HEARTH_CUDA_GRAPHS=0`` turns graphs off.
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from engine.forward.cuda_batch import DevicePool, decode_attention_for, fits_a_bucket, run_bucket
 from engine.forward.cuda_graphs import GraphRunner
 from engine.forward.cuda_step import FIRST_SPAN, DecodeStep, StaticKVCache
 from engine.forward.fast_llama import FastLlama
+from engine.forward.paged_attention import paged_decode_attention
+from engine.forward.paged_kv import BatchRow, PagedKV
 from engine.forward.weights import triton_gemv
 from engine.host.memory import KV_CACHE_BUDGET_BYTES
 
@@ -61,6 +70,7 @@ class CudaLlamaBackend:
         self.device = model.device
         self.capacity = capacity
         self.runner = GraphRunner(DecodeStep(model, capacity), use_graphs)
+        self.decode_attention = decode_attention_for(self.device)
 
     def new_cache(self, capacity: int | None = None) -> StaticKVCache:
         model = self.model
@@ -77,6 +87,18 @@ class CudaLlamaBackend:
         cache.length = start + 1
         return logits
 
+    def new_pool(self, num_blocks: int, block_size: int) -> DevicePool:
+        """``num_blocks`` for the scheduler (and a scratch block); bucket steps take tables up to ``capacity``."""
+        model = self.model
+        return DevicePool(len(model.layers), model.kv_heads, model.head_dim, num_blocks, block_size, model.dtype,
+                          self.device, -(-self.capacity // block_size))
+
+    def forward_batch(self, rows: Sequence[BatchRow], kv: PagedKV) -> torch.Tensor:
+        """Each row's tokens appended to its blocks of ``kv``; logits of each row's last token, [B, V] fp32."""
+        if fits_a_bucket(rows, kv):
+            return run_bucket(self.model, self.runner, self.decode_attention, rows, kv)
+        return self.model.forward_batch(rows, kv)
+
     def crop(self, cache: StaticKVCache, length: int) -> StaticKVCache:
         cache.crop(length)  # the write position moves; the buffer and its graphs stay
         return cache
@@ -85,15 +107,24 @@ class CudaLlamaBackend:
         return cache.nbytes
 
     def check_graphs(self) -> None:
-        """Capture a step on a small cache and compare its replay with the eager step; turn graphs off if unequal."""
+        """Capture a step on a small cache, and a batched step on a small pool, and compare their replays with the
+        eager steps; turn graphs off if unequal."""
         if not self.runner.use_graphs:
             return
         cache = self.new_cache(min(FIRST_SPAN, self.capacity))
         self.forward(list(PROBE_TOKENS[:2]), cache, 0)
-        eager = self.forward([PROBE_TOKENS[2]], cache, 2)  # runs eagerly, then captures
-        replayed = self.forward([PROBE_TOKENS[2]], cache, 2) if self.runner.use_graphs else eager
+        self._compare_replay(lambda: self.forward([PROBE_TOKENS[2]], cache, 2), "step")  # eager, then captured
+        pool, rows = self.new_pool(1, FIRST_SPAN), [BatchRow(PROBE_TOKENS[:1], 0, [0])]
+        self._compare_replay(lambda: self.forward_batch(rows, pool), "batched step")
+
+    def _compare_replay(self, run: Callable[[], torch.Tensor], name: str) -> None:
+        """``run`` twice: eagerly (capturing), then replayed; graphs off if the logits differ."""
+        if not self.runner.use_graphs:
+            return
+        eager = run()
+        replayed = run() if self.runner.use_graphs else eager
         if not torch.allclose(eager, replayed, rtol=1e-2, atol=1e-2 * float(eager.abs().max())):
-            self.runner.disable("the captured step's logits differ from the eager step's")
+            self.runner.disable(f"the captured {name}'s logits differ from the eager {name}'s")
 
     def notices(self, fmt: str, context_length: int) -> tuple[str, ...]:
         """What the user should know about how this model runs here."""
@@ -102,6 +133,8 @@ class CudaLlamaBackend:
             found.append(f"The context is limited to {self.capacity} tokens so its cache fits in GPU memory.")
         if self.runner.disabled_reason:
             found.append(f"CUDA graphs are off, so replies are slower ({self.runner.disabled_reason}).")
+        if self.device.type == "cuda" and self.decode_attention is not paged_decode_attention:
+            found.append("Triton is missing, so batched decoding gathers every sequence's keys (slower).")
         if fmt == "int8" and not triton_gemv.available():
             found.append("Triton is missing, so int8 weights are dequantized for every token (slower than bf16).")
         if fmt == "int4":

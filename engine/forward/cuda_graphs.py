@@ -1,12 +1,13 @@
-"""Runs the fixed-shape decode step as captured CUDA graphs (engine thread).
+"""Runs the fixed-shape decode steps as captured CUDA graphs (engine thread).
 
 A graph is captured per cache and attention span, the first time that pair is
 needed: that token runs eagerly, then the capture is stored on the cache (its
 buffer's address is what the graph writes), and later tokens replay it — one
-launch for the whole step instead of hundreds. All graphs share one memory pool;
-only one runs at a time. Before the first capture the step runs twice on the
-capture stream, so lazy initialisation (cuBLAS workspaces, Triton tuning) happens
-outside the capture.
+launch for the whole step instead of hundreds. The batched steps over a block pool
+(``cuda_batch``) are captured the same way through ``capture``, one per batch-size
+bucket. All graphs share one memory pool; only one runs at a time. Before the first
+capture of each kind of step it runs twice on the capture stream, so lazy
+initialisation (cuBLAS workspaces, Triton compiling and tuning) happens outside the capture.
 
 A capture that fails turns graphs off for good: the step keeps running eagerly
 and ``disabled_reason`` says why (the loader shows it as a notice). Running out of
@@ -15,11 +16,17 @@ memory is not such a failure: it is raised, as from any other step.
 
 from __future__ import annotations
 
+from typing import Callable, Hashable
+
 import torch
 
 from engine.forward.cuda_step import DecodeStep, StaticKVCache, span_for
 
 WARMUP_RUNS = 2
+SINGLE = "single"  # the warm-up key of the single-sequence step
+
+Captured = tuple[torch.cuda.CUDAGraph, torch.Tensor]  # a graph and the output tensor it writes
+Step = Callable[[], torch.Tensor]  # a fixed-shape step over inputs already written in place
 
 
 class GraphRunner:
@@ -31,7 +38,7 @@ class GraphRunner:
         self.disabled_reason: str | None = None
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self._stream = torch.cuda.Stream(step.device) if self.use_graphs else None
-        self._warm = False
+        self._warmed: set[Hashable] = set()
 
     def run(self, cache: StaticKVCache, token: int, position: int) -> torch.Tensor:
         """Logits [V] fp32 after ``token`` at ``position``, whose keys and values land in ``cache``."""
@@ -39,32 +46,34 @@ class GraphRunner:
         span = span_for(position + 1, cache.capacity)
         captured = cache.graphs.get(span) if self.use_graphs else None
         if captured is not None:
-            graph, logits = captured
-            graph.replay()
-            return logits.clone()  # the graph overwrites its output on the next replay
+            return replay(captured)
         logits = self.step(cache.buffer, span)
         if self.use_graphs:
-            self._capture(cache, span)
+            captured = self.capture(lambda: self.step(cache.buffer, span), SINGLE)
+            if captured is not None:
+                cache.graphs[span] = captured
         return logits
 
     def disable(self, reason: str) -> None:
         self.use_graphs = False
         self.disabled_reason = reason
 
-    def _capture(self, cache: StaticKVCache, span: int) -> None:
-        """Capture the step over ``cache`` for ``span``; rerunning it rewrites the same keys and values."""
+    def capture(self, step: Step, kind: Hashable) -> Captured | None:
+        """Capture ``step`` (which rewrites the same keys and values when rerun), warming up the first step of
+        each ``kind``; ``None`` if capturing fails, which turns graphs off for good."""
         try:
-            self._warm_up(cache, span)
-            captured = self._record(cache, span)
+            if kind not in self._warmed:
+                self._warm_up(step)
+                self._warmed.add(kind)
+            return self._record(step)
         except torch.OutOfMemoryError:
             raise
         except Exception as exc:  # any capture failure: stay correct, only slower
             self.disable(f"{type(exc).__name__}: {exc}")
             torch.cuda.synchronize(self.step.device)
-            return
-        cache.graphs[span] = captured
+            return None
 
-    def _record(self, cache: StaticKVCache, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _record(self, step: Step) -> Captured:
         """Capture on the side stream. ``torch.cuda.graph()`` would also run a full garbage collection
         and empty the allocator's cache before each capture, which costs more than the capture itself."""
         graph = torch.cuda.CUDAGraph()
@@ -72,18 +81,22 @@ class GraphRunner:
         with torch.cuda.stream(self._stream):
             graph.capture_begin(pool=self._pool)
             try:
-                logits = self.step(cache.buffer, span)  # [V], lives in the pool
+                output = step()  # lives in the pool
             finally:
                 graph.capture_end()
-        return graph, logits
+        return graph, output
 
-    def _warm_up(self, cache: StaticKVCache, span: int) -> None:
-        if self._warm:
-            return
+    def _warm_up(self, step: Step) -> None:
         assert self._stream is not None
         self._stream.wait_stream(torch.cuda.current_stream(self.step.device))
         with torch.cuda.stream(self._stream):
             for _ in range(WARMUP_RUNS):
-                self.step(cache.buffer, span)
+                step()
         torch.cuda.current_stream(self.step.device).wait_stream(self._stream)
-        self._warm = True
+
+
+def replay(captured: Captured) -> torch.Tensor:
+    """Run a captured step; a copy of its output, which the graph overwrites on its next replay."""
+    graph, output = captured
+    graph.replay()
+    return output.clone()

@@ -24,6 +24,18 @@ def device_memory(device: str) -> tuple[int, int, int]:
     return system.total - system.available, system.available, system.total
 
 
+def kv_pool_budget(device: str) -> int:
+    """Bytes the batch runner's KV pool may take. On a GPU half of what is free once the weights are in (the free
+    device memory and what the allocator holds unused; the other half is left for activations and CUDA graphs);
+    elsewhere ``KV_CACHE_BUDGET_BYTES``, since system memory is shared with everything else."""
+    if device != "cuda":
+        return KV_CACHE_BUDGET_BYTES
+    import torch
+
+    held_unused = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    return (device_memory(device)[1] + held_unused) // 2
+
+
 def read_memory(device: str, weight_bytes: int, kv_conversation: int, kv_total: int) -> MemoryStats:
     used, free, total = device_memory(device)
     return MemoryStats(

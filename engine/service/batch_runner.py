@@ -21,7 +21,7 @@ import torch
 
 from engine.chat.generation import ReplyOutcome, ReplyState
 from engine.forward.paged_kv import BatchRow
-from engine.host.memory import KV_CACHE_BUDGET_BYTES
+from engine.host.memory import kv_pool_budget
 from engine.models.loading import LoadedModel
 from engine.protocol.channels import EventSink
 from engine.protocol.messages import BatchSampled, FinishReason, KVPoolStats, MemoryStats, ReplyFailed, SamplingParams
@@ -58,14 +58,16 @@ class BatchRunner:
     """The loaded model's KV pool, its scheduler, and the replies in flight."""
 
     def __init__(self, loaded: LoadedModel, emit: EventSink, is_cancelled: Callable[[str], bool],
-                 budget_bytes: int = KV_CACHE_BUDGET_BYTES, step_tokens: int = DEFAULT_STEP_TOKENS,
+                 budget_bytes: int | None = None, step_tokens: int = DEFAULT_STEP_TOKENS,
                  max_running: int = DEFAULT_MAX_RUNNING) -> None:
+        """``budget_bytes``: what the KV pool may take; by default ``kv_pool_budget`` of the model's device."""
         self._loaded = loaded
         self._backend = loaded.backend
         self._emit = emit
         self._is_cancelled = is_cancelled
         self.bytes_per_block = self._backend.new_pool(1, BLOCK_SIZE).bytes_per_block
-        blocks = pool_blocks(budget_bytes, self.bytes_per_block, loaded.context_length, max_running)
+        budget = kv_pool_budget(loaded.device) if budget_bytes is None else budget_bytes
+        blocks = pool_blocks(budget, self.bytes_per_block, loaded.context_length, max_running)
         self.kv = self._backend.new_pool(blocks, BLOCK_SIZE)
         self.scheduler = Scheduler(BlockPool(blocks, BLOCK_SIZE), step_tokens, max_running)
         self.conversations = ConversationChains(self.scheduler.pool, blocks)

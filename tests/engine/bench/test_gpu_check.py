@@ -20,7 +20,7 @@ def test_quick_check_records_every_line_and_a_failing_line_does_not_stop_the_res
     lines = {record["line"]: record for record in map(json.loads, (out / "gpu_bench.jsonl").read_text().splitlines())}
     assert lines["wheels"]["ok"]  # every package a carried wheel would bring is importable here
     assert list(lines) == ["wheels", "environment", "pytest_gpu", "decode_tiny", "decode_tiny_int8",
-                           "prefill_tiny", "chat_ttft_tiny"]
+                           "prefill_tiny", "chat_ttft_tiny", "serve_tiny_batched"]
     assert lines["pytest_gpu"]["ok"] and lines["pytest_gpu"]["skipped"] == lines["pytest_gpu"]["tests"] > 0
     assert json.loads((out / "gpu_tests.json").read_text())["tests"] == lines["pytest_gpu"]["tests"]
     assert (out / "gpu_tests.xml").is_file()
@@ -32,3 +32,5 @@ def test_quick_check_records_every_line_and_a_failing_line_does_not_stop_the_res
     assert lines["decode_tiny_int8"]["targets"][0]["met"] is False
     assert lines["prefill_tiny"]["ok"] and lines["prefill_tiny"]["prefill_ms"] > 0
     assert lines["chat_ttft_tiny"]["ok"] and lines["chat_ttft_tiny"]["ttft_ms"] > 0
+    serve = lines["serve_tiny_batched"]
+    assert serve["ok"] and serve["device"] == "cpu" and set(serve["aggregate_decode_tok_s"]) == {"1", "4"}
