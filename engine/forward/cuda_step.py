@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from engine.forward.fast_llama import FastLlama, rotate_pairs_, swiglu
+from engine.forward.fast_llama import FastLlama, swiglu
 from engine.forward.static_cache import KVCache
 
 FIRST_SPAN = 256
@@ -104,12 +104,11 @@ class DecodeStep:
                    mask: torch.Tensor, span: int) -> torch.Tensor:
         """``h`` [1, D] normalised; ``cache`` [2, Hkv, C, hd] gets this position's keys and values."""
         heads, kv_heads, hd = self.model.heads, self.model.kv_heads, self.model.head_dim
-        qkv = layer.qkv(h).view(1, heads + 2 * kv_heads, hd)  # [1, H + 2Hkv, hd]
-        rotate_pairs_(qkv[:, : heads + kv_heads], turns)  # queries and keys turned to the position
+        q, new_keys_values = self.model._project(layer, h, turns)  # [1, H, hd] normed and turned, [2, Hkv, 1, hd]
         by_head = cache.view(2 * kv_heads, -1, hd)  # [2Hkv, C, hd]: keys' heads, then values'
-        by_head.index_copy_(1, self.position, qkv[0, heads:].unsqueeze(1))
+        by_head.index_copy_(1, self.position, new_keys_values.reshape(2 * kv_heads, 1, hd))
         keys, values = cache[0, :, :span], cache[1, :, :span]  # [Hkv, span, hd] each
-        grouped = qkv[0, :heads].view(kv_heads, heads // kv_heads, hd)  # [Hkv, G, hd], already scaled
+        grouped = q[0].view(kv_heads, heads // kv_heads, hd)  # [Hkv, G, hd], already scaled
         scores = torch.baddbmm(mask, grouped, keys.transpose(1, 2))  # [Hkv, G, span]
         attended = scores.softmax(dim=-1) @ values  # [Hkv, G, hd]
         return layer.out(attended.view(1, heads * hd))  # [1, D]

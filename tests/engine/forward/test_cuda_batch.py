@@ -76,7 +76,7 @@ def test_padding_rows_leave_the_real_rows_logits_unchanged(backend):
     together = backend.forward_batch(rows, pools[0])
     alone = torch.cat([backend.forward_batch([row], pools[1]) for row in rows])
     assert set(pools[0].steps) == {4} and set(pools[1].steps) == {1}
-    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(together, alone, rtol=1e-4, atol=1e-4)  # matmuls of 4 rows and of 1 sum in other orders
 
 
 def test_buckets_and_what_fits_them(backend):

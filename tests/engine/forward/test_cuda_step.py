@@ -38,9 +38,27 @@ def _qwen2_tiny():
     return model
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def _qwen3_tiny():
+    """A tiny Qwen3 (per-head q/k norms, grouped-query attention) with seeded random weights."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(2)
+    config = Qwen3Config(
+        vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, tie_word_embeddings=False,
+    )
+    model = Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                norm.weight.uniform_(0.5, 1.5)  # not all ones, so a skipped norm shows
+    return model
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
 def hf_model(request):
-    return build_hf_model("tiny", CPU, torch.float32) if request.param == "llama" else _qwen2_tiny()
+    builders = {"llama": lambda: build_hf_model("tiny", CPU, torch.float32), "qwen2": _qwen2_tiny, "qwen3": _qwen3_tiny}
+    return builders[request.param]()
 
 
 @pytest.fixture(scope="module")
