@@ -121,7 +121,8 @@ def gathered_decode_attention(q: torch.Tensor, layer_kv: torch.Tensor, tables: t
     scores = grouped @ pair[0].transpose(-1, -2)  # [B, Hkv, G, T]
     beyond = torch.arange(slots.shape[1], device=q.device) >= lengths.unsqueeze(1)  # [B, T]
     scores = scores.masked_fill(beyond[:, None, None, :], float("-inf"))
-    return (scores.softmax(dim=-1) @ pair[1]).reshape(rows, heads, head_dim)  # [B, H, hd]
+    values = pair[1].masked_fill(beyond[:, None, :, None], 0.0)  # never-written positions may hold NaN: 0 * NaN
+    return (scores.softmax(dim=-1) @ values).reshape(rows, heads, head_dim)  # [B, H, hd]
 
 
 def _power_of_two(n: int) -> int:

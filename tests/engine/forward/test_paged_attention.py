@@ -42,6 +42,18 @@ def test_gathered_decode_attention_equals_attend_over_gathered_keys(kv_heads, gr
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_positions_no_row_has_written_may_hold_anything():
+    """A fresh pool is uninitialised memory: NaN there, past each row's length, must not reach any row."""
+    q, layer_kv, tables, lengths, expected = case(2, 3, 16)
+    written = torch.zeros(layer_kv.shape[2], dtype=torch.bool)  # [P]
+    for length, table in zip(LENGTHS, TABLES):
+        for position in range(length):
+            written[table[position // BLOCK] * BLOCK + position % BLOCK] = True
+    layer_kv[:, :, ~written] = float("nan")
+    got = gathered_decode_attention(q, layer_kv, tables, lengths, BLOCK)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_split_count_fills_the_gpu_up_to_a_limit():
     assert split_count(1, 8) == 16 and split_count(4, 8) == 8 and split_count(32, 8) == 1
 
