@@ -46,7 +46,7 @@ class Linear:
         input_scale: torch.Tensor | None = None, one_row_fmt: str | None = None,
     ) -> None:
         self.fmt = fmt
-        self.compute_dtype = _compute_dtype(weight.q.device if isinstance(weight, Int4Groups) else weight.device, fmt)
+        self.compute_dtype = compute_dtype(weight.q.device if isinstance(weight, Int4Groups) else weight.device, fmt)
         many_rows, self.nbytes = _scaled_pack(weight, bias, fmt, self.compute_dtype, input_scale)
         self._run, self.one_row_nbytes = many_rows, self.nbytes  # one_row_nbytes: what a one-row call reads
         if one_row_fmt is not None:
@@ -73,7 +73,7 @@ def _scaled_pack(
     return (lambda x: run(x * scale)), nbytes
 
 
-def _compute_dtype(device: torch.device, fmt: str) -> torch.dtype:
+def compute_dtype(device: torch.device, fmt: str) -> torch.dtype:
     if device.type == "cpu":
         return torch.float32  # FBGEMM takes fp32 activations whatever the weight format
     return PLAIN_DTYPES.get(fmt, torch.bfloat16)  # quantized formats compute in bf16 (see quant_int)
