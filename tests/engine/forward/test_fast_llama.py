@@ -91,8 +91,7 @@ def test_qwen2_with_biases_greedy_tokens_equal_hf_generate(tokenizer, prompt_ids
 
 
 def test_fp16_logits_close_to_fp32_and_text_mostly_same(hf_model, tokenizer, prompt_ids):
-    exact, half = _fast(hf_model, tokenizer, "fp32"), _fast(hf_model, tokenizer, "fp16")
-    assert half.weight_bytes < 0.6 * exact.weight_bytes
+    exact, half = _fast(hf_model, tokenizer, "fp32"), _fast(hf_model, tokenizer, "fp16")  # fp16's bytes: test_quant_int
     exact_logits = feed(exact.backend, CachedSequence(exact.backend.new_cache()), prompt_ids)
     half_logits = feed(half.backend, CachedSequence(half.backend.new_cache()), prompt_ids)
     assert torch.nn.functional.cosine_similarity(exact_logits, half_logits, dim=0) > 0.99
