@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from engine.forward.backend import PREFILL_CHUNK
 from engine.forward.paged_kv import BatchRow, PagedKV, StepLayout
 from engine.forward.static_cache import KVCache
-from engine.forward.weights.quant import Linear, embedding
+from engine.forward.weights.quant import Linear, compute_dtype, embedding
 from engine.forward.weights.quant_int import QUANT_FORMATS, Int4Groups
 
 Weight = torch.Tensor | Int4Groups  # a state's matmul weights may come already in 4-bit groups (GGUF files)
@@ -56,17 +56,18 @@ class FastLlama:
         self.eps = config.rms_norm_eps
         self.device = device
         self.decode_fmt = decode_fmt
+        self.dtype = compute_dtype(device, fmt)
+        # The output layer and token table come first: their full-size temporaries are freed before the layers are held.
+        head_fmt = head_format(fmt, device)
+        final_norm = _fp32(state["model.norm.weight"], device)
+        self.lm_head = Linear(_fp32(_head(config, state), device), None, head_fmt, final_norm)
+        storage = _table_storage(head_fmt, device, self.dtype)
+        self.embed = embedding(_fp32(_table(config, state), device), storage, self.dtype)
         self.layers = [
             self._layer(state, f"model.layers.{i}.", fmt, decode_fmt) for i in range(config.num_hidden_layers)
         ]
-        self.dtype = self.layers[0].qkv.compute_dtype
-        head_fmt = head_format(fmt, device)
-        storage = _table_storage(head_fmt, device, self.dtype)
-        self.embed = embedding(_fp32(_table(config, state), device), storage, self.dtype)
-        final_norm = _fp32(state["model.norm.weight"], device)
-        self.lm_head = Linear(_fp32(_head(config, state), device), None, head_fmt, final_norm)
         self._eps = torch.full((1, 1), self.eps, dtype=self.dtype, device=device)
-        self._rotary = _rotary_module(config, device, state.get(ROPE_FACTORS))
+        self._inv_freq, self._rope_scale = _inverse_frequencies(config, device, state.get(ROPE_FACTORS))
         self._turns = torch.empty(0, 1, self.head_dim // 2, dtype=torch.complex64, device=device)
 
     def _layer(self, state: Mapping[str, torch.Tensor], prefix: str, fmt: str, decode_fmt: str | None) -> _Layer:
@@ -192,11 +193,9 @@ class FastLlama:
         """Unit complex numbers that turn each (even, odd) pair of a head at positions ``start``…``end``."""
         if end > self._turns.shape[0]:
             size = -(-end // ROPE_TABLE_CHUNK) * ROPE_TABLE_CHUNK
-            positions = torch.arange(size, device=self.device).unsqueeze(0)  # [1, P]
-            probe = torch.empty(1, dtype=torch.float32, device=self.device)
-            cos, sin = self._rotary(probe, positions)  # [1, P, hd] each, the two halves equal
-            half = self.head_dim // 2
-            self._turns = torch.complex(cos[0, :, :half], sin[0, :, :half]).unsqueeze(1)  # [P, 1, hd/2]
+            angles = torch.arange(size, device=self.device).float().unsqueeze(1) * self._inv_freq  # [P, hd/2]
+            cos, sin = angles.cos() * self._rope_scale, angles.sin() * self._rope_scale
+            self._turns = torch.complex(cos, sin).unsqueeze(1)  # [P, 1, hd/2]
         return self._turns[start:end]
 
 
@@ -238,18 +237,25 @@ def head_format(fmt: str, device: torch.device) -> str:
     return "int4" if fmt == "int4" else "fp16"
 
 
-def _rotary_module(config: Any, device: torch.device, factors: torch.Tensor | None) -> torch.nn.Module:
-    """Hugging Face's rotary embedding for ``config``: it knows each scaling scheme's frequencies.
+def _inverse_frequencies(config: Any, device: torch.device, factors: torch.Tensor | None) -> tuple[torch.Tensor, float]:
+    """Each rotary pair's turn per position [hd/2] and the scale of its cos and sin, as Hugging Face's rotary
+    embedding computes them for ``config``'s scaling scheme (``transformers.modeling_rope_utils``, which imports
+    none of the modelling code).
 
     ``factors`` [hd/2]: each frequency's divisor, as a GGUF file of Llama 3.1 gives its rope scaling
     (``rope_freqs.weight``) instead of naming it in the metadata.
     """
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    rotary = LlamaRotaryEmbedding(config).to(device)
+    rope = config.rope_parameters
+    if rope["rope_type"] == "default":
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        inv_freq, scale = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+    else:
+        inv_freq, scale = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config)
     if factors is not None:
-        rotary.inv_freq = rotary.inv_freq / factors.to(device, torch.float32)  # [hd/2]
-    return rotary
+        inv_freq = inv_freq / factors.to(torch.float32)  # [hd/2]
+    return inv_freq.to(device), float(scale)
 
 
 def _fp32(weight: Weight, device: torch.device) -> Weight:

@@ -10,7 +10,7 @@ torch is imported only by ``available_memory("cuda")``.
 * A model the fast path loads into its own formats, a GGUF file it reads directly
   (``gguf_direct``) or a safetensors folder of an architecture it runs (``fast_scope``,
   streamed by ``safetensors_state``), is counted as ``FastLlama`` holds it: its layers in the precision's format (4-bit: groups of 32,
-  ``DECODE_COPY_BYTES`` per weight), fp16 on the CPU keeping a 4-bit copy of a 4-bit
+  ``DECODE_COPY_BYTES`` per weight; fp16 on the CPU with the zeros FBGEMM pads its rows with), fp16 on the CPU keeping a 4-bit copy of a 4-bit
   file's layers for decode steps (``loading.decode_format``), and the token table and
   the output layer apart even when the file ties them (on the CPU fp16, or 4-bit
   groups beside 4-bit layers alone). Its tensors
@@ -35,6 +35,7 @@ from typing import Any, Literal
 import psutil
 
 from engine.forward.fast_scope import config_view, unsupported_reason
+from engine.forward.weights.packed_sizes import fp16_packed_bytes
 from engine.models.gguf_check import DIRECT_ARCHITECTURES
 from engine.models.model_source import ModelFileError, ModelSource
 
@@ -178,20 +179,33 @@ def precision_order(source: ModelSource, device: str) -> tuple[str, ...]:
 
 def _fast_weight_bytes(source: ModelSource, shape: ModelShape, precision: str, device: str) -> int:
     """What ``FastLlama`` holds for a model it loads into its own formats (see the module docstring)."""
-    table = shape.vocab * shape.hidden
     layer_params = max(source.n_params - shape.embedding_params, 0)
     layers = layer_params * FAST_LAYER_BYTES.get(precision, BYTES_PER_PARAM[precision])
-    if device == "cpu" and precision == "fp16" and source.four_bit_layers:
-        layers += layer_params * DECODE_COPY_BYTES
-    return int(layers + _table_and_head_bytes(table, precision, device))
+    if device == "cpu" and precision == "fp16":
+        layers += _fp16_padding_bytes(shape)
+        layers += layer_params * DECODE_COPY_BYTES if source.four_bit_layers else 0
+    return int(layers + _table_and_head_bytes(shape, precision, device))
 
 
-def _table_and_head_bytes(table: int, precision: str, device: str) -> float:
+def _fp16_padding_bytes(shape: ModelShape) -> int:
+    """The zeros FBGEMM pads the layers' fp16 matrices with on the CPU (``packed_sizes``): q/k/v, the attention
+    output and gate/up are as wide as the hidden size or the heads, down as the MLP; 0 when those are multiples
+    of 512."""
+    qkv_rows, attention_width = (shape.heads + 2 * shape.kv_heads) * shape.head_dim, shape.heads * shape.head_dim
+    matrices = ((qkv_rows, shape.hidden), (shape.hidden, attention_width), (2 * shape.intermediate, shape.hidden),
+                (shape.hidden, shape.intermediate))
+    return shape.layers * sum(fp16_packed_bytes(rows, width) - 2 * rows * width for rows, width in matrices)
+
+
+def _table_and_head_bytes(shape: ModelShape, precision: str, device: str) -> float:
     """``FastLlama`` keeps the token table and the output layer apart, even when the file ties them: on the CPU
-    fp32 at fp32, 4-bit groups at nf4, else fp16; on a GPU the table in the compute dtype and the output layer
-    in the layers' format (``fast_llama.head_format``)."""
+    fp32 at fp32, 4-bit groups at nf4, else fp16 (the output layer as FBGEMM packs it); on a GPU the table in
+    the compute dtype and the output layer in the layers' format (``fast_llama.head_format``)."""
+    table = shape.vocab * shape.hidden
+    if device == "cpu" and precision in ("fp32", "nf4"):
+        return 2 * table * {"fp32": BYTES_PER_PARAM["fp32"], "nf4": DECODE_COPY_BYTES}[precision]
     if device == "cpu":
-        return 2 * table * {"fp32": BYTES_PER_PARAM["fp32"], "nf4": DECODE_COPY_BYTES}.get(precision, UNQUANTIZED_BYTES)
+        return table * UNQUANTIZED_BYTES + fp16_packed_bytes(shape.vocab, shape.hidden)
     table_bytes = UNQUANTIZED_BYTES if precision in QUANTIZED_PRECISIONS else BYTES_PER_PARAM[precision]
     return table * (table_bytes + FAST_LAYER_BYTES[precision])
 

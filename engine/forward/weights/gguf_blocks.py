@@ -1,6 +1,6 @@
 """A GGUF tensor's raw blocks straight into the fast path's weight formats, one tensor at a time (engine thread).
 
-The blocks come as numpy bytes, memory-mapped from the file by ``gguf.GGUFReader``
+The blocks come as numpy bytes read from the file (``engine.models.gguf_direct``)
 (one row of the weight per row of bytes). The structs are llama.cpp's
 (``ggml-common.h``), per block of weights of one row:
 
@@ -25,7 +25,7 @@ import torch
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import Q4_K, dequantize
 
-from engine.forward.weights.quant_int import CPU_INT4_GROUP, Int4Groups, int4_groups_of
+from engine.forward.weights.quant_int import CPU_INT4_GROUP, ROWS_AT_ONCE, Int4Groups, int4_groups_of
 
 FOUR_BIT_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K)
 READABLE_TYPES = FOUR_BIT_TYPES + (
@@ -36,7 +36,21 @@ READABLE_TYPES = FOUR_BIT_TYPES + (
 
 
 def dense(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> torch.Tensor:
-    """Any readable type's rows of blocks as the fp32 weight they stand for, [N, K] (or [K] for a vector)."""
+    """Any readable type's rows of blocks [N, bytes per row] as the fp32 weight they stand for, [N, K], decoded
+    ``ROWS_AT_ONCE`` rows at a time into the result: the decoder's own temporaries (several fp32 arrays the
+    size of its input) stay the size of a chunk, not of a large token table."""
+    rows = blocks.shape[0]
+    first = _dense_rows(blocks[:ROWS_AT_ONCE], quant_type)  # [min(N, ROWS_AT_ONCE), K]
+    if rows <= ROWS_AT_ONCE:
+        return first
+    weight = torch.empty(rows, first.shape[1])  # [N, K]
+    weight[:ROWS_AT_ONCE] = first
+    for start in range(ROWS_AT_ONCE, rows, ROWS_AT_ONCE):
+        weight[start : start + ROWS_AT_ONCE] = _dense_rows(blocks[start : start + ROWS_AT_ONCE], quant_type)
+    return weight
+
+
+def _dense_rows(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> torch.Tensor:
     return torch.from_numpy(np.require(dequantize(blocks, quant_type), np.float32, ["C", "W"]))  # a copy if mapped
 
 

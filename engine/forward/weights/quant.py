@@ -3,7 +3,8 @@
 At batch size 1 a decode step reads every weight once, so the bytes per weight
 set the speed. On the CPU, ``fp16`` uses FBGEMM's prepacked half-precision
 kernel, which PyTorch ships: weights in half precision, products and sums in
-fp32, so results stay within rounding of fp32 at half the bytes. (FBGEMM's int8
+fp32, so results stay within rounding of fp32 at half the bytes (plus the zeros
+that pad each row to a multiple of 512: ``packed_sizes``). (FBGEMM's int8
 kernel quantizes activations too and costs ~0.5 ms per call whatever the size,
 which is slower than fp32 for a small model, so it is not used.) Elsewhere
 ``fp32``/``bf16``/``fp16`` are plain matmuls in that dtype, and ``int8``/``int4``
@@ -24,6 +25,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from engine.forward.weights.packed_sizes import fp16_packed_bytes
 from engine.forward.weights.quant_int import QUANT_FORMATS, Int4Groups, int4_groups_of, pack_quantized
 
 PLAIN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -46,7 +48,7 @@ class Linear:
         input_scale: torch.Tensor | None = None, one_row_fmt: str | None = None,
     ) -> None:
         self.fmt = fmt
-        self.compute_dtype = _compute_dtype(weight.q.device if isinstance(weight, Int4Groups) else weight.device, fmt)
+        self.compute_dtype = compute_dtype(weight.q.device if isinstance(weight, Int4Groups) else weight.device, fmt)
         many_rows, self.nbytes = _scaled_pack(weight, bias, fmt, self.compute_dtype, input_scale)
         self._run, self.one_row_nbytes = many_rows, self.nbytes  # one_row_nbytes: what a one-row call reads
         if one_row_fmt is not None:
@@ -73,7 +75,7 @@ def _scaled_pack(
     return (lambda x: run(x * scale)), nbytes
 
 
-def _compute_dtype(device: torch.device, fmt: str) -> torch.dtype:
+def compute_dtype(device: torch.device, fmt: str) -> torch.dtype:
     if device.type == "cpu":
         return torch.float32  # FBGEMM takes fp32 activations whatever the weight format
     return PLAIN_DTYPES.get(fmt, torch.bfloat16)  # quantized formats compute in bf16 (see quant_int)
@@ -86,7 +88,7 @@ def _pack(
         return pack_quantized(weight, bias, fmt)
     if weight.device.type == "cpu" and fmt == "fp16":
         packed = torch.ops.quantized.linear_prepack_fp16(weight.float(), _fp32(bias))
-        return (lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed)), weight.numel() * 2
+        return (lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed)), fp16_packed_bytes(*weight.shape)
     if fmt not in PLAIN_DTYPES:
         raise ValueError(f"Weight format {fmt!r} is not supported on {weight.device.type}.")
     weight = weight.to(dtype).contiguous()

@@ -131,7 +131,7 @@ def quantize_int4(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch
     scales = ((high - low).clamp(min=1e-6) / 15).to(torch.bfloat16)
     zeros = (low + scales.float() * 8).to(torch.bfloat16)
     lowest = (zeros.float() - scales.float() * 8).unsqueeze(-1)  # [N, G, 1]: the value q = 0 stands for
-    q = ((grouped - lowest) / scales.float().unsqueeze(-1)).round().clamp(0, 15).to(torch.int32)
+    q = (grouped - lowest).div_(scales.float().unsqueeze(-1)).round_().clamp_(0, 15).to(torch.int32)  # one temporary
     scales_and_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous()  # [G, N, 2]
     return q.reshape(rows, width), scales_and_zeros
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import pytest
 import torch
 
 from engine.chat.generation import CachedSequence, feed
 from engine.forward.fast_llama import FastLlamaBackend
-from engine.forward.paged_kv import BatchRow
+from engine.forward.paged_kv import BatchRow, PagedKV
+from engine.host.allocator import return_freed_memory
 
 BLOCK = 4
 
@@ -39,3 +44,22 @@ def test_a_copied_block_carries_the_shared_positions(tiny_loaded) -> None:
     edited = prompt[:5] + [3]
     logits = backend.forward_batch([BatchRow(edited[5:], 5, [0, 5])], kv)[0]
     torch.testing.assert_close(logits, _alone(backend, edited), atol=1e-4, rtol=1e-4)
+
+
+def _resident_bytes() -> int:
+    return_freed_memory()
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident size from /proc")
+def test_the_kv_pool_holds_only_the_pages_of_blocks_in_use() -> None:
+    """The pool is reserved for its whole budget (1 GiB here) but occupies memory only as blocks are written."""
+    before = _resident_bytes()
+    kv = PagedKV(layers=4, kv_heads=4, head_dim=64, num_blocks=8192, block_size=16, dtype=torch.float32,
+                 device=torch.device("cpu"))  # [4, 2, 4, 131072, 64] fp32: 1 GiB
+    for layer in range(4):
+        kv.write(layer, slice(0, 64), torch.ones(2, 4, 64, 64))  # blocks 0-3 of every layer
+    grown = _resident_bytes() - before
+    assert kv.buffer.numel() * 4 == 1024**3
+    assert grown <= 8 * 1024**2  # 4 blocks × 64 KiB each, and a page of slack per row of the pool

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine.forward.fast_llama import FastLlama
+from engine.host.allocator import return_freed_memory
 from engine.forward.weights.quant import Linear
 from engine.forward.weights.quant_int import (
     dequantize_int4, fast_format, int4_groups_of, int4_layout, quantize_int4, quantize_int8,
@@ -124,13 +125,17 @@ def _dequantized(state: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Te
     return {name: restore(name, weight) for name, weight in state.items()}
 
 
+def _layer_bytes(model: FastLlama) -> int:
+    return model.weight_bytes - model.lm_head.nbytes - model.embed.nbytes
+
+
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_quantized_fast_llama_computes_with_exactly_the_quantized_weights(fmt):
     hf_model = build_hf_model("tiny", CPU, torch.float32)
     state = hf_model.state_dict()
     quantized = FastLlama(hf_model.config, state, fmt, CPU)
     reference = FastLlama(hf_model.config, _dequantized(state, fmt), "fp32", CPU)
-    assert quantized.weight_bytes < 0.5 * reference.weight_bytes
+    assert _layer_bytes(quantized) < 0.5 * _layer_bytes(reference)  # int8's output layer is fp16, FBGEMM-padded
     prompt = torch.arange(3, 40)
     expected = reference.forward(prompt, reference.new_cache(), 0)
     got = quantized.forward(prompt, quantized.new_cache(), 0)
@@ -161,3 +166,21 @@ def test_triton_int8_kernel_matches_the_reference_in_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def _resident_bytes() -> int:
+    return_freed_memory()
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident size from /proc")
+@pytest.mark.parametrize("width", [576, 1536])
+def test_an_fp16_layers_bytes_are_what_its_packing_holds(width: int):
+    """FBGEMM pads the width to a multiple of 512: SmolLM2's 576 holds 1024 columns' bytes, which the figure counts."""
+    weight = torch.randn(2048, width)  # [N, K]
+    before = _resident_bytes()
+    layers = [Linear(weight, None, "fp16") for _ in range(8)]
+    grown = _resident_bytes() - before
+    assert layers[0].nbytes == 2048 * -(-width // 512) * 512 * 2
+    assert abs(grown - 8 * layers[0].nbytes) <= 0.1 * 8 * layers[0].nbytes

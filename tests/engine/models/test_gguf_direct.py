@@ -7,6 +7,8 @@ into fp32 itself), in fp32 and with the 4-bit groups packed as they are.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,7 @@ from engine.models.model_source import ModelFileError
 from tests.engine.models.random_gguf import END_OF_TURN, Shape, write_random_gguf
 
 CPU = torch.device("cpu")
+REPO = Path(__file__).resolve().parents[3]
 PROMPT = [5, 77, 140, 3, 200, 18, 96, 41]
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 # transformers' Qwen3 GGUF config ignores attention.key_length (its default head size is 128): match it
@@ -172,3 +175,21 @@ def test_converted_copies_of_earlier_versions_are_removed_once_with_a_notice(tmp
     assert "3 MB" in notice and "read as they are" in notice
     assert not old.parent.exists()
     assert remove_converted_copies() == ()
+
+
+def test_a_direct_load_imports_none_of_transformers_modelling_code(reference):
+    """The config and the rotary frequencies come without transformers' model classes, whose import took
+    ~2.7 s and ~140 MB of the built-in model's load."""
+    path, _ = reference["llama"]
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from tests.engine.models.test_gguf_direct import _load\n"
+        f"loaded = _load(Path({str(path)!r}), 'fp16', four_bit_source=True)\n"
+        "assert loaded.backend.forward([5, 77], loaded.backend.new_cache(), 0).isfinite().all()\n"
+        "print(sorted(m for m in sys.modules if m == 'transformers.modeling_utils' or m.startswith('transformers.models.')\n"
+        "             and m.rsplit('.', 1)[-1].startswith(('modeling_', 'configuration_'))))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
