@@ -12,7 +12,7 @@ import torch
 
 from engine.forward.fast_llama import FastLlama
 from engine.host.allocator import return_freed_memory
-from engine.forward.weights.quant import Linear
+from engine.forward.weights.quant import FEW_ROWS, Linear
 from engine.forward.weights.quant_int import (
     dequantize_int4, fast_format, int4_groups_of, int4_layout, quantize_int4, quantize_int8,
 )
@@ -88,12 +88,12 @@ def test_a_4bit_gguf_block_comes_back_exactly_and_norm_weights_do_not_disturb_it
     torch.testing.assert_close(got, (x * norm) @ weight.T, rtol=2e-2, atol=2e-2)  # bf16 activations
 
 
-def test_fp16_with_a_4bit_decode_copy_answers_one_row_from_the_copy_and_many_from_fp16():
+def test_fp16_with_a_4bit_decode_copy_answers_few_rows_from_the_copy_and_many_from_fp16():
     weight, norm = _q4_1_blocks(96, 128), torch.rand(128) + 0.5
     dual = Linear(weight, None, "fp16", norm, one_row_fmt="int4")
     fp16, int4 = Linear(weight, None, "fp16", norm), Linear(weight, None, "int4", norm)
-    rows, row = torch.randn(5, 128), torch.randn(1, 128)
-    assert torch.equal(dual(rows), fp16(rows)) and torch.equal(dual(row), int4(row))
+    prompt, decode_step = torch.randn(FEW_ROWS + 1, 128), torch.randn(FEW_ROWS, 128)
+    assert torch.equal(dual(prompt), fp16(prompt)) and torch.equal(dual(decode_step), int4(decode_step))
     assert dual.nbytes == fp16.nbytes + int4.nbytes
 
 
