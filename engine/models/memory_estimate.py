@@ -18,7 +18,8 @@ torch is imported only by ``available_memory("cuda")``.
   On the CPU ``auto`` picks fp16 (with that copy) where it fits comfortably, else 4-bit alone.
 * Any other GGUF file goes through transformers, which dequantizes every tensor into
   fp32 before the model takes them: ``FP32_BYTES`` per parameter more while it loads.
-* KV cache: 2 (keys and values) × layers × KV heads × head size × context × bytes.
+* KV cache: 2 (keys and values) × layers × KV heads × head size × context × bytes (fp32 on the
+  CPU fast path, which computes in fp32 whatever its weights' format).
 * Overhead: activations, allocator slack and the runtime itself, taken as
   ``OVERHEAD_FIXED_BYTES`` plus ``OVERHEAD_FRACTION`` of weights and KV cache.
 
@@ -213,13 +214,15 @@ def _table_and_head_bytes(shape: ModelShape, precision: str, device: str) -> flo
 def estimate(source: ModelSource, precision: str, context_length: int, device: str) -> MemoryEstimate:
     """Memory to run ``source`` at ``precision`` on ``device`` with a KV cache of ``context_length`` tokens."""
     shape = model_shape(source.config)
-    if reads_fast(source) and (device == "cuda" or precision in FAST_CPU_PRECISIONS):
+    fast = reads_fast(source) and (device == "cuda" or precision in FAST_CPU_PRECISIONS)
+    if fast:
         weights = _fast_weight_bytes(source, shape, precision, device)
     else:
         weights = estimate_weight_bytes(source.n_params, precision, shape.embedding_params)
         if source.kind == "gguf":
             weights += int(source.n_params * FP32_BYTES)  # transformers' fp32 copy of the whole file
-    kv = estimate_kv_bytes(source.config, context_length, 4 if precision == "fp32" else 2)
+    fp32_cache = precision == "fp32" or (fast and device == "cpu")  # the CPU fast path computes in fp32
+    kv = estimate_kv_bytes(source.config, context_length, 4 if fp32_cache else 2)
     overhead = OVERHEAD_FIXED_BYTES + int(OVERHEAD_FRACTION * (weights + kv))
     return MemoryEstimate(weights, kv, overhead, weights + kv + overhead)
 

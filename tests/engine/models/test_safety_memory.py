@@ -141,6 +141,8 @@ def test_fp16_on_the_cpu_counts_the_4bit_decode_copy_of_a_4bit_file(default_mode
     # and the output layer (49152)
     padding = 2 * (1024 - 576) * (30 * (960 + 576 + 3072) + 49152)
     assert on_cpu.weight_bytes == on_gpu.weight_bytes + int(layer_params * (0.5 + 4 / 32)) + padding
+    assert on_cpu.kv_bytes == 2 * 30 * 3 * 64 * 2048 * 4, "the CPU fast path keeps its keys and values in fp32"
+    assert on_gpu.kv_bytes == 2 * 30 * 3 * 64 * 2048 * 2
 
 
 def test_a_4bit_file_runs_4bit_alone_where_the_fp16_copy_would_not_fit_comfortably(default_model_path: Path) -> None:
