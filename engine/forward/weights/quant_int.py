@@ -127,13 +127,27 @@ def quantize_int4(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch
     """
     rows, width = weight.shape
     grouped = weight.float().reshape(rows, width // group, group)  # [N, G, group]
-    low, high = grouped.amin(dim=-1), grouped.amax(dim=-1)  # [N, G]
+    scales, zeros, lowest = int4_group_params(grouped.amin(dim=-1), grouped.amax(dim=-1))
+    q = int4_codes(grouped - lowest.unsqueeze(-1), scales).to(torch.int32)  # one temporary
+    return q.reshape(rows, width), scales_and_zeros_of(scales, zeros)
+
+
+def int4_group_params(low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each group's bf16 scale and zero point from its lowest and highest weight (fp32 [N, G] each), and the
+    fp32 value q = 0 stands for, [N, G]."""
     scales = ((high - low).clamp(min=1e-6) / 15).to(torch.bfloat16)
     zeros = (low + scales.float() * 8).to(torch.bfloat16)
-    lowest = (zeros.float() - scales.float() * 8).unsqueeze(-1)  # [N, G, 1]: the value q = 0 stands for
-    q = (grouped - lowest).div_(scales.float().unsqueeze(-1)).round_().clamp_(0, 15).to(torch.int32)  # one temporary
-    scales_and_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous()  # [G, N, 2]
-    return q.reshape(rows, width), scales_and_zeros
+    return scales, zeros, zeros.float() - scales.float() * 8
+
+
+def int4_codes(above_lowest: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Weights minus their group's lowest value [N, G, group] fp32 (overwritten) as codes 0…15, still fp32."""
+    return above_lowest.div_(scales.float().unsqueeze(-1)).round_().clamp_(0, 15)
+
+
+def scales_and_zeros_of(scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+    """bf16 scales and zero points [N, G] each in the kernels' layout, [G, N, 2]."""
+    return torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous()
 
 
 def dequantize_int4(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int) -> torch.Tensor:
