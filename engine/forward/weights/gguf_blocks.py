@@ -26,7 +26,8 @@ import torch
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import Q4_K, dequantize
 
-from engine.forward.weights.gguf_codes import CODE_TYPES, dense_rows, fp16_field, int4_rows
+from engine.forward.weights import gguf_codes
+from engine.forward.weights.gguf_codes import CODE_TYPES, chunk_rows, dense_rows, fp16_field
 from engine.forward.weights.quant_int import CPU_INT4_GROUP, ROWS_AT_ONCE, Int4Groups, int4_groups_of
 
 FOUR_BIT_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K)
@@ -60,18 +61,20 @@ def _dense_rows(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> torch.T
 
 def int4_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Groups:
     """A 4-bit type's blocks [N, bytes per row] as ``Int4Groups`` of 32 (see the module docstring), decoded
-    a few thousand rows at a time into the result, so a large token table needs no full-size temporaries."""
-    return Int4Groups.from_row_chunks(blocks.shape[0], lambda start, end: _int4_rows(blocks[start:end], quant_type))
+    a few rows at a time (``gguf_codes.chunk_rows``) into the result, so no full-size temporaries."""
+    return Int4Groups.from_row_chunks(
+        blocks.shape[0], lambda start, end: _int4_rows(blocks[start:end], quant_type), chunk_rows(blocks, quant_type)
+    )
 
 
 def requantized_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Groups:
     """Any readable type's rows as ``Int4Groups`` of 32: 4-bit types exactly, others quantized
-    (``quant_int.int4_groups_of``, or its equal ``gguf_codes.int4_rows``) a few thousand rows at a time,
+    (``quant_int.int4_groups_of``, or its equal ``gguf_codes.int4_groups``) a chunk of rows at a time,
     never the whole tensor in fp32."""
     if quant_type in FOUR_BIT_TYPES:
         return int4_groups(blocks, quant_type)
     if quant_type in CODE_TYPES:
-        return Int4Groups.from_row_chunks(blocks.shape[0], lambda start, end: int4_rows(blocks[start:end], quant_type))
+        return gguf_codes.int4_groups(blocks, quant_type)
     return Int4Groups.from_row_chunks(
         blocks.shape[0], lambda start, end: int4_groups_of(dense(blocks[start:end], quant_type))
     )

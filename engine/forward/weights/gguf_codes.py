@@ -1,5 +1,5 @@
 """GGUF's 5-, 6- and 8-bit blocks as integer codes with a scale per run of weights, and from there the fp32
-weight or int4 groups of 32, a chunk of rows at a time (engine thread).
+weight or int4 groups of 32 (engine thread).
 
 Each type holds ``w = s * x - m`` per run of 16 or 32 weights of a row (llama.cpp's ``ggml-common.h``):
 
@@ -14,7 +14,8 @@ Each type holds ``w = s * x - m`` per run of 16 or 32 weights of a row (llama.cp
 The arithmetic is gguf-py's (``gguf.quants.dequantize``): ``s`` and ``m`` rounded to fp32 once, then
 ``s * x`` and ``- m`` per weight, so the weights equal its output bit for bit, and the int4 groups equal
 ``quant_int.int4_groups_of`` of them. The groups' lowest and highest weights come from each run's lowest and
-highest codes (rounding keeps the order), so no min/max pass runs over the fp32 weights.
+highest codes (rounding keeps the order), so no min/max pass runs over the fp32 weights, and a few rows
+are made at a time (``quant_int.rows_at_once``), so that their few fp32 temporaries stay in the core's cache.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import Q4_K
 
 from engine.forward.weights.quant_int import (
-    CPU_INT4_GROUP, Int4Groups, int4_codes, int4_group_params, scales_and_zeros_of,
+    CPU_INT4_GROUP, Int4Groups, int4_codes, int4_group_params, rows_at_once, scales_and_zeros_of,
 )
 
 CODE_TYPES = (GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0)
@@ -57,8 +58,21 @@ def dense_rows(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> torch.Te
     return codes.weights(codes.values).reshape(blocks.shape[0], -1)
 
 
-def int4_rows(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Groups:
-    """Rows of blocks [N, bytes per row] as int4 groups of 32, equal to ``int4_groups_of(dense_rows(...))``."""
+def int4_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Groups:
+    """Rows of blocks [N, bytes per row] as int4 groups of 32, equal to ``int4_groups_of(dense_rows(...))``,
+    made a few rows at a time straight into the result."""
+    return Int4Groups.from_row_chunks(
+        blocks.shape[0], lambda start, end: _int4_rows(blocks[start:end], quant_type), chunk_rows(blocks, quant_type)
+    )
+
+
+def chunk_rows(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> int:
+    """How many rows of blocks [N, bytes per row] to decode at a time (``quant_int.rows_at_once``)."""
+    block_size, type_size = GGML_QUANT_SIZES[quant_type]
+    return rows_at_once(blocks.shape[1] // type_size * block_size)
+
+
+def _int4_rows(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Groups:
     codes = codes_of(blocks, quant_type)
     rows = blocks.shape[0]
     scales, zeros, lowest = int4_group_params(*_group_extremes(codes))  # [N, G] each

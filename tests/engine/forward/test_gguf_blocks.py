@@ -121,6 +121,7 @@ def test_large_tensors_decoded_a_few_rows_at_a_time_come_out_whole(monkeypatch: 
     from engine.forward.weights import quant_int
 
     monkeypatch.setattr(quant_int, "ROWS_AT_ONCE", 7)  # 32 rows: four chunks and a short one
+    monkeypatch.setattr(quant_int, "WEIGHTS_AT_ONCE", 7 * WIDTH)  # blocks: 7 rows at a time too
     for quant_type in (Q.Q4_K, Q.Q4_0):
         blocks = crafted_blocks(quant_type)
         assert torch.equal(int4_groups(blocks, quant_type).dequantize(),
