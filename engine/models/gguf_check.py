@@ -281,7 +281,8 @@ def explain_gguf_errors(path: Path) -> Iterator[None]:
 
 
 # The tensor types Hearth reads (``engine.forward.weights.gguf_blocks``): 4-bit blocks straight into its int4
-# groups, the rest through ``gguf.quants`` into floats. The IQ and ternary types are not among them.
+# groups, Q5_K, Q6_K and Q8_0 through ``gguf_codes``, the rest through ``gguf.quants`` into floats. The IQ and
+# ternary types are not among them.
 READABLE_TYPES = frozenset(
     GGMLQuantizationType[name]
     for name in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")

@@ -13,8 +13,9 @@ In the first two the low nibbles of the 16 bytes are weights 0…15 and the high
 four runs of 32 bytes, whose low nibbles are one sub-block and high nibbles the next.
 All three are 16 evenly spaced values per 32 weights, which is what ``Int4Groups`` holds
 (``(q - 8) * scale + zero`` per 32): they come back exactly, up to the bf16 rounding of each
-group's scale and zero point. Every other type (``Q5_K``, ``Q6_K``, ``Q8_0``, F16, BF16, F32)
-is dequantized by ``gguf.quants`` into fp32, one tensor at a time, and packed by the layer into
+group's scale and zero point. ``Q5_K``, ``Q6_K`` and ``Q8_0`` are decoded by ``gguf_codes`` (into fp32, or
+straight into int4 groups of 32 where every matrix is wanted in those); every other type (F16, BF16, F32, the
+rarer quants) is dequantized by ``gguf.quants`` into fp32, one tensor at a time, and packed by the layer into
 its format from there.
 """
 
@@ -25,6 +26,8 @@ import torch
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import Q4_K, dequantize
 
+from engine.forward.weights import gguf_codes
+from engine.forward.weights.gguf_codes import CODE_TYPES, chunk_rows, dense_rows, fp16_field
 from engine.forward.weights.quant_int import CPU_INT4_GROUP, ROWS_AT_ONCE, Int4Groups, int4_groups_of
 
 FOUR_BIT_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K)
@@ -51,20 +54,27 @@ def dense(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> torch.Tensor:
 
 
 def _dense_rows(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> torch.Tensor:
+    if quant_type in CODE_TYPES:
+        return dense_rows(blocks, quant_type)
     return torch.from_numpy(np.require(dequantize(blocks, quant_type), np.float32, ["C", "W"]))  # a copy if mapped
 
 
 def int4_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Groups:
     """A 4-bit type's blocks [N, bytes per row] as ``Int4Groups`` of 32 (see the module docstring), decoded
-    a few thousand rows at a time into the result, so a large token table needs no full-size temporaries."""
-    return Int4Groups.from_row_chunks(blocks.shape[0], lambda start, end: _int4_rows(blocks[start:end], quant_type))
+    a few rows at a time (``gguf_codes.chunk_rows``) into the result, so no full-size temporaries."""
+    return Int4Groups.from_row_chunks(
+        blocks.shape[0], lambda start, end: _int4_rows(blocks[start:end], quant_type), chunk_rows(blocks, quant_type)
+    )
 
 
 def requantized_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Groups:
     """Any readable type's rows as ``Int4Groups`` of 32: 4-bit types exactly, others quantized
-    (``quant_int.int4_groups_of``) a few thousand rows at a time, never the whole tensor in fp32."""
+    (``quant_int.int4_groups_of``, or its equal ``gguf_codes.int4_groups``) a chunk of rows at a time,
+    never the whole tensor in fp32."""
     if quant_type in FOUR_BIT_TYPES:
         return int4_groups(blocks, quant_type)
+    if quant_type in CODE_TYPES:
+        return gguf_codes.int4_groups(blocks, quant_type)
     return Int4Groups.from_row_chunks(
         blocks.shape[0], lambda start, end: int4_groups_of(dense(blocks[start:end], quant_type))
     )
@@ -83,18 +93,18 @@ def _int4_rows(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Grou
 
 def _q4_0_or_1(blocks: np.ndarray, with_min: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """[N, G, 18 or 20] bytes -> nibbles [N, G, 32] uint8, scale and zero [N, G] fp32."""
-    d = _fp16(blocks[..., 0:2])  # [N, G]
+    d = fp16_field(blocks[..., 0:2])  # [N, G]
     start = 4 if with_min else 2
     packed = blocks[..., start : start + 16]  # [N, G, 16]
     nibbles = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)  # [N, G, 32]: low nibbles first
-    zeros = _fp16(blocks[..., 2:4]) + 8 * d if with_min else np.zeros_like(d)  # (q - 8) d + z = q d + m
+    zeros = fp16_field(blocks[..., 2:4]) + 8 * d if with_min else np.zeros_like(d)  # (q - 8) d + z = q d + m
     return nibbles, d, zeros
 
 
 def _q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """[N, B, 144] bytes -> nibbles [N, 8B, 32] uint8, scale and zero [N, 8B] fp32 (one per sub-block)."""
     rows, supers = blocks.shape[:2]
-    d, dmin = _fp16(blocks[..., 0:2]), _fp16(blocks[..., 2:4])  # [N, B]
+    d, dmin = fp16_field(blocks[..., 0:2]), fp16_field(blocks[..., 2:4])  # [N, B]
     sub_scales, sub_mins = Q4_K.get_scale_min(blocks[..., 4:16].reshape(-1, 12))  # [N*B, 8] each, 0…63
     scales = d[..., None] * sub_scales.reshape(rows, supers, 8).astype(np.float32)  # [N, B, 8]
     mins = dmin[..., None] * sub_mins.reshape(rows, supers, 8).astype(np.float32)
@@ -102,8 +112,3 @@ def _q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     nibbles = np.concatenate([packed & 0x0F, packed >> 4], axis=-2)  # [N, B, 4, 2, 32]: sub-blocks 2c, 2c + 1
     zeros = 8 * scales - mins  # (q - 8) s + z = s q - min
     return nibbles.reshape(rows, supers * 8, 32), scales.reshape(rows, -1), zeros.reshape(rows, -1)
-
-
-def _fp16(pairs: np.ndarray) -> np.ndarray:
-    """[..., 2] bytes as the fp16 number they hold, in fp32, [...]."""
-    return np.ascontiguousarray(pairs).view(np.float16)[..., 0].astype(np.float32)

@@ -1,8 +1,10 @@
 """GGUF blocks read straight into the fast path's formats give the weights ``gguf.quants.dequantize`` gives.
 
 The blocks are crafted bytes: random nibbles and 6-bit sub-scales, with sane fp16 scales written over
-the random bytes where each block keeps them. 4-bit types become int4 groups of 32, exact up to the bf16
-rounding of each group's scale and zero point (and exact when those are bf16 numbers already).
+the random bytes where each block keeps them (or the benchmark's random blocks). 4-bit types become int4
+groups of 32, exact up to the bf16 rounding of each group's scale and zero point (and exact when those are
+bf16 numbers already); 5-, 6- and 8-bit types decode to gguf-py's floats and the groups those quantize to,
+bit for bit.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import pytest
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
-from engine.forward.weights.gguf_blocks import FOUR_BIT_TYPES, dense, int4_groups
+from engine.bench.random_blocks import SCALERS, random_blocks
+from engine.forward.weights.gguf_blocks import FOUR_BIT_TYPES, dense, int4_groups, requantized_groups
+from engine.forward.weights.gguf_codes import CODE_TYPES
 from engine.forward.weights.quant import Linear
-from engine.forward.weights.quant_int import Int4Groups, quantize_int4
+from engine.forward.weights.quant_int import Int4Groups, int4_groups_of, quantize_int4
 
 ROWS, WIDTH = 32, 512
 FP16_FIELDS = {Q.Q4_0: 1, Q.Q4_1: 2, Q.Q4_K: 2, Q.Q5_K: 2, Q.Q6_K: 0, Q.Q8_0: 1}  # leading fp16 scales
@@ -86,6 +90,24 @@ def test_other_types_decode_to_the_floats_they_hold(quant_type: Q):
     assert np.array_equal(gguf.quants.dequantize(blocks, quant_type), expected)
 
 
+def code_type_blocks(quant_type: Q) -> list[np.ndarray]:
+    """Crafted blocks (sub-scales of either sign) and, where the benchmark writes the type, its random blocks."""
+    crafted = crafted_blocks(quant_type, seed=4)
+    if quant_type not in SCALERS:
+        return [crafted]
+    return [crafted, random_blocks(quant_type, ROWS, WIDTH, 0.02, np.random.default_rng(3))]
+
+
+@pytest.mark.parametrize("quant_type", CODE_TYPES, ids=lambda t: t.name)
+def test_five_six_and_eight_bit_blocks_decode_to_gguf_floats_and_their_int4_groups(quant_type: Q):
+    for blocks in code_type_blocks(quant_type):
+        expected = torch.from_numpy(gguf.quants.dequantize(blocks, quant_type))  # [N, K]
+        assert torch.equal(dense(blocks, quant_type), expected)
+        groups, quantized = requantized_groups(blocks, quant_type), int4_groups_of(expected)
+        assert groups.q.dtype == torch.uint8 and torch.equal(groups.q, quantized.q)
+        assert torch.equal(groups.scales_and_zeros, quantized.scales_and_zeros)
+
+
 def test_six_bit_layers_requantized_into_4_bit_groups_keep_a_small_error():
     """Q6_K layers (a Q4_K_M file keeps a few) in groups of 32 for the 4-bit decode copy: the error, measured."""
     weights = dense(crafted_blocks(Q.Q6_K), Q.Q6_K)  # [N, K]
@@ -97,9 +119,9 @@ def test_six_bit_layers_requantized_into_4_bit_groups_keep_a_small_error():
 
 def test_large_tensors_decoded_a_few_rows_at_a_time_come_out_whole(monkeypatch: pytest.MonkeyPatch):
     from engine.forward.weights import quant_int
-    from engine.forward.weights.gguf_blocks import requantized_groups
 
     monkeypatch.setattr(quant_int, "ROWS_AT_ONCE", 7)  # 32 rows: four chunks and a short one
+    monkeypatch.setattr(quant_int, "WEIGHTS_AT_ONCE", 7 * WIDTH)  # blocks: 7 rows at a time too
     for quant_type in (Q.Q4_K, Q.Q4_0):
         blocks = crafted_blocks(quant_type)
         assert torch.equal(int4_groups(blocks, quant_type).dequantize(),
