@@ -27,8 +27,8 @@ from engine.chat.prompt import PromptPlan
 from engine.host.memory import read_memory
 from engine.models.loading import LoadedModel
 from engine.protocol.messages import ReplyFinished, SamplingParams, TokenStreamed
-from engine.service.batch_runner import BatchRunner
 from engine.scheduler.scheduler import DEFAULT_STEP_TOKENS
+from engine.service.batch_runner import BatchRunner
 from engine.service.reply_events import ReplyEvents
 
 JOIN_STREAMS = 7

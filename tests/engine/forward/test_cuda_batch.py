@@ -3,11 +3,7 @@ sequence what it gets alone; padding rows change nothing; the batch runner drive
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,12 +18,12 @@ from engine.models.random_models import build_hf_model
 from engine.protocol.messages import ReplyFinished, SamplingParams
 from engine.service.batch_runner import BatchRunner
 from engine.service.reply_events import ReplyEvents
+from tests.engine.forward.triton_interpreter import assert_passes_in_the_interpreter
 
 CPU = torch.device("cpu")
 BLOCK = 4
 PROMPTS = ([5, 6, 7], list(range(20, 29)), list(range(40, 54)))
 TABLES = ([7, 2, 30, 31, 50, 51], [0, 1, 22, 40, 41, 42], [10, 11, 12, 13, 14, 15])  # scattered and consecutive
-REPO = Path(__file__).resolve().parents[3]
 
 
 def gpu_style_backend(device: torch.device = CPU, use_graphs: bool = False) -> CudaLlamaBackend:
@@ -118,7 +114,6 @@ def test_the_batch_runner_over_the_gpu_backend_says_what_each_request_says_alone
 
 
 def test_bucket_steps_with_the_triton_kernel_in_the_interpreter_match_the_torch_attention():
-    pytest.importorskip("triton")
     script = (
         "from engine.forward.paged_attention import paged_decode_attention\n"
         "from tests.engine.forward.test_cuda_batch import gpu_style_backend, greedy_batched\n"
@@ -128,9 +123,7 @@ def test_bucket_steps_with_the_triton_kernel_in_the_interpreter_match_the_torch_
         "assert greedy_batched(backend, 4) == expected\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.stdout.strip() == "ok", done.stderr[-2000:]
+    assert_passes_in_the_interpreter(script)
 
 
 @pytest.mark.gpu

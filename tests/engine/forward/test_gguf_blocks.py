@@ -13,7 +13,8 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as Q
 
 from engine.bench.random_blocks import SCALERS, random_blocks
 from engine.forward.weights.gguf_blocks import FOUR_BIT_TYPES, dense, int4_groups, requantized_groups

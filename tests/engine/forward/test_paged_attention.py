@@ -3,10 +3,6 @@ over each sequence's gathered keys."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +10,8 @@ import torch
 from engine.forward.fast_llama import attend
 from engine.forward.paged_attention import gathered_decode_attention, split_count
 from engine.forward.paged_kv import BatchRow, PagedKV
+from tests.engine.forward.triton_interpreter import assert_passes_in_the_interpreter
 
-REPO = Path(__file__).resolve().parents[3]
 BLOCK = 4
 LENGTHS = (1, 7, 37, 70)
 TABLES = ([5], [9, 2], [30, 1, 17, 3, 4, 8, 10, 11, 12, 13], list(range(39, 21, -1)))  # scattered, reversed
@@ -60,7 +56,6 @@ def test_split_count_fills_the_gpu_up_to_a_limit():
 
 def test_triton_paged_attention_kernel_matches_attend_in_the_interpreter():
     """Several splits and tiles per row, G query heads padded to 16, a head size that is not a power of two."""
-    pytest.importorskip("triton")
     script = (
         "import torch\n"
         "from engine.forward.paged_attention import paged_decode_attention\n"
@@ -72,9 +67,7 @@ def test_triton_paged_attention_kernel_matches_attend_in_the_interpreter():
         "        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.stdout.strip() == "ok", done.stderr[-2000:]
+    assert_passes_in_the_interpreter(script)
 
 
 @pytest.mark.gpu

@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from engine.forward.fast_llama import FastLlama
-from engine.host.allocator import return_freed_memory
 from engine.forward.weights.quant import FEW_ROWS, Linear
 from engine.forward.weights.quant_int import (
     dequantize_int4, fast_format, int4_groups_of, int4_layout, quantize_int4, quantize_int8,
 )
+from engine.host.allocator import return_freed_memory
 from engine.models.random_models import build_hf_model
+from tests.engine.forward.triton_interpreter import assert_passes_in_the_interpreter
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")
-REPO = Path(__file__).resolve().parents[3]
 
 
 def test_precision_names_map_to_fast_path_formats():
@@ -153,7 +151,6 @@ def test_int8_fast_llama_logits_stay_close_to_fp32():
 
 def test_triton_int8_kernel_matches_the_reference_in_the_interpreter():
     """Triton's interpreter runs the GPU kernel on the CPU; skipped where Triton is not installed."""
-    pytest.importorskip("triton")
     script = (
         "import torch\n"
         "from engine.forward.weights.triton_gemv import int8_gemv\n"
@@ -163,9 +160,7 @@ def test_triton_int8_kernel_matches_the_reference_in_the_interpreter():
         "    torch.testing.assert_close(int8_gemv(x, w, s, block), (x @ w.float().T) * s, rtol=1e-4, atol=1e-4)\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.stdout.strip() == "ok", done.stderr[-2000:]
+    assert_passes_in_the_interpreter(script)
 
 
 def _resident_bytes() -> int:
