@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -15,7 +15,7 @@ class ServerConfig:
 
     host: str = "127.0.0.1"
     port: int = 8080
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # never in a log line or a traceback
     cors_origins: tuple[str, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 

@@ -40,3 +40,9 @@ def test_loopback_needs_no_key_and_the_url_is_reachable() -> None:
     ServerConfig(host="::1").check()
     assert ServerConfig(host="0.0.0.0", port=9000, api_key="k").url == "http://127.0.0.1:9000/v1"
     assert ServerConfig(host="::1", port=9000).url == "http://[::1]:9000/v1"
+
+
+def test_the_api_key_never_shows_in_the_configs_text() -> None:
+    config = ServerConfig(host="0.0.0.0", api_key="sk-secret-123")
+    assert "sk-secret-123" not in repr(config) and "sk-secret-123" not in str(config)
+    assert config.api_key == "sk-secret-123"
