@@ -65,26 +65,24 @@ def crop_sequence(backend: Backend, seq: CachedSequence, length: int) -> None:
 
 def feed(backend: Backend, seq: CachedSequence, token_ids: Sequence[int]) -> torch.Tensor:
     """Append tokens to the cache in chunks; logits after the last one, [V]."""
-    logits = None
-    size = backend.prefill_chunk
-    for start in range(0, len(token_ids), size):
-        chunk = list(token_ids[start : start + size])
-        logits = backend.forward(chunk, seq.kv, len(seq.token_ids))
-        seq.token_ids.extend(chunk)
-    assert logits is not None, "feed() needs at least one token"
+    logits = prefill(backend, seq, token_ids, lambda: False)
+    assert logits is not None
     return logits
 
 
 def prefill(backend: Backend, seq: CachedSequence, token_ids: Sequence[int],
             is_cancelled: Callable[[], bool]) -> torch.Tensor | None:
-    """``feed`` a prompt a chunk at a time, asking before each further chunk whether the request was cancelled;
-    ``None`` if it was (the chunks fed so far stay in the cache)."""
+    """``feed``, asking before each further chunk whether the request was cancelled; ``None`` if it was (the
+    chunks fed so far stay in the cache)."""
+    assert token_ids, "feed() needs at least one token"
+    logits = None
     size = backend.prefill_chunk
-    logits = feed(backend, seq, token_ids[:size])
-    for start in range(size, len(token_ids), size):
-        if is_cancelled():
+    for start in range(0, len(token_ids), size):
+        if start and is_cancelled():
             return None
-        logits = feed(backend, seq, token_ids[start : start + size])
+        chunk = list(token_ids[start : start + size])
+        logits = backend.forward(chunk, seq.kv, len(seq.token_ids))
+        seq.token_ids.extend(chunk)
     return logits
 
 

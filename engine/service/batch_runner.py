@@ -166,7 +166,7 @@ class BatchRunner:
         """A cancelled request ends before the step, whatever it is at: waiting (it never enters a forward pass),
         between two prefill chunks (even with one prompt token left) or decoding."""
         for request_id in list(self._active):
-            if self.scheduler.get(request_id) is not None and self._is_cancelled(request_id):
+            if self._is_cancelled(request_id) and self.scheduler.get(request_id) is not None:
                 self._finish(request_id, "cancelled", memory)
 
     def _finish(self, request_id: str, reason: FinishReason, memory: MemoryReading) -> None:
