@@ -24,10 +24,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 from gguf.constants import GGMLQuantizationType
-from gguf.quants import Q4_K, dequantize
+from gguf.quants import dequantize
 
 from engine.forward.weights import gguf_codes
-from engine.forward.weights.gguf_codes import CODE_TYPES, chunk_rows, dense_rows, fp16_field
+from engine.forward.weights.gguf_codes import CODE_TYPES, chunk_rows, dense_rows, fp16_field, k_scales_and_mins
 from engine.forward.weights.quant_int import CPU_INT4_GROUP, ROWS_AT_ONCE, Int4Groups, int4_groups_of
 
 FOUR_BIT_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K)
@@ -104,10 +104,7 @@ def _q4_0_or_1(blocks: np.ndarray, with_min: bool) -> tuple[np.ndarray, np.ndarr
 def _q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """[N, B, 144] bytes -> nibbles [N, 8B, 32] uint8, scale and zero [N, 8B] fp32 (one per sub-block)."""
     rows, supers = blocks.shape[:2]
-    d, dmin = fp16_field(blocks[..., 0:2]), fp16_field(blocks[..., 2:4])  # [N, B]
-    sub_scales, sub_mins = Q4_K.get_scale_min(blocks[..., 4:16].reshape(-1, 12))  # [N*B, 8] each, 0…63
-    scales = d[..., None] * sub_scales.reshape(rows, supers, 8).astype(np.float32)  # [N, B, 8]
-    mins = dmin[..., None] * sub_mins.reshape(rows, supers, 8).astype(np.float32)
+    scales, mins = k_scales_and_mins(blocks)  # [N, B, 8] each
     packed = blocks[..., 16:].reshape(rows, supers, 4, 1, 32)  # four runs of 32 bytes
     nibbles = np.concatenate([packed & 0x0F, packed >> 4], axis=-2)  # [N, B, 4, 2, 32]: sub-blocks 2c, 2c + 1
     zeros = 8 * scales - mins  # (q - 8) s + z = s q - min

@@ -107,10 +107,7 @@ def _q8_0(blocks: np.ndarray) -> Codes:
 def _q5_k(blocks: np.ndarray) -> Codes:
     """[N, B, 176] bytes -> codes 0…31 [N, 8B, 32] uint8, scales and mins [N, 8B]."""
     rows, supers = blocks.shape[:2]
-    d, dmin = fp16_field(blocks[..., 0:2]), fp16_field(blocks[..., 2:4])  # [N, B]
-    sub_scales, sub_mins = Q4_K.get_scale_min(blocks[..., 4:16].reshape(-1, 12))  # [N*B, 8] each, 0…63
-    scales = d[..., None] * sub_scales.reshape(rows, supers, 8).astype(np.float32)  # [N, B, 8]
-    mins = dmin[..., None] * sub_mins.reshape(rows, supers, 8).astype(np.float32)
+    scales, mins = k_scales_and_mins(blocks)  # [N, B, 8] each
     packed = torch.from_numpy(blocks[..., 48:]).reshape(rows, supers, 4, 1, 32)  # four runs of 32 bytes
     low = torch.cat([packed & 0x0F, packed >> 4], dim=-2).view(rows, supers, 8, 32)  # [N, B, 8, 32]
     high = torch.from_numpy(blocks[..., 16:48]).reshape(rows, supers, 1, 32) >> FIVE_BIT_SHIFTS & 0x01  # [N, B, 8, 32]
@@ -129,6 +126,16 @@ def _q6_k(blocks: np.ndarray) -> Codes:
     sub_scales = blocks[..., 192:208].view(np.int8).astype(np.float32)  # [N, B, 16]
     scales = fp16_field(blocks[..., 208:210])[..., None] * sub_scales
     return Codes(values, torch.from_numpy(scales.reshape(rows, -1)), None)
+
+
+def k_scales_and_mins(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K's and Q5_K's [N, B, bytes] super-blocks: each sub-block's scale and min, fp32 [N, B, 8] each
+    (``d`` and ``dmin`` fp16, then 12 bytes of 6-bit sub-scales and sub-mins)."""
+    rows, supers = blocks.shape[:2]
+    d, dmin = fp16_field(blocks[..., 0:2]), fp16_field(blocks[..., 2:4])  # [N, B]
+    sub_scales, sub_mins = Q4_K.get_scale_min(blocks[..., 4:16].reshape(-1, 12))  # [N*B, 8] each, 0…63
+    scales = d[..., None] * sub_scales.reshape(rows, supers, 8).astype(np.float32)  # [N, B, 8]
+    return scales, dmin[..., None] * sub_mins.reshape(rows, supers, 8).astype(np.float32)
 
 
 def fp16_field(pairs: np.ndarray) -> np.ndarray:
