@@ -64,7 +64,7 @@ class ModelLoader(QObject):
         self.progress = LoadProgressBar(controller, window)
         self.progress.cancelled.connect(self._cancelled.add)
         status.addPermanentWidget(self.progress)
-        self.recent_menu = RecentModelsMenu(window)
+        self.recent_menu = RecentModelsMenu(window.settings_holder, window)
         self.recent_menu.model_chosen.connect(self.choose)
         controller.model_loaded.connect(self._on_loaded)
         controller.load_failed.connect(self._on_failed)

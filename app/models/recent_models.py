@@ -14,11 +14,6 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMenu, QWidget
 
 from app.settings.app_settings import SettingsHolder
-from app.storage.settings import load_settings
-
-
-def recent_model_paths() -> tuple[str, ...]:
-    return load_settings().settings.recent_models
 
 
 def remember_model(holder: SettingsHolder, path: str) -> None:
@@ -40,15 +35,16 @@ class RecentModelsMenu(QMenu):
 
     model_chosen = Signal(str)
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, holder: SettingsHolder, parent: QWidget | None = None) -> None:
         super().__init__("&Recent models", parent)
+        self._holder = holder
         self.setObjectName("recentModelsMenu")
         self.aboutToShow.connect(self.rebuild)
         self.rebuild()
 
     def rebuild(self) -> None:
         self.clear()
-        paths = recent_model_paths()
+        paths = self._holder.settings.recent_models
         if not paths:
             self.addAction("No models opened yet").setEnabled(False)
             return

@@ -18,14 +18,10 @@ from app.models.load_progress import LoadProgressBar
 from app.models.remote_dialog import RemoteServerDialog
 from app.storage.errors import StorageError
 from app.settings.app_settings import SettingsHolder
-from app.storage.settings import RemoteConnection, load_settings
+from app.storage.settings import RemoteConnection
 from app.window.menus import add_action
 from app.window.status_line import StatusLine
 from engine.protocol.messages import LoadFailed, ModelLoaded, RemoteServer
-
-
-def saved_connections() -> tuple[RemoteConnection, ...]:
-    return load_settings().settings.remote_servers
 
 
 def remember_connection(holder: SettingsHolder, connection: RemoteConnection) -> None:
@@ -61,7 +57,8 @@ class RemoteModelPicker(QObject):
         add_action(menu, "Connect to &server…", None, self.open_dialog)
 
     def open_dialog(self) -> RemoteServerDialog:
-        dialog = RemoteServerDialog(self._controller, saved_connections(), self._window)
+        saved = self._window.settings_holder.settings.remote_servers
+        dialog = RemoteServerDialog(self._controller, saved, self._window)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.accepted.connect(lambda: self._use(dialog.chosen()))
         dialog.open()
