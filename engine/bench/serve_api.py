@@ -114,8 +114,7 @@ def _load(hub: EngineHub, path: str, device: str) -> ModelLoaded:
 
 
 def _rounds(hub: TappedHub, server: ApiServer, loaded: ModelLoaded, args: argparse.Namespace, show) -> dict[str, Any]:
-    body = {"model": loaded.name, "messages": [{"role": "user", "content": QUESTION}],
-            "max_tokens": args.new_tokens, "temperature": 0, "stream": True}
+    body = serve_clients.chat_body(loaded, QUESTION, args.new_tokens)
     ask = parse_chat(body, loaded.name, loaded.context_length)
     direct_run = lambda: _direct(hub, Generate("", conversation_key(ask), ask.messages, ask.sampling, "stop"))
     served_run = lambda: _served(hub, server, body)
