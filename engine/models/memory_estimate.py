@@ -10,7 +10,7 @@ torch is imported only by ``available_memory("cuda")``.
 * A model the fast path loads into its own formats, a GGUF file it reads directly
   (``gguf_direct``) or a safetensors folder of an architecture it runs (``fast_scope``,
   streamed by ``safetensors_state``), is counted as ``FastLlama`` holds it: its layers in the precision's format (4-bit: groups of 32,
-  ``DECODE_COPY_BYTES`` per weight; fp16 on the CPU with the zeros FBGEMM pads its rows with), fp16 on the CPU keeping a 4-bit copy of a 4-bit
+  ``DECODE_COPY_BYTES`` per weight; fp16 on the CPU as FBGEMM packs it, ``packed_sizes``), fp16 on the CPU keeping a 4-bit copy of a 4-bit
   file's layers for decode steps (``loading.decode_format``), and the token table and
   the output layer apart even when the file ties them (on the CPU fp16, or 4-bit
   groups beside 4-bit layers alone). Its tensors
@@ -183,15 +183,15 @@ def _fast_weight_bytes(source: ModelSource, shape: ModelShape, precision: str, d
     layer_params = max(source.n_params - shape.embedding_params, 0)
     layers = layer_params * FAST_LAYER_BYTES.get(precision, BYTES_PER_PARAM[precision])
     if device == "cpu" and precision == "fp16":
-        layers += _fp16_padding_bytes(shape)
+        layers += _fp16_packing_bytes(shape)
         layers += layer_params * DECODE_COPY_BYTES if source.four_bit_layers else 0
     return int(layers + _table_and_head_bytes(shape, precision, device))
 
 
-def _fp16_padding_bytes(shape: ModelShape) -> int:
-    """The zeros FBGEMM pads the layers' fp16 matrices with on the CPU (``packed_sizes``): q/k/v, the attention
-    output and gate/up are as wide as the hidden size or the heads, down as the MLP; 0 when those are multiples
-    of 512."""
+def _fp16_packing_bytes(shape: ModelShape) -> int:
+    """What the layers' fp16 matrices hold on the CPU beyond 2 bytes a weight (``packed_sizes``: FBGEMM's padding,
+    or an fp32 tail of columns): q/k/v, the attention output and gate/up are as wide as the hidden size or the
+    heads, down as the MLP; 0 when those are multiples of 512."""
     qkv_rows, attention_width = (shape.heads + 2 * shape.kv_heads) * shape.head_dim, shape.heads * shape.head_dim
     matrices = ((qkv_rows, shape.hidden), (shape.hidden, attention_width), (2 * shape.intermediate, shape.hidden),
                 (shape.hidden, shape.intermediate))

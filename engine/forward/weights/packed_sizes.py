@@ -6,9 +6,22 @@
 from __future__ import annotations
 
 FBGEMM_FP16_BLOCK = 512  # PackedGemmMatrixFP16's block of the reduced dimension, as PyTorch builds it
+FP32_BYTES, FP16_BYTES = 4, 2
+
+
+def fp16_tail_width(width: int) -> int:
+    """Columns of an fp16 weight [rows, width] kept beside FBGEMM's packed matrix in fp32: FBGEMM packs the
+    width in blocks of ``FBGEMM_FP16_BLOCK``, the last padded with zeros, so a short last block (SmolLM2's 576 =
+    512 + 64) costs less in fp32 than padded; 0 where the padding is the smaller (or there is none), and for
+    widths under one block."""
+    tail = width % FBGEMM_FP16_BLOCK
+    shorter = tail * FP32_BYTES < (FBGEMM_FP16_BLOCK - tail) * FP16_BYTES
+    return tail if shorter and width > FBGEMM_FP16_BLOCK else 0
 
 
 def fp16_packed_bytes(rows: int, width: int) -> int:
-    """What FBGEMM's prepacked fp16 weight [rows, width] occupies: it packs the width in blocks of
-    ``FBGEMM_FP16_BLOCK``, the last padded with zeros (SmolLM2's width 576 takes 1024 columns' bytes)."""
-    return rows * -(-width // FBGEMM_FP16_BLOCK) * FBGEMM_FP16_BLOCK * 2
+    """What an fp16 weight [rows, width] occupies on the CPU: FBGEMM's packed blocks (the last padded with
+    zeros), and the fp32 tail of ``fp16_tail_width`` columns when it has one."""
+    tail = fp16_tail_width(width)
+    packed = -(-(width - tail) // FBGEMM_FP16_BLOCK) * FBGEMM_FP16_BLOCK
+    return rows * (packed * FP16_BYTES + tail * FP32_BYTES)

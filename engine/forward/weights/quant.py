@@ -3,8 +3,9 @@
 At batch size 1 a decode step reads every weight once, so the bytes per weight
 set the speed. On the CPU, ``fp16`` uses FBGEMM's prepacked half-precision
 kernel, which PyTorch ships: weights in half precision, products and sums in
-fp32, so results stay within rounding of fp32 at half the bytes (plus the zeros
-that pad each row to a multiple of 512: ``packed_sizes``). (FBGEMM's int8
+fp32, so results stay within rounding of fp32 at half the bytes (it packs each
+row in blocks of 512 columns: a short last block is kept apart in fp32, a long one
+padded with zeros, ``packed_sizes``). (FBGEMM's int8
 kernel quantizes activations too and costs ~0.5 ms per call whatever the size,
 which is slower than fp32 for a small model, so it is not used.) Elsewhere
 ``fp32``/``bf16``/``fp16`` are plain matmuls in that dtype, and ``int8``/``int4``
@@ -25,7 +26,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.forward.weights.packed_sizes import fp16_packed_bytes
+from engine.forward.weights.packed_sizes import fp16_packed_bytes, fp16_tail_width
 from engine.forward.weights.quant_int import QUANT_FORMATS, Int4Groups, int4_groups_of, pack_quantized
 
 PLAIN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -89,13 +90,29 @@ def _pack(
     if fmt in QUANT_FORMATS:
         return pack_quantized(weight, bias, fmt)
     if weight.device.type == "cpu" and fmt == "fp16":
-        packed = torch.ops.quantized.linear_prepack_fp16(weight.float(), _fp32(bias))
-        return (lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed)), fp16_packed_bytes(*weight.shape)
+        return _fbgemm_fp16(weight.float(), _fp32(bias))
     if fmt not in PLAIN_DTYPES:
         raise ValueError(f"Weight format {fmt!r} is not supported on {weight.device.type}.")
     weight = weight.to(dtype).contiguous()
     bias = bias.to(dtype) if bias is not None else None
     return (lambda x: F.linear(x, weight, bias)), weight.numel() * weight.element_size()
+
+
+def _fbgemm_fp16(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
+    """FBGEMM's prepacked fp16 matmul of ``weight`` [N, K]; a short last block of columns (``fp16_tail_width``)
+    goes to an fp32 matmul added to its result instead of to zeros padding it to a whole block."""
+    nbytes, tail = fp16_packed_bytes(*weight.shape), fp16_tail_width(weight.shape[1])
+    if tail == 0:
+        packed = torch.ops.quantized.linear_prepack_fp16(weight, bias)
+        return (lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed)), nbytes
+    whole = weight.shape[1] - tail
+    packed = torch.ops.quantized.linear_prepack_fp16(weight[:, :whole].contiguous(), bias)
+    tail_columns = weight[:, whole:].t().contiguous()  # [tail, N]
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(x[:, :whole], packed).addmm_(x[:, whole:], tail_columns)
+
+    return run, nbytes
 
 
 def _fp32(bias: torch.Tensor | None) -> torch.Tensor | None:
