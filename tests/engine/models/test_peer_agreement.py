@@ -9,9 +9,13 @@ The two do not round alike: llama.cpp multiplies Q4_1 weights by activations it
 first rounds to 8 bits (Q8_1), Hearth by fp32 activations. Where the two most
 likely tokens are nearly tied the pick may then differ (measured: 94-96 % of all
 positions agree, with or without the 4-bit decode copy, short of the 98 % asked
-for, and every disagreement had a lead under 0.25 logit). So the test asks that
-99 % of the positions where llama.cpp's lead is at least ``DECISIVE_LEAD`` agree
-and that the mean KL stays small; the agreement over all positions is recorded.
+for, and every disagreement had a lead under 0.25 logit). A third run settles
+which of the two rounds more: Hearth at fp32, the file's weights exactly as their
+blocks give them and fp32 throughout. Measured against it, Hearth's decode path
+agrees at 98.2 % (mean KL 0.0003) and llama.cpp at 94.3 % (mean KL 0.0035). So
+the test asks that 99 % of the positions where llama.cpp's lead is at least
+``DECISIVE_LEAD`` agree, that the mean KL stays small, and that Hearth stays at
+least as close to the exact computation as llama.cpp; all figures are recorded.
 """
 
 from __future__ import annotations
@@ -54,13 +58,21 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
+def _open(path, precision: str):
+    return open_model(str(path), LoadOptions("cpu", precision), lambda _: None, lambda *_: None, lambda: False)
+
+
+def _agreement(logits: np.ndarray, other: np.ndarray) -> float:
+    return float((logits.argmax(-1) == other.argmax(-1)).mean())
+
+
 def test_top_1_next_tokens_agree_with_llama_cpp(default_model_path, record_property):
-    loaded = open_model(str(default_model_path), LoadOptions("cpu", "auto"), lambda _: None,
-                        lambda *_: None, lambda: False)
+    loaded = _open(default_model_path, "auto")
     ids = loaded.tokenize(TEXT.read_text())[:POSITIONS]
     assert len(ids) == POSITIONS
 
     hearth = _hearth_logits(loaded, ids)  # [T, V]
+    exact = _hearth_logits(_open(default_model_path, "fp32"), ids)  # [T, V]
     with PeerProcess(default_model_path, threads=2, n_ctx=POSITIONS + 8) as llama:
         reference = llama.logits(ids)  # [T, V]
 
@@ -74,6 +86,12 @@ def test_top_1_next_tokens_agree_with_llama_cpp(default_model_path, record_prope
     record_property("top1_agreement", agreement)
     record_property("top1_agreement_decisive", decisive_agreement)
     record_property("mean_kl", kl)
+    to_exact = {"hearth": (_agreement(hearth, exact), _mean_kl(exact, hearth)),
+                "llama_cpp": (_agreement(reference, exact), _mean_kl(exact, reference))}
+    print("against fp32 on the exact weights: " + ", ".join(
+        f"{name} top-1 {agree:.4f}, mean KL {divergence:.5f}" for name, (agree, divergence) in to_exact.items()))
+    record_property("to_exact", to_exact)
     assert reference.shape == hearth.shape and decisive.mean() > 0.5
     assert decisive_agreement >= 0.99
     assert kl < 0.01
+    assert to_exact["hearth"][0] >= 0.98 and to_exact["hearth"][1] <= to_exact["llama_cpp"][1]
