@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from engine.forward.cuda_batch import DevicePool, decode_attention_for, fits_a_bucket, run_bucket
+from engine.forward.cuda_batch import BUCKETS, DevicePool, decode_attention_for, fits_a_bucket, run_bucket
 from engine.forward.cuda_graphs import GraphRunner
 from engine.forward.cuda_step import FIRST_SPAN, DecodeStep, StaticKVCache
 from engine.forward.fast_llama import FastLlama
@@ -64,6 +64,11 @@ class CudaLlamaBackend:
 
     prefill_chunk = 4096
     """A long prompt in few calls keeps the GEMMs large; fused attention needs no [S, T] score matrix."""
+    batch_max_running = BUCKETS[-1]  # the batch runner's limit: every decode step fits a captured bucket
+    batch_step_tokens = 256
+    """Tokens per batched step while sequences decode (``Scheduler``): a GPU runs a step of 32 rows in about the
+    time of one (its weights' reads set the time), so a prompt joins in chunks this long; the CPU's 40 would
+    stretch it over many steps."""
 
     def __init__(self, model: FastLlama, capacity: int, use_graphs: bool = True) -> None:
         self.model = model

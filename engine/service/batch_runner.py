@@ -58,11 +58,15 @@ class BatchRunner:
     """The loaded model's KV pool, its scheduler, and the replies in flight."""
 
     def __init__(self, loaded: LoadedModel, emit: EventSink, is_cancelled: Callable[[str], bool],
-                 budget_bytes: int | None = None, step_tokens: int = DEFAULT_STEP_TOKENS,
-                 max_running: int = DEFAULT_MAX_RUNNING) -> None:
-        """``budget_bytes``: what the KV pool may take; by default ``kv_pool_budget`` of the model's device."""
+                 budget_bytes: int | None = None, step_tokens: int | None = None,
+                 max_running: int | None = None) -> None:
+        """``budget_bytes``: what the KV pool may take; by default ``kv_pool_budget`` of the model's device.
+        ``step_tokens`` and ``max_running`` (``Scheduler``): by default what the backend names for its device
+        (``batch_step_tokens``, ``batch_max_running``), else the scheduler's defaults, sized for the CPU."""
         self._loaded = loaded
         self._backend = loaded.backend
+        step_tokens = step_tokens or getattr(self._backend, "batch_step_tokens", DEFAULT_STEP_TOKENS)
+        max_running = max_running or getattr(self._backend, "batch_max_running", DEFAULT_MAX_RUNNING)
         self._emit = emit
         self._is_cancelled = is_cancelled
         self.bytes_per_block = self._backend.new_pool(1, BLOCK_SIZE).bytes_per_block

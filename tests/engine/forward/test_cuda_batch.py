@@ -99,6 +99,7 @@ def test_the_batch_runner_over_the_gpu_backend_says_what_each_request_says_alone
             finished[event.request_id] = event
 
     runner = BatchRunner(gpu, emit, lambda _: False)
+    assert (runner.scheduler.max_running, runner.scheduler.step_tokens) == (BUCKETS[-1], 256), "the GPU's sizes"
     sampling = SamplingParams(temperature=0, max_new_tokens=10)
     prompts = [gpu.tokenize(f"Tell me about {topic}") for topic in ("foxes", "the sea", "Hearth and home", "x")]
     for index, prompt in enumerate(prompts):
