@@ -88,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     load.add_argument("--memory-limit-gb", type=float, help="address-space limit of each load process")
     load.add_argument("--quant", default="auto", choices=("none", "auto", "fp32", "fp16", "bf16", "int8", "nf4"),
                       help="the precision to load in (none: the device's full precision)")
+    load.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     batched = commands.add_parser("batched", help="llama.cpp's aggregate decode rate, N sequences in one context")
     batched.add_argument("--sequences", type=int, nargs="+", default=[1, 8, 16])
     batched.add_argument("--prompt-tokens", type=int, default=128)
@@ -293,13 +294,14 @@ def _load(args: argparse.Namespace, show) -> dict[str, Any]:
     peer_file = _peer_file(args.model)
     hearth, peer = [], []
     for index in range(1, args.loads + 1):
-        hearth.append(run_load_probe(model, args.quant, args.cycles, limit, show))
+        hearth.append(run_load_probe(model, args.quant, args.cycles, limit, show, args.device))
         peer.append(_peer_load(peer_file, PROBE_IDS) if peer_file else {})
         show({"load": index, **hearth[-1], **{f"llama_cpp_{key}": value for key, value in peer[-1].items()}})
     done = [figures for figures in hearth if "error" not in figures]
     if not done and not peer[0]:
         raise RuntimeError(hearth[-1]["error"])
-    summary = {"model": args.model, "quant": args.quant, "loads": args.loads, "memory_limit_bytes": limit}
+    summary = {"model": args.model, "quant": args.quant, "device": args.device, "loads": args.loads,
+               "memory_limit_bytes": limit}
     if done:
         summary |= {**done[-1], **{key: statistics.median(f[key] for f in done) for key in _LOAD_MEDIANS},
                     "disk_bytes_written_first": hearth[0].get("disk_bytes_written")}

@@ -1,7 +1,7 @@
 """One load of a model in a fresh process, measured from the OS (main thread of that process, and its parent).
 
-``python -m engine.bench.load_probe MODEL [--quant Q] [--cycles N]`` loads ``MODEL``
-through ``open_model`` in precision ``Q`` (``auto`` unless given; ``--cycles`` times, each after dropping the last, printing the
+``python -m engine.bench.load_probe MODEL [--quant Q] [--cycles N] [--device D]`` loads ``MODEL``
+through ``open_model`` in precision ``Q`` on device ``D`` (``auto`` unless given; ``--cycles`` times, each after dropping the last, printing the
 memory of each when N > 1), then feeds a short prompt, and prints its figures as
 the last JSON line: ``load_s``, ``weight_bytes``, the whole process's peak
 resident size (``VmHWM``) after the load and after the prompt, and
@@ -36,7 +36,7 @@ def disk_bytes_written() -> int:
         return 0
 
 
-def probe(model: str, quant: str, cycles: int) -> dict[str, Any]:
+def probe(model: str, quant: str, cycles: int, device: str) -> dict[str, Any]:
     import torch
 
     from engine.bench.bench_models import open_bench_model
@@ -51,7 +51,7 @@ def probe(model: str, quant: str, cycles: int) -> dict[str, Any]:
         loaded = None  # the previous cycle's model goes before the next one loads
         gc.collect()
         started = time.perf_counter()
-        loaded = open_bench_model(model, "auto", quant)
+        loaded = open_bench_model(model, device, quant)
         load_s = time.perf_counter() - started
         if cycles > 1:
             memory = read_memory(loaded.device, loaded.weight_bytes, 0, 0)
@@ -64,14 +64,16 @@ def probe(model: str, quant: str, cycles: int) -> dict[str, Any]:
             "peak_rss_after_prompt_bytes": peak_rss_bytes(), "disk_bytes_written": disk_bytes_written()}
 
 
-def run_load_probe(model: str, quant: str, cycles: int, memory_limit_bytes: int | None, show) -> dict[str, Any]:
+def run_load_probe(model: str, quant: str, cycles: int, memory_limit_bytes: int | None, show,
+                   device: str) -> dict[str, Any]:
     """The probe's figures from a fresh process (its cycle lines go to ``show``), or ``{"error": …}``."""
     def limit() -> None:
         if memory_limit_bytes:
             resource.setrlimit(resource.RLIMIT_AS, (memory_limit_bytes, memory_limit_bytes))
 
-    done = subprocess.run([sys.executable, "-m", "engine.bench.load_probe", model, "--quant", quant, "--cycles", str(cycles)],
-                          capture_output=True, text=True, preexec_fn=limit, env=dict(os.environ))
+    command = [sys.executable, "-m", "engine.bench.load_probe", model, "--quant", quant, "--cycles", str(cycles),
+               "--device", device]
+    done = subprocess.run(command, capture_output=True, text=True, preexec_fn=limit, env=dict(os.environ))
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     for line in lines[:-1]:
         show(line)
@@ -95,9 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model")
     parser.add_argument("--quant", default="auto")
     parser.add_argument("--cycles", type=int, default=1)
+    parser.add_argument("--device", default="auto")
     args = parser.parse_args(argv)
     try:
-        _print(probe(args.model, args.quant, args.cycles))
+        _print(probe(args.model, args.quant, args.cycles, args.device))
     except Exception as exc:  # reported as data: the benchmark shows it beside llama.cpp's figures
         _print({"error": f"{type(exc).__name__}: {exc}"})
         return 2

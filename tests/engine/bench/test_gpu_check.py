@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from engine.bench.gpu_check import FULL_LINES, chosen_steps
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -34,3 +38,10 @@ def test_quick_check_records_every_line_and_a_failing_line_does_not_stop_the_res
     assert lines["chat_ttft_tiny"]["ok"] and lines["chat_ttft_tiny"]["ttft_ms"] > 0
     serve = lines["serve_tiny_batched"]
     assert serve["ok"] and serve["device"] == "cpu" and set(serve["aggregate_decode_tok_s"]) == {"1", "4"}
+
+
+def test_only_runs_the_named_steps_and_a_wrong_name_lists_the_real_ones():
+    assert chosen_steps(None, FULL_LINES) == {"pytest_gpu", *(line.name for line in FULL_LINES)}
+    assert chosen_steps("pytest_gpu, load_8b_q4_k_m_gguf", FULL_LINES) == {"pytest_gpu", "load_8b_q4_k_m_gguf"}
+    with pytest.raises(ValueError, match="no step named decode_9b.*the steps: pytest_gpu, decode_8b_bf16"):
+        chosen_steps("decode_9b", FULL_LINES)
