@@ -181,9 +181,14 @@ class FastLlama:
                          turns: torch.Tensor, masks: list[torch.Tensor | None]) -> torch.Tensor:
         q, new_keys_values = self._project(layer, h, turns)  # [R, H, hd], [2, Hkv, R, hd]
         kv.write(index, layout.write, new_keys_values)
-        attended = [self._attend(q[span.rows], *kv.read(index, span.read), mask) for span, mask in zip(layout.spans, masks)]
-        joined = attended[0] if len(attended) == 1 else torch.cat(attended)  # [R, H, hd]
-        return layer.out(joined.reshape(h.shape[0], self.heads * self.head_dim))  # [R, D]
+        attended = torch.empty_like(q)  # [R, H, hd]: each sequence's rows written in place (a decode row by bmm)
+        for span, mask in zip(layout.spans, masks):
+            keys, values = kv.read(index, span.read)  # [Hkv, T, hd] each
+            if mask is None:
+                attend_one_query(q[span.rows], keys, values, attended[span.rows])
+            else:
+                attended[span.rows] = self._attend(q[span.rows], keys, values, mask)
+        return layer.out(attended.view(h.shape[0], self.heads * self.head_dim))  # [R, D]
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Attention over the cache (``attend``); ``cuda_backend`` overrides it with fused GPU kernels."""
@@ -301,16 +306,22 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """``q`` [S, H, hd] (already scaled) over ``keys``/``values`` [Hkv, T, hd]; query head ``h`` uses kv head
     ``h // (H / Hkv)``. Returns [S, H, hd]."""
-    _, heads, hd = q.shape
-    kv_heads = keys.shape[0]
     if mask is not None:
         attended = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0),
                                                   values.unsqueeze(0), attn_mask=mask, scale=1.0, enable_gqa=True)
         return attended[0].transpose(0, 1)
-    # One query: two batched matmuls (called directly: ``@`` adds a dispatch layer) beat the fused kernel's setup.
-    grouped = q.view(kv_heads, heads // kv_heads, hd)  # [Hkv, G, hd]
+    return attend_one_query(q, keys, values, torch.empty_like(q))
+
+
+def attend_one_query(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """One query ``q`` [1, H, hd] (scaled) over ``keys``/``values`` [Hkv, T, hd], written into ``out`` [1, H, hd]
+    (contiguous) and returned: two batched matmuls (called directly: ``@`` adds a dispatch layer) beat the fused
+    kernel's setup, and a batch's rows land in place."""
+    kv_heads, _, hd = keys.shape
+    grouped = q.view(kv_heads, -1, hd)  # [Hkv, G, hd]
     scores = torch.bmm(grouped, keys.transpose(1, 2))  # [Hkv, G, T]
-    return torch.bmm(scores.softmax(dim=-1), values).view(1, heads, hd)
+    torch.bmm(scores.softmax(dim=-1), values, out=out.view(kv_heads, -1, hd))
+    return out
 
 
 def _causal_mask(start: int, length: int, device: torch.device) -> torch.Tensor | None:
