@@ -5,6 +5,9 @@ and device, generating, errors); the right side keeps the last reply's speed and
 time to first token, and for a remote model what its server reported. A failed load keeps the previous model's name: the engine
 keeps that model. ``show_notice`` covers the left side for a few seconds:
 refused sends and errors that end a reply, so the next state does not hide them.
+A line too long for the bar is cut there, so each is also the bar's tooltip while
+it shows, and a loaded model's notices (the formats chosen and why) stay in the
+ready text's tooltip.
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ class StatusLine(QStatusBar):
         self.addWidget(self.state_label, 1)
         self.addPermanentWidget(self.stats_label)
         self._model_text = ""
+        self.messageChanged.connect(self.setToolTip)  # a notice cut at the bar's edge is read whole on hovering
         self._connect(controller)
 
     def show_notice(self, text: str) -> None:
@@ -111,6 +115,7 @@ class StatusLine(QStatusBar):
     def _on_model_loaded(self, event: ModelLoaded) -> None:
         self._model_text = describe_model(event)
         self.show_state(f"{self._ready_text()}, loaded in {event.load_s:.1f} s")
+        self.state_label.setToolTip("\n".join((self._model_text, *event.notices)))
 
     def _on_load_failed(self, event: LoadFailed) -> None:
         self.show_state(f"Could not load the model: {event.message}")

@@ -52,6 +52,11 @@ def test_the_notices_of_a_loaded_model_are_shown(qtbot, chat, window):
 
     qtbot.waitUntil(lambda: "no chat template" in window.status_line.currentMessage(), timeout=5000)
     assert window.status_line.currentMessage().startswith("Fake plain-llama:")
+    assert window.status_line.toolTip() == window.status_line.currentMessage(), "read whole where the bar cuts it"
+    assert window.status_line.state_label.toolTip().endswith("\nno chat template: using a plain one")
+    window.status_line.clearMessage()
+    assert window.status_line.toolTip() == ""
+    assert "no chat template" in window.status_line.state_label.toolTip(), "the model's notices stay at hand"
 
 
 def test_view_performance_shows_the_dock_and_it_follows_the_replies(qtbot, chat, window):
