@@ -18,9 +18,8 @@ from engine.models import default_model
 from engine.models.loading import LoadedModel, resolve_device
 from engine.models.model_open import open_model
 from engine.models.random_models import is_random, load_random
-from engine.protocol.messages import LoadOptions
+from engine.protocol.messages import PRECISIONS, LoadOptions
 
-PRECISIONS = ("auto", "fp32", "fp16", "bf16", "int8", "nf4")  # what ``quant`` may name besides "none"
 
 
 def resolve_model(model: str) -> str:

@@ -34,9 +34,11 @@ from typing import Any
 from engine.bench import remote_client
 from engine.bench.serve_api import add_parser as add_serve_api_parser
 from engine.bench.serve_api import run as run_serve_api
+from engine.protocol.messages import DEVICES, PRECISIONS
 
 WARMUP_TOKENS = 4
 BASELINES = ("transformers", "llama.cpp")
+QUANTS = ("none", *PRECISIONS)  # none: the device's full precision
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,8 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     decode = commands.add_parser("decode", help="tokens per second and time to first token")
-    decode.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    decode.add_argument("--quant", default="auto", choices=("none", "int8", "nf4", "auto"))
+    decode.add_argument("--device", default="auto", choices=DEVICES)
+    decode.add_argument("--quant", default="auto", choices=QUANTS)
     decode.add_argument("--prompt-tokens", type=int, default=128)
     decode.add_argument("--new-tokens", type=int, default=128)
     decode.add_argument("--baseline", nargs="?", const="transformers", choices=BASELINES,
@@ -75,8 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument("--context-tokens", type=int, default=4096)
     chat.add_argument("--new-tokens", type=int, default=50)
     for command in (prefill, chat):
-        command.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-        command.add_argument("--quant", default="auto", choices=("none", "int8", "nf4", "auto"))
+        command.add_argument("--device", default="auto", choices=DEVICES)
+        command.add_argument("--quant", default="auto", choices=QUANTS)
         command.add_argument("--repeats", type=int, default=5)
     turns = commands.add_parser("turns", help="time to first token over a long conversation, reused vs fresh cache")
     turns.add_argument("--turns", type=int, default=20)
@@ -86,15 +88,15 @@ def _parser() -> argparse.ArgumentParser:
     load.add_argument("--cycles", type=int, default=1, help="load and unload this many times, reporting memory")
     load.add_argument("--loads", type=int, default=1, help="fresh processes, each loading once (with llama.cpp's)")
     load.add_argument("--memory-limit-gb", type=float, help="address-space limit of each load process")
-    load.add_argument("--quant", default="auto", choices=("none", "auto", "fp32", "fp16", "bf16", "int8", "nf4"),
+    load.add_argument("--quant", default="auto", choices=QUANTS,
                       help="the precision to load in (none: the device's full precision)")
-    load.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    load.add_argument("--device", default="auto", choices=DEVICES)
     batched = commands.add_parser("batched", help="llama.cpp's aggregate decode rate, N sequences in one context")
     batched.add_argument("--sequences", type=int, nargs="+", default=[1, 8, 16])
     batched.add_argument("--prompt-tokens", type=int, default=128)
     batched.add_argument("--new-tokens", type=int, default=32)
     serve = commands.add_parser("serve", help="continuous batching: many requests at once (a fast path's batch runner)")
-    serve.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
+    serve.add_argument("--device", default="cpu", choices=DEVICES)
     serve.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated numbers of requests at once")
     serve.add_argument("--prompt-tokens", type=int, default=128)
     serve.add_argument("--new-tokens", type=int, default=64)

@@ -34,6 +34,7 @@ from engine.api.openai_schema import parse_chat
 from engine.api.server import ApiServer
 from engine.bench import serve_clients
 from engine.protocol.messages import (
+    DEVICES,
     Event,
     Generate,
     LoadModel,
@@ -79,7 +80,7 @@ class TappedHub(EngineHub):
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     serve_api = commands.add_parser("serve-api", help="time to first token and decode time through the API server")
-    serve_api.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    serve_api.add_argument("--device", default="auto", choices=DEVICES)
     serve_api.add_argument("--new-tokens", type=int, default=64)
     serve_api.add_argument("--rounds", type=int, default=5, help="direct and served requests, taking turns")
     serve_api.add_argument("--clients", type=int, default=0,

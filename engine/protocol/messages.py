@@ -45,9 +45,13 @@ class SamplingParams:
 GREEDY = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0)
 
 
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8", "nf4")
+
+
 @dataclass(frozen=True)
 class LoadOptions:
-    """How to load a model: ``device`` auto|cpu|cuda, ``precision`` auto|fp32|bf16|fp16|int8|nf4."""
+    """How to load a model: ``device`` one of ``DEVICES``, ``precision`` one of ``PRECISIONS``."""
 
     device: str = "auto"
     precision: str = "auto"
