@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.forward.backend import PREFILL_CHUNK
-from engine.forward.paged_kv import BatchRow, PagedKV, StepLayout
+from engine.forward.paged_kv import BatchRow, PagedKV, StepLayout, at_positions
 from engine.forward.static_cache import KVCache
 from engine.forward.weights.quant import Linear, compute_dtype, embedding
 from engine.forward.weights.quant_int import QUANT_FORMATS, Int4Groups
@@ -181,14 +181,21 @@ class FastLlama:
                          turns: torch.Tensor, masks: list[torch.Tensor | None]) -> torch.Tensor:
         q, new_keys_values = self._project(layer, h, turns)  # [R, H, hd], [2, Hkv, R, hd]
         kv.write(index, layout.write, new_keys_values)
-        attended = torch.empty_like(q)  # [R, H, hd]: each sequence's rows written in place (a decode row by bmm)
+        attended = torch.empty_like(q)  # [R, H, hd]: each sequence's rows written in place
+        # A decode row's attention is two bmm over views made once per layer: a batch of 8 makes 240 such calls a
+        # step, and at this size each op's dispatch costs about what its arithmetic does.
+        rows, heads, hd = q.shape
+        queries = q.view(rows, self.kv_heads, heads // self.kv_heads, hd)  # [R, Hkv, G, hd]
+        out = attended.view(queries.shape)
+        keys_t, values = kv.layer_views(index)  # [Hkv, hd, P], [Hkv, P, hd]
         for span, mask in zip(layout.spans, masks):
-            keys, values = kv.read(index, span.read)  # [Hkv, T, hd] each
             if mask is None:
-                attend_one_query(q[span.rows], keys, values, attended[span.rows])
+                row = span.rows.start
+                attend_grouped(queries[row], at_positions(keys_t, 2, span.read), at_positions(values, 1, span.read),
+                               out[row])
             else:
-                attended[span.rows] = self._attend(q[span.rows], keys, values, mask)
-        return layer.out(attended.view(h.shape[0], self.heads * self.head_dim))  # [R, D]
+                attended[span.rows] = self._attend(q[span.rows], *kv.read(index, span.read), mask)
+        return layer.out(attended.view(rows, heads * hd))  # [R, D]
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Attention over the cache (``attend``); ``cuda_backend`` overrides it with fused GPU kernels."""
@@ -310,18 +317,17 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
         attended = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0),
                                                   values.unsqueeze(0), attn_mask=mask, scale=1.0, enable_gqa=True)
         return attended[0].transpose(0, 1)
-    return attend_one_query(q, keys, values, torch.empty_like(q))
+    _, heads, hd = q.shape
+    grouped = q.view(keys.shape[0], -1, hd)  # [Hkv, G, hd]
+    return attend_grouped(grouped, keys.transpose(1, 2), values, torch.empty_like(grouped)).view(1, heads, hd)
 
 
-def attend_one_query(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """One query ``q`` [1, H, hd] (scaled) over ``keys``/``values`` [Hkv, T, hd], written into ``out`` [1, H, hd]
-    (contiguous) and returned: two batched matmuls (called directly: ``@`` adds a dispatch layer) beat the fused
-    kernel's setup, and a batch's rows land in place."""
-    kv_heads, _, hd = keys.shape
-    grouped = q.view(kv_heads, -1, hd)  # [Hkv, G, hd]
-    scores = torch.bmm(grouped, keys.transpose(1, 2))  # [Hkv, G, T]
-    torch.bmm(scores.softmax(dim=-1), values, out=out.view(kv_heads, -1, hd))
-    return out
+def attend_grouped(queries: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """One query's heads grouped by kv head, ``queries`` [Hkv, G, hd] (scaled), over ``keys_t`` [Hkv, hd, T] and
+    ``values`` [Hkv, T, hd], into ``out`` [Hkv, G, hd]: two batched matmuls (called directly: ``@`` adds a dispatch
+    layer) beat the fused kernel's setup."""
+    scores = torch.bmm(queries, keys_t)  # [Hkv, G, T]
+    return torch.bmm(scores.softmax(dim=-1), values, out=out)
 
 
 def _causal_mask(start: int, length: int, device: torch.device) -> torch.Tensor | None:

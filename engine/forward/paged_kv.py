@@ -89,9 +89,14 @@ class PagedKV:
 
     def read(self, layer: int, where: Positions) -> tuple[torch.Tensor, torch.Tensor]:
         """A sequence's keys and values so far, [Hkv, T, hd] each."""
-        held = self.buffer[layer]
-        pair = held[:, :, where] if isinstance(where, slice) else held.index_select(2, where)  # [2, Hkv, T, hd]
+        pair = at_positions(self.buffer[layer], 2, where)  # [2, Hkv, T, hd]
         return pair[0], pair[1]
+
+    def layer_views(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's keys, transposed, and values over the whole pool: [Hkv, hd, P] and [Hkv, P, hd] views, for
+        ``at_positions`` to cut each sequence's from, in one call each."""
+        keys, values = self.buffer[layer]
+        return keys.transpose(1, 2), values
 
     def _positions(self, block_ids: Sequence[int], start: int, end: int) -> Positions:
         size = self.block_size
@@ -107,3 +112,10 @@ class PagedKV:
 
 def _as_tensor(where: Positions) -> torch.Tensor:
     return torch.arange(where.start, where.stop) if isinstance(where, slice) else where.cpu()
+
+
+def at_positions(tensor: torch.Tensor, dim: int, where: Positions) -> torch.Tensor:
+    """``tensor`` at positions ``where`` of its dimension ``dim``: a view for a run, else a gathered copy."""
+    if isinstance(where, slice):
+        return tensor.narrow(dim, where.start, where.stop - where.start)
+    return tensor.index_select(dim, where)
