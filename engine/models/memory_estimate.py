@@ -183,19 +183,19 @@ def _fast_weight_bytes(source: ModelSource, shape: ModelShape, precision: str, d
     layer_params = max(source.n_params - shape.embedding_params, 0)
     layers = layer_params * FAST_LAYER_BYTES.get(precision, BYTES_PER_PARAM[precision])
     if device == "cpu" and precision == "fp16":
-        layers += _fp16_packing_bytes(shape)
+        layers += _fp16_packing_bytes(shape, tail_apart=source.four_bit_layers)
         layers += layer_params * DECODE_COPY_BYTES if source.four_bit_layers else 0
     return int(layers + _table_and_head_bytes(shape, precision, device))
 
 
-def _fp16_packing_bytes(shape: ModelShape) -> int:
+def _fp16_packing_bytes(shape: ModelShape, tail_apart: bool) -> int:
     """What the layers' fp16 matrices hold on the CPU beyond 2 bytes a weight (``packed_sizes``: FBGEMM's padding,
-    or an fp32 tail of columns): q/k/v, the attention output and gate/up are as wide as the hidden size or the
-    heads, down as the MLP; 0 when those are multiples of 512."""
+    or with ``tail_apart``, beside a 4-bit decode copy, an fp32 tail of columns): q/k/v, the attention output and
+    gate/up are as wide as the hidden size or the heads, down as the MLP; 0 when those are multiples of 512."""
     qkv_rows, attention_width = (shape.heads + 2 * shape.kv_heads) * shape.head_dim, shape.heads * shape.head_dim
     matrices = ((qkv_rows, shape.hidden), (shape.hidden, attention_width), (2 * shape.intermediate, shape.hidden),
                 (shape.hidden, shape.intermediate))
-    return shape.layers * sum(fp16_packed_bytes(rows, width) - 2 * rows * width for rows, width in matrices)
+    return shape.layers * sum(fp16_packed_bytes(rows, width, tail_apart) - 2 * rows * width for rows, width in matrices)
 
 
 def _table_and_head_bytes(shape: ModelShape, precision: str, device: str) -> float:
@@ -206,7 +206,7 @@ def _table_and_head_bytes(shape: ModelShape, precision: str, device: str) -> flo
     if device == "cpu" and precision in ("fp32", "nf4"):
         return 2 * table * {"fp32": BYTES_PER_PARAM["fp32"], "nf4": DECODE_COPY_BYTES}[precision]
     if device == "cpu":
-        return table * UNQUANTIZED_BYTES + fp16_packed_bytes(shape.vocab, shape.hidden)
+        return table * UNQUANTIZED_BYTES + fp16_packed_bytes(shape.vocab, shape.hidden, tail_apart=False)
     table_bytes = UNQUANTIZED_BYTES if precision in QUANTIZED_PRECISIONS else BYTES_PER_PARAM[precision]
     return table * (table_bytes + FAST_LAYER_BYTES[precision])
 

@@ -19,9 +19,10 @@ def fp16_tail_width(width: int) -> int:
     return tail if shorter and width > FBGEMM_FP16_BLOCK else 0
 
 
-def fp16_packed_bytes(rows: int, width: int) -> int:
+def fp16_packed_bytes(rows: int, width: int, tail_apart: bool) -> int:
     """What an fp16 weight [rows, width] occupies on the CPU: FBGEMM's packed blocks (the last padded with
-    zeros), and the fp32 tail of ``fp16_tail_width`` columns when it has one."""
-    tail = fp16_tail_width(width)
+    zeros), or with ``tail_apart`` (a copy only prompts use, ``quant``) the fp32 tail of ``fp16_tail_width``
+    columns where it has one and the blocks before it."""
+    tail = fp16_tail_width(width) if tail_apart else 0
     packed = -(-(width - tail) // FBGEMM_FP16_BLOCK) * FBGEMM_FP16_BLOCK
     return rows * (packed * FP16_BYTES + tail * FP32_BYTES)

@@ -4,8 +4,11 @@ At batch size 1 a decode step reads every weight once, so the bytes per weight
 set the speed. On the CPU, ``fp16`` uses FBGEMM's prepacked half-precision
 kernel, which PyTorch ships: weights in half precision, products and sums in
 fp32, so results stay within rounding of fp32 at half the bytes (it packs each
-row in blocks of 512 columns: a short last block is kept apart in fp32, a long one
-padded with zeros, ``packed_sizes``). (FBGEMM's int8
+row in blocks of 512 columns, the last padded with zeros, ``packed_sizes``). A
+copy that only prompts use, beside a copy for few rows, keeps a short last block
+apart in fp32 instead: less memory, for a prompt chunk a few percent more time;
+a copy that decode steps read stays padded, where the extra call would cost 6 %
+of a step. (FBGEMM's int8
 kernel quantizes activations too and costs ~0.5 ms per call whatever the size,
 which is slower than fp32 for a small model, so it is not used.) Elsewhere
 ``fp32``/``bf16``/``fp16`` are plain matmuls in that dtype, and ``int8``/``int4``
@@ -52,7 +55,8 @@ class Linear:
     ) -> None:
         self.fmt = fmt
         self.compute_dtype = compute_dtype(weight.q.device if isinstance(weight, Int4Groups) else weight.device, fmt)
-        many_rows, self.nbytes = _scaled_pack(weight, bias, fmt, self.compute_dtype, input_scale)
+        many_rows, self.nbytes = _scaled_pack(weight, bias, fmt, self.compute_dtype, input_scale,
+                                              tail_apart=one_row_fmt is not None)
         self._run, self.one_row_nbytes = many_rows, self.nbytes  # one_row_nbytes: what a one-row call reads
         if one_row_fmt is not None:
             one_row, self.one_row_nbytes = _scaled_pack(weight, bias, one_row_fmt, self.compute_dtype, input_scale)
@@ -65,14 +69,14 @@ class Linear:
 
 def _scaled_pack(
     weight: torch.Tensor | Int4Groups, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype,
-    input_scale: torch.Tensor | None,
+    input_scale: torch.Tensor | None, tail_apart: bool = False,
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
     """``_pack`` with ``input_scale`` folded into the weight, or (int4) applied to the input on each call."""
     if isinstance(weight, Int4Groups) and fmt != "int4":
         weight = weight.dequantize()  # [N, K] fp32
     if input_scale is None or fmt != "int4":
         folded = weight if input_scale is None else weight * input_scale  # [N, K] * [K]
-        return _pack(folded, bias, fmt, dtype)
+        return _pack(folded, bias, fmt, dtype, tail_apart)
     run, nbytes = _pack(weight, bias, fmt, dtype)
     scale = input_scale.to(dtype)  # in the activations' dtype, so the product keeps it (bf16 on a GPU)
     return (lambda x: run(x * scale)), nbytes
@@ -85,12 +89,13 @@ def compute_dtype(device: torch.device, fmt: str) -> torch.dtype:
 
 
 def _pack(
-    weight: torch.Tensor | Int4Groups, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype
+    weight: torch.Tensor | Int4Groups, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype, tail_apart: bool = False
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
+    """``tail_apart``: an fp16 weight's short last block of columns goes to fp32 (the module docstring)."""
     if fmt in QUANT_FORMATS:
         return pack_quantized(weight, bias, fmt)
     if weight.device.type == "cpu" and fmt == "fp16":
-        return _fbgemm_fp16(weight.float(), _fp32(bias))
+        return _fbgemm_fp16(weight.float(), _fp32(bias), tail_apart)
     if fmt not in PLAIN_DTYPES:
         raise ValueError(f"Weight format {fmt!r} is not supported on {weight.device.type}.")
     weight = weight.to(dtype).contiguous()
@@ -98,10 +103,13 @@ def _pack(
     return (lambda x: F.linear(x, weight, bias)), weight.numel() * weight.element_size()
 
 
-def _fbgemm_fp16(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
-    """FBGEMM's prepacked fp16 matmul of ``weight`` [N, K]; a short last block of columns (``fp16_tail_width``)
-    goes to an fp32 matmul added to its result instead of to zeros padding it to a whole block."""
-    nbytes, tail = fp16_packed_bytes(*weight.shape), fp16_tail_width(weight.shape[1])
+def _fbgemm_fp16(weight: torch.Tensor, bias: torch.Tensor | None,
+                 tail_apart: bool) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
+    """FBGEMM's prepacked fp16 matmul of ``weight`` [N, K]; with ``tail_apart`` a short last block of columns
+    (``fp16_tail_width``) goes to an fp32 matmul added to its result instead of to zeros padding it to a whole
+    block."""
+    rows, width = weight.shape
+    nbytes, tail = fp16_packed_bytes(rows, width, tail_apart), fp16_tail_width(width) if tail_apart else 0
     if tail == 0:
         packed = torch.ops.quantized.linear_prepack_fp16(weight, bias)
         return (lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed)), nbytes

@@ -26,8 +26,9 @@ FOUR_BIT = 0.5 + 4 / 32  # bytes per weight: a bf16 scale and zero point per 32
 
 
 def _table_and_head_bytes(config) -> int:
-    """The fp16 token table, and the fp16 output layer: FBGEMM's 512 columns and the last 64 in fp32."""
-    return 2 * config.vocab_size * config.hidden_size + config.vocab_size * (2 * 512 + 4 * 64)
+    """The fp16 token table, and the fp16 output layer as FBGEMM packs it (decode steps read it): its width 576
+    padded to 1024."""
+    return 2 * config.vocab_size * config.hidden_size + 2 * config.vocab_size * 1024
 
 
 def _layer_weights(config) -> int:
@@ -37,13 +38,14 @@ def _layer_weights(config) -> int:
     return config.num_hidden_layers * (attention + 3 * hidden * inner)
 
 
-def _fp16_layer_bytes(config) -> int:
-    """The layers' fp16 matrices: SmolLM2's width 576 as 512 fp16 columns in FBGEMM's blocks and 64 in fp32, the
-    MLP's 1536 in whole blocks."""
+def _fp16_layer_bytes(config, beside_a_decode_copy: bool) -> int:
+    """The layers' fp16 matrices: SmolLM2's width 576 in FBGEMM's blocks, padded to 1024, or where only prompts use
+    them (beside the 4-bit copy) as 512 fp16 columns and 64 in fp32; the MLP's 1536 in whole blocks."""
     hidden, inner, head_dim = config.hidden_size, config.intermediate_size, config.head_dim
     qkv_rows = head_dim * (config.num_attention_heads + 2 * config.num_key_value_heads)
-    split_rows = qkv_rows + config.num_attention_heads * head_dim + 2 * inner  # q/k/v, out, gate/up: width 576
-    return config.num_hidden_layers * (split_rows * (2 * 512 + 4 * 64) + 2 * hidden * inner)
+    narrow_rows = qkv_rows + config.num_attention_heads * head_dim + 2 * inner  # q/k/v, out, gate/up: width 576
+    row_bytes = 2 * 512 + 4 * 64 if beside_a_decode_copy else 2 * 1024
+    return config.num_hidden_layers * (narrow_rows * row_bytes + 2 * hidden * inner)
 
 
 def _answer(loaded) -> str:
@@ -59,7 +61,8 @@ def test_auto_keeps_a_4bit_copy_for_decoding_and_answers_as_fp32_does(default_mo
     auto = _open(default_model_path, "auto")
     config = auto.model.config
     assert auto.precision == "fp16" and auto.precision_label == "fp16, 4-bit decode"  # what the window shows
-    assert auto.weight_bytes == _fp16_layer_bytes(config) + _layer_weights(config) * FOUR_BIT + _table_and_head_bytes(config)
+    layers = _fp16_layer_bytes(config, beside_a_decode_copy=True) + _layer_weights(config) * FOUR_BIT
+    assert auto.weight_bytes == layers + _table_and_head_bytes(config)
     assert "Paris" in fp32_answer
     assert _answer(auto) == fp32_answer
 
@@ -69,7 +72,7 @@ def test_the_decode_copy_can_be_turned_off(default_model_path: Path, monkeypatch
     fp16_only = _open(default_model_path, "auto")
     config = fp16_only.model.config
     assert fp16_only.precision_label == "fp16"
-    assert fp16_only.weight_bytes == _fp16_layer_bytes(config) + _table_and_head_bytes(config)
+    assert fp16_only.weight_bytes == _fp16_layer_bytes(config, beside_a_decode_copy=False) + _table_and_head_bytes(config)
 
 
 def test_4bit_alone_holds_everything_in_a_third_of_fp16s_bytes_and_answers_paris(default_model_path: Path):

@@ -170,13 +170,17 @@ def _resident_bytes() -> int:
 
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident size from /proc")
-@pytest.mark.parametrize("width, row_bytes", [(576, 512 * 2 + 64 * 4), (896, 1024 * 2), (1536, 1536 * 2)])
-def test_an_fp16_layers_bytes_are_what_its_packing_holds(width: int, row_bytes: int):
-    """FBGEMM packs the width in blocks of 512, padding the last: SmolLM2's 576 keeps its last 64 columns in fp32
-    instead (less than 448 columns of zeros), Qwen2.5-0.5B's 896 is padded to 1024; the figure counts either."""
+@pytest.mark.parametrize("width, decode_copy, row_bytes", [
+    (576, None, 1024 * 2), (576, "int4", 512 * 2 + 64 * 4), (896, "int4", 1024 * 2), (1536, "int4", 1536 * 2),
+])
+def test_an_fp16_layers_bytes_are_what_its_packing_holds(width: int, decode_copy: str | None, row_bytes: int):
+    """FBGEMM packs the width in blocks of 512, padding the last. Beside a decode copy SmolLM2's 576 keeps its last
+    64 columns in fp32 instead (less than 448 columns of zeros); Qwen2.5-0.5B's 896 is padded to 1024 either way.
+    The figure counts what is held (the decode copy's bytes apart)."""
     weight = torch.randn(2048, width)  # [N, K]
+    copy_bytes = Linear(weight, None, decode_copy).nbytes if decode_copy else 0
     before = _resident_bytes()
-    layers = [Linear(weight, None, "fp16") for _ in range(8)]
+    layers = [Linear(weight, None, "fp16", one_row_fmt=decode_copy) for _ in range(8)]
     grown = _resident_bytes() - before
-    assert layers[0].nbytes == 2048 * row_bytes
+    assert layers[0].nbytes == 2048 * row_bytes + copy_bytes
     assert abs(grown - 8 * layers[0].nbytes) <= 0.1 * 8 * layers[0].nbytes
