@@ -62,23 +62,31 @@ def int4_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Gro
     """Rows of blocks [N, bytes per row] as int4 groups of 32, equal to ``int4_groups_of(dense_rows(...))``,
     made a few rows at a time straight into the result."""
     return Int4Groups.from_row_chunks(
-        blocks.shape[0], lambda start, end: _int4_rows(blocks[start:end], quant_type), chunk_rows(blocks, quant_type)
+        blocks.shape[0], row_width(blocks, quant_type),
+        lambda start, end, q: _int4_rows(blocks[start:end], quant_type, q), chunk_rows(blocks, quant_type),
     )
+
+
+def row_width(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> int:
+    """How many weights each row of blocks [N, bytes per row] holds."""
+    block_size, type_size = GGML_QUANT_SIZES[quant_type]
+    return blocks.shape[1] // type_size * block_size
 
 
 def chunk_rows(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> int:
     """How many rows of blocks [N, bytes per row] to decode at a time (``quant_int.rows_at_once``)."""
-    block_size, type_size = GGML_QUANT_SIZES[quant_type]
-    return rows_at_once(blocks.shape[1] // type_size * block_size)
+    return rows_at_once(row_width(blocks, quant_type))
 
 
-def _int4_rows(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Groups:
+def _int4_rows(blocks: np.ndarray, quant_type: GGMLQuantizationType, q: torch.Tensor) -> torch.Tensor:
+    """Rows of blocks [N, bytes per row] into their int4 codes ``q`` [N, K] uint8; returns their scales and zeros
+    [G, N, 2]."""
     codes = codes_of(blocks, quant_type)
     rows = blocks.shape[0]
     scales, zeros, lowest = int4_group_params(*_group_extremes(codes))  # [N, G] each
     above_lowest = codes.weights(codes.values).view(rows, -1, CPU_INT4_GROUP).sub_(lowest.unsqueeze(-1))  # [N, G, 32]
-    q = int4_codes(above_lowest, scales).to(torch.uint8).view(rows, -1)  # [N, K]
-    return Int4Groups(q, scales_and_zeros_of(scales, zeros).float(), CPU_INT4_GROUP)
+    q.view(rows, -1, CPU_INT4_GROUP).copy_(int4_codes(above_lowest, scales))
+    return scales_and_zeros_of(scales, zeros)
 
 
 def _group_extremes(codes: Codes) -> tuple[torch.Tensor, torch.Tensor]:
