@@ -27,8 +27,10 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from engine.forward.weights import gguf_codes
-from engine.forward.weights.gguf_codes import CODE_TYPES, chunk_rows, dense_rows, fp16_field, k_scales_and_mins
-from engine.forward.weights.quant_int import CPU_INT4_GROUP, ROWS_AT_ONCE, Int4Groups, int4_groups_of
+from engine.forward.weights.gguf_codes import (
+    CODE_TYPES, chunk_rows, dense_rows, fp16_field, k_scales_and_mins, row_width,
+)
+from engine.forward.weights.quant_int import ROWS_AT_ONCE, Int4Groups, int4_groups_of
 
 FOUR_BIT_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K)
 READABLE_TYPES = FOUR_BIT_TYPES + (
@@ -61,9 +63,10 @@ def _dense_rows(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> torch.T
 
 def int4_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Groups:
     """A 4-bit type's blocks [N, bytes per row] as ``Int4Groups`` of 32 (see the module docstring), decoded
-    a few rows at a time (``gguf_codes.chunk_rows``) into the result, so no full-size temporaries."""
+    a few rows at a time (``gguf_codes.chunk_rows``) straight into the result, so no full-size temporaries."""
     return Int4Groups.from_row_chunks(
-        blocks.shape[0], lambda start, end: _int4_rows(blocks[start:end], quant_type), chunk_rows(blocks, quant_type)
+        blocks.shape[0], row_width(blocks, quant_type),
+        lambda start, end, q: _int4_rows(blocks[start:end], quant_type, q.numpy()), chunk_rows(blocks, quant_type),
     )
 
 
@@ -75,37 +78,45 @@ def requantized_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> 
         return int4_groups(blocks, quant_type)
     if quant_type in CODE_TYPES:
         return gguf_codes.int4_groups(blocks, quant_type)
-    return Int4Groups.from_row_chunks(
-        blocks.shape[0], lambda start, end: int4_groups_of(dense(blocks[start:end], quant_type))
-    )
+
+    def quantized(start: int, end: int, q: torch.Tensor) -> torch.Tensor:
+        groups = int4_groups_of(dense(blocks[start:end], quant_type))
+        q.copy_(groups.q)
+        return groups.scales_and_zeros
+
+    return Int4Groups.from_row_chunks(blocks.shape[0], row_width(blocks, quant_type), quantized)
 
 
-def _int4_rows(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Groups:
+def _int4_rows(blocks: np.ndarray, quant_type: GGMLQuantizationType, q: np.ndarray) -> torch.Tensor:
+    """Rows of blocks [N, bytes per row] into their codes ``q`` [N, K] uint8; returns scales and zeros [G, N, 2]."""
     rows = blocks.shape[0]
     if quant_type == GGMLQuantizationType.Q4_K:
-        nibbles, scales, zeros = _q4_k(blocks.reshape(rows, -1, 144))
+        scales, zeros = _q4_k(blocks.reshape(rows, -1, 144), q)
     else:
         with_min = quant_type == GGMLQuantizationType.Q4_1
-        nibbles, scales, zeros = _q4_0_or_1(blocks.reshape(rows, -1, 20 if with_min else 18), with_min)
-    scales_and_zeros = torch.from_numpy(np.stack([scales, zeros], axis=-1)).transpose(0, 1).contiguous()  # [G, N, 2]
-    return Int4Groups(torch.from_numpy(nibbles.reshape(rows, -1)), scales_and_zeros, CPU_INT4_GROUP)
+        scales, zeros = _q4_0_or_1(blocks.reshape(rows, -1, 20 if with_min else 18), with_min, q)
+    return torch.from_numpy(np.stack([scales, zeros], axis=-1)).transpose(0, 1)  # [G, N, 2]
 
 
-def _q4_0_or_1(blocks: np.ndarray, with_min: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """[N, G, 18 or 20] bytes -> nibbles [N, G, 32] uint8, scale and zero [N, G] fp32."""
+def _q4_0_or_1(blocks: np.ndarray, with_min: bool, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[N, G, 18 or 20] bytes -> nibbles into ``q`` [N, G * 32] uint8; scale and zero [N, G] fp32."""
     d = fp16_field(blocks[..., 0:2])  # [N, G]
     start = 4 if with_min else 2
     packed = blocks[..., start : start + 16]  # [N, G, 16]
-    nibbles = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)  # [N, G, 32]: low nibbles first
+    nibbles = q.reshape(*packed.shape[:2], 2, 16)  # [N, G, 2, 16]: low nibbles first
+    np.bitwise_and(packed, 0x0F, out=nibbles[..., 0, :])
+    np.right_shift(packed, 4, out=nibbles[..., 1, :])
     zeros = fp16_field(blocks[..., 2:4]) + 8 * d if with_min else np.zeros_like(d)  # (q - 8) d + z = q d + m
-    return nibbles, d, zeros
+    return d, zeros
 
 
-def _q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """[N, B, 144] bytes -> nibbles [N, 8B, 32] uint8, scale and zero [N, 8B] fp32 (one per sub-block)."""
+def _q4_k(blocks: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[N, B, 144] bytes -> nibbles into ``q`` [N, 256B] uint8; scale and zero [N, 8B] fp32 (one per sub-block)."""
     rows, supers = blocks.shape[:2]
     scales, mins = k_scales_and_mins(blocks)  # [N, B, 8] each
-    packed = blocks[..., 16:].reshape(rows, supers, 4, 1, 32)  # four runs of 32 bytes
-    nibbles = np.concatenate([packed & 0x0F, packed >> 4], axis=-2)  # [N, B, 4, 2, 32]: sub-blocks 2c, 2c + 1
+    packed = blocks[..., 16:].reshape(rows, supers, 4, 32)  # four runs of 32 bytes
+    nibbles = q.reshape(rows, supers, 4, 2, 32)  # sub-blocks 2c, 2c + 1
+    np.bitwise_and(packed, 0x0F, out=nibbles[..., 0, :])
+    np.right_shift(packed, 4, out=nibbles[..., 1, :])
     zeros = 8 * scales - mins  # (q - 8) s + z = s q - min
-    return nibbles.reshape(rows, supers * 8, 32), scales.reshape(rows, -1), zeros.reshape(rows, -1)
+    return scales.reshape(rows, -1), zeros.reshape(rows, -1)

@@ -51,6 +51,7 @@ WEIGHTS_AT_ONCE = 2**20  # weights decoded from GGUF blocks or packed at a time 
 CPU_PACK_ROWS = 64  # the CPU packing's row blocks
 
 Run = Callable[[torch.Tensor], torch.Tensor]
+RowChunk = Callable[[int, int, torch.Tensor], torch.Tensor]  # (start, end, codes out) -> scales and zeros
 
 
 def rows_at_once(width: int, multiple: int = 1) -> int:
@@ -173,11 +174,12 @@ def int4_groups_of(weight: torch.Tensor, group: int = CPU_INT4_GROUP) -> Int4Gro
     """``weight`` [N, K] quantized into groups of ``group`` (``quantize_int4``), ``ROWS_AT_ONCE`` rows at a time so
     that a large token table or output layer needs no full-size temporaries."""
 
-    def quantized(start: int, end: int) -> Int4Groups:
+    def quantized(start: int, end: int, out: torch.Tensor) -> torch.Tensor:
         q, scales_and_zeros = quantize_int4(weight[start:end], group)
-        return Int4Groups(q.to(torch.uint8), scales_and_zeros.float(), group)
+        out.copy_(q)
+        return scales_and_zeros
 
-    return Int4Groups.from_row_chunks(weight.shape[0], quantized)
+    return Int4Groups.from_row_chunks(*weight.shape, quantized, group=group, device=weight.device)
 
 
 def _int4_linear(weight: torch.Tensor, group: int, tiles: int) -> tuple[Run, int]:
@@ -192,11 +194,8 @@ def _int4_packed(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int, ti
         nibbles = q[:, ::2] << 4 | q[:, 1::2]  # [N, K/2]: even columns in the high nibble
         packed = torch.ops.aten._convert_weight_to_int4pack(nibbles.contiguous(), tiles)
         matmul = torch.ops.aten._weight_int4pack_mm
-    else:  # packed in row chunks (the same bytes as at once), so the kernel's int32 input stays small
-        convert, step = torch.ops.aten._convert_weight_to_int4pack_for_cpu, rows_at_once(q.shape[1], CPU_PACK_ROWS)
-        packed = torch.cat([convert(q[start : start + step].to(torch.int32), tiles)
-                            for start in range(0, q.shape[0], step)])
-        matmul = torch.ops.aten._weight_int4pack_mm_for_cpu
+    else:
+        packed, matmul = _cpu_int4_packed(q, tiles), torch.ops.aten._weight_int4pack_mm_for_cpu
 
     def run(x: torch.Tensor) -> torch.Tensor:
         activations = x.to(torch.bfloat16).contiguous()  # the kernels take bf16 rows; a no-op on the GPU path
@@ -204,6 +203,16 @@ def _int4_packed(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int, ti
 
     nbytes = packed.numel() * packed.element_size() + scales_and_zeros.numel() * scales_and_zeros.element_size()
     return run, nbytes
+
+
+def _cpu_int4_packed(q: torch.Tensor, tiles: int) -> torch.Tensor:
+    """q [N, K] in 0…15 packed for the CPU kernel, [N, K / 2] uint8, in row chunks (the same bytes as at once), so
+    that the kernel's int32 input stays small. One ``torch.cat`` joins them: copying each chunk into a preallocated
+    result instead costs a two-thread op per chunk, which waits a scheduler tick for its second thread whenever
+    another process holds the other core (an 8B model's 14336-row gate took 1.3 s to pack so, 0.14-0.8 s with the cat,
+    while another process kept both cores busy)."""
+    convert, step = torch.ops.aten._convert_weight_to_int4pack_for_cpu, rows_at_once(q.shape[1], CPU_PACK_ROWS)
+    return torch.cat([convert(q[start : start + step].to(torch.int32), tiles) for start in range(0, q.shape[0], step)])
 
 
 @dataclass(frozen=True)
@@ -238,21 +247,19 @@ class Int4Groups:
 
     @staticmethod
     def from_row_chunks(
-        rows: int, decode: Callable[[int, int], Int4Groups], rows_at_once: int | None = None
+        rows: int, width: int, decode: RowChunk, rows_at_once: int | None = None, group: int = CPU_INT4_GROUP,
+        device: torch.device | None = None,
     ) -> Int4Groups:
-        """``rows`` rows made ``rows_at_once`` (default ``ROWS_AT_ONCE``) at a time by ``decode(start, end)``,
-        straight into the result."""
+        """``rows`` rows of ``width`` weights in groups of ``group``, made ``rows_at_once`` (default
+        ``ROWS_AT_ONCE``) at a time by ``decode(start, end, q)``: it writes rows start…end's codes into ``q``
+        [end - start, width] uint8, a view of the result, and returns their scales and zeros [G, end - start, 2]."""
         step = rows_at_once or ROWS_AT_ONCE
-        first = decode(0, min(rows, step))
-        if rows <= step:
-            return first
-        q = torch.empty(rows, first.shape[1], dtype=torch.uint8, device=first.q.device)
-        scales_and_zeros = torch.empty(first.scales_and_zeros.shape[0], rows, 2, device=first.q.device)
+        q = torch.empty(rows, width, dtype=torch.uint8, device=device)  # [N, K]
+        scales_and_zeros = torch.empty(width // group, rows, 2, device=device)  # [G, N, 2]
         for start in range(0, rows, step):
-            part = first if start == 0 else decode(start, min(rows, start + step))
-            q[start : start + step] = part.q
-            scales_and_zeros[:, start : start + step] = part.scales_and_zeros
-        return Int4Groups(q, scales_and_zeros, first.group)
+            end = min(rows, start + step)
+            scales_and_zeros[:, start:end] = decode(start, end, q[start:end])
+        return Int4Groups(q, scales_and_zeros, group)
 
     @staticmethod
     def cat(parts: Sequence[Int4Groups]) -> Int4Groups:
