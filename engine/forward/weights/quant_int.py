@@ -47,19 +47,19 @@ INT4_GROUPS = (128, 64, 32)
 INT4_INNER_K_TILES = (8, 4, 2)
 CPU_INT4_GROUP = 32
 ROWS_AT_ONCE = 4096  # rows quantized from fp32 at a time: a multiple of the CPU packing's 64-row blocks
-WEIGHTS_AT_ONCE = 2**20  # weights decoded from GGUF blocks or packed at a time (``rows_at_once``)
+WEIGHTS_AT_ONCE = 2**20  # weights decoded from GGUF blocks at a time (``rows_at_once``)
 CPU_PACK_ROWS = 64  # the CPU packing's row blocks
 
 Run = Callable[[torch.Tensor], torch.Tensor]
 RowChunk = Callable[[int, int, torch.Tensor], torch.Tensor]  # (start, end, codes out) -> scales and zeros
 
 
-def rows_at_once(width: int, multiple: int = 1) -> int:
-    """Rows of ``width`` weights to decode or pack at a time: about ``WEIGHTS_AT_ONCE`` weights, a multiple of
-    ``multiple``. Their temporaries (4 MB of fp32) stay under glibc's mmap threshold and in a core's L2: in
-    chunks of 4096 rows each came as fresh pages from the kernel, and an 8B model's 14336-wide Q6_K layer
-    took 0.42 s into int4 groups, its Q4_K gate 0.26 s to decode and 0.13 s to pack; 0.24, 0.09 and 0.07 s so."""
-    return max(multiple, WEIGHTS_AT_ONCE // width // multiple * multiple)
+def rows_at_once(width: int) -> int:
+    """Rows of ``width`` weights to decode at a time: about ``WEIGHTS_AT_ONCE`` weights. Their temporaries (4 MB
+    of fp32) stay under glibc's mmap threshold and in a core's L2: in chunks of 4096 rows each came as fresh
+    pages from the kernel, and an 8B model's 14336-wide Q6_K layer took 0.42 s into int4 groups, its Q4_K gate
+    0.26 s to decode; 0.24 and 0.09 s so."""
+    return max(1, WEIGHTS_AT_ONCE // width)
 
 
 def fast_format(precision: str, device: torch.device) -> str | None:
@@ -206,13 +206,20 @@ def _int4_packed(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int, ti
 
 
 def _cpu_int4_packed(q: torch.Tensor, tiles: int) -> torch.Tensor:
-    """q [N, K] in 0…15 packed for the CPU kernel, [N, K / 2] uint8, in row chunks (the same bytes as at once), so
-    that the kernel's int32 input stays small. One ``torch.cat`` joins them: copying each chunk into a preallocated
-    result instead costs a two-thread op per chunk, which waits a scheduler tick for its second thread whenever
-    another process holds the other core (an 8B model's 14336-row gate took 1.3 s to pack so, 0.14-0.8 s with the cat,
-    while another process kept both cores busy)."""
-    convert, step = torch.ops.aten._convert_weight_to_int4pack_for_cpu, rows_at_once(q.shape[1], CPU_PACK_ROWS)
-    return torch.cat([convert(q[start : start + step].to(torch.int32), tiles) for start in range(0, q.shape[0], step)])
+    """q [N, K] in 0…15 packed for the CPU kernel, [N, K / 2] uint8, laid out as ``_convert_weight_to_int4pack_for_cpu``
+    lays it out: each block of ``CPU_PACK_ROWS`` (64) rows is [K, 32] bytes, byte (k, j) holding row j's code k low
+    and row j + 32's high. Built from the codes in their own byte width: the op takes int32, a copy four times the
+    codes' size that took a third of an 8B model's load. A last block of fewer rows goes through the op."""
+    rows, width = q.shape
+    whole, halves = rows // CPU_PACK_ROWS * CPU_PACK_ROWS, CPU_PACK_ROWS // 2
+    codes = q.to(torch.uint8)
+    blocks = codes[:whole].view(-1, CPU_PACK_ROWS, width)  # [N / 64, 64, K]
+    nibbles = torch.bitwise_left_shift(blocks[:, halves:], 4).bitwise_or_(blocks[:, :halves])  # [N / 64, 32, K]
+    packed = nibbles.transpose(1, 2).contiguous().view(whole, width // 2)  # [N / 64 * 64, K / 2]
+    if whole == rows:
+        return packed
+    rest = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes[whole:].to(torch.int32), tiles)
+    return torch.cat([packed, rest])
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import torch
 from engine.forward.fast_llama import FastLlama
 from engine.forward.weights.quant import FEW_ROWS, Linear
 from engine.forward.weights.quant_int import (
-    dequantize_int4, fast_format, int4_groups_of, int4_layout, quantize_int4, quantize_int8,
+    _cpu_int4_packed, dequantize_int4, fast_format, int4_groups_of, int4_layout, quantize_int4, quantize_int8,
 )
 from engine.host.allocator import return_freed_memory
 from engine.models.random_models import build_hf_model
@@ -48,6 +48,14 @@ def test_int4_groups_round_to_within_half_a_step_and_the_cpu_kernel_agrees():
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, tiles)
     got = torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), packed, group, scales_and_zeros)
     torch.testing.assert_close(got.float(), x @ restored.T, rtol=0.02, atol=0.2)
+
+
+@pytest.mark.parametrize("rows", [64, 960, 80, 112])
+def test_the_cpu_packing_lays_the_codes_out_as_the_kernels_own_op_does(rows: int):
+    """Built from uint8 codes (the op takes int32): whole 64-row blocks by hand, a last block of 16-48 by the op."""
+    codes = torch.randint(0, 16, (rows, 256), dtype=torch.uint8, generator=torch.Generator().manual_seed(rows))
+    expected = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+    assert torch.equal(_cpu_int4_packed(codes, 1), expected)
 
 
 def test_int4_layout_picks_the_largest_group_on_a_gpu_and_refuses_odd_shapes():
