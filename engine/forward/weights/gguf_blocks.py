@@ -58,7 +58,8 @@ def dense(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> torch.Tensor:
 def _dense_rows(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> torch.Tensor:
     if quant_type in CODE_TYPES:
         return dense_rows(blocks, quant_type)
-    return torch.from_numpy(np.require(dequantize(blocks, quant_type), np.float32, ["C", "W"]))  # a copy if mapped
+    # Owning its data: F32's comes back as a view of the blocks, whose buffer the next tensor's read reuses.
+    return torch.from_numpy(np.require(dequantize(blocks, quant_type), np.float32, ["C", "W", "O"]))
 
 
 def int4_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Groups:

@@ -152,6 +152,17 @@ def test_tensors_are_decoded_only_when_asked_for_and_counted(reference):
     assert direct_reason(contents) is None and hf_config(contents).model_type == "llama"
 
 
+def test_a_tensor_stays_as_read_while_later_ones_reuse_the_read_buffer(reference):
+    path, _ = reference["llama"]
+    contents = read_gguf(path)
+    names = sorted(GGUFState(path, contents, groups=False, report=lambda *_: None))
+    in_turn = GGUFState(path, contents, groups=False, report=lambda *_: None)
+    kept = {name: in_turn[name] for name in names}  # every read after the first reuses the buffer
+    for name in names:
+        alone = GGUFState(path, contents, groups=False, report=lambda *_: None)[name]
+        assert torch.equal(kept[name], alone), name
+
+
 def test_a_file_in_a_type_hearth_cannot_read_is_refused_by_name(tmp_path: Path):
     import gguf
 
