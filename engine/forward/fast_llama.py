@@ -280,7 +280,11 @@ def _scaled(weight: Weight, factor: float) -> Weight:
 
 
 def _cat_rows(parts: list[Weight]) -> Weight:
-    return Int4Groups.cat(parts) if isinstance(parts[0], Int4Groups) else torch.cat(parts)
+    """The parts' rows one after another: 4-bit groups if all are, else fp32 (a Q4_K_M file's 4-bit q and k
+    beside its 6-bit v: each exact, and a 4-bit decode copy is quantized from the whole)."""
+    if all(isinstance(part, Int4Groups) for part in parts):
+        return Int4Groups.cat(parts)
+    return torch.cat([part.dequantize() if isinstance(part, Int4Groups) else part for part in parts])
 
 
 def _pair_rows(rows: Weight, heads: int) -> Weight:

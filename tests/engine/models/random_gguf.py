@@ -45,7 +45,8 @@ def write_random_gguf(path: Path, architecture: str = "llama", layer_type: Q = Q
                       rope_factors: np.ndarray | None = None) -> Path:
     """A random model of ``architecture`` (llama, qwen2, qwen3) with its layers in ``layer_type``.
 
-    ``six_bit_down``: the MLP's down matrices in Q6_K, as a Q4_K_M file keeps some. ``untied``: an output
+    ``six_bit_down``: the MLP's down matrices in Q6_K, and the first layer's v, as a Q4_K_M file keeps some (its
+    q/k/v then mix two types). ``untied``: an output
     layer of its own, in Q6_K (as a Q4_K_M file has it), the token table then in ``layer_type``.
     ``rope_factors``: a ``rope_freqs.weight`` tensor, as llama.cpp writes Llama 3.1's rope scaling.
     """
@@ -67,7 +68,7 @@ def write_random_gguf(path: Path, architecture: str = "llama", layer_type: Q = Q
     if rope_factors is not None:
         writer.add_tensor("rope_freqs.weight", rope_factors.astype(np.float32))
     for i in range(shape.layers):
-        _write_layer(f"blk.{i}.", architecture, shape, matrix, vector, six_bit_down)
+        _write_layer(f"blk.{i}.", architecture, shape, matrix, vector, six_bit_down, six_bit_v=six_bit_down and i == 0)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -94,13 +95,14 @@ def _write_metadata(writer: gguf.GGUFWriter, shape: Shape, tokens: list[str]) ->
     writer.add_bos_token_id(len(tokens) - 1)
 
 
-def _write_layer(prefix: str, architecture: str, shape: Shape, matrix, vector, six_bit_down: bool) -> None:
+def _write_layer(prefix: str, architecture: str, shape: Shape, matrix, vector, six_bit_down: bool,
+                 six_bit_v: bool) -> None:
     q_rows, kv_rows = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     vector(prefix + "attn_norm.weight", shape.hidden)
     vector(prefix + "ffn_norm.weight", shape.hidden)
     matrix(prefix + "attn_q.weight", q_rows, shape.hidden)
     matrix(prefix + "attn_k.weight", kv_rows, shape.hidden)
-    matrix(prefix + "attn_v.weight", kv_rows, shape.hidden)
+    matrix(prefix + "attn_v.weight", kv_rows, shape.hidden, *([Q.Q6_K] if six_bit_v else []))
     matrix(prefix + "attn_output.weight", shape.hidden, q_rows)
     matrix(prefix + "ffn_gate.weight", shape.ffn, shape.hidden)
     matrix(prefix + "ffn_up.weight", shape.ffn, shape.hidden)

@@ -80,8 +80,8 @@ def test_4bit_groups_packed_as_they_are_stay_close_to_fp32(reference, architectu
     assert four_bit.precision == "nf4"
     expected = _hf_logits(hf_model, PROMPT)
     got = _last_logits(four_bit, PROMPT)
-    # bf16 activations and scales in the int4 kernel, and the Q6_K down matrices requantized to 4 bits
-    assert torch.nn.functional.cosine_similarity(got, expected, dim=0) > 0.99
+    # bf16 activations and scales in the int4 kernel, and the Q6_K down matrices and first v requantized to 4 bits
+    assert torch.nn.functional.cosine_similarity(got, expected, dim=0) > 0.98
 
 
 def test_auto_on_a_4bit_file_keeps_an_fp16_copy_for_prompts_and_4bit_groups_for_decoding(reference):
