@@ -34,11 +34,10 @@ from engine.forward.weights.quant_int import QUANT_FORMATS, Int4Groups, int4_gro
 
 PLAIN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 FEW_ROWS = 16
-"""Calls of up to this many rows (a decode step of up to 16 sequences) use the ``one_row_fmt`` copy. FBGEMM's fp16
-kernel pads each row of weights to a multiple of 512 (SmolLM2-135M's 576 wide layers hold 1024), so at a few rows
-the 4-bit copy reads far fewer bytes. A whole decode step of SmolLM2-135M on the 2-core CPU, 150 positions each,
-fp16 against the 4-bit copy: 42.2 / 25.4 ms at 3 rows, 47.8 / 40.7 at 8, 72.4 / 66.6 at 16, 82.5 / 88.3 at 24,
-105.4 / 115.1 at 32."""
+"""Calls of up to this many rows (a decode step of up to 16 sequences) use the ``one_row_fmt`` copy: at a few rows
+the 4-bit copy reads about a quarter of fp16's bytes. A whole decode step of SmolLM2-135M on the 2-core CPU, 200
+positions each, fp16 against the 4-bit copy: 23.9 / 11.8 ms at 1 row, 50.5 / 35.5 at 8, 92.8 / 80.3 at 16, 102.1 /
+94.3 at 24 (a prompt chunk of 40 or more rows beside decode rows is faster in fp16)."""
 
 
 class Linear:
