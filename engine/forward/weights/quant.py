@@ -6,9 +6,9 @@ kernel, which PyTorch ships: weights in half precision, products and sums in
 fp32, so results stay within rounding of fp32 at half the bytes (it packs each
 row in blocks of 512 columns, the last padded with zeros, ``packed_sizes``). A
 copy that only prompts use, beside a copy for few rows, keeps a short last block
-apart in fp32 instead: less memory, for a prompt chunk a few percent more time;
-a copy that decode steps read stays padded, where the extra call would cost 6 %
-of a step. (FBGEMM's int8
+apart in fp32 instead where it has many rows (``packed_sizes.TAIL_APART_ROWS``):
+less memory, for a prompt chunk no measurable time; a copy that decode steps read
+stays padded, where the extra call would cost 6 % of a step. (FBGEMM's int8
 kernel quantizes activations too and costs ~0.5 ms per call whatever the size,
 which is slower than fp32 for a small model, so it is not used.) Elsewhere
 ``fp32``/``bf16``/``fp16`` are plain matmuls in that dtype, and ``int8``/``int4``
@@ -108,7 +108,7 @@ def _fbgemm_fp16(weight: torch.Tensor, bias: torch.Tensor | None,
     (``fp16_tail_width``) goes to an fp32 matmul added to its result instead of to zeros padding it to a whole
     block."""
     rows, width = weight.shape
-    nbytes, tail = fp16_packed_bytes(rows, width, tail_apart), fp16_tail_width(width) if tail_apart else 0
+    nbytes, tail = fp16_packed_bytes(rows, width, tail_apart), fp16_tail_width(rows, width) if tail_apart else 0
     if tail == 0:
         packed = torch.ops.quantized.linear_prepack_fp16(weight, bias)
         return (lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed)), nbytes

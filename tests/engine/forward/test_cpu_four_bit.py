@@ -39,13 +39,14 @@ def _layer_weights(config) -> int:
 
 
 def _fp16_layer_bytes(config, beside_a_decode_copy: bool) -> int:
-    """The layers' fp16 matrices: SmolLM2's width 576 in FBGEMM's blocks, padded to 1024, or where only prompts use
-    them (beside the 4-bit copy) as 512 fp16 columns and 64 in fp32; the MLP's 1536 in whole blocks."""
+    """The layers' fp16 matrices: SmolLM2's width 576 in FBGEMM's blocks, padded to 1024, but gate/up's 3072 rows
+    where only prompts use them (beside the 4-bit copy) as 512 fp16 columns and 64 in fp32; the MLP's 1536 in whole
+    blocks."""
     hidden, inner, head_dim = config.hidden_size, config.intermediate_size, config.head_dim
     qkv_rows = head_dim * (config.num_attention_heads + 2 * config.num_key_value_heads)
-    narrow_rows = qkv_rows + config.num_attention_heads * head_dim + 2 * inner  # q/k/v, out, gate/up: width 576
-    row_bytes = 2 * 512 + 4 * 64 if beside_a_decode_copy else 2 * 1024
-    return config.num_hidden_layers * (narrow_rows * row_bytes + 2 * hidden * inner)
+    padded_rows = qkv_rows + config.num_attention_heads * head_dim  # q/k/v and out: width 576
+    gate_up_bytes = 2 * inner * (2 * 512 + 4 * 64 if beside_a_decode_copy else 2 * 1024)
+    return config.num_hidden_layers * (padded_rows * 2 * 1024 + gate_up_bytes + 2 * hidden * inner)
 
 
 def _answer(loaded) -> str:

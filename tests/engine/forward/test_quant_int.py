@@ -178,17 +178,18 @@ def _resident_bytes() -> int:
 
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident size from /proc")
-@pytest.mark.parametrize("width, decode_copy, row_bytes", [
-    (576, None, 1024 * 2), (576, "int4", 512 * 2 + 64 * 4), (896, "int4", 1024 * 2), (1536, "int4", 1536 * 2),
+@pytest.mark.parametrize("rows, width, decode_copy, row_bytes", [
+    (2048, 576, None, 1024 * 2), (2048, 576, "int4", 512 * 2 + 64 * 4), (1024, 576, "int4", 1024 * 2),
+    (2048, 896, "int4", 1024 * 2), (2048, 1536, "int4", 1536 * 2),
 ])
-def test_an_fp16_layers_bytes_are_what_its_packing_holds(width: int, decode_copy: str | None, row_bytes: int):
+def test_an_fp16_layers_bytes_are_what_its_packing_holds(rows: int, width: int, decode_copy: str | None, row_bytes: int):
     """FBGEMM packs the width in blocks of 512, padding the last. Beside a decode copy SmolLM2's 576 keeps its last
-    64 columns in fp32 instead (less than 448 columns of zeros); Qwen2.5-0.5B's 896 is padded to 1024 either way.
-    The figure counts what is held (the decode copy's bytes apart)."""
-    weight = torch.randn(2048, width)  # [N, K]
+    64 columns in fp32 instead (less than 448 columns of zeros) where the rows are many (2048); Qwen2.5-0.5B's 896
+    is padded to 1024 either way. The figure counts what is held (the decode copy's bytes apart)."""
+    weight = torch.randn(rows, width)  # [N, K]
     copy_bytes = Linear(weight, None, decode_copy).nbytes if decode_copy else 0
     before = _resident_bytes()
     layers = [Linear(weight, None, "fp16", one_row_fmt=decode_copy) for _ in range(8)]
     grown = _resident_bytes() - before
-    assert layers[0].nbytes == 2048 * row_bytes + copy_bytes
+    assert layers[0].nbytes == rows * row_bytes + copy_bytes
     assert abs(grown - 8 * layers[0].nbytes) <= 0.1 * 8 * layers[0].nbytes

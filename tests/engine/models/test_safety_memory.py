@@ -137,9 +137,9 @@ def test_fp16_on_the_cpu_counts_the_4bit_decode_copy_of_a_4bit_file(default_mode
     on_cpu, on_gpu = estimate(source, "fp16", 2048, "cpu"), estimate(source, "fp16", 2048, "cuda")
     assert source.four_bit_layers
     assert on_gpu.weight_bytes == 2 * layer_params + 2 * 2 * TABLE
-    # Beside the 4-bit copy, layer rows of width 576 keep their last 64 columns in fp32 after FBGEMM's fp16 blocks:
-    # q/k/v (960 rows), out (576) and gate/up (3072) of 30 layers; the output layer (49152) is padded to 1024
-    tails, padding = (4 - 2) * 64 * 30 * (960 + 576 + 3072), 2 * (1024 - 576) * 49152
+    # Beside the 4-bit copy, gate/up's 3072 rows of width 576 keep their last 64 columns in fp32 after FBGEMM's fp16
+    # blocks in each of 30 layers; q/k/v (960 rows), out (576) and the output layer (49152) are padded to 1024
+    tails, padding = (4 - 2) * 64 * 30 * 3072, 2 * (1024 - 576) * (30 * (960 + 576) + 49152)
     assert on_cpu.weight_bytes == on_gpu.weight_bytes + int(layer_params * (0.5 + 4 / 32)) + tails + padding
     assert on_cpu.kv_bytes == 2 * 30 * 3 * 64 * 2048 * 4, "the CPU fast path keeps its keys and values in fp32"
     assert on_gpu.kv_bytes == 2 * 30 * 3 * 64 * 2048 * 2
