@@ -314,7 +314,7 @@ def _load(args: argparse.Namespace, show) -> dict[str, Any]:
     return summary
 
 
-_LOAD_MEDIANS = ("load_s", "peak_rss_bytes", "peak_rss_after_prompt_bytes", "disk_bytes_written")
+_LOAD_MEDIANS = ("load_s", "rss_after_load_bytes", "peak_rss_bytes", "peak_rss_after_prompt_bytes", "disk_bytes_written")
 
 
 def _peer_file(model: str) -> Any:

@@ -3,8 +3,8 @@
 ``python -m engine.bench.load_probe MODEL [--quant Q] [--cycles N] [--device D]`` loads ``MODEL``
 through ``open_model`` in precision ``Q`` on device ``D`` (``auto`` unless given; ``--cycles`` times, each after dropping the last, printing the
 memory of each when N > 1), then feeds a short prompt, and prints its figures as
-the last JSON line: ``load_s``, ``weight_bytes``, the whole process's peak
-resident size (``VmHWM``) after the load and after the prompt, and
+the last JSON line: ``load_s``, ``weight_bytes``, the whole process's resident size
+once loaded (``rss_after_load_bytes``), its peak (``VmHWM``) after the load and after the prompt, and
 ``disk_bytes_written`` (``write_bytes`` of ``/proc/self/io``: a GGUF file
 converted into the cache shows here). ``run_load_probe`` runs it from the
 benchmark, optionally under an address-space limit, as ``prlimit --as`` does.
@@ -57,10 +57,10 @@ def probe(model: str, quant: str, cycles: int, device: str) -> dict[str, Any]:
             memory = read_memory(loaded.device, loaded.weight_bytes, 0, 0)
             _print({"cycle": cycle, "load_s": round(load_s, 3), "device_used_bytes": memory.device_used_bytes,
                     "process_rss_bytes": memory.process_rss_bytes})
-    after_load = peak_rss_bytes()
+    after_load, resident = peak_rss_bytes(), read_memory("cpu", 0, 0, 0).process_rss_bytes
     measure_prefill_ms(loaded, PROBE_IDS, 1)
     return {"load_s": round(load_s, 3), "weight_bytes": loaded.weight_bytes, "precision": loaded.precision,
-            "backend": type(loaded.backend).__name__, "peak_rss_bytes": after_load,
+            "backend": type(loaded.backend).__name__, "rss_after_load_bytes": resident, "peak_rss_bytes": after_load,
             "peak_rss_after_prompt_bytes": peak_rss_bytes(), "disk_bytes_written": disk_bytes_written()}
 
 
