@@ -10,9 +10,11 @@ from PySide6.QtGui import QDragEnterEvent, QDropEvent, QKeySequence
 from PySide6.QtWidgets import QApplication, QFileDialog
 
 from app.controller import EngineController
+from app.models import load_dialog
 from app.models.load_dialog import LoadDialog
 from app.models.recent_models import RecentModelsMenu
 from app.window.main_window import MainWindow
+from engine.protocol import messages
 from engine.protocol.messages import LoadOptions
 
 GIB = 1024**3
@@ -181,3 +183,8 @@ def test_the_load_dialog_explains_a_refused_path_and_does_not_load(qtbot, chat, 
 
     assert "No model found at broken-model" in dialog.message_label.text()
     assert not dialog.load_button.isEnabled()
+
+
+def test_the_load_dialog_offers_every_device_and_precision_the_engine_takes_and_no_other():
+    assert sorted(value for _label, value in load_dialog.PRECISIONS) == sorted(messages.PRECISIONS)
+    assert sorted(value for _label, value in load_dialog.DEVICES) == sorted(messages.DEVICES)
