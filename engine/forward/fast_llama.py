@@ -61,14 +61,24 @@ class FastLlama:
         head_fmt = head_format(fmt, device)
         final_norm = _fp32(state["model.norm.weight"], device)
         self.lm_head = Linear(_fp32(_head(config, state), device), None, head_fmt, final_norm)
-        storage = _table_storage(head_fmt, device, self.dtype)
-        self.embed = embedding(_fp32(_table(config, state), device), storage, self.dtype)
+        self.embed = self._token_table(config, state, _table_storage(head_fmt, device, self.dtype))
         self.layers = [
             self._layer(state, f"model.layers.{i}.", fmt, decode_fmt) for i in range(config.num_hidden_layers)
         ]
         self._eps = torch.full((1, 1), self.eps, dtype=self.dtype, device=device)
         self._inv_freq, self._rope_scale = _inverse_frequencies(config, device, state.get(ROPE_FACTORS))
         self._turns = torch.empty(0, 1, self.head_dim // 2, dtype=torch.complex64, device=device)
+
+    def _token_table(self, config: Any, state: Mapping[str, Weight], storage: torch.dtype | None) -> Any:
+        """The token table in ``storage`` (``quant.embedding``), or on the CPU as the file keeps it where the state
+        can hand its rows so (``kept_rows``: a GGUF file's quantized table, ``gguf_blocks.BlockTable``), decoded
+        exactly when looked up, in a fraction of fp16's bytes."""
+        name = _tied_name(config, state, TABLE, HEAD)
+        if storage is not None and self.device.type == "cpu" and hasattr(state, "kept_rows"):
+            kept = state.kept_rows(name, self.dtype)
+            if kept is not None:
+                return kept
+        return embedding(_fp32(state[name], self.device), storage, self.dtype)
 
     def _layer(self, state: Mapping[str, torch.Tensor], prefix: str, fmt: str, decode_fmt: str | None) -> _Layer:
         """One layer's matmuls, given its norms' weights; the attention scale and the rotary order are folded in."""
@@ -215,21 +225,18 @@ TABLE, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 ROPE_FACTORS = "model.rotary_emb.freq_factors"  # only GGUF files hold them (``gguf_direct``)
 
 
-def _table(config: Any, state: Mapping[str, Weight]) -> Weight:
-    """The token table; with tied embeddings a checkpoint may hold it under either name. Asked for apart from
-    the output layer, so that a load never holds both tables on their way into their formats."""
-    return _tied_or(config, state, TABLE, HEAD)
-
-
 def _head(config: Any, state: Mapping[str, Weight]) -> Weight:
-    return _tied_or(config, state, HEAD, TABLE)
+    """The output layer, asked for apart from the token table (``FastLlama._token_table``), so that a load never
+    holds both tables on their way into their formats."""
+    return state[_tied_name(config, state, HEAD, TABLE)]
 
 
-def _tied_or(config: Any, state: Mapping[str, Weight], name: str, tied_name: str) -> Weight:
+def _tied_name(config: Any, state: Mapping[str, Weight], name: str, tied_name: str) -> str:
+    """``name``, or with tied embeddings ``tied_name`` where the checkpoint holds the table under that one."""
     if name in state:
-        return state[name]
+        return name
     if getattr(config, "tie_word_embeddings", False) and tied_name in state:
-        return state[tied_name]
+        return tied_name
     raise ValueError("The checkpoint lacks its token embeddings or its output layer (lm_head).")
 
 

@@ -287,6 +287,7 @@ READABLE_TYPES = frozenset(
     GGMLQuantizationType[name]
     for name in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 )
+PLAIN_TYPES = frozenset((GGMLQuantizationType.F16, GGMLQuantizationType.BF16, GGMLQuantizationType.F32))  # unquantized
 
 
 def refuse_unreadable_types(path: Path, contents: GGUFContents) -> None:

@@ -26,9 +26,9 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES
 
 from engine.forward.fast_llama import ROPE_FACTORS, Weight
-from engine.forward.weights.gguf_blocks import FOUR_BIT_TYPES, dense, int4_groups, requantized_groups
+from engine.forward.weights.gguf_blocks import FOUR_BIT_TYPES, BlockTable, dense, int4_groups, requantized_groups
 from engine.host.allocator import return_freed_memory
-from engine.models.gguf_check import DIRECT_ARCHITECTURES, GGUFContents, GGUFTensorInfo
+from engine.models.gguf_check import DIRECT_ARCHITECTURES, PLAIN_TYPES, GGUFContents, GGUFTensorInfo
 from engine.models.tensor_reads import LazyTensors, read_exactly
 
 PERMUTED_ARCHITECTURES = ("llama",)
@@ -156,6 +156,17 @@ class GGUFState(LazyTensors):
         self._done.add(name)
         self._report(len(self._done), len(self._tensors))
         return weight
+
+    def kept_rows(self, name: str, dtype: torch.dtype) -> BlockTable | None:
+        """The token table ``name`` as its blocks (``BlockTable``, a copy: the read buffer is reused), for a
+        quantized type; None for F16, BF16 and F32, which ``FastLlama`` keeps in a dtype of its own."""
+        info = self._tensors[name]
+        if info.quant_type in PLAIN_TYPES:
+            return None
+        table = BlockTable(self._blocks(info).copy(), info.quant_type, dtype)
+        self._done.add(name)
+        self._report(len(self._done), len(self._tensors))
+        return table
 
     def _decoded(self, name: str, info: GGUFTensorInfo, blocks: np.ndarray) -> Weight:
         if len(info.dims) == 2 and self._all_groups:

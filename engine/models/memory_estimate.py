@@ -185,7 +185,7 @@ def _fast_weight_bytes(source: ModelSource, shape: ModelShape, precision: str, d
     if device == "cpu" and precision == "fp16":
         layers += _fp16_packing_bytes(shape, tail_apart=source.four_bit_layers)
         layers += layer_params * DECODE_COPY_BYTES if source.four_bit_layers else 0
-    return int(layers + _table_and_head_bytes(shape, precision, device))
+    return int(layers + _table_and_head_bytes(shape, precision, device, source.kept_table_bytes))
 
 
 def _fp16_packing_bytes(shape: ModelShape, tail_apart: bool) -> int:
@@ -198,15 +198,19 @@ def _fp16_packing_bytes(shape: ModelShape, tail_apart: bool) -> int:
     return shape.layers * sum(fp16_packed_bytes(rows, width, tail_apart) - 2 * rows * width for rows, width in matrices)
 
 
-def _table_and_head_bytes(shape: ModelShape, precision: str, device: str) -> float:
+def _table_and_head_bytes(shape: ModelShape, precision: str, device: str, kept_table: int | None) -> float:
     """``FastLlama`` keeps the token table and the output layer apart, even when the file ties them: on the CPU
-    fp32 at fp32, 4-bit groups at nf4, else fp16 (the output layer as FBGEMM packs it); on a GPU the table in
-    the compute dtype and the output layer in the layers' format (``fast_llama.head_format``)."""
+    fp32 at fp32, 4-bit groups at nf4, else fp16 (the output layer as FBGEMM packs it), the table there in the
+    file's own blocks where it has quantized ones (``kept_table`` bytes, ``gguf_blocks.BlockTable``); on a GPU
+    the table in the compute dtype and the output layer in the layers' format (``fast_llama.head_format``)."""
     table = shape.vocab * shape.hidden
-    if device == "cpu" and precision in ("fp32", "nf4"):
-        return 2 * table * {"fp32": BYTES_PER_PARAM["fp32"], "nf4": DECODE_COPY_BYTES}[precision]
+    if device == "cpu" and precision == "nf4":
+        return 2 * table * DECODE_COPY_BYTES
     if device == "cpu":
-        return table * UNQUANTIZED_BYTES + fp16_packed_bytes(shape.vocab, shape.hidden, tail_apart=False)
+        head_bytes = BYTES_PER_PARAM["fp32"] * table if precision == "fp32" else fp16_packed_bytes(
+            shape.vocab, shape.hidden, tail_apart=False)
+        table_bytes = kept_table or table * (BYTES_PER_PARAM["fp32"] if precision == "fp32" else UNQUANTIZED_BYTES)
+        return table_bytes + head_bytes
     table_bytes = UNQUANTIZED_BYTES if precision in QUANTIZED_PRECISIONS else BYTES_PER_PARAM[precision]
     return table * (table_bytes + FAST_LAYER_BYTES[precision])
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.chat.chat_template import find_folder_template
-from engine.models.gguf_check import gguf_config, read_gguf, refuse_unreadable_types
+from engine.models.gguf_check import PLAIN_TYPES, GGUFContents, gguf_config, read_gguf, refuse_unreadable_types
 from engine.models.model_source import ModelFileError, ModelSource, read_model_json
 from engine.models.safetensors_check import INDEX_FILE, SafetensorsHeader, read_safetensors_header, read_sharded_headers
 
@@ -67,7 +67,15 @@ def _inspect_gguf(path: Path) -> ModelSource:
         n_params=sum(tensor.n_elements for tensor in contents.tensors),
         chat_template_source=template if isinstance(template, str) else None,
         chat_template_origin=f"{path.name} (metadata tokenizer.chat_template)" if template else None,
+        kept_table_bytes=_quantized_table_bytes(contents),
     )
+
+
+def _quantized_table_bytes(contents: GGUFContents) -> int | None:
+    """The token table's bytes where the file holds it in quantized blocks (the CPU fast path keeps those:
+    ``gguf_blocks.BlockTable``); None for F16, BF16 or F32."""
+    table = next((tensor for tensor in contents.tensors if tensor.name == "token_embd.weight"), None)
+    return table.n_bytes if table is not None and table.quant_type not in PLAIN_TYPES else None
 
 
 def _check_gguf_architecture(path: Path, architecture: str) -> None:

@@ -55,6 +55,7 @@ class ModelSource:
     chat_template_source: str | None = None
     chat_template_origin: str | None = None
     notes: tuple[str, ...] = field(default=())
+    kept_table_bytes: int | None = None  # a GGUF file's token table in quantized blocks, kept so on the CPU
 
     @property
     def four_bit_layers(self) -> bool:

@@ -121,3 +121,17 @@ def _q4_k(blocks: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     np.right_shift(packed, 4, out=nibbles[..., 1, :])
     zeros = 8 * scales - mins  # (q - 8) s + z = s q - min
     return scales.reshape(rows, -1), zeros.reshape(rows, -1)
+
+
+class BlockTable:
+    """A token table kept as the file's blocks, [V, bytes per row] uint8: a lookup decodes just its rows
+    (``dense``), exactly as the whole table would decode, like llama.cpp's row lookup. A quantized table holds a
+    fraction of fp16's bytes (Q8_0 about half, Q4_K a quarter)."""
+
+    def __init__(self, blocks: np.ndarray, quant_type: GGMLQuantizationType, dtype: torch.dtype) -> None:
+        self._blocks, self._quant_type, self._dtype = blocks, quant_type, dtype
+        self.nbytes = blocks.nbytes
+
+    def __call__(self, token_ids: torch.Tensor) -> torch.Tensor:
+        rows = self._blocks[token_ids.cpu().numpy()]  # [S, bytes per row]
+        return dense(rows, self._quant_type).to(self._dtype)  # [S, D]

@@ -26,9 +26,9 @@ FOUR_BIT = 0.5 + 4 / 32  # bytes per weight: a bf16 scale and zero point per 32
 
 
 def _table_and_head_bytes(config) -> int:
-    """The fp16 token table, and the fp16 output layer as FBGEMM packs it (decode steps read it): its width 576
-    padded to 1024."""
-    return 2 * config.vocab_size * config.hidden_size + 2 * config.vocab_size * 1024
+    """The token table in the file's Q8_0 blocks (34 bytes per 32 weights), and the fp16 output layer as FBGEMM
+    packs it (decode steps read it): its width 576 padded to 1024."""
+    return config.vocab_size * config.hidden_size // 32 * 34 + 2 * config.vocab_size * 1024
 
 
 def _layer_weights(config) -> int:
