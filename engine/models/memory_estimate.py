@@ -37,6 +37,7 @@ import psutil
 
 from engine.forward.fast_scope import config_view, unsupported_reason
 from engine.forward.weights.packed_sizes import fp16_packed_bytes
+from engine.host.cpu_features import has_fp16_math
 from engine.models.gguf_check import DIRECT_ARCHITECTURES
 from engine.models.model_source import ModelFileError, ModelSource
 
@@ -183,19 +184,20 @@ def _fast_weight_bytes(source: ModelSource, shape: ModelShape, precision: str, d
     layer_params = max(source.n_params - shape.embedding_params, 0)
     layers = layer_params * FAST_LAYER_BYTES.get(precision, BYTES_PER_PARAM[precision])
     if device == "cpu" and precision == "fp16":
-        layers += _fp16_packing_bytes(shape, tail_apart=source.four_bit_layers)
+        layers += _fp16_packing_bytes(shape, prompts_only=source.four_bit_layers)
         layers += layer_params * DECODE_COPY_BYTES if source.four_bit_layers else 0
     return int(layers + _table_and_head_bytes(shape, precision, device, source.kept_table_bytes))
 
 
-def _fp16_packing_bytes(shape: ModelShape, tail_apart: bool) -> int:
+def _fp16_packing_bytes(shape: ModelShape, prompts_only: bool) -> int:
     """What the layers' fp16 matrices hold on the CPU beyond 2 bytes a weight (``packed_sizes``: FBGEMM's padding,
-    or with ``tail_apart``, beside a 4-bit decode copy, an fp32 tail of columns): q/k/v, the attention output and
+    or with ``prompts_only``, beside a 4-bit decode copy, an fp32 tail of columns): q/k/v, the attention output and
     gate/up are as wide as the hidden size or the heads, down as the MLP; 0 when those are multiples of 512."""
     qkv_rows, attention_width = (shape.heads + 2 * shape.kv_heads) * shape.head_dim, shape.heads * shape.head_dim
     matrices = ((qkv_rows, shape.hidden), (shape.hidden, attention_width), (2 * shape.intermediate, shape.hidden),
                 (shape.hidden, shape.intermediate))
-    return shape.layers * sum(fp16_packed_bytes(rows, width, tail_apart) - 2 * rows * width for rows, width in matrices)
+    extra = (fp16_packed_bytes(rows, width, prompts_only, has_fp16_math()) - 2 * rows * width for rows, width in matrices)
+    return shape.layers * sum(extra)
 
 
 def _table_and_head_bytes(shape: ModelShape, precision: str, device: str, kept_table: int | None) -> float:
@@ -208,7 +210,7 @@ def _table_and_head_bytes(shape: ModelShape, precision: str, device: str, kept_t
         return 2 * table * DECODE_COPY_BYTES
     if device == "cpu":
         head_bytes = BYTES_PER_PARAM["fp32"] * table if precision == "fp32" else fp16_packed_bytes(
-            shape.vocab, shape.hidden, tail_apart=False)
+            shape.vocab, shape.hidden, prompts_only=False, fp16_math=False)
         table_bytes = kept_table or table * (BYTES_PER_PARAM["fp32"] if precision == "fp32" else UNQUANTIZED_BYTES)
         return table_bytes + head_bytes
     table_bytes = UNQUANTIZED_BYTES if precision in QUANTIZED_PRECISIONS else BYTES_PER_PARAM[precision]

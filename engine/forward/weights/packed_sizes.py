@@ -7,6 +7,11 @@ from __future__ import annotations
 
 FBGEMM_FP16_BLOCK = 512  # PackedGemmMatrixFP16's block of the reduced dimension, as PyTorch builds it
 FP32_BYTES, FP16_BYTES = 4, 2
+ONEDNN_FP16_WEIGHTS = 1 << 22
+"""From this many weights an fp16 copy that only prompts use runs on oneDNN's fp16 matmul where the CPU has fp16
+arithmetic (``cpu_features``): products in fp16, sums in fp32 (relative error 3.6e-4 against FBGEMM's 2.1e-4).
+SmolLM2-1.7B's gate/up and down took 18-22 % less time at 128-512 rows, 7-32 % at 17-40; SmolLM2-135M's
+matrices (0.5-1.8 M weights) 10 % less at 512 rows but 14-22 % more at 17-40, so they stay on FBGEMM."""
 TAIL_APART_ROWS = 2048
 """Rows from which a tail is worth its extra call: a 60-token chat turn after 2 000 cached tokens of SmolLM2-135M
 took 6.2 % longer with every 576-wide matrix split, 0.1 % with gate/up's 3 072 rows alone (71 of the 106 MB)."""
@@ -22,10 +27,17 @@ def fp16_tail_width(rows: int, width: int) -> int:
     return tail if shorter and width > FBGEMM_FP16_BLOCK and rows >= TAIL_APART_ROWS else 0
 
 
-def fp16_packed_bytes(rows: int, width: int, tail_apart: bool) -> int:
-    """What an fp16 weight [rows, width] occupies on the CPU: FBGEMM's packed blocks (the last padded with
-    zeros), or with ``tail_apart`` (a copy only prompts use, ``quant``) the fp32 tail of ``fp16_tail_width``
-    columns where it has one and the blocks before it."""
-    tail = fp16_tail_width(rows, width) if tail_apart else 0
+def runs_on_onednn(rows: int, width: int, prompts_only: bool, fp16_math: bool) -> bool:
+    """Whether an fp16 weight [rows, width] runs on oneDNN's fp16 matmul (``ONEDNN_FP16_WEIGHTS``)."""
+    return prompts_only and fp16_math and rows * width >= ONEDNN_FP16_WEIGHTS
+
+
+def fp16_packed_bytes(rows: int, width: int, prompts_only: bool, fp16_math: bool) -> int:
+    """What an fp16 weight [rows, width] occupies on the CPU: oneDNN's 2 bytes a weight (``runs_on_onednn``), or
+    FBGEMM's packed blocks (the last padded with zeros), for a copy only prompts use (``quant``) the fp32 tail of
+    ``fp16_tail_width`` columns where it has one and the blocks before it."""
+    if runs_on_onednn(rows, width, prompts_only, fp16_math):
+        return rows * width * FP16_BYTES
+    tail = fp16_tail_width(rows, width) if prompts_only else 0
     packed = -(-(width - tail) // FBGEMM_FP16_BLOCK) * FBGEMM_FP16_BLOCK
     return rows * (packed * FP16_BYTES + tail * FP32_BYTES)

@@ -8,7 +8,9 @@ row in blocks of 512 columns, the last padded with zeros, ``packed_sizes``). A
 copy that only prompts use, beside a copy for few rows, keeps a short last block
 apart in fp32 instead where it has many rows (``packed_sizes.TAIL_APART_ROWS``):
 less memory, for a prompt chunk no measurable time; a copy that decode steps read
-stays padded, where the extra call would cost 6 % of a step. (FBGEMM's int8
+stays padded, where the extra call would cost 6 % of a step. A large prompt-only
+copy runs on oneDNN's fp16 matmul instead where the CPU multiplies in fp16
+(``packed_sizes.ONEDNN_FP16_WEIGHTS``, ``cpu_features``). (FBGEMM's int8
 kernel quantizes activations too and costs ~0.5 ms per call whatever the size,
 which is slower than fp32 for a small model, so it is not used.) Elsewhere
 ``fp32``/``bf16``/``fp16`` are plain matmuls in that dtype, and ``int8``/``int4``
@@ -29,10 +31,13 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.forward.weights.packed_sizes import fp16_packed_bytes, fp16_tail_width
+from engine.forward.weights.packed_sizes import fp16_packed_bytes, fp16_tail_width, runs_on_onednn
+from engine.host.cpu_features import has_fp16_math
 from engine.forward.weights.quant_int import QUANT_FORMATS, Int4Groups, int4_groups_of, pack_quantized
 
 PLAIN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PREPACK_ROWS = 512  # the rows oneDNN lays its packed fp16 weights out for: a prompt chunk (``backend.PREFILL_CHUNK``)
+OVERFLOW_SCALE = 2.0**-8
 FEW_ROWS = 16
 """Calls of up to this many rows (a decode step of up to 16 sequences) use the ``one_row_fmt`` copy: at a few rows
 the 4-bit copy reads about a quarter of fp16's bytes. A whole decode step of SmolLM2-135M on the 2-core CPU, 200
@@ -55,7 +60,7 @@ class Linear:
         self.fmt = fmt
         self.compute_dtype = compute_dtype(weight.q.device if isinstance(weight, Int4Groups) else weight.device, fmt)
         many_rows, self.nbytes = _scaled_pack(weight, bias, fmt, self.compute_dtype, input_scale,
-                                              tail_apart=one_row_fmt is not None)
+                                              prompts_only=one_row_fmt is not None)
         self._run, self.one_row_nbytes = many_rows, self.nbytes  # one_row_nbytes: what a one-row call reads
         if one_row_fmt is not None:
             one_row, self.one_row_nbytes = _scaled_pack(weight, bias, one_row_fmt, self.compute_dtype, input_scale)
@@ -68,14 +73,14 @@ class Linear:
 
 def _scaled_pack(
     weight: torch.Tensor | Int4Groups, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype,
-    input_scale: torch.Tensor | None, tail_apart: bool = False,
+    input_scale: torch.Tensor | None, prompts_only: bool = False,
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
     """``_pack`` with ``input_scale`` folded into the weight, or (int4) applied to the input on each call."""
     if isinstance(weight, Int4Groups) and fmt != "int4":
         weight = weight.dequantize()  # [N, K] fp32
     if input_scale is None or fmt != "int4":
         folded = weight if input_scale is None else weight * input_scale  # [N, K] * [K]
-        return _pack(folded, bias, fmt, dtype, tail_apart)
+        return _pack(folded, bias, fmt, dtype, prompts_only)
     run, nbytes = _pack(weight, bias, fmt, dtype)
     scale = input_scale.to(dtype)  # in the activations' dtype, so the product keeps it (bf16 on a GPU)
     return (lambda x: run(x * scale)), nbytes
@@ -88,13 +93,15 @@ def compute_dtype(device: torch.device, fmt: str) -> torch.dtype:
 
 
 def _pack(
-    weight: torch.Tensor | Int4Groups, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype, tail_apart: bool = False
+    weight: torch.Tensor | Int4Groups, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype, prompts_only: bool = False
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
-    """``tail_apart``: an fp16 weight's short last block of columns goes to fp32 (the module docstring)."""
+    """``prompts_only``: an fp16 weight's short last block of columns goes to fp32 (the module docstring)."""
     if fmt in QUANT_FORMATS:
         return pack_quantized(weight, bias, fmt)
     if weight.device.type == "cpu" and fmt == "fp16":
-        return _fbgemm_fp16(weight.float(), _fp32(bias), tail_apart)
+        if runs_on_onednn(*weight.shape, prompts_only, has_fp16_math()):
+            return _onednn_fp16(weight, bias)
+        return _fbgemm_fp16(weight.float(), _fp32(bias), prompts_only)
     if fmt not in PLAIN_DTYPES:
         raise ValueError(f"Weight format {fmt!r} is not supported on {weight.device.type}.")
     weight = weight.to(dtype).contiguous()
@@ -103,12 +110,13 @@ def _pack(
 
 
 def _fbgemm_fp16(weight: torch.Tensor, bias: torch.Tensor | None,
-                 tail_apart: bool) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
-    """FBGEMM's prepacked fp16 matmul of ``weight`` [N, K]; with ``tail_apart`` a short last block of columns
+                 prompts_only: bool) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
+    """FBGEMM's prepacked fp16 matmul of ``weight`` [N, K]; with ``prompts_only`` a short last block of columns
     (``fp16_tail_width``) goes to an fp32 matmul added to its result instead of to zeros padding it to a whole
     block."""
     rows, width = weight.shape
-    nbytes, tail = fp16_packed_bytes(rows, width, tail_apart), fp16_tail_width(rows, width) if tail_apart else 0
+    nbytes = fp16_packed_bytes(rows, width, prompts_only, fp16_math=False)
+    tail = fp16_tail_width(rows, width) if prompts_only else 0
     if tail == 0:
         packed = torch.ops.quantized.linear_prepack_fp16(weight, bias)
         return (lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed)), nbytes
@@ -120,6 +128,25 @@ def _fbgemm_fp16(weight: torch.Tensor, bias: torch.Tensor | None,
         return torch.ops.quantized.linear_dynamic_fp16(x[:, :whole], packed).addmm_(x[:, whole:], tail_columns)
 
     return run, nbytes
+
+
+def _onednn_fp16(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
+    """oneDNN's fp16 matmul of ``weight`` [N, K], prepacked (``packed_sizes.ONEDNN_FP16_WEIGHTS``): fp16 rows in,
+    fp32 sums, fp16 out. A result past fp16's range (65 504) is computed again from rows scaled down by 2^8."""
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.half(), PREPACK_ROWS)
+    bias16 = bias.half() if bias is not None else None
+
+    def matmul(x: torch.Tensor, with_bias: torch.Tensor | None) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x.half(), packed, with_bias, "none", [], "")  # [M, N] fp16
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        out = matmul(x, bias16).float()  # [M, N]
+        if torch.isfinite(out.sum()):  # one pass over the result: an inf (or a nan from inf - inf) shows in the sum
+            return out
+        scaled = matmul(x * OVERFLOW_SCALE, None).float().div_(OVERFLOW_SCALE)  # [M, N]
+        return scaled if bias is None else scaled.add_(bias)
+
+    return run, weight.numel() * 2
 
 
 def _fp32(bias: torch.Tensor | None) -> torch.Tensor | None:

@@ -14,6 +14,7 @@ from engine.forward.weights.quant_int import (
     _cpu_int4_packed, dequantize_int4, fast_format, int4_groups_of, int4_layout, quantize_int4, quantize_int8,
 )
 from engine.host.allocator import return_freed_memory
+from engine.host.cpu_features import has_fp16_math
 from engine.models.random_models import build_hf_model
 from tests.engine.forward.triton_interpreter import assert_passes_in_the_interpreter
 
@@ -193,3 +194,23 @@ def test_an_fp16_layers_bytes_are_what_its_packing_holds(rows: int, width: int, 
     grown = _resident_bytes() - before
     assert layers[0].nbytes == rows * row_bytes + copy_bytes
     assert abs(grown - 8 * layers[0].nbytes) <= 0.1 * 8 * layers[0].nbytes
+
+
+@pytest.mark.skipif(not has_fp16_math(), reason="oneDNN's fp16 matmul is used only where the CPU has AVX512-FP16")
+def test_a_large_prompt_only_fp16_copy_runs_on_onednn_within_fp16_rounding_and_survives_fp16_overflow():
+    torch.manual_seed(0)
+    weight, bias = torch.randn(2048, 2048) * 0.02, torch.randn(2048)  # 4 M weights: ``ONEDNN_FP16_WEIGHTS``
+    layer = Linear(weight, bias, "fp16", one_row_fmt="int4")
+    assert layer.nbytes == 2048 * 2048 * 2 + Linear(weight, bias, "int4").nbytes
+    for rows in (17, 300):
+        x = torch.randn(rows, 2048)
+        expected = x.double() @ weight.double().T + bias.double()
+        got = layer(x)
+        assert got.dtype == torch.float32
+        assert ((got.double() - expected).norm() / expected.norm()) < 1e-3
+    loud = Linear(weight * 25, bias * 100, "fp16", one_row_fmt="int4")
+    huge = torch.randn(17, 2048) * 3000  # sums up to about 10^5, past fp16's 65 504
+    expected = huge.double() @ (weight.double() * 25).T + bias.double() * 100
+    got = loud(huge)
+    assert expected.abs().max() > 65504 and torch.isfinite(got).all()
+    assert ((got - expected).abs() <= 1e-3 * expected.abs().max()).all()
