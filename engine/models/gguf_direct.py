@@ -153,20 +153,22 @@ class GGUFState(LazyTensors):
         projection = name.split(".")[-2]
         if projection in self._heads:
             weight = _unpermute_rows(weight, self._heads[projection])
-        self._done.add(name)
-        self._report(len(self._done), len(self._tensors))
+        self._counted(name)
         return weight
 
     def kept_rows(self, name: str, dtype: torch.dtype) -> BlockTable | None:
-        """The token table ``name`` as its blocks (``BlockTable``, a copy: the read buffer is reused), for a
-        quantized type; None for F16, BF16 and F32, which ``FastLlama`` keeps in a dtype of its own."""
+        """The token table ``name`` as its blocks (``BlockTable``, read into a buffer of its own, which it keeps),
+        for a quantized type; None for F16, BF16 and F32, which ``FastLlama`` keeps in a dtype of its own."""
         info = self._tensors[name]
         if info.quant_type in PLAIN_TYPES:
             return None
-        table = BlockTable(self._blocks(info).copy(), info.quant_type, dtype)
+        table = BlockTable(self._blocks(info, reuse_buffer=False), info.quant_type, dtype)
+        self._counted(name)
+        return table
+
+    def _counted(self, name: str) -> None:
         self._done.add(name)
         self._report(len(self._done), len(self._tensors))
-        return table
 
     def _decoded(self, name: str, info: GGUFTensorInfo, blocks: np.ndarray) -> Weight:
         if len(info.dims) == 2 and self._all_groups:
@@ -175,10 +177,11 @@ class GGUFState(LazyTensors):
             return int4_groups(blocks, info.quant_type)
         return dense(blocks, info.quant_type).reshape(info.shape)
 
-    def _blocks(self, info: GGUFTensorInfo) -> np.ndarray:
-        """The tensor's bytes, one row of the weight per row: [rows, bytes per row] uint8."""
+    def _blocks(self, info: GGUFTensorInfo, reuse_buffer: bool = True) -> np.ndarray:
+        """The tensor's bytes, one row of the weight per row: [rows, bytes per row] uint8; in the kept buffer where
+        it fits and ``reuse_buffer`` (the next read overwrites them), else in a buffer of their own."""
         block_size, type_size = GGML_QUANT_SIZES[info.quant_type]
-        raw = self._buffer_for(info.n_bytes)
+        raw = self._buffer_for(info.n_bytes) if reuse_buffer else np.empty(info.n_bytes, dtype=np.uint8)
         read_exactly(self._path, memoryview(raw), self._start + info.offset)
         return raw.reshape(-1, info.dims[0] // block_size * type_size)
 
