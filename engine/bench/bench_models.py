@@ -21,7 +21,6 @@ from engine.models.random_models import is_random, load_random
 from engine.protocol.messages import PRECISIONS, LoadOptions
 
 
-
 def resolve_model(model: str) -> str:
     """``model`` with a ``random-gguf:`` or ``random-hf:`` name replaced by its file or folder, written first if
     needed (their tokenizer is the built-in model's)."""

@@ -33,11 +33,6 @@ from engine.forward.weights.gguf_codes import (
 from engine.forward.weights.quant_int import ROWS_AT_ONCE, Int4Groups, int4_groups_of
 
 FOUR_BIT_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K)
-READABLE_TYPES = FOUR_BIT_TYPES + (
-    GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q8_0,
-    GGMLQuantizationType.Q2_K, GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
-    GGMLQuantizationType.F16, GGMLQuantizationType.BF16, GGMLQuantizationType.F32,
-)
 
 
 def dense(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> torch.Tensor:

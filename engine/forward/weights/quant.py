@@ -31,12 +31,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from engine.forward.backend import PREFILL_CHUNK
 from engine.forward.weights.packed_sizes import fp16_packed_bytes, fp16_tail_width, runs_on_onednn
-from engine.host.cpu_features import has_fp16_math
 from engine.forward.weights.quant_int import QUANT_FORMATS, Int4Groups, int4_groups_of, pack_quantized
+from engine.host.cpu_features import has_fp16_math
 
 PLAIN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-PREPACK_ROWS = 512  # the rows oneDNN lays its packed fp16 weights out for: a prompt chunk (``backend.PREFILL_CHUNK``)
 OVERFLOW_SCALE = 2.0**-8
 FEW_ROWS = 16
 """Calls of up to this many rows (a decode step of up to 16 sequences) use the ``one_row_fmt`` copy: at a few rows
@@ -95,7 +95,8 @@ def compute_dtype(device: torch.device, fmt: str) -> torch.dtype:
 def _pack(
     weight: torch.Tensor | Int4Groups, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype, prompts_only: bool = False
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
-    """``prompts_only``: an fp16 weight's short last block of columns goes to fp32 (the module docstring)."""
+    """``prompts_only``: a copy that only prompts use, so an fp16 weight may run on oneDNN or keep its short last
+    block of columns in fp32 (the module docstring)."""
     if fmt in QUANT_FORMATS:
         return pack_quantized(weight, bias, fmt)
     if weight.device.type == "cpu" and fmt == "fp16":
@@ -120,7 +121,7 @@ def _fbgemm_fp16(weight: torch.Tensor, bias: torch.Tensor | None,
     if tail == 0:
         packed = torch.ops.quantized.linear_prepack_fp16(weight, bias)
         return (lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed)), nbytes
-    whole = weight.shape[1] - tail
+    whole = width - tail
     packed = torch.ops.quantized.linear_prepack_fp16(weight[:, :whole].contiguous(), bias)
     tail_columns = weight[:, whole:].t().contiguous()  # [tail, N]
 
@@ -133,7 +134,7 @@ def _fbgemm_fp16(weight: torch.Tensor, bias: torch.Tensor | None,
 def _onednn_fp16(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
     """oneDNN's fp16 matmul of ``weight`` [N, K], prepacked (``packed_sizes.ONEDNN_FP16_WEIGHTS``): fp16 rows in,
     fp32 sums, fp16 out. A result past fp16's range (65 504) is computed again from rows scaled down by 2^8."""
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight.half(), PREPACK_ROWS)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.half(), PREFILL_CHUNK)  # laid out for a prompt chunk
     bias16 = bias.half() if bias is not None else None
 
     def matmul(x: torch.Tensor, with_bias: torch.Tensor | None) -> torch.Tensor:
@@ -146,7 +147,7 @@ def _onednn_fp16(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[Calla
         scaled = matmul(x * OVERFLOW_SCALE, None).float().div_(OVERFLOW_SCALE)  # [M, N]
         return scaled if bias is None else scaled.add_(bias)
 
-    return run, weight.numel() * 2
+    return run, fp16_packed_bytes(*weight.shape, prompts_only=True, fp16_math=True)
 
 
 def _fp32(bias: torch.Tensor | None) -> torch.Tensor | None:

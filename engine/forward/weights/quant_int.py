@@ -46,7 +46,7 @@ CPU_FORMATS = {"fp32": "fp32", "fp16": "fp16", "nf4": "int4"}
 INT4_GROUPS = (128, 64, 32)
 INT4_INNER_K_TILES = (8, 4, 2)
 CPU_INT4_GROUP = 32
-ROWS_AT_ONCE = 4096  # rows quantized from fp32 at a time: a multiple of the CPU packing's 64-row blocks
+ROWS_AT_ONCE = 4096  # rows quantized from fp32 (or decoded into it) at a time, so a token table needs no full temporary
 WEIGHTS_AT_ONCE = 2**20  # weights decoded from GGUF blocks at a time (``rows_at_once``)
 CPU_PACK_ROWS = 64  # the CPU packing's row blocks
 
