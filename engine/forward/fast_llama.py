@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.forward.backend import PREFILL_CHUNK
-from engine.forward.paged_kv import BatchRow, PagedKV, StepLayout, at_positions
+from engine.forward.paged_kv import BatchRow, PagedKV, StepLayout
 from engine.forward.static_cache import KVCache
 from engine.forward.weights.quant import Linear, compute_dtype, embedding
 from engine.forward.weights.quant_int import QUANT_FORMATS, Int4Groups
@@ -181,28 +181,28 @@ class FastLlama:
         self.rotations(0, max(span.start + span.length for span in layout.spans))
         turns = self._turns[layout.positions]  # [R, 1, hd/2]
         masks = [_causal_mask(span.start, span.length, self.device) for span in layout.spans]
+        runs = [kv.layer_runs(span.read) if mask is None else None for span, mask in zip(layout.spans, masks)]
         x = self.embed(ids)  # [R, D]
         for index, layer in enumerate(self.layers):
-            x += self._paged_attention(layer, index, self.normalise(x), kv, layout, turns, masks)
+            x += self._paged_attention(layer, index, self.normalise(x), kv, layout, turns, masks, runs)
             x += layer.down(swiglu(layer.gate_up(self.normalise(x))))
         return self.lm_head(self.normalise(x[layout.last_rows])).float()  # [B, V]
 
     def _paged_attention(self, layer: _Layer, index: int, h: torch.Tensor, kv: PagedKV, layout: StepLayout,
-                         turns: torch.Tensor, masks: list[torch.Tensor | None]) -> torch.Tensor:
+                         turns: torch.Tensor, masks: list[torch.Tensor | None],
+                         runs: list[Sequence[tuple[torch.Tensor, torch.Tensor]] | None]) -> torch.Tensor:
+        """``runs``: each decode row's keys and values by layer (``PagedKV.layer_runs``), None for a prompt chunk."""
         q, new_keys_values = self._project(layer, h, turns)  # [R, H, hd], [2, Hkv, R, hd]
         kv.write(index, layout.write, new_keys_values)
         attended = torch.empty_like(q)  # [R, H, hd]: each sequence's rows written in place
-        # A decode row's attention is two bmm over views made once per layer: a batch of 8 makes 240 such calls a
+        # A decode row's attention is two bmm over views made once per step: a batch of 8 makes 240 such calls a
         # step, and at this size each op's dispatch costs about what its arithmetic does.
         rows, heads, hd = q.shape
-        queries = q.view(rows, self.kv_heads, heads // self.kv_heads, hd)  # [R, Hkv, G, hd]
-        out = attended.view(queries.shape)
-        keys_t, values = kv.layer_views(index)  # [Hkv, hd, P], [Hkv, P, hd]
-        for span, mask in zip(layout.spans, masks):
-            if mask is None:
-                row = span.rows.start
-                attend_grouped(queries[row], at_positions(keys_t, 2, span.read), at_positions(values, 1, span.read),
-                               out[row])
+        grouped = (rows, self.kv_heads, heads // self.kv_heads, hd)
+        queries, out = q.view(grouped).unbind(0), attended.view(grouped).unbind(0)  # R x [Hkv, G, hd] each
+        for span, mask, run in zip(layout.spans, masks, runs):
+            if run is not None:
+                attend_grouped(queries[span.rows.start], *run[index], out[span.rows.start])
             else:
                 attended[span.rows] = self._attend(q[span.rows], *kv.read(index, span.read), mask)
         return layer.out(attended.view(rows, heads * hd))  # [R, D]

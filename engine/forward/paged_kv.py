@@ -92,11 +92,14 @@ class PagedKV:
         pair = at_positions(self.buffer[layer], 2, where)  # [2, Hkv, T, hd]
         return pair[0], pair[1]
 
-    def layer_views(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One layer's keys, transposed, and values over the whole pool: [Hkv, hd, P] and [Hkv, P, hd] views, for
-        ``at_positions`` to cut each sequence's from, in one call each."""
-        keys, values = self.buffer[layer]
-        return keys.transpose(1, 2), values
+    def layer_runs(self, where: Positions) -> Sequence[tuple[torch.Tensor, torch.Tensor]]:
+        """A sequence's keys, transposed, and values in each layer, [Hkv, hd, T] and [Hkv, T, hd]: for a run of
+        positions, views of every layer made once per step (they see what each layer writes later), else gathered
+        when a layer asks (``read``)."""
+        if not isinstance(where, slice):
+            return _GatheredRuns(self, where)
+        keys, values = self.buffer.narrow(3, where.start, where.stop - where.start).unbind(1)  # [L, Hkv, T, hd] each
+        return list(zip(keys.transpose(2, 3).unbind(0), values.unbind(0)))
 
     def _positions(self, block_ids: Sequence[int], start: int, end: int) -> Positions:
         size = self.block_size
@@ -108,6 +111,17 @@ class PagedKV:
         blocks = torch.tensor(block_ids[first : last + 1], dtype=torch.long)  # [n]
         slots = (blocks.unsqueeze(1) * size + torch.arange(size)).flatten()  # [n * size]
         return slots[start - first * size : end - first * size].to(self.device)
+
+
+class _GatheredRuns:
+    """``PagedKV.layer_runs`` of a sequence whose blocks are not one run: each layer's gathered as it is asked for."""
+
+    def __init__(self, kv: PagedKV, where: torch.Tensor) -> None:
+        self._kv, self._where = kv, where
+
+    def __getitem__(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self._kv.read(layer, self._where)  # [Hkv, T, hd] each
+        return keys.transpose(1, 2), values
 
 
 def _as_tensor(where: Positions) -> torch.Tensor:
