@@ -9,7 +9,7 @@
     load   --model PATH|random-hf:SHAPE:DTYPE|… [--quant auto|fp16|nf4|…] [--cycles N] [--loads N]
            [--memory-limit-gb G]
     batched --model GGUF --sequences 1 8 16 [--prompt-tokens N] [--new-tokens N]
-    serve  --model … --concurrency 1,2,4,8,16 [--prompt-tokens N] [--new-tokens N] [--shared-prefix N]
+    serve  --model … --concurrency 1,2,4,8,16 [--prompt-tokens N] [--new-tokens N] [--shared-prefix N] [--rounds N]
            [--join [--join-tokens N] [--step-tokens N]]
     serve-api --model default|PATH --new-tokens N [--rounds N] [--clients N]   (``serve_api``: what the API server adds)
     remote --url URL --model ID [--api-key KEY] [--new-tokens N] [--rounds N]
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--prompt-tokens", type=int, default=128)
     serve.add_argument("--new-tokens", type=int, default=64)
     serve.add_argument("--shared-prefix", type=int, default=0, help="tokens every prompt starts with")
+    serve.add_argument("--rounds", type=int, default=1, help="runs of every level, taking turns with llama.cpp (medians)")
     serve.add_argument("--join", action="store_true", help="a request arriving while 7 others stream")
     serve.add_argument("--join-tokens", type=int, default=2000, help="the arriving request's prompt tokens")
     serve.add_argument("--step-tokens", type=int, default=None, help="the joining test's tokens per step (scheduler's default)")
@@ -349,6 +351,22 @@ def _peer_batched_rates(args: argparse.Namespace, levels: list[int]) -> dict[str
                                        new_tokens=args.new_tokens), None)["llama_cpp_tok_s"]
 
 
+def _median_level(runs: list[dict[str, Any]], peer_rates: list[float]) -> dict[str, Any]:
+    """One level's line: the run of median steady decode rate, and over rounds its steady rates and llama.cpp's,
+    compared by their medians."""
+    row = dict(sorted(runs, key=lambda run: run["steady_decode_tok_s"])[len(runs) // 2])
+    if len(runs) > 1:
+        row |= {"rounds": len(runs), "steady_decode_tok_s_rounds": [run["steady_decode_tok_s"] for run in runs]}
+    if peer_rates:
+        rate = statistics.median(peer_rates)
+        row |= {"llama_cpp_aggregate_decode_tok_s": round(rate, 2),
+                "aggregate_over_llama_cpp": round(row["aggregate_decode_tok_s"] / rate, 2),
+                "steady_over_llama_cpp": round(row["steady_decode_tok_s"] / rate, 2)}
+        if len(peer_rates) > 1:
+            row["llama_cpp_rounds"] = peer_rates
+    return row
+
+
 def _serve(args: argparse.Namespace, show) -> dict[str, Any]:
     from engine.bench import serve as serve
     from engine.host.cpu_threads import apply_engine_threads
@@ -359,16 +377,16 @@ def _serve(args: argparse.Namespace, show) -> dict[str, Any]:
         raise ValueError(f"{type(loaded.backend).__name__} runs one request at a time: serve needs a fast path.")
     serve.run_level(loaded, 2, 16, 4, 0)  # warm-up
     levels = [int(level) for level in args.concurrency.split(",") if level.strip()]
-    peer_rates = _peer_batched_rates(args, levels)
-    rows = []
-    for level in levels:
-        rows.append(serve.run_level(loaded, level, args.prompt_tokens, args.new_tokens, args.shared_prefix))
-        if str(level) in peer_rates:
-            rate = peer_rates[str(level)]
-            rows[-1] |= {"llama_cpp_aggregate_decode_tok_s": rate,
-                         "aggregate_over_llama_cpp": round(rows[-1]["aggregate_decode_tok_s"] / rate, 2),
-                         "steady_over_llama_cpp": round(rows[-1]["steady_decode_tok_s"] / rate, 2)}
-        show(rows[-1])
+    runs: dict[int, list[dict[str, Any]]] = {level: [] for level in levels}
+    peer_runs: dict[int, list[float]] = {level: [] for level in levels}
+    for _ in range(max(args.rounds, 1)):  # llama.cpp and the engine take turns, so both see the same machine load
+        for level, rate in _peer_batched_rates(args, levels).items():
+            peer_runs[int(level)].append(rate)
+        for level in levels:
+            runs[level].append(serve.run_level(loaded, level, args.prompt_tokens, args.new_tokens, args.shared_prefix))
+    rows = [_median_level(runs[level], peer_runs[level]) for level in levels]
+    for row in rows:
+        show(row)
     summary = {**_described(args.model, loaded), "levels": levels}
     if rows and rows[0]["concurrency"] == 1:
         single = rows[0]["aggregate_decode_tok_s"]
