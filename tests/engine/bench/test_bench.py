@@ -36,6 +36,17 @@ def test_decode_reports_engine_and_baseline_speed(tmp_path):
     assert 0 < summary["decode_bytes"] < summary["weight_bytes"], "a decode step reads one token's embedding row"
 
 
+def test_serve_rounds_report_the_median_run_against_llama_cpps_median():
+    from engine.bench.cli import _median_level
+
+    runs = [{"steady_decode_tok_s": rate, "aggregate_decode_tok_s": rate / 2} for rate in (190.0, 150.0, 170.0)]
+    row = _median_level(runs, [100.0, 130.0, 110.0])
+    assert row["steady_decode_tok_s"] == 170.0 and row["aggregate_decode_tok_s"] == 85.0, "one run's figures"
+    assert row["steady_decode_tok_s_rounds"] == [190.0, 150.0, 170.0] and row["llama_cpp_rounds"] == [100.0, 130.0, 110.0]
+    assert row["llama_cpp_aggregate_decode_tok_s"] == 110.0 and row["steady_over_llama_cpp"] == round(170 / 110, 2)
+    assert "rounds" not in _median_level(runs[:1], []), "one round: the line as before"
+
+
 def test_turns_reuse_the_conversation_cache(tmp_path):
     done, lines = _bench(tmp_path, "turns", "--model", "random:tiny", "--turns", "3", "--reply-tokens", "8")
     assert done.returncode == 0, done.stderr
