@@ -44,7 +44,7 @@ class CudaLlama(FastLlama):
     """``FastLlama`` whose multi-token attention runs on SDPA's fused GPU kernels."""
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """``q`` [S, H, hd] (scaled) over ``keys``/``values`` [Hkv, T, hd]; ``mask`` [S, T] bool or None for one
+        """``q`` [S, H, hd] (scaled) over ``keys``/``values`` [Hkv, T, hd]; ``mask`` [S, T] added to the scores, or None for one
         query. Returns [S, H, hd]."""
         if mask is None:
             return super()._attend(q, keys, values, mask)

@@ -140,7 +140,7 @@ class FastLlama:
         length = token_ids.shape[0]
         cache.reserve(start + length)
         turns = self.rotations(start, start + length)  # [S, 1, hd/2] complex
-        mask = _causal_mask(start, length, self.device)  # [S, start+S] or None
+        mask = _causal_mask(start, length, self.dtype, self.device)  # [S, start+S] or None
         x = self.embed(token_ids)  # [S, D]
         for index, layer in enumerate(self.layers):
             x += self._attention(layer, index, self.normalise(x), cache, start, turns, mask)
@@ -180,7 +180,7 @@ class FastLlama:
         ids = torch.tensor([t for row in rows for t in row.token_ids], dtype=torch.long, device=self.device)  # [R]
         self.rotations(0, max(span.start + span.length for span in layout.spans))
         turns = self._turns[layout.positions]  # [R, 1, hd/2]
-        masks = [_causal_mask(span.start, span.length, self.device) for span in layout.spans]
+        masks = [_causal_mask(span.start, span.length, self.dtype, self.device) for span in layout.spans]
         runs = [kv.layer_runs(span.read) if mask is None else None for span, mask in zip(layout.spans, masks)]
         x = self.embed(ids)  # [R, D]
         for index, layer in enumerate(self.layers):
@@ -198,8 +198,9 @@ class FastLlama:
         # A decode row's attention is two bmm over views made once per step: a batch of 8 makes 240 such calls a
         # step, and at this size each op's dispatch costs about what its arithmetic does.
         rows, heads, hd = q.shape
-        grouped = (rows, self.kv_heads, heads // self.kv_heads, hd)
-        queries, out = q.view(grouped).unbind(0), attended.view(grouped).unbind(0)  # R x [Hkv, G, hd] each
+        queries, out = q.view(rows, self.kv_heads, -1, hd), attended.view(rows, self.kv_heads, -1, hd)  # [R, Hkv, G, hd]
+        if rows == len(layout.spans):  # decode rows alone: every row's view at once
+            queries, out = queries.unbind(0), out.unbind(0)
         for span, mask, run in zip(layout.spans, masks, runs):
             if run is not None:
                 attend_grouped(queries[span.rows.start], *run[index], out[span.rows.start])
@@ -341,13 +342,15 @@ def attend_grouped(queries: torch.Tensor, keys_t: torch.Tensor, values: torch.Te
     return torch.bmm(scores.softmax(dim=-1), values, out=out)
 
 
-def _causal_mask(start: int, length: int, device: torch.device) -> torch.Tensor | None:
-    """Query ``i`` (at position ``start + i``) sees keys ``0 … start + i``; ``None`` for a single query."""
+def _causal_mask(start: int, length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """Query ``i`` (at position ``start + i``) sees keys ``0 … start + i``: 0 there, -inf beyond, added to the scores
+    (SDPA turns a boolean mask into this on every call); ``None`` for a single query."""
     if length == 1:
         return None
     keys = torch.arange(start + length, device=device)  # [T]
     queries = torch.arange(start, start + length, device=device)  # [S]
-    return keys.unsqueeze(0) <= queries.unsqueeze(1)  # [S, T]
+    hidden = keys.unsqueeze(0) > queries.unsqueeze(1)  # [S, T]
+    return torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(hidden, float("-inf"))
 
 
 class FastLlamaBackend:
