@@ -102,7 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--prompt-tokens", type=int, default=128)
     serve.add_argument("--new-tokens", type=int, default=64)
     serve.add_argument("--shared-prefix", type=int, default=0, help="tokens every prompt starts with")
-    serve.add_argument("--rounds", type=int, default=1, help="runs of every level, taking turns with llama.cpp (medians)")
+    serve.add_argument("--rounds", type=int, default=1,
+                       help="runs of every level (taking turns with llama.cpp) and of the join, reported by medians")
     serve.add_argument("--join", action="store_true", help="a request arriving while 7 others stream")
     serve.add_argument("--join-tokens", type=int, default=2000, help="the arriving request's prompt tokens")
     serve.add_argument("--step-tokens", type=int, default=None, help="the joining test's tokens per step (scheduler's default)")
@@ -367,6 +368,16 @@ def _median_level(runs: list[dict[str, Any]], peer_rates: list[float]) -> dict[s
     return row
 
 
+def _median_join(joins: list[dict[str, Any]]) -> dict[str, Any]:
+    """The joining test's line: the run of median first-token ratio, with over rounds each ratio's values and median."""
+    row = dict(sorted(joins, key=lambda run: run["join_ttft_ratio"])[len(joins) // 2])
+    if len(joins) > 1:
+        for key in ("join_ttft_ratio", "itl_p99_over_p50"):
+            values = [run[key] for run in joins]
+            row |= {f"{key}_rounds": values, f"{key}_median": statistics.median(values)}
+    return row
+
+
 def _serve(args: argparse.Namespace, show) -> dict[str, Any]:
     from engine.bench import serve as serve
     from engine.host.cpu_threads import apply_engine_threads
@@ -393,7 +404,9 @@ def _serve(args: argparse.Namespace, show) -> dict[str, Any]:
         summary["aggregate_over_single"] = {row["concurrency"]: round(row["aggregate_decode_tok_s"] / single, 2) for row in rows}
     summary["aggregate_decode_tok_s"] = {row["concurrency"]: row["aggregate_decode_tok_s"] for row in rows}
     if args.join:
-        joined = serve.run_join(loaded, args.prompt_tokens, args.join_tokens, args.step_tokens or serve.DEFAULT_STEP_TOKENS)
+        step_tokens = args.step_tokens or serve.DEFAULT_STEP_TOKENS
+        joins = [serve.run_join(loaded, args.prompt_tokens, args.join_tokens, step_tokens) for _ in range(max(args.rounds, 1))]
+        joined = _median_join(joins)
         show(joined)
         summary |= {k: v for k, v in joined.items() if k != "join"}
     return summary

@@ -47,6 +47,16 @@ def test_serve_rounds_report_the_median_run_against_llama_cpps_median():
     assert "rounds" not in _median_level(runs[:1], []), "one round: the line as before"
 
 
+def test_join_rounds_report_each_ratios_median():
+    from engine.bench.cli import _median_join
+
+    joins = [{"join_ttft_ratio": ttft, "itl_p99_over_p50": itl} for ttft, itl in ((2.2, 2.5), (1.8, 3.4), (2.0, 2.9))]
+    row = _median_join(joins)
+    assert row["join_ttft_ratio"] == 2.0 and row["itl_p99_over_p50"] == 2.9, "the median run's own figures"
+    assert row["join_ttft_ratio_median"] == 2.0 and row["itl_p99_over_p50_median"] == 2.9
+    assert row["itl_p99_over_p50_rounds"] == [2.5, 3.4, 2.9]
+
+
 def test_turns_reuse_the_conversation_cache(tmp_path):
     done, lines = _bench(tmp_path, "turns", "--model", "random:tiny", "--turns", "3", "--reply-tokens", "8")
     assert done.returncode == 0, done.stderr
