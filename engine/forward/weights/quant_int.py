@@ -38,7 +38,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from engine.forward.weights import triton_gemv
+from engine.forward.weights import int4_prompts, triton_gemv
 
 QUANT_FORMATS = ("int8", "int4")
 GPU_FORMATS = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "int8": "int8", "nf4": "int4"}  # precision -> format
@@ -196,8 +196,11 @@ def _int4_packed(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int, ti
         matmul = torch.ops.aten._weight_int4pack_mm
     else:
         packed, matmul = _cpu_int4_packed(q, tiles), torch.ops.aten._weight_int4pack_mm_for_cpu
+    prompts_dequantize = not q.is_cuda and int4_prompts.dequantizes(packed.shape[0])
 
     def run(x: torch.Tensor) -> torch.Tensor:
+        if prompts_dequantize and x.shape[0] >= int4_prompts.PROMPT_ROWS:
+            return int4_prompts.dequantized_matmul(x, packed, scales_and_zeros, group)  # [M, N]
         activations = x.to(torch.bfloat16).contiguous()  # the kernels take bf16 rows; a no-op on the GPU path
         return matmul(activations, packed, group, scales_and_zeros).to(x.dtype)  # [M, N]
 

@@ -10,8 +10,10 @@ import torch
 
 from engine.forward.fast_llama import FastLlama
 from engine.forward.weights.quant import FEW_ROWS, Linear
+from engine.forward.weights import int4_prompts
 from engine.forward.weights.quant_int import (
-    _cpu_int4_packed, dequantize_int4, fast_format, int4_groups_of, int4_layout, quantize_int4, quantize_int8,
+    CPU_INT4_GROUP, _cpu_int4_packed, _int4_packed, dequantize_int4, fast_format, int4_groups_of, int4_layout,
+    quantize_int4, quantize_int8,
 )
 from engine.host.allocator import return_freed_memory
 from engine.host.cpu_features import has_fp16_math
@@ -57,6 +59,22 @@ def test_the_cpu_packing_lays_the_codes_out_as_the_kernels_own_op_does(rows: int
     codes = torch.randint(0, 16, (rows, 256), dtype=torch.uint8, generator=torch.Generator().manual_seed(rows))
     expected = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
     assert torch.equal(_cpu_int4_packed(codes, 1), expected)
+
+
+@pytest.mark.parametrize("rows, width", [(192, 256), (64, 1536)])
+def test_a_prompt_over_4bit_weights_multiplies_the_groups_exactly_and_few_rows_keep_the_kernel(rows, width, monkeypatch):
+    """From ``PROMPT_ROWS`` rows on, the packed weights are dequantized block by block (here three blocks of 64 rows,
+    or one): the result is the fp32 product with the groups, where the kernel rounds activations to bf16."""
+    monkeypatch.setattr(int4_prompts, "SCRATCH_WEIGHTS", 64 * 256)
+    generator = torch.Generator().manual_seed(rows)
+    q, scales_and_zeros = quantize_int4(torch.randn(rows, width, generator=generator), CPU_INT4_GROUP)
+    scales_and_zeros = scales_and_zeros.to(torch.bfloat16)
+    run, _ = _int4_packed(q, scales_and_zeros, CPU_INT4_GROUP, 2)
+    weight = dequantize_int4(q, scales_and_zeros.float(), CPU_INT4_GROUP)  # [N, K]
+    prompt, few = torch.randn(int4_prompts.PROMPT_ROWS, width, generator=generator), torch.randn(8, width)
+    torch.testing.assert_close(run(prompt), prompt @ weight.T, rtol=1e-5, atol=1e-4)
+    kernel_error = (run(few) - few @ weight.T).abs().max()
+    assert 1e-3 < kernel_error < 0.5, "few rows stay on the int4 kernel, with its bf16 activations"
 
 
 def test_int4_layout_picks_the_largest_group_on_a_gpu_and_refuses_odd_shapes():
