@@ -181,7 +181,7 @@ class FastLlama:
         self.rotations(0, max(span.start + span.length for span in layout.spans))
         turns = self._turns[layout.positions]  # [R, 1, hd/2]
         masks = [_causal_mask(span.start, span.length, self.dtype, self.device) for span in layout.spans]
-        runs = [kv.layer_runs(span.read) if mask is None else None for span, mask in zip(layout.spans, masks)]
+        runs = [kv.layer_runs(span.runs) if mask is None else None for span, mask in zip(layout.spans, masks)]
         x = self.embed(ids)  # [R, D]
         for index, layer in enumerate(self.layers):
             x += self._paged_attention(layer, index, self.normalise(x), kv, layout, turns, masks, runs)
@@ -190,8 +190,9 @@ class FastLlama:
 
     def _paged_attention(self, layer: _Layer, index: int, h: torch.Tensor, kv: PagedKV, layout: StepLayout,
                          turns: torch.Tensor, masks: list[torch.Tensor | None],
-                         runs: list[Sequence[tuple[torch.Tensor, torch.Tensor]] | None]) -> torch.Tensor:
-        """``runs``: each decode row's keys and values by layer (``PagedKV.layer_runs``), None for a prompt chunk."""
+                         runs: list[list[tuple[tuple[torch.Tensor, torch.Tensor], ...]] | None]) -> torch.Tensor:
+        """``runs``: each decode row's keys and values by layer and run (``PagedKV.layer_runs``), None for a prompt
+        chunk."""
         q, new_keys_values = self._project(layer, h, turns)  # [R, H, hd], [2, Hkv, R, hd]
         kv.write(index, layout.write, new_keys_values)
         attended = torch.empty_like(q)  # [R, H, hd]: each sequence's rows written in place
@@ -203,9 +204,9 @@ class FastLlama:
             queries, out = queries.unbind(0), out.unbind(0)
         for span, mask, run in zip(layout.spans, masks, runs):
             if run is not None:
-                attend_grouped(queries[span.rows.start], *run[index], out[span.rows.start])
+                attend_runs(queries[span.rows.start], run[index], out[span.rows.start])
             else:
-                attended[span.rows] = self._attend(q[span.rows], *kv.read(index, span.read), mask)
+                attended[span.rows] = self._attend(q[span.rows], *kv.read(index, span.runs), mask)
         return layer.out(attended.view(rows, heads * hd))  # [R, D]
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -340,6 +341,26 @@ def attend_grouped(queries: torch.Tensor, keys_t: torch.Tensor, values: torch.Te
     layer) beat the fused kernel's setup."""
     scores = torch.bmm(queries, keys_t)  # [Hkv, G, T]
     return torch.bmm(scores.softmax(dim=-1), values, out=out)
+
+
+def attend_runs(queries: torch.Tensor, runs: tuple[tuple[torch.Tensor, torch.Tensor], ...], out: torch.Tensor) -> torch.Tensor:
+    """``attend_grouped`` over keys and values that lie in several runs of the pool, ``runs`` of ([Hkv, hd, n],
+    [Hkv, n, hd]) (a prefix another sequence holds, then this one's own blocks): every run's scores side by side,
+    one softmax, each run's weighted values summed into ``out``; read in place, where gathering them copied a
+    shared prefix's keys per sequence, layer and step (8 chats under one 1 000-token prompt: 1.7x a step)."""
+    if len(runs) == 1:
+        return attend_grouped(queries, *runs[0], out)
+    scores = torch.cat([torch.bmm(queries, keys_t) for keys_t, _ in runs], dim=2)  # [Hkv, G, T]
+    weights = scores.softmax(dim=-1)
+    start = 0
+    for index, (_, values) in enumerate(runs):
+        part = weights.narrow(2, start, values.shape[1])  # [Hkv, G, n]
+        if index == 0:
+            torch.bmm(part, values, out=out)
+        else:
+            out.baddbmm_(part, values)
+        start += values.shape[1]
+    return out
 
 
 def _causal_mask(start: int, length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:

@@ -3,9 +3,9 @@
 Block ``b`` is positions ``b * block_size … (b + 1) * block_size - 1`` of the
 position axis; which blocks a sequence owns, in order, is its block table, kept by
 the scheduler (``engine/scheduler``). A step's ``StepLayout`` turns each sequence's
-table into where its new keys go and where all of its keys are read: a plain slice
-when its blocks lie one after another (a single stream, nearly always), otherwise a
-gather of its positions.
+table into where its new keys go (a plain slice when its blocks lie one after another,
+a single stream nearly always, otherwise its positions) and the runs of blocks all of
+its keys are read from: one, or two for a sequence that reuses another's prefix.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class SequenceSpan:
     rows: slice  # this sequence's rows in the step's [R, …] activations
     start: int
     length: int
-    read: Positions  # all of its positions, 0 … start+length-1
+    runs: tuple[slice, ...]  # where all of its positions, 0 … start+length-1, lie: runs of the position axis
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class PagedKV:
         for row in rows:
             length = len(row.token_ids)
             end = row.start + length
-            spans.append(SequenceSpan(slice(first, first + length), row.start, length, self._positions(row.block_ids, 0, end)))
+            spans.append(SequenceSpan(slice(first, first + length), row.start, length, self._runs(row.block_ids, end)))
             writes.append(self._positions(row.block_ids, row.start, end))
             first += length
         if len(rows) == 1:  # one sequence, nearly always in one run of blocks: slices throughout
@@ -87,19 +87,35 @@ class PagedKV:
         else:
             held.index_copy_(2, where, keys_values)
 
-    def read(self, layer: int, where: Positions) -> tuple[torch.Tensor, torch.Tensor]:
-        """A sequence's keys and values so far, [Hkv, T, hd] each."""
-        pair = at_positions(self.buffer[layer], 2, where)  # [2, Hkv, T, hd]
+    def read(self, layer: int, runs: tuple[slice, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sequence's keys and values so far, [Hkv, T, hd] each: views of its one run, else its runs joined."""
+        held = self.buffer[layer]  # [2, Hkv, P, hd]
+        parts = [held.narrow(2, run.start, run.stop - run.start) for run in runs]
+        pair = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)  # [2, Hkv, T, hd]
         return pair[0], pair[1]
 
-    def layer_runs(self, where: Positions) -> Sequence[tuple[torch.Tensor, torch.Tensor]]:
-        """A sequence's keys, transposed, and values in each layer, [Hkv, hd, T] and [Hkv, T, hd]: for a run of
-        positions, views of every layer made once per step (they see what each layer writes later), else gathered
-        when a layer asks (``read``)."""
-        if not isinstance(where, slice):
-            return _GatheredRuns(self, where)
-        keys, values = self.buffer.narrow(3, where.start, where.stop - where.start).unbind(1)  # [L, Hkv, T, hd] each
-        return list(zip(keys.transpose(2, 3).unbind(0), values.unbind(0)))
+    def layer_runs(self, runs: tuple[slice, ...]) -> list[tuple[tuple[torch.Tensor, torch.Tensor], ...]]:
+        """A sequence's keys, transposed, and values in each layer, run by run: [Hkv, hd, n] and [Hkv, n, hd] views
+        of every layer made once per step (they see what each layer writes later), for attention to read in place."""
+        per_run = []
+        for run in runs:
+            keys, values = self.buffer.narrow(3, run.start, run.stop - run.start).unbind(1)  # [L, Hkv, n, hd] each
+            per_run.append(zip(keys.transpose(2, 3).unbind(0), values.unbind(0)))
+        return list(zip(*per_run))
+
+    def _runs(self, block_ids: Sequence[int], end: int) -> tuple[slice, ...]:
+        """Positions 0 … end-1 of a sequence held in ``block_ids``, as runs of consecutive blocks: one for a
+        sequence that grew alone, two for one that reuses another's prefix, then its own blocks."""
+        size = self.block_size
+        last = (end - 1) // size
+        runs, first = [], 0
+        for index in range(1, last + 2):
+            if index <= last and block_ids[index] == block_ids[index - 1] + 1:
+                continue
+            begin = block_ids[first] * size
+            runs.append(slice(begin, begin + min(index * size, end) - first * size))
+            first = index
+        return tuple(runs)
 
     def _positions(self, block_ids: Sequence[int], start: int, end: int) -> Positions:
         size = self.block_size
@@ -113,23 +129,5 @@ class PagedKV:
         return slots[start - first * size : end - first * size].to(self.device)
 
 
-class _GatheredRuns:
-    """``PagedKV.layer_runs`` of a sequence whose blocks are not one run: each layer's gathered as it is asked for."""
-
-    def __init__(self, kv: PagedKV, where: torch.Tensor) -> None:
-        self._kv, self._where = kv, where
-
-    def __getitem__(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        keys, values = self._kv.read(layer, self._where)  # [Hkv, T, hd] each
-        return keys.transpose(1, 2), values
-
-
 def _as_tensor(where: Positions) -> torch.Tensor:
     return torch.arange(where.start, where.stop) if isinstance(where, slice) else where.cpu()
-
-
-def at_positions(tensor: torch.Tensor, dim: int, where: Positions) -> torch.Tensor:
-    """``tensor`` at positions ``where`` of its dimension ``dim``: a view for a run, else a gathered copy."""
-    if isinstance(where, slice):
-        return tensor.narrow(dim, where.start, where.stop - where.start)
-    return tensor.index_select(dim, where)

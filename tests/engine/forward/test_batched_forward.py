@@ -35,6 +35,19 @@ def test_sequences_of_different_lengths_in_scattered_blocks_match_running_alone(
         torch.testing.assert_close(first[index], _alone(backend, prompt[:-1]), atol=1e-4, rtol=1e-4)
 
 
+def test_a_sequence_is_read_from_its_runs_of_blocks_in_place() -> None:
+    """A prefix shared with another sequence, then its own blocks: two runs, each read where it lies."""
+    kv = PagedKV(2, 1, 4, 16, BLOCK, torch.float32, torch.device("cpu"))
+    kv.buffer.copy_(torch.arange(kv.buffer.numel(), dtype=torch.float32).view(kv.buffer.shape))
+    layout = kv.layout([BatchRow([1], 17, [5, 6, 7, 2, 3]), BatchRow([1], 6, [9, 10])])
+    shared_then_own, alone = (span.runs for span in layout.spans)
+    assert shared_then_own == (slice(20, 32), slice(8, 14)) and alone == (slice(36, 43),)
+    keys, values = kv.read(1, shared_then_own)  # [Hkv, 18, hd]: the runs one after the other
+    assert torch.equal(keys[0], torch.cat([kv.buffer[1, 0, 0, 20:32], kv.buffer[1, 0, 0, 8:14]]))
+    (keys_t, run_values), _ = kv.layer_runs(shared_then_own)[1]
+    assert keys_t.data_ptr() == kv.buffer[1, 0, 0, 20].data_ptr() and torch.equal(run_values, kv.buffer[1, 1, :, 20:32])
+
+
 def test_a_copied_block_carries_the_shared_positions(tiny_loaded) -> None:
     backend = tiny_loaded.backend
     kv = backend.new_pool(16, BLOCK)

@@ -27,7 +27,7 @@ def case(kv_heads: int, groups: int, head_dim: int, seed: int = 0):
     for index, table in enumerate(TABLES):
         tables[index, : len(table)] = torch.tensor(table)
     layout = kv.layout([BatchRow([0] * n, 0, table) for n, table in zip(LENGTHS, TABLES)])
-    expected = torch.cat([attend(q[i : i + 1], *kv.read(0, span.read), None) for i, span in enumerate(layout.spans)])
+    expected = torch.cat([attend(q[i : i + 1], *kv.read(0, span.runs), None) for i, span in enumerate(layout.spans)])
     return q, kv.buffer[0], tables, torch.tensor(LENGTHS), expected
 
 
