@@ -35,6 +35,20 @@ def test_sequences_of_different_lengths_in_scattered_blocks_match_running_alone(
         torch.testing.assert_close(first[index], _alone(backend, prompt[:-1]), atol=1e-4, rtol=1e-4)
 
 
+def test_a_prompt_chunk_after_a_prefix_in_other_blocks_matches_running_alone(tiny_loaded) -> None:
+    """The chunk's own blocks follow a prefix held elsewhere (as a reused system prompt is), or the chunk starts in
+    the prefix's blocks and goes on in others: either gives the logits of one pass over the whole prompt."""
+    backend = tiny_loaded.backend
+    kv = backend.new_pool(64, BLOCK)
+    prompt = [5 + i for i in range(15)]
+    backend.forward_batch([BatchRow(prompt[:8], 0, [20, 21])], kv)
+    after_prefix = backend.forward_batch([BatchRow(prompt[8:], 8, [20, 21, 3, 4, 5])], kv)  # 0-7, then 8-14
+    torch.testing.assert_close(after_prefix[0], _alone(backend, prompt), atol=1e-4, rtol=1e-4)
+    backend.forward_batch([BatchRow(prompt[:6], 0, [30, 31])], kv)
+    spanning = backend.forward_batch([BatchRow(prompt[6:], 6, [30, 31, 40, 41])], kv)  # 6-7, then 8-14
+    torch.testing.assert_close(spanning[0], _alone(backend, prompt), atol=1e-4, rtol=1e-4)
+
+
 def test_a_sequence_is_read_from_its_runs_of_blocks_in_place() -> None:
     """A prefix shared with another sequence, then its own blocks: two runs, each read where it lies."""
     kv = PagedKV(2, 1, 4, 16, BLOCK, torch.float32, torch.device("cpu"))
