@@ -5,8 +5,8 @@ the same weights as its decode steps. PyTorch's int4 kernel is made for a few ro
 at a 512-token chunk it multiplies at about half of MKL's fp32 rate. So a call of
 ``PROMPT_ROWS`` rows or more dequantizes the weights a block of rows at a time into
 one fp32 scratch buffer (the same groups, ``(q - 8) * scale + zero``) and multiplies
-each block with MKL's sgemm: 1.4-1.7x faster at 512 rows (an 8B model's 4096- and
-14336-row matrices, 2 threads), and with fp32 activations instead of the kernel's
+each block with MKL's sgemm: 1.5-2.4x faster at 512 rows (an 8B model's matrices,
+2 threads), and with fp32 activations instead of the kernel's
 bf16. The scratch (``SCRATCH_WEIGHTS``) is one buffer for every layer, since only the
 engine thread runs them, one at a time.
 """
@@ -17,7 +17,9 @@ import torch
 
 PROMPT_ROWS = 256
 """Rows from which dequantizing pays: it costs about what 130 rows gain in the faster GEMM."""
-SCRATCH_WEIGHTS = 2**24  # weights dequantized at a time: 64 MiB of fp32
+SCRATCH_WEIGHTS = 2**22
+"""Weights dequantized at a time, 16 MiB of fp32: 5-15 % faster than 64 MiB in two runs (an 8B model's shapes at
+512 rows; 1 M was faster on the smallest and slower on the others)."""
 PACK_ROWS = 64  # rows per block of the CPU kernel's layout (``quant_int._cpu_int4_packed``)
 
 
