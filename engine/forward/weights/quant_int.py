@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.forward.weights import int4_prompts, triton_gemv
+from engine.forward.weights.packed_sizes import CPU_INT4_PACK_ROWS
 
 QUANT_FORMATS = ("int8", "int4")
 GPU_FORMATS = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "int8": "int8", "nf4": "int4"}  # precision -> format
@@ -48,7 +49,6 @@ INT4_INNER_K_TILES = (8, 4, 2)
 CPU_INT4_GROUP = 32
 ROWS_AT_ONCE = 4096  # rows quantized from fp32 (or decoded into it) at a time, so a token table needs no full temporary
 WEIGHTS_AT_ONCE = 2**20  # weights decoded from GGUF blocks at a time (``rows_at_once``)
-CPU_PACK_ROWS = 64  # the CPU packing's row blocks
 
 Run = Callable[[torch.Tensor], torch.Tensor]
 RowChunk = Callable[[int, int, torch.Tensor], torch.Tensor]  # (start, end, codes out) -> scales and zeros
@@ -209,14 +209,15 @@ def _int4_packed(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int, ti
 
 
 def _cpu_int4_packed(q: torch.Tensor, tiles: int) -> torch.Tensor:
-    """q [N, K] in 0…15 packed for the CPU kernel, [N, K / 2] uint8, laid out as ``_convert_weight_to_int4pack_for_cpu``
-    lays it out: each block of ``CPU_PACK_ROWS`` (64) rows is [K, 32] bytes, byte (k, j) holding row j's code k low
-    and row j + 32's high. Built from the codes in their own byte width: the op takes int32, a copy four times the
-    codes' size that took a third of an 8B model's load. A last block of fewer rows goes through the op."""
+    """q [N, K] in 0…15 packed for the CPU kernel, [N, K / 2] uint8, laid out as
+    ``_convert_weight_to_int4pack_for_cpu`` lays it out: each block of ``CPU_INT4_PACK_ROWS`` (64) rows is [K, 32]
+    bytes, byte (k, j) holding row j's code k low and row j + 32's high. Built from the codes in their own byte
+    width: the op takes int32, a copy four times the codes' size that took a third of an 8B model's load. A last
+    block of fewer rows goes through the op."""
     rows, width = q.shape
-    whole, halves = rows // CPU_PACK_ROWS * CPU_PACK_ROWS, CPU_PACK_ROWS // 2
+    whole, halves = rows // CPU_INT4_PACK_ROWS * CPU_INT4_PACK_ROWS, CPU_INT4_PACK_ROWS // 2
     codes = q.to(torch.uint8)
-    blocks = codes[:whole].view(-1, CPU_PACK_ROWS, width)  # [N / 64, 64, K]
+    blocks = codes[:whole].view(-1, CPU_INT4_PACK_ROWS, width)  # [N / 64, 64, K]
     nibbles = torch.bitwise_left_shift(blocks[:, halves:], 4).bitwise_or_(blocks[:, :halves])  # [N / 64, 32, K]
     packed = nibbles.transpose(1, 2).contiguous().view(whole, width // 2)  # [N / 64 * 64, K / 2]
     if whole == rows:
