@@ -30,7 +30,7 @@ import argparse
 import json
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from engine.bench import remote_client
 from engine.bench.serve_api import add_parser as add_serve_api_parser
@@ -182,12 +182,12 @@ def _rounds(loaded: Any, hf_model: Any, prompt: list[int], args: argparse.Namesp
             hf_runs.append(measure.measure_hf_generate(hf_model, loaded.tokenizer, prompt, args.new_tokens))
         show({"round": index + 1, "engine_decode_tok_s": round(engine_runs[-1].decode_tok_s, 2),
               **({"hf_decode_tok_s": round(hf_runs[-1].decode_tok_s, 2)} if hf_runs else {})})
-    engine = _median_run(engine_runs)
+    engine = _median_run(engine_runs, lambda run: run.decode_tok_s)
     found = {"rounds": args.rounds, "engine_decode_tok_s": round(engine.decode_tok_s, 2),
              "engine_ttft_ms": round(engine.ttft_ms, 1)}
     if not hf_runs:
         return found
-    hf = _median_run(hf_runs)
+    hf = _median_run(hf_runs, lambda run: run.decode_tok_s)
     return found | {
         "hf_decode_tok_s": round(hf.decode_tok_s, 2), "hf_ttft_ms": round(hf.ttft_ms, 1), "hf_threads": threads["hf"],
         "speedup": round(engine.decode_tok_s / hf.decode_tok_s, 2) if hf.decode_tok_s else None,
@@ -195,8 +195,9 @@ def _rounds(loaded: Any, hf_model: Any, prompt: list[int], args: argparse.Namesp
     }
 
 
-def _median_run(runs: list[Any]) -> Any:
-    return sorted(runs, key=lambda run: run.decode_tok_s)[len(runs) // 2]
+def _median_run(runs: list[Any], figure: Callable[[Any], float]) -> Any:
+    """The run whose ``figure`` is the median (the upper of the middle two for an even count)."""
+    return sorted(runs, key=figure)[len(runs) // 2]
 
 
 def _baseline_model(model_path: str, loaded: Any, prompt: list[int]) -> Any:
@@ -355,7 +356,7 @@ def _peer_batched_rates(args: argparse.Namespace, levels: list[int]) -> dict[str
 def _median_level(runs: list[dict[str, Any]], peer_rates: list[float]) -> dict[str, Any]:
     """One level's line: the run of median steady decode rate, and over rounds its steady rates and llama.cpp's,
     compared by their medians."""
-    row = dict(sorted(runs, key=lambda run: run["steady_decode_tok_s"])[len(runs) // 2])
+    row = dict(_median_run(runs, lambda run: run["steady_decode_tok_s"]))
     if len(runs) > 1:
         row |= {"rounds": len(runs), "steady_decode_tok_s_rounds": [run["steady_decode_tok_s"] for run in runs]}
     if peer_rates:
@@ -370,7 +371,7 @@ def _median_level(runs: list[dict[str, Any]], peer_rates: list[float]) -> dict[s
 
 def _median_join(joins: list[dict[str, Any]]) -> dict[str, Any]:
     """The joining test's line: the run of median first-token ratio, with over rounds each ratio's values and median."""
-    row = dict(sorted(joins, key=lambda run: run["join_ttft_ratio"])[len(joins) // 2])
+    row = dict(_median_run(joins, lambda run: run["join_ttft_ratio"]))
     if len(joins) > 1:
         for key in ("join_ttft_ratio", "itl_p99_over_p50"):
             values = [run[key] for run in joins]
