@@ -25,9 +25,9 @@ from engine.forward.backend import PREFILL_CHUNK
 from engine.forward.paged_kv import BatchRow, PagedKV, StepLayout
 from engine.forward.static_cache import KVCache
 from engine.forward.weights.quant import Linear, compute_dtype, embedding
-from engine.forward.weights.quant_int import QUANT_FORMATS, Int4Groups
+from engine.forward.weights.quant_int import INT4_PAIR, QUANT_FORMATS, Int4Groups, Int4Pair
 
-Weight = torch.Tensor | Int4Groups  # a state's matmul weights may come already in 4-bit groups (GGUF files)
+Weight = torch.Tensor | Int4Groups | Int4Pair  # a state's matmul weights may come in 4-bit groups (GGUF files)
 
 ROPE_TABLE_CHUNK = 4096
 
@@ -74,7 +74,7 @@ class FastLlama:
         can hand its rows so (``kept_rows``: a GGUF file's quantized table, ``gguf_blocks.BlockTable``), decoded
         exactly when looked up, in a fraction of fp16's bytes."""
         name = _tied_name(config, state, TABLE, HEAD)
-        if storage is not None and self.device.type == "cpu" and hasattr(state, "kept_rows"):
+        if self.device.type == "cpu" and hasattr(state, "kept_rows"):
             kept = state.kept_rows(name, self.dtype)
             if kept is not None:
                 return kept
@@ -243,19 +243,20 @@ def _tied_name(config: Any, state: Mapping[str, Weight], name: str, tied_name: s
 
 
 def _table_storage(head_fmt: str, device: torch.device, dtype: torch.dtype) -> torch.dtype | None:
-    """The token table's dtype beside an output layer in ``head_fmt``; None: 4-bit groups (the CPU's 4-bit alone)."""
+    """The token table's dtype beside an output layer in ``head_fmt``; None: planes of 4-bit groups (the CPU's 4-bit
+    alone)."""
     if head_fmt == "fp16":
         return torch.float16
-    return None if head_fmt == "int4" and device.type == "cpu" else dtype
+    return None if head_fmt == INT4_PAIR and device.type == "cpu" else dtype
 
 
 def head_format(fmt: str, device: torch.device) -> str:
-    """The output layer's (and token table's) format: on the CPU 4-bit groups with 4-bit layers (4-bit alone is
-    what memory picks when an fp16 copy does not fit: ``memory_estimate``), fp16 beside int8 ones (no fast CPU
-    int8 kernel); elsewhere the layers' format."""
+    """The output layer's (and token table's) format: on the CPU two planes of 4-bit groups with 4-bit layers
+    (``INT4_PAIR``; 4-bit alone is what memory picks when an fp16 copy does not fit: ``memory_estimate``), fp16
+    beside int8 ones (no fast CPU int8 kernel); elsewhere the layers' format."""
     if device.type != "cpu" or fmt not in QUANT_FORMATS:
         return fmt
-    return "int4" if fmt == "int4" else "fp16"
+    return INT4_PAIR if fmt == "int4" else "fp16"
 
 
 def _inverse_frequencies(config: Any, device: torch.device, factors: torch.Tensor | None) -> tuple[torch.Tensor, float]:
@@ -280,8 +281,8 @@ def _inverse_frequencies(config: Any, device: torch.device, factors: torch.Tenso
 
 
 def _fp32(weight: Weight, device: torch.device) -> Weight:
-    """A tensor in fp32 on ``device``; ``Int4Groups`` stay in their groups."""
-    return weight.to(device) if isinstance(weight, Int4Groups) else weight.to(device, torch.float32)
+    """A tensor in fp32 on ``device``; ``Int4Groups`` and ``Int4Pair`` stay in their groups."""
+    return weight.to(device) if isinstance(weight, (Int4Groups, Int4Pair)) else weight.to(device, torch.float32)
 
 
 def _scaled(weight: Weight, factor: float) -> Weight:

@@ -26,7 +26,9 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES
 
 from engine.forward.fast_llama import ROPE_FACTORS, Weight
-from engine.forward.weights.gguf_blocks import FOUR_BIT_TYPES, BlockTable, dense, int4_groups, requantized_groups
+from engine.forward.weights.gguf_blocks import (
+    FOUR_BIT_TYPES, BlockTable, dense, int4_groups, requantized_groups, requantized_pair,
+)
 from engine.host.allocator import return_freed_memory
 from engine.models.gguf_check import DIRECT_ARCHITECTURES, PLAIN_TYPES, GGUFContents, GGUFTensorInfo
 from engine.models.tensor_reads import LazyTensors, read_exactly
@@ -129,9 +131,10 @@ class GGUFState(LazyTensors):
     """The file's tensors under Hugging Face's names, each decoded when asked for.
 
     ``groups``: 4-bit layer weights come as ``Int4Groups`` (exact, for a format that packs
-    4-bit groups). ``all_groups``: every matrix does, whatever its type (4-bit alone, with a
-    4-bit head: ``fast_llama.head_format``), other types quantized a few thousand rows at a
-    time. Every other tensor comes as fp32. ``report`` counts tensors decoded.
+    4-bit groups). ``all_groups``: every matrix does, whatever its type (4-bit alone:
+    ``fast_llama.head_format``), other types quantized a few thousand rows at a time; the
+    token table and output layer as an ``Int4Pair`` (two planes, about 8 bits). Every other
+    tensor comes as fp32. ``report`` counts tensors decoded.
     """
 
     def __init__(self, path: Path, contents: GGUFContents, groups: bool, report: Progress,
@@ -172,6 +175,8 @@ class GGUFState(LazyTensors):
 
     def _decoded(self, name: str, info: GGUFTensorInfo, blocks: np.ndarray) -> Weight:
         if len(info.dims) == 2 and self._all_groups:
+            if name in TABLE_NAMES:
+                return requantized_pair(blocks, info.quant_type)
             return requantized_groups(blocks, info.quant_type)
         if len(info.dims) == 2 and self._groups and info.quant_type in FOUR_BIT_TYPES and name not in TABLE_NAMES:
             return int4_groups(blocks, info.quant_type)

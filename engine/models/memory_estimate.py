@@ -12,8 +12,8 @@ torch is imported only by ``available_memory("cuda")``.
   streamed by ``safetensors_state``), is counted as ``FastLlama`` holds it: its layers in the precision's format (4-bit: groups of 32,
   ``DECODE_COPY_BYTES`` per weight; fp16 on the CPU as FBGEMM packs it, ``packed_sizes``), fp16 on the CPU keeping a 4-bit copy of a 4-bit
   file's layers for decode steps (``loading.decode_format``), and the token table and
-  the output layer apart even when the file ties them (on the CPU fp16, or 4-bit
-  groups beside 4-bit layers alone). Its tensors
+  the output layer apart even when the file ties them (on the CPU fp16, or two planes
+  of 4-bit groups beside 4-bit layers alone, ``quant_int.INT4_PAIR``). Its tensors
   are read one at a time, so the load holds no more than that and one tensor on its way.
   On the CPU ``auto`` picks fp16 (with that copy) where it fits comfortably, else 4-bit alone.
 * Any other GGUF file goes through transformers, which dequantizes every tensor into
@@ -202,12 +202,14 @@ def _fp16_packing_bytes(shape: ModelShape, prompts_only: bool) -> int:
 
 def _table_and_head_bytes(shape: ModelShape, precision: str, device: str, kept_table: int | None) -> float:
     """``FastLlama`` keeps the token table and the output layer apart, even when the file ties them: on the CPU
-    fp32 at fp32, 4-bit groups at nf4, else fp16 (the output layer as FBGEMM packs it), the table there in the
-    file's own blocks where it has quantized ones (``kept_table`` bytes, ``gguf_blocks.BlockTable``); on a GPU
-    the table in the compute dtype and the output layer in the layers' format (``fast_llama.head_format``)."""
+    fp32 at fp32, two planes of 4-bit groups at nf4, else fp16 (the output layer as FBGEMM packs it), the table
+    there in the file's own blocks where it has quantized ones (``kept_table`` bytes, ``gguf_blocks.BlockTable``);
+    on a GPU the table in the compute dtype and the output layer in the layers' format
+    (``fast_llama.head_format``)."""
     table = shape.vocab * shape.hidden
     if device == "cpu" and precision == "nf4":
-        return 2 * table * DECODE_COPY_BYTES
+        pair = 2 * table * DECODE_COPY_BYTES
+        return (kept_table or pair) + pair
     if device == "cpu":
         head_bytes = BYTES_PER_PARAM["fp32"] * table if precision == "fp32" else fp16_packed_bytes(
             shape.vocab, shape.hidden, prompts_only=False, fp16_math=False)

@@ -30,7 +30,7 @@ from engine.forward.weights import gguf_codes
 from engine.forward.weights.gguf_codes import (
     CODE_TYPES, chunk_rows, dense_rows, fp16_field, k_scales_and_mins, row_width,
 )
-from engine.forward.weights.quant_int import ROWS_AT_ONCE, Int4Groups, int4_groups_of
+from engine.forward.weights.quant_int import ROWS_AT_ONCE, Int4Groups, Int4Pair, int4_groups_of
 
 FOUR_BIT_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K)
 
@@ -81,6 +81,15 @@ def requantized_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> 
         return groups.scales_and_zeros
 
     return Int4Groups.from_row_chunks(blocks.shape[0], row_width(blocks, quant_type), quantized)
+
+
+def requantized_pair(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Pair:
+    """Any readable type's rows as an ``Int4Pair`` (an output layer beside 4-bit layers on the CPU): a 4-bit
+    type's groups exactly, in one plane; any other decoded and quantized into two, a few rows at a time."""
+    if quant_type in FOUR_BIT_TYPES:
+        return Int4Pair(int4_groups(blocks, quant_type), None)
+    return Int4Pair.from_rows(blocks.shape[0], row_width(blocks, quant_type),
+                              lambda start, end: _dense_rows(blocks[start:end], quant_type))
 
 
 def _int4_rows(blocks: np.ndarray, quant_type: GGMLQuantizationType, q: np.ndarray) -> torch.Tensor:

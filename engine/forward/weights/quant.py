@@ -19,7 +19,7 @@ kernel). A layer may keep a second copy for few rows (``one_row_fmt``): fp16
 for prompts and int4 for decode steps on the CPU.
 
 An RMSNorm's weight scales the columns of the matmul after it. Every format but
-``int4`` folds it into the weight; ``int4`` scales the activations instead, since
+the 4-bit ones folds it into the weight; those scale the activations instead, since
 folding would break a 4-bit source's blocks (each holds 16 evenly spaced values)
 and make the groups come back inexactly.
 """
@@ -33,7 +33,9 @@ import torch.nn.functional as F
 
 from engine.forward.backend import PREFILL_CHUNK
 from engine.forward.weights.packed_sizes import fp16_packed_bytes, fp16_tail_width, runs_on_onednn
-from engine.forward.weights.quant_int import QUANT_FORMATS, Int4Groups, int4_groups_of, pack_quantized
+from engine.forward.weights.quant_int import (
+    INT4_FORMATS, QUANT_FORMATS, Int4Groups, Int4Pair, as_int4_pair, pack_quantized,
+)
 from engine.host.cpu_features import has_fp16_math
 
 PLAIN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -50,15 +52,16 @@ class Linear:
 
     ``input_scale`` [K] is an RMSNorm's weight (see the module docstring). ``one_row_fmt``
     keeps a second copy for calls of up to ``FEW_ROWS`` rows (decode steps) in that format. ``weight`` may come
-    as ``Int4Groups`` (a GGUF file's 4-bit blocks): ``int4`` packs them as they are.
+    as ``Int4Groups`` (a GGUF file's 4-bit blocks): ``int4`` packs them as they are; or as an ``Int4Pair``,
+    which ``int4x2`` packs as it is.
     """
 
     def __init__(
-        self, weight: torch.Tensor | Int4Groups, bias: torch.Tensor | None, fmt: str,
+        self, weight: torch.Tensor | Int4Groups | Int4Pair, bias: torch.Tensor | None, fmt: str,
         input_scale: torch.Tensor | None = None, one_row_fmt: str | None = None,
     ) -> None:
         self.fmt = fmt
-        self.compute_dtype = compute_dtype(weight.q.device if isinstance(weight, Int4Groups) else weight.device, fmt)
+        self.compute_dtype = compute_dtype(weight.device, fmt)
         many_rows, self.nbytes = _scaled_pack(weight, bias, fmt, self.compute_dtype, input_scale,
                                               prompts_only=one_row_fmt is not None)
         self._run, self.one_row_nbytes = many_rows, self.nbytes  # one_row_nbytes: what a one-row call reads
@@ -72,13 +75,13 @@ class Linear:
 
 
 def _scaled_pack(
-    weight: torch.Tensor | Int4Groups, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype,
+    weight: torch.Tensor | Int4Groups | Int4Pair, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype,
     input_scale: torch.Tensor | None, prompts_only: bool = False,
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
-    """``_pack`` with ``input_scale`` folded into the weight, or (int4) applied to the input on each call."""
-    if isinstance(weight, Int4Groups) and fmt != "int4":
+    """``_pack`` with ``input_scale`` folded into the weight, or (4-bit groups) applied to the input on each call."""
+    if isinstance(weight, (Int4Groups, Int4Pair)) and fmt not in INT4_FORMATS:
         weight = weight.dequantize()  # [N, K] fp32
-    if input_scale is None or fmt != "int4":
+    if input_scale is None or fmt not in INT4_FORMATS:
         folded = weight if input_scale is None else weight * input_scale  # [N, K] * [K]
         return _pack(folded, bias, fmt, dtype, prompts_only)
     run, nbytes = _pack(weight, bias, fmt, dtype)
@@ -93,7 +96,7 @@ def compute_dtype(device: torch.device, fmt: str) -> torch.dtype:
 
 
 def _pack(
-    weight: torch.Tensor | Int4Groups, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype, prompts_only: bool = False
+    weight: torch.Tensor | Int4Groups | Int4Pair, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype, prompts_only: bool = False
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
     """``prompts_only``: a copy that only prompts use, so an fp16 weight may run on oneDNN or keep its short last
     block of columns in fp32 (the module docstring)."""
@@ -155,30 +158,39 @@ def _fp32(bias: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def embedding(
-    table: torch.Tensor | Int4Groups, storage: torch.dtype | None, dtype: torch.dtype
+    table: torch.Tensor | Int4Groups | Int4Pair, storage: torch.dtype | None, dtype: torch.dtype
 ) -> Embedding | Int4Embedding:
-    """The token table kept in ``storage``, or (None) in 4-bit groups as ``Int4Embedding``."""
+    """The token table kept in ``storage``, or (None) in planes of 4-bit groups (``Int4Pair``) as
+    ``Int4Embedding``."""
     if storage is None:
-        return Int4Embedding(table if isinstance(table, Int4Groups) else int4_groups_of(table), dtype)
-    return Embedding(table.dequantize() if isinstance(table, Int4Groups) else table, storage, dtype)
+        return Int4Embedding(as_int4_pair(table).planes, dtype)
+    return Embedding(table.dequantize() if isinstance(table, (Int4Groups, Int4Pair)) else table, storage, dtype)
 
 
 class Int4Embedding:
-    """Token id → hidden vector from a table in 4-bit groups: two codes a byte, a bf16 scale and zero per group."""
+    """Token id → hidden vector from a table in planes of 4-bit groups (``Int4Pair``), summed: two codes a byte,
+    a bf16 scale and zero per group."""
 
-    def __init__(self, table: Int4Groups, dtype: torch.dtype) -> None:
-        self.dtype, self._group = dtype, table.group
-        q = table.q.to(torch.uint8)
-        self._nibbles = q[:, ::2] | q[:, 1::2] << 4  # [V, D/2]: even columns in the low nibble
-        self._scales_and_zeros = table.scales_and_zeros.transpose(0, 1).to(torch.bfloat16).contiguous()  # [V, G, 2]
-        self.nbytes = self._nibbles.numel() + self._scales_and_zeros.numel() * 2
+    def __init__(self, planes: tuple[Int4Groups, ...], dtype: torch.dtype) -> None:
+        self.dtype, self._group = dtype, planes[0].group
+        self._planes = [self._packed(plane) for plane in planes]
+        self.nbytes = sum(nibbles.numel() + scales_and_zeros.numel() * 2 for nibbles, scales_and_zeros in self._planes)
+
+    @staticmethod
+    def _packed(plane: Int4Groups) -> tuple[torch.Tensor, torch.Tensor]:
+        q = plane.q.to(torch.uint8)
+        nibbles = q[:, ::2] | q[:, 1::2] << 4  # [V, D/2]: even columns in the low nibble
+        return nibbles, plane.scales_and_zeros.transpose(0, 1).to(torch.bfloat16).contiguous()  # [V, G, 2]
 
     def __call__(self, token_ids: torch.Tensor) -> torch.Tensor:
-        packed = self._nibbles[token_ids]  # [S, D/2]
-        q = torch.stack([packed & 0x0F, packed >> 4], dim=-1).flatten(1)  # [S, D]
-        scales, zeros = self._scales_and_zeros[token_ids].float().unsqueeze(-1).unbind(-2)  # [S, G, 1] each
-        rows = (q.unflatten(1, (-1, self._group)).float() - 8) * scales + zeros  # [S, G, group]
+        rows = sum(self._rows(*plane, token_ids) for plane in self._planes)  # [S, G, group]
         return rows.flatten(1).to(self.dtype)  # [S, D]
+
+    def _rows(self, nibbles: torch.Tensor, scales_and_zeros: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        packed = nibbles[token_ids]  # [S, D/2]
+        q = torch.stack([packed & 0x0F, packed >> 4], dim=-1).flatten(1)  # [S, D]
+        scales, zeros = scales_and_zeros[token_ids].float().unsqueeze(-1).unbind(-2)  # [S, G, 1] each
+        return (q.unflatten(1, (-1, self._group)).float() - 8) * scales + zeros  # [S, G, group]
 
 
 class Embedding:

@@ -46,7 +46,9 @@ def test_serve_answers_and_stops_on_ctrl_c(tiny_model_dir) -> None:
     try:
         model_id = _line_matching(lines, r"model id '([^']+)'").group(1)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
-        reply = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "Paris"}], max_tokens=4)
+        # Greedy: sampled at the API's default temperature, the random model's four tokens were once all blank.
+        reply = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "Paris"}],
+                                               max_tokens=4, temperature=0)
         process.send_signal(signal.SIGINT)
         code = process.wait(timeout=60)
     finally:

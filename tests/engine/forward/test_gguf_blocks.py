@@ -17,10 +17,10 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as Q
 
 from engine.bench.random_blocks import SCALERS, random_blocks
-from engine.forward.weights.gguf_blocks import FOUR_BIT_TYPES, dense, int4_groups, requantized_groups
+from engine.forward.weights.gguf_blocks import FOUR_BIT_TYPES, dense, int4_groups, requantized_groups, requantized_pair
 from engine.forward.weights.gguf_codes import CODE_TYPES
 from engine.forward.weights.quant import Linear
-from engine.forward.weights.quant_int import Int4Groups, int4_groups_of, quantize_int4
+from engine.forward.weights.quant_int import Int4Groups, as_int4_pair, int4_groups_of, quantize_int4
 
 ROWS, WIDTH = 32, 512
 FP16_FIELDS = {Q.Q4_0: 1, Q.Q4_1: 2, Q.Q4_K: 2, Q.Q5_K: 2, Q.Q6_K: 0, Q.Q8_0: 1}  # leading fp16 scales
@@ -107,6 +107,24 @@ def test_five_six_and_eight_bit_blocks_decode_to_gguf_floats_and_their_int4_grou
         groups, quantized = requantized_groups(blocks, quant_type), int4_groups_of(expected)
         assert groups.q.dtype == torch.uint8 and torch.equal(groups.q, quantized.q)
         assert torch.equal(groups.scales_and_zeros, quantized.scales_and_zeros)
+
+
+@pytest.mark.parametrize("quant_type", CODE_TYPES, ids=lambda t: t.name)
+def test_an_output_layer_of_five_six_or_eight_bits_comes_as_two_planes_of_what_the_blocks_hold(quant_type: Q):
+    blocks = crafted_blocks(quant_type, seed=5)
+    expected = torch.from_numpy(gguf.quants.dequantize(blocks, quant_type))  # [N, K]
+    pair = requantized_pair(blocks, quant_type)
+    assert torch.equal(pair.dequantize(), as_int4_pair(expected).dequantize())
+    relative = (pair.dequantize() - expected).pow(2).mean().sqrt() / expected.pow(2).mean().sqrt()
+    assert relative < 0.01  # one plane: about 0.06 (the test below)
+
+
+@pytest.mark.parametrize("quant_type", FOUR_BIT_TYPES, ids=lambda t: t.name)
+def test_a_4bit_output_layer_comes_as_its_own_groups_alone(quant_type: Q):
+    blocks = crafted_blocks(quant_type, seed=6)
+    pair = requantized_pair(blocks, quant_type)
+    assert pair.fine is None
+    assert torch.equal(pair.dequantize(), torch.from_numpy(gguf.quants.dequantize(blocks, quant_type)))
 
 
 def test_six_bit_layers_requantized_into_4_bit_groups_keep_a_small_error():

@@ -12,8 +12,8 @@ from engine.forward.fast_llama import FastLlama
 from engine.forward.weights.quant import FEW_ROWS, Linear
 from engine.forward.weights import int4_prompts
 from engine.forward.weights.quant_int import (
-    CPU_INT4_GROUP, _cpu_int4_packed, _int4_packed, dequantize_int4, fast_format, int4_groups_of, int4_layout,
-    quantize_int4, quantize_int8,
+    CPU_INT4_GROUP, INT4_PAIR, Int4Pair, _cpu_int4_packed, _int4_packed, as_int4_pair, dequantize_int4, fast_format,
+    int4_groups_of, int4_layout, pack_quantized, quantize_int4, quantize_int8,
 )
 from engine.host.allocator import return_freed_memory
 from engine.host.cpu_features import has_fp16_math
@@ -77,6 +77,33 @@ def test_a_prompt_over_4bit_weights_multiplies_the_groups_exactly_and_few_rows_k
     assert 1e-3 < kernel_error < 0.5, "few rows stay on the int4 kernel, with its bf16 activations"
 
 
+def test_an_int4_pair_holds_a_weight_to_a_fifteenth_of_a_4bit_step_in_twice_the_bytes(monkeypatch):
+    """The second plane quantizes what the first's rounding left; rows are made a few at a time (here 48)."""
+    monkeypatch.setattr("engine.forward.weights.quant_int.WEIGHTS_AT_ONCE", 48 * 256)
+    weight = torch.randn(128, 256, generator=torch.Generator().manual_seed(3)) * torch.linspace(0.1, 2, 128)[:, None]
+    pair = as_int4_pair(weight)
+    one_plane = int4_groups_of(weight).dequantize()
+    assert len(pair.planes) == 2 and pair.shape == weight.shape
+    coarse_error, pair_error = (one_plane - weight).abs().max(), (pair.dequantize() - weight).abs().max()
+    assert pair_error < coarse_error / 10
+    run, nbytes = pack_quantized(pair, None, INT4_PAIR)
+    _, one_plane_bytes = pack_quantized(weight, None, "int4")
+    assert nbytes == 2 * one_plane_bytes
+    x = torch.randn(4, 256)
+    exact, one_plane_run = x @ weight.T, pack_quantized(weight, None, "int4")[0]
+    assert (run(x) - exact).abs().max() < (one_plane_run(x) - exact).abs().max() / 4
+
+
+def test_an_int4_pair_of_4bit_groups_keeps_them_as_one_exact_plane():
+    groups = int4_groups_of(torch.randn(64, 128))
+    pair = as_int4_pair(groups)
+    assert pair == Int4Pair(groups, None) and len(pair.planes) == 1
+    run, nbytes = pack_quantized(pair, None, INT4_PAIR)
+    assert nbytes == pack_quantized(groups, None, "int4")[1]
+    x = torch.randn(3, 128)
+    torch.testing.assert_close(run(x), pack_quantized(groups, None, "int4")[0](x))
+
+
 def test_int4_layout_picks_the_largest_group_on_a_gpu_and_refuses_odd_shapes():
     assert int4_layout(4096, 14336, CUDA) == (128, 8)
     assert int4_layout(576, 576, CUDA) == (64, 4)
@@ -134,14 +161,16 @@ def test_linear_in_quantized_formats_is_close_to_fp32_and_smaller():
 
 def _dequantized(state: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]:
     """Every layer weight replaced by what ``fmt`` stores for it on the CPU, in fp32 (int4's misfits fall back to
-    int8); the token table and output layer too under int4 (4-bit groups there), as they are under int8 (fp16)."""
+    int8); the token table and output layer too under int4 (two planes of 4-bit groups there), as they are under
+    int8 (fp16)."""
 
     def restore(name: str, weight: torch.Tensor) -> torch.Tensor:
         if weight.dim() != 2 or (fmt == "int8" and name.endswith(("embed_tokens.weight", "lm_head.weight"))):
             return weight
-        if name.endswith("embed_tokens.weight"):  # looked up row by row: 4-bit groups whatever its shape
-            return int4_groups_of(weight).dequantize()
         layout = int4_layout(*weight.shape, CPU) if fmt == "int4" else None
+        table = name.endswith("embed_tokens.weight")  # looked up row by row: in planes whatever its shape
+        if table or (layout is not None and name.endswith("lm_head.weight")):
+            return as_int4_pair(weight).dequantize()
         if layout is None:
             q, scales = quantize_int8(weight)
             return q.float() * scales.float().unsqueeze(1)

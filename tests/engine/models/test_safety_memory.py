@@ -85,7 +85,8 @@ def test_a_llama_folder_on_the_cpu_fast_path_takes_fp16_then_4bit_counted_as_fas
     table = 128256 * 4096
     layers = source.n_params - 2 * table
     assert estimate(source, "fp16", 8192, "cpu").weight_bytes == 2 * layers + 2 * 2 * table
-    assert estimate(source, "nf4", 8192, "cpu").weight_bytes == int((0.5 + 4 / 32) * (layers + 2 * table))
+    two_planes_each = 2 * 2 * table  # the token table and the output layer, two planes of 4-bit groups each
+    assert estimate(source, "nf4", 8192, "cpu").weight_bytes == int((0.5 + 4 / 32) * (layers + two_planes_each))
     assert choose_precision(source, "cpu", 8192, available_bytes=64 * GIB) == "fp16"
     assert choose_precision(source, "cpu", 8192, available_bytes=10 * GIB) == "nf4"
 
