@@ -228,7 +228,7 @@ def _int4_packed(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int, ti
 
     def run(x: torch.Tensor) -> torch.Tensor:
         if prompts_dequantize and x.shape[0] >= int4_prompts.PROMPT_ROWS:
-            return int4_prompts.dequantized_matmul(x, packed, scales_and_zeros, group)  # [M, N]
+            return int4_prompts.int8_matmul(x, packed, scales_and_zeros, group)  # [M, N]
         activations = x.to(torch.bfloat16).contiguous()  # the kernels take bf16 rows; a no-op on the GPU path
         return matmul(activations, packed, group, scales_and_zeros).to(x.dtype)  # [M, N]
 
