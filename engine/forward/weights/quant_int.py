@@ -24,10 +24,11 @@ On the CPU, ``nf4`` runs on ``_weight_int4pack_mm_for_cpu`` with groups of 32:
 llama.cpp's block size, so the weights of a 4-bit GGUF file (Q4_0, Q4_1, Q4_K
 blocks: ``d * q + m`` per 32 weights) come back exactly, up to the bf16 rounding
 of each group's scale and zero point. A decode step reads ~0.63 bytes per weight
-instead of fp16's 2, which is what sets its speed; several tokens at once (prefill)
-run ~2x slower than FBGEMM's fp16 kernel, which dequantizes nothing. int8 has no
-fast CPU kernel in PyTorch (``_weight_int8pack_mm`` is slower than fp32 here), so
-on the CPU it only serves tests of the quantizer, through the dequantized form.
+instead of fp16's 2, which is what sets its speed; on the kernel, several tokens at
+once (prefill) run ~2x slower than FBGEMM's fp16 kernel, which dequantizes nothing,
+so calls of many rows go to ``int4_prompts`` (int8 GEMMs). The ``int8`` format has no
+fast CPU kernel in PyTorch (``_weight_int8pack_mm`` is slower than fp32 here), so on
+the CPU it only serves tests of the quantizer, through the dequantized form.
 """
 
 from __future__ import annotations
@@ -224,10 +225,10 @@ def _int4_packed(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int, ti
         matmul = torch.ops.aten._weight_int4pack_mm
     else:
         packed, matmul = _cpu_int4_packed(q, tiles), torch.ops.aten._weight_int4pack_mm_for_cpu
-    prompts_dequantize = not q.is_cuda and int4_prompts.dequantizes(packed.shape[0])
+    prompts_in_int8 = not q.is_cuda and int4_prompts.covers(packed.shape[0])
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        if prompts_dequantize and x.shape[0] >= int4_prompts.PROMPT_ROWS:
+        if prompts_in_int8 and x.shape[0] >= int4_prompts.PROMPT_ROWS:
             return int4_prompts.int8_matmul(x, packed, scales_and_zeros, group)  # [M, N]
         activations = x.to(torch.bfloat16).contiguous()  # the kernels take bf16 rows; a no-op on the GPU path
         return matmul(activations, packed, group, scales_and_zeros).to(x.dtype)  # [M, N]
