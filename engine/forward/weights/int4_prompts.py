@@ -1,10 +1,11 @@
-"""Prompt chunks over the CPU's packed 4-bit weights, as one int8 GEMM (engine thread).
+"""Prompt chunks over the CPU's packed 4-bit weights, as one int8 GEMM, or one fp32 GEMM (engine thread).
 
 A model that only fits in 4 bits (an 8B GGUF on a 16 GB machine) runs its prompts on
 the same weights as its decode steps. PyTorch's int4 kernel is made for a few rows:
 at a 512-token chunk it multiplies at about half of MKL's fp32 rate, and MKL's fp32
-rate is a quarter of what the CPU's int8 dot products (AVX512-VNNI, oneDNN behind
-``torch._int_mm``) reach. So a call of ``PROMPT_ROWS`` rows or more multiplies in int8:
+rate is a quarter of what int8 dot products (VNNI, oneDNN behind ``torch._int_mm``)
+reach. So a call of ``PROMPT_ROWS`` rows or more multiplies in int8 where the CPU has
+them (``cpu_features.has_int8_dot``):
 
 * weights: a block of rows at a time is unpacked into int8 in one reused buffer,
   ``(q - 8) * scale`` of each group of 32 over one scale per row (the largest group's),
@@ -16,9 +17,11 @@ rate is a quarter of what the CPU's int8 dot products (AVX512-VNNI, oneDNN behin
   tenth of its teacher-forced top-1 tokens.
 
 Measured on an 8B model's matrices at 512 rows (2 threads, AVX512-VNNI): 1.4-1.6x the
-fp32 path this replaced (dequantized weights and MKL's sgemm); an 8B Q4_K_M prompt of 512
-tokens 1.22x llama.cpp's rate. A product's relative error is about 0.6 % (the weights'
-rounding to int8 rows). The scratch buffers are shared by every layer, since only the
+fp32 path (1.3x with oneDNN held to AVX-VNNI); an 8B Q4_K_M prompt of 512 tokens 1.22x
+llama.cpp's rate. A product's relative error is about 0.6 % (the weights' rounding to
+int8 rows). Without VNNI the weights are dequantized a block of rows at a time into an
+fp32 scratch and multiplied with MKL's sgemm instead: exact, and 1.2x the int8 GEMM
+with oneDNN held to AVX2. The scratch buffers are shared by every layer, since only the
 engine thread runs them, one at a time.
 """
 
@@ -27,12 +30,16 @@ from __future__ import annotations
 import torch
 
 from engine.forward.weights.packed_sizes import CPU_INT4_PACK_ROWS as BLOCK_ROWS  # the kernel layout's row blocks
+from engine.host.cpu_features import has_int8_dot
 
 PROMPT_ROWS = 128
-"""Rows from which this path pays: at 128 the fp32 path it replaced was 1.1-1.4x the kernel's speed on an 8B model's
+"""Rows from which this module pays: at 128 the fp32 GEMM was 1.1-1.4x the kernel's speed on an 8B model's
 matrices, at 96 level or slower."""
 SCRATCH_WEIGHTS = 2**24
 """Weights multiplied at a time: 16 MiB of int8."""
+FP32_SCRATCH_WEIGHTS = 2**22
+"""Weights dequantized at a time for the fp32 GEMM, 16 MiB: 5-15 % faster than 64 MiB (an 8B model's shapes at 512
+rows)."""
 UNPACKED_WEIGHTS = 2**22
 """Weights unpacked at a time, 8 MiB of int16 codes: unpacking 16 M weights took 16-18 ms so, 20-22 at 1 M a time
 and 17-25 at 16 M (2 threads, in one process)."""
@@ -52,7 +59,7 @@ class _Scratch:
         return self._buffer[:size]
 
 
-_CODES, _WEIGHTS = _Scratch(torch.int16), _Scratch(torch.int8)
+_CODES, _WEIGHTS, _FP32_WEIGHTS = _Scratch(torch.int16), _Scratch(torch.int8), _Scratch(torch.float32)
 
 
 def covers(rows: int) -> bool:
@@ -60,9 +67,15 @@ def covers(rows: int) -> bool:
     return rows % BLOCK_ROWS == 0
 
 
-def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int) -> torch.Tensor:
+def prompt_matmul(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int) -> torch.Tensor:
     """``x`` [M, K] fp32 times the weight [N, K] that ``packed`` [N, K / 2] uint8 (the CPU kernel's layout) and
     ``scales_and_zeros`` [K / group, N, 2] bf16 hold, ``w = (q - 8) * scale + zero``; [M, N] fp32."""
+    multiply = int8_matmul if has_int8_dot() else fp32_matmul
+    return multiply(x, packed, scales_and_zeros, group)
+
+
+def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int) -> torch.Tensor:
+    """``prompt_matmul`` in int8 (the module docstring)."""
     rows, width, length = packed.shape[0], packed.shape[1] * 2, x.shape[0]
     codes, x_scales = _activation_codes(x)  # [2M, K] int8, [M, 1]
     group_sums = x.view(length, -1, group).sum(-1)  # [M, G]: each group's zero point times its sum, exactly
@@ -121,7 +134,34 @@ def _codes(packed: torch.Tensor, factors: torch.Tensor, offsets: torch.Tensor, g
     return codes.bitwise_right_shift_(FIXED_BITS)
 
 
-def _per_block(values: torch.Tensor, blocks: int) -> torch.Tensor:
-    """[G, n] group values as int16 [n / 64, G, 1, 64], to scale a block's [G, group, 64] codes."""
+def fp32_matmul(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int) -> torch.Tensor:
+    """``prompt_matmul`` exactly, on MKL's sgemm: the weights dequantized ``FP32_SCRATCH_WEIGHTS`` at a time."""
+    rows, width = packed.shape[0], packed.shape[1] * 2
+    out = torch.empty(x.shape[0], rows)  # [M, N]
+    step = max(BLOCK_ROWS, FP32_SCRATCH_WEIGHTS // width // BLOCK_ROWS * BLOCK_ROWS)
+    for start in range(0, rows, step):
+        end = min(start + step, rows)
+        weights_t = _dequantized(packed[start:end], scales_and_zeros[:, start:end], group)  # [n / 64, K, 64]
+        product = torch.matmul(x, weights_t)  # [n / 64, M, 64]: each block's 64 columns of the result
+        out[:, start:end].view(x.shape[0], -1, BLOCK_ROWS).copy_(product.transpose(0, 1))
+    return out
+
+
+def _dequantized(packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int) -> torch.Tensor:
+    """The rows of ``packed`` [n, K / 2] as fp32 in the scratch, each block of 64 transposed, [n / 64, K, 64]."""
+    rows, width = packed.shape[0], packed.shape[1] * 2
+    blocks, groups = rows // BLOCK_ROWS, width // group
+    codes = packed.view(blocks, groups, group, BLOCK_ROWS // 2)  # byte (k, j): row j's code low, row j + 32's high
+    weights = _FP32_WEIGHTS.take(rows * width).view(blocks, groups, group, BLOCK_ROWS)
+    weights[..., : BLOCK_ROWS // 2].copy_(codes & 15)
+    weights[..., BLOCK_ROWS // 2 :].copy_(codes >> 4)
+    scales = scales_and_zeros[..., 0].float()  # [G, n]
+    offsets = scales_and_zeros[..., 1].float() - 8 * scales  # (q - 8) * scale + zero = q * scale + offset
+    weights.mul_(_per_block(scales, blocks, torch.float32)).add_(_per_block(offsets, blocks, torch.float32))
+    return weights.view(blocks, width, BLOCK_ROWS)
+
+
+def _per_block(values: torch.Tensor, blocks: int, dtype: torch.dtype = torch.int16) -> torch.Tensor:
+    """[G, n] group values as [n / 64, G, 1, 64] in ``dtype``, to scale a block's [G, group, 64] codes."""
     groups = values.shape[0]
-    return values.t().reshape(blocks, BLOCK_ROWS, groups).transpose(1, 2).unsqueeze(2).to(torch.int16)
+    return values.t().reshape(blocks, BLOCK_ROWS, groups).transpose(1, 2).unsqueeze(2).to(dtype)

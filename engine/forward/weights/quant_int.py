@@ -225,11 +225,11 @@ def _int4_packed(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int, ti
         matmul = torch.ops.aten._weight_int4pack_mm
     else:
         packed, matmul = _cpu_int4_packed(q, tiles), torch.ops.aten._weight_int4pack_mm_for_cpu
-    prompts_in_int8 = not q.is_cuda and int4_prompts.covers(packed.shape[0])
+    prompt_path = not q.is_cuda and int4_prompts.covers(packed.shape[0])
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        if prompts_in_int8 and x.shape[0] >= int4_prompts.PROMPT_ROWS:
-            return int4_prompts.int8_matmul(x, packed, scales_and_zeros, group)  # [M, N]
+        if prompt_path and x.shape[0] >= int4_prompts.PROMPT_ROWS:
+            return int4_prompts.prompt_matmul(x, packed, scales_and_zeros, group)  # [M, N]
         activations = x.to(torch.bfloat16).contiguous()  # the kernels take bf16 rows; a no-op on the GPU path
         return matmul(activations, packed, group, scales_and_zeros).to(x.dtype)  # [M, N]
 

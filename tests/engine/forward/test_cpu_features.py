@@ -1,0 +1,24 @@
+"""Which CPU kernels the weight formats use follows the CPU's flags (``cpu_features``), and can be turned off."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.host import cpu_features
+
+
+@pytest.mark.parametrize("flags, int8_dot", [
+    ({"avx2", "fma"}, False), ({"avx2", "avx_vnni"}, True), ({"avx512f", "avx512_vnni"}, True), ({"amx_int8"}, True),
+])
+def test_int8_gemms_need_vnni_and_fp16_math_needs_avx512_fp16(flags, int8_dot, monkeypatch):
+    monkeypatch.setattr(cpu_features, "_flags", lambda: frozenset(flags))
+    assert cpu_features.has_int8_dot() is int8_dot
+    assert cpu_features.has_fp16_math() is False
+
+
+def test_the_environment_turns_each_off(monkeypatch):
+    monkeypatch.setattr(cpu_features, "_flags", lambda: frozenset({"avx512_vnni", "avx512_fp16"}))
+    assert cpu_features.has_int8_dot() and cpu_features.has_fp16_math()
+    monkeypatch.setenv(cpu_features.INT8_ENV, "0")
+    monkeypatch.setenv(cpu_features.FEATURES_ENV, "0")
+    assert not cpu_features.has_int8_dot() and not cpu_features.has_fp16_math()
