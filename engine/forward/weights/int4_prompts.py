@@ -116,22 +116,23 @@ def _int8_weights(packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: i
     step = max(BLOCK_ROWS, UNPACKED_WEIGHTS // width // BLOCK_ROWS * BLOCK_ROWS)
     for start in range(0, rows, step):
         end = min(start + step, rows)
-        codes = _codes(packed[start:end], factors[:, start:end], offsets[:, start:end], group)  # [b, G, group, 64]
+        codes = _unpacked(packed[start:end], factors[:, start:end], offsets[:, start:end], group, _CODES)
+        codes.bitwise_right_shift_(FIXED_BITS)  # [n' / 64, G, group, 64]: the int8 weights, in int16
         weights[:, :, start // BLOCK_ROWS : end // BLOCK_ROWS].copy_(codes.permute(1, 2, 0, 3))
     return weights.view(width, rows), row_scales  # [G, group, n / 64, 64]: column k of the weight, row by row
 
 
-def _codes(packed: torch.Tensor, factors: torch.Tensor, offsets: torch.Tensor, group: int) -> torch.Tensor:
-    """Rows of ``packed`` [n, K / 2] as int16 [n / 64, G, group, 64] in the scratch: ``q * factor + offset``,
-    shifted back to the int8 weights (factors and offsets [G, n] in ``FIXED_BITS`` fixed point)."""
+def _unpacked(packed: torch.Tensor, factors: torch.Tensor, offsets: torch.Tensor, group: int,
+              scratch: _Scratch) -> torch.Tensor:
+    """Rows of ``packed`` [n, K / 2] as ``q * factor + offset`` of their groups (factors and offsets [G, n]) in the
+    scratch, in its dtype: [n / 64, G, group, 64]."""
     rows, width = packed.shape[0], packed.shape[1] * 2
     blocks, groups = rows // BLOCK_ROWS, width // group
     nibbles = packed.view(blocks, groups, group, BLOCK_ROWS // 2)  # byte (k, j): row j's code low, row j + 32's high
-    codes = _CODES.take(rows * width).view(blocks, groups, group, BLOCK_ROWS)
-    codes[..., : BLOCK_ROWS // 2].copy_(nibbles & 15)
-    codes[..., BLOCK_ROWS // 2 :].copy_(nibbles >> 4)
-    codes.mul_(_per_block(factors, blocks)).add_(_per_block(offsets, blocks))
-    return codes.bitwise_right_shift_(FIXED_BITS)
+    values = scratch.take(rows * width).view(blocks, groups, group, BLOCK_ROWS)
+    values[..., : BLOCK_ROWS // 2].copy_(nibbles & 15)
+    values[..., BLOCK_ROWS // 2 :].copy_(nibbles >> 4)
+    return values.mul_(_per_block(factors, blocks, values.dtype)).add_(_per_block(offsets, blocks, values.dtype))
 
 
 def fp32_matmul(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int) -> torch.Tensor:
@@ -149,19 +150,13 @@ def fp32_matmul(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.T
 
 def _dequantized(packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int) -> torch.Tensor:
     """The rows of ``packed`` [n, K / 2] as fp32 in the scratch, each block of 64 transposed, [n / 64, K, 64]."""
-    rows, width = packed.shape[0], packed.shape[1] * 2
-    blocks, groups = rows // BLOCK_ROWS, width // group
-    codes = packed.view(blocks, groups, group, BLOCK_ROWS // 2)  # byte (k, j): row j's code low, row j + 32's high
-    weights = _FP32_WEIGHTS.take(rows * width).view(blocks, groups, group, BLOCK_ROWS)
-    weights[..., : BLOCK_ROWS // 2].copy_(codes & 15)
-    weights[..., BLOCK_ROWS // 2 :].copy_(codes >> 4)
     scales = scales_and_zeros[..., 0].float()  # [G, n]
     offsets = scales_and_zeros[..., 1].float() - 8 * scales  # (q - 8) * scale + zero = q * scale + offset
-    weights.mul_(_per_block(scales, blocks, torch.float32)).add_(_per_block(offsets, blocks, torch.float32))
-    return weights.view(blocks, width, BLOCK_ROWS)
+    weights = _unpacked(packed, scales, offsets, group, _FP32_WEIGHTS)  # [n / 64, G, group, 64]
+    return weights.view(weights.shape[0], -1, BLOCK_ROWS)
 
 
-def _per_block(values: torch.Tensor, blocks: int, dtype: torch.dtype = torch.int16) -> torch.Tensor:
+def _per_block(values: torch.Tensor, blocks: int, dtype: torch.dtype) -> torch.Tensor:
     """[G, n] group values as [n / 64, G, 1, 64] in ``dtype``, to scale a block's [G, group, 64] codes."""
     groups = values.shape[0]
     return values.t().reshape(blocks, BLOCK_ROWS, groups).transpose(1, 2).unsqueeze(2).to(dtype)
