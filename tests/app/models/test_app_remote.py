@@ -60,7 +60,7 @@ def _connect(qtbot, chat, window, base_url: str, key: str = API_KEY, model: str 
 
 def test_chat_with_a_remote_model_then_the_connection_is_cut(qtbot, chat, window, script, remote_server, remote_script):
     _connect(qtbot, chat, window, remote_server.base_url)
-    assert window.status_line.state_label.text().endswith("(remote)")
+    assert "(remote)" in window.status_line.state_label.text()  # ", loaded in 0.0 s" may still follow it
 
     chat.send_and_wait(QUESTION)
 
