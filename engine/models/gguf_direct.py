@@ -131,14 +131,15 @@ class GGUFState(LazyTensors):
     """The file's tensors under Hugging Face's names, each decoded when asked for.
 
     ``groups``: 4-bit layer weights come as ``Int4Groups`` (exact, for a format that packs
-    4-bit groups). ``all_groups``: every matrix does, whatever its type (4-bit alone:
-    ``fast_llama.head_format``), other types quantized a few thousand rows at a time; the
-    token table and output layer as an ``Int4Pair`` (two planes, about 8 bits). Every other
+    4-bit groups). ``all_groups``: every matrix does, whatever its type (4-bit alone, with a
+    4-bit head: ``fast_llama.head_format``), other types quantized a few thousand rows at a
+    time; with ``paired_tables`` the token table and output layer come as an ``Int4Pair``
+    instead (two planes, about 8 bits: the CPU's head beside 4-bit layers). Every other
     tensor comes as fp32. ``report`` counts tensors decoded.
     """
 
     def __init__(self, path: Path, contents: GGUFContents, groups: bool, report: Progress,
-                 all_groups: bool = False) -> None:
+                 all_groups: bool = False, paired_tables: bool = False) -> None:
         self._path, self._start = path, contents.data_start
         self._tensors = {hf_name(t.name): t for t in contents.tensors if hf_name(t.name) is not None}
         architecture = contents.metadata["general.architecture"]
@@ -147,6 +148,7 @@ class GGUFState(LazyTensors):
         kv_heads = contents.metadata.get(f"{architecture}.attention.head_count_kv") or heads
         self._heads = {"q_proj": heads, "k_proj": kv_heads} if permuted else {}
         self._groups, self._all_groups, self._report, self._done = groups, all_groups, report, set()
+        self._paired_tables = paired_tables
         self._read_buffer: np.ndarray | None = None  # REUSED_READ_BYTES, made at the first tensor that fits
 
     def __getitem__(self, name: str) -> Weight:
@@ -175,7 +177,7 @@ class GGUFState(LazyTensors):
 
     def _decoded(self, name: str, info: GGUFTensorInfo, blocks: np.ndarray) -> Weight:
         if len(info.dims) == 2 and self._all_groups:
-            if name in TABLE_NAMES:
+            if name in TABLE_NAMES and self._paired_tables:
                 return requantized_pair(blocks, info.quant_type)
             return requantized_groups(blocks, info.quant_type)
         if len(info.dims) == 2 and self._groups and info.quant_type in FOUR_BIT_TYPES and name not in TABLE_NAMES:

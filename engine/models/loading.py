@@ -26,7 +26,7 @@ from engine.chat.chat_template import ChatTemplate
 from engine.forward.backend import Backend, HFBackend
 from engine.forward.fast_llama import FastLlama, FastLlamaBackend, head_format
 from engine.forward.fast_scope import unsupported_reason
-from engine.forward.weights.quant_int import INT4_PAIR, fast_format
+from engine.forward.weights.quant_int import INT4_FORMATS, INT4_PAIR, fast_format
 from engine.host.allocator import return_freed_memory
 from engine.models import gguf_direct
 from engine.models.gguf_check import read_gguf
@@ -200,8 +200,9 @@ def _load_gguf(plan: LoadPlan, report: Progress, started: float) -> LoadedModel:
             hf_model = _load_weights(plan.folder, plan.device, precision)
         return wrap_model(hf_model, tokenizer, plan, precision, started)
     groups = "int4" in (fmt, decode_format(fmt, plan))
-    all_groups = head_format(fmt, plan.device) == INT4_PAIR
-    state = gguf_direct.GGUFState(plan.folder, contents, groups, report, all_groups)
+    head_fmt = head_format(fmt, plan.device)
+    state = gguf_direct.GGUFState(plan.folder, contents, groups, report, all_groups=head_fmt in INT4_FORMATS,
+                                  paired_tables=head_fmt == INT4_PAIR)
     model, backend, plan = _fast_backend(config, state, fmt, plan)
     eos_ids = gguf_direct.end_token_ids(contents) | _eos_ids(config, tokenizer)
     return _assemble(model, backend, model.weight_bytes, eos_ids, tokenizer, plan, precision, started)
