@@ -295,7 +295,8 @@ def cpu_formats_notice(source: ModelSource, chosen: str, context_length: int, av
         return f"Running fp16 weights{copy}: {_gib(fp16)} in all fits comfortably in the {_gib(available_bytes)} free."
     four_bit = estimate(source, "nf4", context_length, "cpu").total_bytes
     return (
-        f"Running from the 4-bit weights alone ({_gib(four_bit)} in all), prompts included, which makes prompts "
+        f"Running from the 4-bit weights alone ({_gib(four_bit)} in all; the output layer in two 4-bit planes, about "
+        f"8 bits), prompts included, which makes prompts "
         f"slower: fp16 weights for prompts would need {_gib(fp16)}, more than fits comfortably in the "
         f"{_gib(available_bytes)} free."
     )
