@@ -25,7 +25,7 @@ from engine.forward.backend import PREFILL_CHUNK
 from engine.forward.paged_kv import BatchRow, PagedKV, StepLayout
 from engine.forward.static_cache import KVCache
 from engine.forward.weights.quant import Linear, compute_dtype, embedding
-from engine.forward.weights.quant_int import INT4_PAIR, QUANT_FORMATS, Int4Groups, Int4Pair
+from engine.forward.weights.quant_int import INT4_PAIR, QUANT_FORMATS, Int4Groups, Int4Pair, as_int4_pair
 
 Weight = torch.Tensor | Int4Groups | Int4Pair  # a state's matmul weights may come in 4-bit groups (GGUF files)
 
@@ -60,8 +60,15 @@ class FastLlama:
         # The output layer and token table come first: their full-size temporaries are freed before the layers are held.
         head_fmt = head_format(fmt, device)
         final_norm = _fp32(state["model.norm.weight"], device)
-        self.lm_head = Linear(_fp32(_head(config, state), device), None, head_fmt, final_norm)
-        self.embed = self._token_table(config, state, _table_storage(head_fmt, device, self.dtype))
+        head_name, table_name = _tied_name(config, state, HEAD, TABLE), _tied_name(config, state, TABLE, HEAD)
+        head = _fp32(state[head_name], device)
+        if head_fmt == INT4_PAIR:
+            head = as_int4_pair(head)  # made once where the table is the same weights
+        self.lm_head = Linear(head, None, head_fmt, final_norm)
+        tied = head if table_name == head_name else None
+        del head  # an untied output layer's temporaries go before the table's come
+        self.embed = self._token_table(state, table_name, _table_storage(head_fmt, device, self.dtype), tied)
+        del tied
         self.layers = [
             self._layer(state, f"model.layers.{i}.", fmt, decode_fmt) for i in range(config.num_hidden_layers)
         ]
@@ -69,16 +76,17 @@ class FastLlama:
         self._inv_freq, self._rope_scale = _inverse_frequencies(config, device, state.get(ROPE_FACTORS))
         self._turns = torch.empty(0, 1, self.head_dim // 2, dtype=torch.complex64, device=device)
 
-    def _token_table(self, config: Any, state: Mapping[str, Weight], storage: torch.dtype | None) -> Any:
-        """The token table in ``storage`` (``quant.embedding``), or on the CPU as the file keeps it where the state
-        can hand its rows so (``kept_rows``: a GGUF file's quantized table, ``gguf_blocks.BlockTable``), decoded
-        exactly when looked up, in a fraction of fp16's bytes."""
-        name = _tied_name(config, state, TABLE, HEAD)
+    def _token_table(self, state: Mapping[str, Weight], name: str, storage: torch.dtype | None,
+                     tied: Weight | None) -> Any:
+        """The token table ``name`` in ``storage`` (``quant.embedding``), or on the CPU as the file keeps it where
+        the state can hand its rows so (``kept_rows``: a GGUF file's quantized table, ``gguf_blocks.BlockTable``),
+        decoded exactly when looked up, in a fraction of fp16's bytes. ``tied``: the output layer's weight where it
+        is the same tensor, which is not read again."""
         if self.device.type == "cpu" and hasattr(state, "kept_rows"):
             kept = state.kept_rows(name, self.dtype)
             if kept is not None:
                 return kept
-        return embedding(_fp32(state[name], self.device), storage, self.dtype)
+        return embedding(tied if tied is not None else _fp32(state[name], self.device), storage, self.dtype)
 
     def _layer(self, state: Mapping[str, torch.Tensor], prefix: str, fmt: str, decode_fmt: str | None) -> _Layer:
         """One layer's matmuls, given its norms' weights; the attention scale and the rotary order are folded in."""
@@ -225,12 +233,6 @@ class FastLlama:
 
 TABLE, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 ROPE_FACTORS = "model.rotary_emb.freq_factors"  # only GGUF files hold them (``gguf_direct``)
-
-
-def _head(config: Any, state: Mapping[str, Weight]) -> Weight:
-    """The output layer, asked for apart from the token table (``FastLlama._token_table``), so that a load never
-    holds both tables on their way into their formats."""
-    return state[_tied_name(config, state, HEAD, TABLE)]
 
 
 def _tied_name(config: Any, state: Mapping[str, Weight], name: str, tied_name: str) -> str:
