@@ -100,16 +100,13 @@ def pack_quantized(weight: torch.Tensor | Int4Groups | Int4Pair, bias: torch.Ten
 def _int4_pair_linear(pair: Int4Pair, bias: torch.Tensor | None) -> tuple[Run, int]:
     """Each plane on the int4 kernel, their products summed; a plane the kernel cannot take sends the whole to
     ``int4`` (which falls back to int8)."""
-    if any(_groups_layout(plane) is None for plane in pair.planes):
+    layouts = [_groups_layout(plane) for plane in pair.planes]
+    if None in layouts:
         return pack_quantized(pair.dequantize(), bias, "int4")
-    (coarse, coarse_bytes), *fine = [
-        _int4_packed(plane.q, plane.scales_and_zeros.to(torch.bfloat16), *_groups_layout(plane))
-        for plane in pair.planes
-    ]
-    if not fine:
-        return _with_bias(coarse, coarse_bytes, bias, pair.coarse.q.is_cuda)
-    (rest, rest_bytes), = fine
-    return _with_bias(lambda x: coarse(x).add_(rest(x)), coarse_bytes + rest_bytes, bias, pair.coarse.q.is_cuda)
+    runs, sizes = zip(*(_int4_packed(plane.q, plane.scales_and_zeros.to(torch.bfloat16), *layout)
+                        for plane, layout in zip(pair.planes, layouts)))
+    run = runs[0] if len(runs) == 1 else (lambda x: runs[0](x).add_(runs[1](x)))
+    return _with_bias(run, sum(sizes), bias, pair.coarse.q.is_cuda)
 
 
 def _with_bias(run: Run, nbytes: int, bias: torch.Tensor | None, on_gpu: bool) -> tuple[Run, int]:
