@@ -21,6 +21,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from engine.bench.peer_llama import CHUNK as PEER_CHUNK
+
 PEER_ENV = "HEARTH_PEER_PYTHON"
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("peer_llama.py")
@@ -87,11 +89,12 @@ class PeerProcess:
     def prefill_ms(self, prompt: Sequence[int]) -> float:
         return self.request("prefill", prompt=list(prompt))["prefill_ms"]
 
-    def logits(self, ids: Sequence[int]) -> np.ndarray:
-        """llama.cpp's logits at every position of ``ids`` (teacher-forced): float32 ``[len(ids), vocab]``."""
+    def logits(self, ids: Sequence[int], chunk: int = PEER_CHUNK) -> np.ndarray:
+        """llama.cpp's logits at every position of ``ids`` (teacher-forced), fed ``chunk`` tokens a call (1: token by
+        token): float32 ``[len(ids), vocab]``."""
         with tempfile.TemporaryDirectory(prefix="hearth-peer-") as folder:
             out = Path(folder) / "logits.npy"
-            self.request("logits", ids=list(ids), out=str(out))
+            self.request("logits", ids=list(ids), out=str(out), chunk=chunk)
             return np.load(out)
 
     def batched_tok_s(self, prompt: Sequence[int], sequences: Sequence[int], new_tokens: int) -> dict[int, float]:

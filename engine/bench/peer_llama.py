@@ -12,8 +12,9 @@ Requests (``op`` and its fields), each answered with ``ok`` and its figures:
   ``decode_tok_s`` over the steps after the first token, ``tokens``.
 - ``rss``: ``peak_rss_bytes`` now.
 - ``prefill`` ``prompt``: ``prefill_ms`` from an empty cache.
-- ``logits`` ``ids, out``: every position's logits (``logits_all``) saved as
-  float32 ``[len(ids), vocab]`` to the ``.npy`` file ``out``.
+- ``logits`` ``ids, out, chunk``: every position's logits (``logits_all``) saved as
+  float32 ``[len(ids), vocab]`` to the ``.npy`` file ``out``; ``ids`` go in
+  ``llama_decode`` calls of ``chunk`` tokens (1: token by token, as replies are made).
 - ``batched`` ``prompt, sequences, new_tokens``: for each N, one context holding N
   sequences (each prefilled with ``prompt``), then ``new_tokens`` steps that each
   decode one token of every sequence in one ``llama_decode``, as llama-server's
@@ -103,21 +104,21 @@ class Peer:
     def logits(self, request: dict[str, Any]) -> dict[str, Any]:
         self._check(request["ids"])
         self.ctx.kv_cache_clear()
-        np.save(request["out"], self._feed(self.ctx, request["ids"], 0, all_logits=True))
+        np.save(request["out"], self._feed(self.ctx, request["ids"], 0, all_logits=True, chunk=request.get("chunk", CHUNK)))
         return {"positions": len(request["ids"])}
 
-    def _feed(self, ctx: Any, ids: list[int], start: int, all_logits: bool) -> np.ndarray:
-        """Decode ``ids`` of sequence 0 from ``start``: logits ``[len(ids) or 1, vocab]``."""
+    def _feed(self, ctx: Any, ids: list[int], start: int, all_logits: bool, chunk: int = CHUNK) -> np.ndarray:
+        """Decode ``ids`` of sequence 0 from ``start``, ``chunk`` tokens a call: logits ``[len(ids) or 1, vocab]``."""
         from llama_cpp import _internals as internals
 
         rows = []
         batch = internals.LlamaBatch(n_tokens=CHUNK, embd=0, n_seq_max=1, verbose=False)
-        for offset in range(0, len(ids), CHUNK):
-            chunk = ids[offset:offset + CHUNK]
-            batch.set_batch(chunk, start + offset, all_logits)
+        for offset in range(0, len(ids), chunk):
+            part = ids[offset:offset + chunk]
+            batch.set_batch(part, start + offset, all_logits)
             ctx.decode(batch)
-            wanted = len(chunk) if all_logits else 1
-            base = len(chunk) - wanted
+            wanted = len(part) if all_logits else 1
+            base = len(part) - wanted
             rows += [np.ctypeslib.as_array(ctx.get_logits_ith(base + i), shape=(self.model.n_vocab(),)).copy()
                      for i in range(wanted)]
         batch.close()

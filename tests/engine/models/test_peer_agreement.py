@@ -5,17 +5,21 @@ Hearth's decode step (the path every reply token takes) is compared with
 llama.cpp's (``logits_all``) on the same GGUF file. The mean KL divergence
 (llama.cpp's distribution against Hearth's) is printed and recorded.
 
-The two do not round alike: llama.cpp multiplies Q4_1 weights by activations it
-first rounds to 8 bits (Q8_1), Hearth by fp32 activations. Where the two most
-likely tokens are nearly tied the pick may then differ (measured: 94-96 % of all
-positions agree, with or without the 4-bit decode copy, short of the 98 % asked
-for, and every disagreement had a lead under 0.25 logit). A third run settles
-which of the two rounds more: Hearth at fp32, the file's weights exactly as their
-blocks give them and fp32 throughout. Measured against it, Hearth's decode path
-agrees at 98.2 % (mean KL 0.0003) and llama.cpp at 94.3 % (mean KL 0.0035). So
-the test asks that 99 % of the positions where llama.cpp's lead is at least
-``DECISIVE_LEAD`` agree, that the mean KL stays small, and that Hearth stays at
-least as close to the exact computation as llama.cpp; all figures are recorded.
+The 98 % asked for is more than llama.cpp agrees with itself. The same file,
+the same tokens, fed to llama.cpp token by token (as its replies are made) instead
+of in one 512-token batch: 94.7 % of the next tokens agree, mean KL 0.0044
+(measured; flash attention on or off, or f16 or f32 keys and values, move it
+between 94 and 96 %). llama.cpp rounds each matmul's activations to 8 bits
+(Q8_1), and its batch and one-token paths round in different places; where the
+two most likely tokens are nearly tied, the pick then flips. So the test measures Hearth
+against that spread: it agrees with llama.cpp's batch run (94-96 %, KL 0.0035) as
+closely as llama.cpp's own token-by-token run does, and 99 % of the positions
+where llama.cpp's lead is at least ``DECISIVE_LEAD`` agree. A third run settles
+which engine rounds more: Hearth at fp32, the file's weights exactly as their
+blocks give them and fp32 throughout, which equals transformers' own GGUF load
+(top-1 100 %, KL 0 measured). Against it, Hearth's decode path agrees at 98.2 %
+(mean KL 0.0003) and llama.cpp at 94.3 % (mean KL 0.0035); all figures are
+recorded.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from engine.protocol.messages import LoadOptions
 pytestmark = pytest.mark.peer
 TEXT = Path(__file__).resolve().parents[3] / "README.md"
 POSITIONS = 512
+SPREAD = 0.02  # of top-1 agreement (and, relative, of KL): llama.cpp's own runs range over 94-96 %
 DECISIVE_LEAD = 0.5  # logits between llama.cpp's first and second choice; the median lead is about 0.7
 
 
@@ -80,13 +85,19 @@ def exact(default_model_path, text_ids) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def reference(default_model_path, text_ids) -> np.ndarray:
-    """llama.cpp's logits after each token, [T, V]."""
+def peer_runs(default_model_path, text_ids) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's logits after each token, [T, V]: fed in one batch, and token by token."""
     with PeerProcess(default_model_path, threads=2, n_ctx=POSITIONS + 8) as llama:
-        return llama.logits(text_ids)
+        return llama.logits(text_ids), llama.logits(text_ids, chunk=1)
 
 
-def test_top_1_next_tokens_agree_with_llama_cpp(default_model_path, text_ids, exact, reference, record_property):
+@pytest.fixture(scope="module")
+def reference(peer_runs) -> np.ndarray:
+    return peer_runs[0]
+
+
+def test_top_1_next_tokens_agree_with_llama_cpp(default_model_path, text_ids, exact, peer_runs, record_property):
+    reference, token_by_token = peer_runs
     loaded = _open(default_model_path, "auto")
     hearth = _hearth_logits(loaded, text_ids)  # [T, V]
 
@@ -100,6 +111,9 @@ def test_top_1_next_tokens_agree_with_llama_cpp(default_model_path, text_ids, ex
     record_property("top1_agreement", agreement)
     record_property("top1_agreement_decisive", decisive_agreement)
     record_property("mean_kl", kl)
+    itself = (_agreement(token_by_token, reference), _mean_kl(reference, token_by_token))
+    print(f"llama.cpp token by token against its batch run: top-1 {itself[0]:.4f}, mean KL {itself[1]:.5f}")
+    record_property("llama_cpp_to_itself", itself)
     to_exact = {"hearth": (_agreement(hearth, exact), _mean_kl(exact, hearth)),
                 "llama_cpp": (_agreement(reference, exact), _mean_kl(exact, reference))}
     print("against fp32 on the exact weights: " + ", ".join(
@@ -107,7 +121,7 @@ def test_top_1_next_tokens_agree_with_llama_cpp(default_model_path, text_ids, ex
     record_property("to_exact", to_exact)
     assert reference.shape == hearth.shape and decisive.mean() > 0.5
     assert decisive_agreement >= 0.99
-    assert kl < 0.01
+    assert agreement >= itself[0] - SPREAD and kl <= itself[1] * (1 + SPREAD)
     assert to_exact["hearth"][0] >= 0.98 and to_exact["hearth"][1] <= to_exact["llama_cpp"][1]
 
 
