@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from engine.forward.backend import PREFILL_CHUNK
 from engine.forward.paged_kv import BatchRow, PagedKV, StepLayout
 from engine.forward.static_cache import KVCache
+from engine.forward.weights.pack_worker import PackWorker
 from engine.forward.weights.quant import Linear, compute_dtype, embedding
 from engine.forward.weights.quant_int import INT4_PAIR, QUANT_FORMATS, Int4Groups, Int4Pair, as_int4_pair
 
@@ -57,24 +58,30 @@ class FastLlama:
         self.device = device
         self.decode_fmt = decode_fmt
         self.dtype = compute_dtype(device, fmt)
-        # The output layer and token table come first: their full-size temporaries are freed before the layers are held.
-        head_fmt = head_format(fmt, device)
-        final_norm = _fp32(state["model.norm.weight"], device)
-        head_name, table_name = _tied_name(config, state, HEAD, TABLE), _tied_name(config, state, TABLE, HEAD)
-        head = _fp32(state[head_name], device)
-        if head_fmt == INT4_PAIR:
-            head = as_int4_pair(head)  # made once where the table is the same weights
-        self.lm_head = Linear(head, None, head_fmt, final_norm)
-        tied = head if table_name == head_name else None
-        del head  # an untied output layer's temporaries go before the table's come
-        self.embed = self._token_table(state, table_name, _table_storage(head_fmt, device, self.dtype), tied)
-        del tied
-        self.layers = [
-            self._layer(state, f"model.layers.{i}.", fmt, decode_fmt) for i in range(config.num_hidden_layers)
-        ]
+        with PackWorker() as worker:  # FBGEMM's packing beside the reads (``pack_worker``)
+            self._build(config, state, fmt, decode_fmt, worker if device.type == "cpu" else None)
         self._eps = torch.full((1, 1), self.eps, dtype=self.dtype, device=device)
         self._inv_freq, self._rope_scale = _inverse_frequencies(config, device, state.get(ROPE_FACTORS))
         self._turns = torch.empty(0, 1, self.head_dim // 2, dtype=torch.complex64, device=device)
+
+    def _build(self, config: Any, state: Mapping[str, Weight], fmt: str, decode_fmt: str | None,
+               worker: PackWorker | None) -> None:
+        """The output layer, the token table and the layers, in that order: the first two's full-size temporaries
+        are freed before the layers are held. ``worker`` packs fp16 weights beside the reads."""
+        head_fmt = head_format(fmt, self.device)
+        final_norm = _fp32(state["model.norm.weight"], self.device)
+        head_name, table_name = _tied_name(config, state, HEAD, TABLE), _tied_name(config, state, TABLE, HEAD)
+        head = _fp32(state[head_name], self.device)
+        if head_fmt == INT4_PAIR:
+            head = as_int4_pair(head)  # made once where the table is the same weights
+        self.lm_head = Linear(head, None, head_fmt, final_norm, worker=worker)
+        tied = head if table_name == head_name else None
+        del head  # an untied output layer's temporaries go before the table's come
+        self.embed = self._token_table(state, table_name, _table_storage(head_fmt, self.device, self.dtype), tied)
+        del tied
+        self.layers = [
+            self._layer(state, f"model.layers.{i}.", fmt, decode_fmt, worker) for i in range(config.num_hidden_layers)
+        ]
 
     def _token_table(self, state: Mapping[str, Weight], name: str, storage: torch.dtype | None,
                      tied: Weight | None) -> Any:
@@ -88,7 +95,8 @@ class FastLlama:
                 return kept
         return embedding(tied if tied is not None else _fp32(state[name], self.device), storage, self.dtype)
 
-    def _layer(self, state: Mapping[str, torch.Tensor], prefix: str, fmt: str, decode_fmt: str | None) -> _Layer:
+    def _layer(self, state: Mapping[str, torch.Tensor], prefix: str, fmt: str, decode_fmt: str | None,
+               worker: PackWorker | None) -> _Layer:
         """One layer's matmuls, given its norms' weights; the attention scale and the rotary order are folded in."""
         def weight(name: str) -> Weight:
             return _fp32(state[prefix + name], self.device)
@@ -106,7 +114,7 @@ class FastLlama:
             return _cat_rows([_pair_rows(q, self.heads), _pair_rows(k, self.kv_heads), v])
 
         def linear(rows: Weight, bias: Weight | None, norm: str | None = None) -> Linear:
-            return Linear(rows, bias, fmt, weight(norm) if norm else None, decode_fmt)
+            return Linear(rows, bias, fmt, weight(norm) if norm else None, decode_fmt, worker)
 
         qkv = linear(qkv_rows("weight"), qkv_rows("bias"), "input_layernorm.weight")
         gate_up = _cat_rows([weight("mlp.gate_proj.weight"), weight("mlp.up_proj.weight")])

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.forward.backend import PREFILL_CHUNK
+from engine.forward.weights.pack_worker import Packed, PackWorker
 from engine.forward.weights.packed_sizes import fp16_packed_bytes, fp16_tail_width, runs_on_onednn
 from engine.forward.weights.quant_int import (
     INT4_FORMATS, QUANT_FORMATS, Int4Groups, Int4Pair, as_int4_pair, pack_quantized,
@@ -53,20 +54,22 @@ class Linear:
     ``input_scale`` [K] is an RMSNorm's weight (see the module docstring). ``one_row_fmt``
     keeps a second copy for calls of up to ``FEW_ROWS`` rows (decode steps) in that format. ``weight`` may come
     as ``Int4Groups`` (a GGUF file's 4-bit blocks): ``int4`` packs them as they are; or as an ``Int4Pair``,
-    which ``int4x2`` packs as it is.
+    which ``int4x2`` packs as it is. With a ``worker``, FBGEMM's fp16 prepack runs on it (``pack_worker``): the
+    layer is ready to call once the worker's block is left.
     """
 
     def __init__(
         self, weight: torch.Tensor | Int4Groups | Int4Pair, bias: torch.Tensor | None, fmt: str,
-        input_scale: torch.Tensor | None = None, one_row_fmt: str | None = None,
+        input_scale: torch.Tensor | None = None, one_row_fmt: str | None = None, worker: PackWorker | None = None,
     ) -> None:
         self.fmt = fmt
         self.compute_dtype = compute_dtype(weight.device, fmt)
         many_rows, self.nbytes = _scaled_pack(weight, bias, fmt, self.compute_dtype, input_scale,
-                                              prompts_only=one_row_fmt is not None)
+                                              prompts_only=one_row_fmt is not None, worker=worker)
         self._run, self.one_row_nbytes = many_rows, self.nbytes  # one_row_nbytes: what a one-row call reads
         if one_row_fmt is not None:
-            one_row, self.one_row_nbytes = _scaled_pack(weight, bias, one_row_fmt, self.compute_dtype, input_scale)
+            one_row, self.one_row_nbytes = _scaled_pack(weight, bias, one_row_fmt, self.compute_dtype, input_scale,
+                                                        worker=worker)
             self.nbytes += self.one_row_nbytes
             self._run = lambda x: one_row(x) if x.shape[0] <= FEW_ROWS else many_rows(x)
 
@@ -76,14 +79,14 @@ class Linear:
 
 def _scaled_pack(
     weight: torch.Tensor | Int4Groups | Int4Pair, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype,
-    input_scale: torch.Tensor | None, prompts_only: bool = False,
+    input_scale: torch.Tensor | None, prompts_only: bool = False, worker: PackWorker | None = None,
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
     """``_pack`` with ``input_scale`` folded into the weight, or (4-bit groups) applied to the input on each call."""
     if isinstance(weight, (Int4Groups, Int4Pair)) and fmt not in INT4_FORMATS:
         weight = weight.dequantize()  # [N, K] fp32
     if input_scale is None or fmt not in INT4_FORMATS:
         folded = weight if input_scale is None else weight * input_scale  # [N, K] * [K]
-        return _pack(folded, bias, fmt, dtype, prompts_only)
+        return _pack(folded, bias, fmt, dtype, prompts_only, worker)
     run, nbytes = _pack(weight, bias, fmt, dtype)
     scale = input_scale.to(dtype)  # in the activations' dtype, so the product keeps it (bf16 on a GPU)
     return (lambda x: run(x * scale)), nbytes
@@ -96,7 +99,8 @@ def compute_dtype(device: torch.device, fmt: str) -> torch.dtype:
 
 
 def _pack(
-    weight: torch.Tensor | Int4Groups | Int4Pair, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype, prompts_only: bool = False
+    weight: torch.Tensor | Int4Groups | Int4Pair, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype,
+    prompts_only: bool = False, worker: PackWorker | None = None,
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
     """``prompts_only``: a copy that only prompts use, so an fp16 weight may run on oneDNN or keep its short last
     block of columns in fp32 (the module docstring)."""
@@ -105,7 +109,7 @@ def _pack(
     if weight.device.type == "cpu" and fmt == "fp16":
         if runs_on_onednn(*weight.shape, prompts_only, has_fp16_math()):
             return _onednn_fp16(weight, bias)
-        return _fbgemm_fp16(weight.float(), _fp32(bias), prompts_only)
+        return _fbgemm_fp16(weight.float(), _fp32(bias), prompts_only, worker)
     if fmt not in PLAIN_DTYPES:
         raise ValueError(f"Weight format {fmt!r} is not supported on {weight.device.type}.")
     weight = weight.to(dtype).contiguous()
@@ -113,25 +117,33 @@ def _pack(
     return (lambda x: F.linear(x, weight, bias)), weight.numel() * weight.element_size()
 
 
-def _fbgemm_fp16(weight: torch.Tensor, bias: torch.Tensor | None,
-                 prompts_only: bool) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
-    """FBGEMM's prepacked fp16 matmul of ``weight`` [N, K]; with ``prompts_only`` a short last block of columns
-    (``fp16_tail_width``) goes to an fp32 matmul added to its result instead of to zeros padding it to a whole
-    block."""
+def _fbgemm_fp16(weight: torch.Tensor, bias: torch.Tensor | None, prompts_only: bool,
+                 worker: PackWorker | None) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
+    """FBGEMM's prepacked fp16 matmul of ``weight`` [N, K], packed on ``worker`` where there is one; with
+    ``prompts_only`` a short last block of columns (``fp16_tail_width``) goes to an fp32 matmul added to its result
+    instead of to zeros padding it to a whole block."""
     rows, width = weight.shape
     nbytes = fp16_packed_bytes(rows, width, prompts_only, fp16_math=False)
     tail = fp16_tail_width(rows, width) if prompts_only else 0
-    if tail == 0:
-        packed = torch.ops.quantized.linear_prepack_fp16(weight, bias)
-        return (lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed)), nbytes
     whole = width - tail
-    packed = torch.ops.quantized.linear_prepack_fp16(weight[:, :whole].contiguous(), bias)
+    packed = _prepacked_fp16(weight[:, :whole].contiguous() if tail else weight, bias, worker)
+    if tail == 0:
+        return (lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed.value)), nbytes
     tail_columns = weight[:, whole:].t().contiguous()  # [tail, N]
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic_fp16(x[:, :whole], packed).addmm_(x[:, whole:], tail_columns)
+        return torch.ops.quantized.linear_dynamic_fp16(x[:, :whole], packed.value).addmm_(x[:, whole:], tail_columns)
 
     return run, nbytes
+
+
+def _prepacked_fp16(weight: torch.Tensor, bias: torch.Tensor | None, worker: PackWorker | None) -> Packed:
+    """FBGEMM's fp16 packing of ``weight`` [N, K], on ``worker`` where there is one, else at once."""
+    if worker is not None:
+        return worker.pack(torch.ops.quantized.linear_prepack_fp16, weight, bias)
+    packed = Packed()
+    packed.value = torch.ops.quantized.linear_prepack_fp16(weight, bias)
+    return packed
 
 
 def _onednn_fp16(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
