@@ -105,13 +105,16 @@ class FastLlama:
             return weight(name) if prefix + name in state else None
 
         head_norms = self._head_norms(optional("self_attn.q_norm.weight"), optional("self_attn.k_norm.weight"))
+        in_pairs = getattr(state, "rotary_pairs", False)  # a GGUF file's llama rows: pairs already (``gguf_direct``)
 
         def qkv_rows(kind: str) -> Weight | None:
             q, k, v = (optional(f"self_attn.{p}_proj.{kind}") for p in "qkv")
             if q is None or k is None or v is None:
                 return None
             q = q if head_norms is not None else _scaled(q, self.head_dim**-0.5)  # else the norm takes the scale
-            return _cat_rows([_pair_rows(q, self.heads), _pair_rows(k, self.kv_heads), v])
+            if not in_pairs:
+                q, k = _pair_rows(q, self.heads), _pair_rows(k, self.kv_heads)
+            return _cat_rows([q, k, v])
 
         def linear(rows: Weight, bias: Weight | None, norm: str | None = None) -> Linear:
             return Linear(rows, bias, fmt, weight(norm) if norm else None, decode_fmt, worker)

@@ -12,8 +12,11 @@ buffer the state keeps (``REUSED_READ_BYTES``), since reading each into fresh me
 page fault per 4 KiB: 1.8 s of an 8B model's load.
 
 llama.cpp's converter reorders the query and key rows of llama-architecture models
-(Llama, Mistral) for its rotary layout; ``GGUFState`` puts them back in Hugging Face's
-order, as transformers does, and ``FastLlama`` reorders them for its own.
+(Llama, Mistral) for its rotary layout, rows 2i and 2i + 1 of each head a pair: the order
+``FastLlama`` turns Hugging Face's into. So ``GGUFState`` hands them over as the file
+keeps them and says so (``rotary_pairs``), where putting them back in Hugging Face's
+order, as transformers does, and then into pairs again copied every query and key
+weight twice.
 """
 
 from __future__ import annotations
@@ -131,33 +134,27 @@ class GGUFState(LazyTensors):
     """The file's tensors under Hugging Face's names, each decoded when asked for.
 
     ``groups``: 4-bit layer weights come as ``Int4Groups`` (exact, for a format that packs
-    4-bit groups). ``all_groups``: every matrix does, whatever its type (4-bit alone, with a
+    4-bit groups), with ``cpu_layout`` already in the CPU kernel's layout. ``all_groups``: every matrix does, whatever its type (4-bit alone, with a
     4-bit head: ``fast_llama.head_format``), other types quantized a few thousand rows at a
     time; with ``paired_tables`` the token table and output layer come as an ``Int4Pair``
     instead (two planes, about 8 bits: the CPU's head beside 4-bit layers). Every other
-    tensor comes as fp32. ``report`` counts tensors decoded.
+    tensor comes as fp32. ``report`` counts tensors decoded. ``rotary_pairs``: the query and key rows come in
+    rotary pair order (the module docstring), not Hugging Face's.
     """
 
     def __init__(self, path: Path, contents: GGUFContents, groups: bool, report: Progress,
-                 all_groups: bool = False, paired_tables: bool = False) -> None:
+                 all_groups: bool = False, paired_tables: bool = False, cpu_layout: bool = False) -> None:
         self._path, self._start = path, contents.data_start
         self._tensors = {hf_name(t.name): t for t in contents.tensors if hf_name(t.name) is not None}
-        architecture = contents.metadata["general.architecture"]
-        permuted = architecture in PERMUTED_ARCHITECTURES
-        heads = contents.metadata.get(f"{architecture}.attention.head_count")
-        kv_heads = contents.metadata.get(f"{architecture}.attention.head_count_kv") or heads
-        self._heads = {"q_proj": heads, "k_proj": kv_heads} if permuted else {}
+        self.rotary_pairs = contents.metadata["general.architecture"] in PERMUTED_ARCHITECTURES
         self._groups, self._all_groups, self._report, self._done = groups, all_groups, report, set()
-        self._paired_tables = paired_tables
+        self._paired_tables, self._cpu_layout = paired_tables, cpu_layout
         self._read_buffer: np.ndarray | None = None  # REUSED_READ_BYTES, made at the first tensor that fits
 
     def __getitem__(self, name: str) -> Weight:
         info = self._tensors[name]
         return_freed_memory()  # the previous tensor's temporaries, before this one's
         weight = self._decoded(name, info, self._blocks(info))
-        projection = name.split(".")[-2]
-        if projection in self._heads:
-            weight = _unpermute_rows(weight, self._heads[projection])
         self._counted(name)
         return weight
 
@@ -178,10 +175,10 @@ class GGUFState(LazyTensors):
     def _decoded(self, name: str, info: GGUFTensorInfo, blocks: np.ndarray) -> Weight:
         if len(info.dims) == 2 and self._all_groups:
             if name in TABLE_NAMES and self._paired_tables:
-                return requantized_pair(blocks, info.quant_type)
-            return requantized_groups(blocks, info.quant_type)
+                return requantized_pair(blocks, info.quant_type, self._cpu_layout)
+            return requantized_groups(blocks, info.quant_type, self._cpu_layout)
         if len(info.dims) == 2 and self._groups and info.quant_type in FOUR_BIT_TYPES and name not in TABLE_NAMES:
-            return int4_groups(blocks, info.quant_type)
+            return int4_groups(blocks, info.quant_type, self._cpu_layout)
         return dense(blocks, info.quant_type).reshape(info.shape)
 
     def _blocks(self, info: GGUFTensorInfo, reuse_buffer: bool = True) -> np.ndarray:
@@ -200,11 +197,3 @@ class GGUFState(LazyTensors):
         if self._read_buffer is None:
             self._read_buffer = np.empty(REUSED_READ_BYTES, dtype=np.uint8)  # pages are touched as reads reach them
         return self._read_buffer[:size]
-
-
-def _unpermute_rows(weight: Weight, heads: int) -> Weight:
-    """llama.cpp's rotary row order (pairs: 0, hd/2, 1, hd/2 + 1, … of each head) back to Hugging Face's halves."""
-    head_dim = weight.shape[0] // heads
-    order = torch.arange(head_dim).view(head_dim // 2, 2).t().reshape(-1)  # [hd]: HF row j*hd/2 + i <- 2i + j
-    every_head = (torch.arange(heads).unsqueeze(1) * head_dim + order).flatten()  # [H * hd]
-    return weight[every_head] if isinstance(weight, torch.Tensor) else weight.rows(every_head)

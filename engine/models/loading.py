@@ -202,7 +202,7 @@ def _load_gguf(plan: LoadPlan, report: Progress, started: float) -> LoadedModel:
     groups = "int4" in (fmt, decode_format(fmt, plan))
     head_fmt = head_format(fmt, plan.device)
     state = gguf_direct.GGUFState(plan.folder, contents, groups, report, all_groups=head_fmt in INT4_FORMATS,
-                                  paired_tables=head_fmt == INT4_PAIR)
+                                  paired_tables=head_fmt == INT4_PAIR, cpu_layout=plan.device.type == "cpu")
     model, backend, plan = _fast_backend(config, state, fmt, plan)
     eos_ids = gguf_direct.end_token_ids(contents) | _eos_ids(config, tokenizer)
     return _assemble(model, backend, model.weight_bytes, eos_ids, tokenizer, plan, precision, started)

@@ -13,7 +13,8 @@ In the first two the low nibbles of the 16 bytes are weights 0…15 and the high
 four runs of 32 bytes, whose low nibbles are one sub-block and high nibbles the next.
 All three are 16 evenly spaced values per 32 weights, which is what ``Int4Groups`` holds
 (``(q - 8) * scale + zero`` per 32): they come back exactly, up to the bf16 rounding of each
-group's scale and zero point. ``Q5_K``, ``Q6_K`` and ``Q8_0`` are decoded by ``gguf_codes`` (into fp32, or
+group's scale and zero point. For the CPU their nibbles go straight into its int4 kernel's byte layout
+(``cpu_int4_layout``), never through a byte per code. ``Q5_K``, ``Q6_K`` and ``Q8_0`` are decoded by ``gguf_codes`` (into fp32, or
 straight into int4 groups of 32 where every matrix is wanted in those); every other type (F16, BF16, F32, the
 rarer quants) is dequantized by ``gguf.quants`` into fp32, one tensor at a time, and packed by the layer into
 its format from there.
@@ -27,10 +28,12 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from engine.forward.weights import gguf_codes
+from engine.forward.weights.cpu_int4_layout import packed_from_nibbles
 from engine.forward.weights.gguf_codes import (
     CODE_TYPES, chunk_rows, dense_rows, fp16_field, k_scales_and_mins, row_width,
 )
-from engine.forward.weights.quant_int import ROWS_AT_ONCE, Int4Groups, Int4Pair, int4_groups_of
+from engine.forward.weights.packed_sizes import CPU_INT4_PACK_ROWS
+from engine.forward.weights.quant_int import CPU_INT4_GROUP, ROWS_AT_ONCE, Int4Groups, Int4Pair, int4_groups_of
 
 FOUR_BIT_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K)
 
@@ -57,21 +60,38 @@ def _dense_rows(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> torch.T
     return torch.from_numpy(np.require(dequantize(blocks, quant_type), np.float32, ["C", "W", "O"]))
 
 
-def int4_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Groups:
+def int4_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType, cpu_layout: bool = False) -> Int4Groups:
     """A 4-bit type's blocks [N, bytes per row] as ``Int4Groups`` of 32 (see the module docstring), decoded
-    a few rows at a time (``gguf_codes.chunk_rows``) straight into the result, so no full-size temporaries."""
+    a few rows at a time (``gguf_codes.chunk_rows``) straight into the result, so no full-size temporaries.
+    ``cpu_layout``: the nibbles go straight into the CPU kernel's layout (``cpu_int4_layout``) where the rows come
+    in whole blocks of 64, never through codes of a byte each."""
+    rows, width = blocks.shape[0], row_width(blocks, quant_type)
+    if cpu_layout and rows % CPU_INT4_PACK_ROWS == 0:
+        return _cpu_layout_groups(blocks, quant_type, rows, width)
     return Int4Groups.from_row_chunks(
-        blocks.shape[0], row_width(blocks, quant_type),
-        lambda start, end, q: _int4_rows(blocks[start:end], quant_type, q.numpy()), chunk_rows(blocks, quant_type),
+        rows, width, lambda start, end, q: _int4_rows(blocks[start:end], quant_type, q.numpy()),
+        chunk_rows(blocks, quant_type),
     )
 
 
-def requantized_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Groups:
-    """Any readable type's rows as ``Int4Groups`` of 32: 4-bit types exactly, others quantized
-    (``quant_int.int4_groups_of``, or its equal ``gguf_codes.int4_groups``) a chunk of rows at a time,
-    never the whole tensor in fp32."""
+def _cpu_layout_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType, rows: int, width: int) -> Int4Groups:
+    """``int4_groups`` in the CPU kernel's layout, a few blocks of 64 rows at a time."""
+    packed = torch.empty(rows, width // 2, dtype=torch.uint8)  # [N, K / 2]
+    scales_and_zeros = torch.empty(width // CPU_INT4_GROUP, rows, 2)  # [G, N, 2]
+    step = max(CPU_INT4_PACK_ROWS, chunk_rows(blocks, quant_type) // CPU_INT4_PACK_ROWS * CPU_INT4_PACK_ROWS)
+    for start in range(0, rows, step):
+        end = min(rows, start + step)
+        scales_and_zeros[:, start:end] = _group_scales(blocks[start:end], quant_type)
+        packed_from_nibbles(_nibble_runs(blocks[start:end], quant_type), packed[start:end])
+    return Int4Groups(packed, scales_and_zeros, CPU_INT4_GROUP, in_cpu_layout=True)
+
+
+def requantized_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType, cpu_layout: bool = False) -> Int4Groups:
+    """Any readable type's rows as ``Int4Groups`` of 32: 4-bit types exactly (``cpu_layout``: as ``int4_groups``),
+    others quantized (``quant_int.int4_groups_of``, or its equal ``gguf_codes.int4_groups``) a chunk of rows at a
+    time, never the whole tensor in fp32."""
     if quant_type in FOUR_BIT_TYPES:
-        return int4_groups(blocks, quant_type)
+        return int4_groups(blocks, quant_type, cpu_layout)
     if quant_type in CODE_TYPES:
         return gguf_codes.int4_groups(blocks, quant_type)
 
@@ -83,44 +103,45 @@ def requantized_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> 
     return Int4Groups.from_row_chunks(blocks.shape[0], row_width(blocks, quant_type), quantized)
 
 
-def requantized_pair(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> Int4Pair:
+def requantized_pair(blocks: np.ndarray, quant_type: GGMLQuantizationType, cpu_layout: bool = False) -> Int4Pair:
     """Any readable type's rows as an ``Int4Pair`` (an output layer beside 4-bit layers on the CPU): a 4-bit
-    type's groups exactly, in one plane; any other decoded and quantized into two, a few rows at a time."""
+    type's groups exactly, in one plane (``cpu_layout``: as ``int4_groups``); any other decoded and quantized into
+    two, a few rows at a time."""
     if quant_type in FOUR_BIT_TYPES:
-        return Int4Pair(int4_groups(blocks, quant_type), None)
+        return Int4Pair(int4_groups(blocks, quant_type, cpu_layout), None)
     return Int4Pair.from_rows(blocks.shape[0], row_width(blocks, quant_type),
                               lambda start, end: _dense_rows(blocks[start:end], quant_type))
 
 
 def _int4_rows(blocks: np.ndarray, quant_type: GGMLQuantizationType, q: np.ndarray) -> torch.Tensor:
     """Rows of blocks [N, bytes per row] into their codes ``q`` [N, K] uint8; returns scales and zeros [G, N, 2]."""
+    runs = _nibble_runs(blocks, quant_type).unsqueeze(-2)  # [N, R, 1, L]
+    _split_nibbles(runs, q.reshape(*runs.shape[:2], 2, runs.shape[-1]))  # [N, R, 2, L]: low nibbles first
+    return _group_scales(blocks, quant_type)
+
+
+def _nibble_runs(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> torch.Tensor:
+    """Rows of blocks [N, bytes per row] as their runs of nibble bytes [N, R, L] (a view): byte i of run r holds
+    weight 2Lr + i low and 2Lr + L + i high (Q4_0, Q4_1: a run of 16 per block; Q4_K: four of 32 per block)."""
     rows = blocks.shape[0]
     if quant_type == GGMLQuantizationType.Q4_K:
-        scales, zeros = _q4_k(blocks.reshape(rows, -1, 144), q)
-    else:
-        with_min = quant_type == GGMLQuantizationType.Q4_1
-        scales, zeros = _q4_0_or_1(blocks.reshape(rows, -1, 20 if with_min else 18), with_min, q)
+        return torch.from_numpy(blocks.reshape(rows, -1, 144)[..., 16:]).reshape(rows, -1, 32)
+    start = 4 if quant_type == GGMLQuantizationType.Q4_1 else 2
+    return torch.from_numpy(blocks.reshape(rows, -1, start + 16)[..., start:])  # [N, G, 16]
+
+
+def _group_scales(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> torch.Tensor:
+    """Rows of blocks [N, bytes per row]: each group of 32's scale and zero, [G, N, 2] fp32 (``(q - 8) s + z``)."""
+    rows = blocks.shape[0]
+    if quant_type == GGMLQuantizationType.Q4_K:
+        scales, mins = k_scales_and_mins(blocks.reshape(rows, -1, 144))  # [N, B, 8] each: one per sub-block
+        pairs = torch.stack([scales, scales * 8 - mins], dim=-1)  # (q - 8) s + z = s q - min
+        return pairs.view(rows, -1, 2).transpose(0, 1)  # [G, N, 2]
+    with_min = quant_type == GGMLQuantizationType.Q4_1
+    runs = blocks.reshape(rows, -1, 20 if with_min else 18)  # [N, G, bytes]
+    scales = fp16_field(runs[..., 0:2])  # [N, G]
+    zeros = fp16_field(runs[..., 2:4]) + 8 * scales if with_min else np.zeros_like(scales)  # (q - 8) d + z = q d + m
     return torch.from_numpy(np.stack([scales, zeros], axis=-1)).transpose(0, 1)  # [G, N, 2]
-
-
-def _q4_0_or_1(blocks: np.ndarray, with_min: bool, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[N, G, 18 or 20] bytes -> nibbles into ``q`` [N, G * 32] uint8; scale and zero [N, G] fp32."""
-    d = fp16_field(blocks[..., 0:2])  # [N, G]
-    start = 4 if with_min else 2
-    packed = torch.from_numpy(blocks[..., start : start + 16]).unsqueeze(-2)  # [N, G, 1, 16]
-    _split_nibbles(packed, q.reshape(*blocks.shape[:2], 2, 16))  # [N, G, 2, 16]: low nibbles first
-    zeros = fp16_field(blocks[..., 2:4]) + 8 * d if with_min else np.zeros_like(d)  # (q - 8) d + z = q d + m
-    return d, zeros
-
-
-def _q4_k(blocks: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[N, B, 144] bytes -> nibbles into ``q`` [N, 256B] uint8; scale and zero [N, 8B] fp32 (one per sub-block)."""
-    rows, supers = blocks.shape[:2]
-    scales, mins = k_scales_and_mins(blocks)  # [N, B, 8] each
-    packed = torch.from_numpy(blocks[..., 16:]).reshape(rows, supers, 4, 1, 32)  # four runs of 32 bytes
-    _split_nibbles(packed, q.reshape(rows, supers, 4, 2, 32))  # sub-blocks 2c, 2c + 1
-    zeros = 8 * scales - mins  # (q - 8) s + z = s q - min
-    return scales.reshape(rows, -1), zeros.reshape(rows, -1)
 
 
 def _split_nibbles(packed: torch.Tensor, nibbles: np.ndarray) -> None:

@@ -109,7 +109,7 @@ def _q5_k(blocks: np.ndarray) -> Codes:
     low = torch.cat([packed & 0x0F, packed >> 4], dim=-2).view(rows, supers, 8, 32)  # [N, B, 8, 32]
     high = torch.from_numpy(blocks[..., 16:48]).reshape(rows, supers, 1, 32) >> FIVE_BIT_SHIFTS & 0x01  # [N, B, 8, 32]
     values = (low | high << 4).view(rows, supers * 8, 32)
-    return Codes(values, torch.from_numpy(scales.reshape(rows, -1)), torch.from_numpy(mins.reshape(rows, -1)))
+    return Codes(values, scales.reshape(rows, -1), mins.reshape(rows, -1))
 
 
 def _q6_k(blocks: np.ndarray) -> Codes:
@@ -125,15 +125,16 @@ def _q6_k(blocks: np.ndarray) -> Codes:
     return Codes(values, torch.from_numpy(scales.reshape(rows, -1)), None)
 
 
-def k_scales_and_mins(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def k_scales_and_mins(blocks: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """Q4_K's and Q5_K's [N, B, bytes] super-blocks: each sub-block's scale and min, fp32 [N, B, 8] each
-    (``d`` and ``dmin`` fp16, then 12 bytes of 6-bit sub-scales and sub-mins)."""
-    d, dmin = fp16_field(blocks[..., 0:2]), fp16_field(blocks[..., 2:4])  # [N, B]
-    sub_scales, sub_mins = _six_bit_scales_and_mins(torch.from_numpy(blocks[..., 4:16]))  # [N, B, 8] each, 0…63
-    return d[..., None] * sub_scales, dmin[..., None] * sub_mins
+    (``d`` and ``dmin`` fp16, then 12 bytes of 6-bit sub-scales and sub-mins), in torch's threads throughout."""
+    header = torch.from_numpy(np.ascontiguousarray(blocks[..., 0:16]))  # [N, B, 16]
+    d, dmin = header[..., :4].view(torch.float16).float().unsqueeze(-1).unbind(-2)  # [N, B, 1] each
+    sub_scales, sub_mins = _six_bit_scales_and_mins(header[..., 4:])  # [N, B, 8] each, 0…63
+    return sub_scales.mul_(d), sub_mins.mul_(dmin)
 
 
-def _six_bit_scales_and_mins(packed: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+def _six_bit_scales_and_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """12 bytes [N, B, 12] per super-block as its 8 sub-scales and 8 sub-mins, fp32 [N, B, 8] each: bytes 0-3
     hold scales 0-3 in their low 6 bits, 4-7 mins 0-3, and 8-11 the low 4 bits of scales (mins) 4-7 in their low
     (high) nibble, whose top 2 bits are those of bytes 0-3 (4-7); as ``gguf.quants.Q4_K.get_scale_min``, in
@@ -141,7 +142,7 @@ def _six_bit_scales_and_mins(packed: torch.Tensor) -> tuple[np.ndarray, np.ndarr
     low_scales, low_mins, rest = packed.unflatten(-1, (3, 4)).unbind(-2)  # [N, B, 4] each
     scales = torch.cat([low_scales & 0x3F, (rest & 0x0F) | ((low_scales >> 2) & 0x30)], dim=-1)
     mins = torch.cat([low_mins & 0x3F, (rest >> 4) | ((low_mins >> 2) & 0x30)], dim=-1)
-    return scales.float().numpy(), mins.float().numpy()
+    return scales.float(), mins.float()
 
 
 def fp16_field(pairs: np.ndarray) -> np.ndarray:

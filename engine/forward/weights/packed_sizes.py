@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 FBGEMM_FP16_BLOCK = 512  # PackedGemmMatrixFP16's block of the reduced dimension, as PyTorch builds it
-CPU_INT4_PACK_ROWS = 64  # the CPU int4 kernel's row blocks (``quant_int._cpu_int4_packed`` lays them out)
+CPU_INT4_PACK_ROWS = 64  # the CPU int4 kernel's row blocks (``cpu_int4_layout`` lays them out)
 FP32_BYTES, FP16_BYTES = 4, 2
 ONEDNN_FP16_WEIGHTS = 1 << 22
 """From this many weights an fp16 copy that only prompts use runs on oneDNN's fp16 matmul where the CPU has fp16

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.forward.weights import int4_prompts, triton_gemv
-from engine.forward.weights.packed_sizes import CPU_INT4_PACK_ROWS
+from engine.forward.weights.cpu_int4_layout import codes_from_packed, packed_from_codes
 
 INT4_PAIR = "int4x2"
 """Two planes of 4-bit groups, the second holding what the first's rounding left (``Int4Pair``): about 8 bits'
@@ -89,8 +89,8 @@ def pack_quantized(weight: torch.Tensor | Int4Groups | Int4Pair, bias: torch.Ten
     if isinstance(weight, Int4Groups):
         layout = _groups_layout(weight) if fmt == "int4" else None
         if layout:
-            run, nbytes = _int4_packed(weight.q, weight.scales_and_zeros.to(torch.bfloat16), *layout)
-            return _with_bias(run, nbytes, bias, weight.q.is_cuda)
+            run, nbytes = _int4_packed(weight, layout[1])
+            return _with_bias(run, nbytes, bias, weight.device.type == "cuda")
         weight = weight.dequantize()
     layout = int4_layout(*weight.shape, weight.device) if fmt == "int4" else None
     run, nbytes = _int4_linear(weight, *layout) if layout else _int8_linear(weight)
@@ -103,10 +103,9 @@ def _int4_pair_linear(pair: Int4Pair, bias: torch.Tensor | None) -> tuple[Run, i
     layouts = [_groups_layout(plane) for plane in pair.planes]
     if None in layouts:
         return pack_quantized(pair.dequantize(), bias, "int4")
-    runs, sizes = zip(*(_int4_packed(plane.q, plane.scales_and_zeros.to(torch.bfloat16), *layout)
-                        for plane, layout in zip(pair.planes, layouts)))
+    runs, sizes = zip(*(_int4_packed(plane, tiles) for plane, (_, tiles) in zip(pair.planes, layouts)))
     run = runs[0] if len(runs) == 1 else (lambda x: runs[0](x).add_(runs[1](x)))
-    return _with_bias(run, sum(sizes), bias, pair.coarse.q.is_cuda)
+    return _with_bias(run, sum(sizes), bias, pair.device.type == "cuda")
 
 
 def _with_bias(run: Run, nbytes: int, bias: torch.Tensor | None, on_gpu: bool) -> tuple[Run, int]:
@@ -154,7 +153,7 @@ def int4_layout(rows: int, width: int, device: torch.device, group: int | None =
 
 
 def _groups_layout(weight: Int4Groups) -> tuple[int, int] | None:
-    return int4_layout(*weight.shape, weight.q.device, weight.group)
+    return int4_layout(*weight.shape, weight.device, weight.group)
 
 
 def quantize_int4(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -209,20 +208,21 @@ def int4_groups_of(weight: torch.Tensor, group: int = CPU_INT4_GROUP) -> Int4Gro
 
 
 def _int4_linear(weight: torch.Tensor, group: int, tiles: int) -> tuple[Run, int]:
-    groups = int4_groups_of(weight, group)  # the same groups as at once: each row's are its own
-    return _int4_packed(groups.q, groups.scales_and_zeros.to(torch.bfloat16), group, tiles)
+    return _int4_packed(int4_groups_of(weight, group), tiles)  # the same groups as at once: each row's are its own
 
 
-def _int4_packed(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int, tiles: int) -> tuple[Run, int]:
-    """q [N, K] in 0…15 and bf16 scales-and-zeros [K / group, N, 2] packed for the device's int4 kernel."""
-    if q.is_cuda:
-        q = q.to(torch.uint8)
+def _int4_packed(groups: Int4Groups, tiles: int) -> tuple[Run, int]:
+    """The groups packed for the device's int4 kernel, with bf16 scales-and-zeros [K / group, N, 2]."""
+    scales_and_zeros, group = groups.scales_and_zeros.to(torch.bfloat16), groups.group
+    on_gpu = groups.device.type == "cuda"
+    if on_gpu:
+        q = groups.q.to(torch.uint8)
         nibbles = q[:, ::2] << 4 | q[:, 1::2]  # [N, K/2]: even columns in the high nibble
         packed = torch.ops.aten._convert_weight_to_int4pack(nibbles.contiguous(), tiles)
         matmul = torch.ops.aten._weight_int4pack_mm
     else:
-        packed, matmul = _cpu_int4_packed(q, tiles), torch.ops.aten._weight_int4pack_mm_for_cpu
-    prompt_path = not q.is_cuda and int4_prompts.covers(packed.shape[0])
+        packed, matmul = groups.cpu_packed(tiles), torch.ops.aten._weight_int4pack_mm_for_cpu
+    prompt_path = not on_gpu and int4_prompts.covers(packed.shape[0])
 
     def run(x: torch.Tensor) -> torch.Tensor:
         if prompt_path and x.shape[0] >= int4_prompts.PROMPT_ROWS:
@@ -234,46 +234,44 @@ def _int4_packed(q: torch.Tensor, scales_and_zeros: torch.Tensor, group: int, ti
     return run, nbytes
 
 
-def _cpu_int4_packed(q: torch.Tensor, tiles: int) -> torch.Tensor:
-    """q [N, K] in 0…15 packed for the CPU kernel, [N, K / 2] uint8, laid out as
-    ``_convert_weight_to_int4pack_for_cpu`` lays it out: each block of ``CPU_INT4_PACK_ROWS`` (64) rows is [K, 32]
-    bytes, byte (k, j) holding row j's code k low and row j + 32's high. Built from the codes in their own byte
-    width: the op takes int32, a copy four times the codes' size that took a third of an 8B model's load. A last
-    block of fewer rows goes through the op."""
-    rows, width = q.shape
-    whole, halves = rows // CPU_INT4_PACK_ROWS * CPU_INT4_PACK_ROWS, CPU_INT4_PACK_ROWS // 2
-    codes = q.to(torch.uint8)
-    blocks = codes[:whole].view(-1, CPU_INT4_PACK_ROWS, width)  # [N / 64, 64, K]
-    nibbles = torch.bitwise_left_shift(blocks[:, halves:], 4).bitwise_or_(blocks[:, :halves])  # [N / 64, 32, K]
-    packed = nibbles.transpose(1, 2).contiguous().view(whole, width // 2)  # [N / 64 * 64, K / 2]
-    if whole == rows:
-        return packed
-    rest = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes[whole:].to(torch.int32), tiles)
-    return torch.cat([packed, rest])
-
-
 @dataclass(frozen=True)
 class Int4Groups:
     """A weight [N, K] already in 4-bit groups, as GGUF's 4-bit blocks come: ``w = (q - 8) * scale + zero``.
 
-    ``q`` [N, K] uint8 in 0…15; ``scales_and_zeros`` [K / group, N, 2], kept in fp32 until packed (bf16 then),
-    so that a row scale folded in rounds once. Reordering, concatenating and scaling rows keep the groups intact.
+    ``codes``: q [N, K] uint8 in 0…15, or with ``in_cpu_layout`` already the CPU kernel's bytes [N, K / 2]
+    (``cpu_int4_layout``: made straight from a file's nibbles, N a multiple of 64); ``q`` gives the codes either
+    way. ``scales_and_zeros`` [K / group, N, 2], kept in fp32 until packed (bf16 then), so that a row scale folded
+    in rounds once. Reordering, concatenating and scaling rows keep the groups intact.
     """
 
-    q: torch.Tensor
+    codes: torch.Tensor
     scales_and_zeros: torch.Tensor
     group: int
+    in_cpu_layout: bool = False
+
+    @property
+    def q(self) -> torch.Tensor:
+        """The codes [N, K] uint8 in 0…15 (unpacked anew where they are kept in the CPU kernel's layout)."""
+        return codes_from_packed(self.codes) if self.in_cpu_layout else self.codes
+
+    def cpu_packed(self, tiles: int) -> torch.Tensor:
+        """The CPU kernel's bytes [N, K / 2]."""
+        return self.codes if self.in_cpu_layout else packed_from_codes(self.codes, tiles)
 
     @property
     def shape(self) -> torch.Size:
-        return self.q.shape
+        groups, rows, _ = self.scales_and_zeros.shape
+        return torch.Size((rows, groups * self.group))
 
     @property
     def device(self) -> torch.device:
-        return self.q.device
+        return self.codes.device
 
     def to(self, device: torch.device) -> Int4Groups:
-        return Int4Groups(self.q.to(device), self.scales_and_zeros.to(device, torch.float32), self.group)
+        scales_and_zeros = self.scales_and_zeros.to(device, torch.float32)
+        if self.in_cpu_layout and device.type == "cpu":
+            return Int4Groups(self.codes, scales_and_zeros, self.group, in_cpu_layout=True)
+        return Int4Groups(self.q.to(device), scales_and_zeros, self.group)
 
     def rows(self, order: torch.Tensor) -> Int4Groups:
         """The rows ``order`` [N'] in that order."""
@@ -281,7 +279,7 @@ class Int4Groups:
 
     def scaled(self, factor: float) -> Int4Groups:
         """Every weight times ``factor``: each group's scale and zero point are."""
-        return Int4Groups(self.q, self.scales_and_zeros.float() * factor, self.group)
+        return Int4Groups(self.codes, self.scales_and_zeros.float() * factor, self.group, self.in_cpu_layout)
 
     def dequantize(self) -> torch.Tensor:
         return dequantize_int4(self.q, self.scales_and_zeros, self.group)  # [N, K] fp32
@@ -304,10 +302,11 @@ class Int4Groups:
 
     @staticmethod
     def cat(parts: Sequence[Int4Groups]) -> Int4Groups:
-        """The parts' rows one after another (all of one group size)."""
+        """The parts' rows one after another (all of one group size), in the CPU kernel's layout where all are."""
+        in_cpu_layout = all(part.in_cpu_layout for part in parts)
         return Int4Groups(
-            torch.cat([part.q for part in parts]),
-            torch.cat([part.scales_and_zeros.float() for part in parts], dim=1), parts[0].group,
+            torch.cat([part.codes if in_cpu_layout else part.q for part in parts]),
+            torch.cat([part.scales_and_zeros.float() for part in parts], dim=1), parts[0].group, in_cpu_layout,
         )
 
 

@@ -67,6 +67,20 @@ def test_four_bit_blocks_become_int4_groups_that_stand_for_the_same_weights(quan
     assert (through_kernel(groups) - expected).abs().le(group_tolerance(groups) + output_rounding).all()
 
 
+@pytest.mark.parametrize("quant_type", FOUR_BIT_TYPES, ids=lambda t: t.name)
+def test_four_bit_blocks_go_straight_into_the_cpu_kernels_layout_as_the_same_groups(quant_type: Q, monkeypatch):
+    """Rows in whole blocks of 64, laid out for the kernel without codes (here 64 rows at a time): the same
+    groups, the same bytes as packing the codes, and the same products; other row counts keep the codes."""
+    monkeypatch.setattr("engine.forward.weights.gguf_blocks.chunk_rows", lambda *_: 64)
+    blocks = np.concatenate([crafted_blocks(quant_type, seed) for seed in range(4)])  # [128, bytes per row]
+    plain, laid_out = int4_groups(blocks, quant_type), int4_groups(blocks, quant_type, cpu_layout=True)
+    assert laid_out.in_cpu_layout and laid_out.shape == plain.shape == (128, WIDTH)
+    assert torch.equal(laid_out.q, plain.q) and torch.equal(laid_out.scales_and_zeros, plain.scales_and_zeros)
+    assert torch.equal(laid_out.cpu_packed(1), plain.cpu_packed(1))
+    assert torch.equal(through_kernel(laid_out), through_kernel(plain))
+    assert not int4_groups(blocks[:96], quant_type, cpu_layout=True).in_cpu_layout
+
+
 def test_q4_0_blocks_with_bf16_scales_come_back_exactly_through_the_kernel():
     """Q4_0's zero point is 0, so a bf16 scale loses nothing: only the kernel's bf16 output rounds."""
     blocks = crafted_blocks(Q.Q4_0, seed=1, bf16_scales=True)

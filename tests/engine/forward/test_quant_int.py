@@ -11,8 +11,9 @@ import torch
 from engine.forward.fast_llama import FastLlama
 from engine.forward.weights.quant import FEW_ROWS, Linear
 from engine.forward.weights import int4_prompts
+from engine.forward.weights.cpu_int4_layout import codes_from_packed, packed_from_codes
 from engine.forward.weights.quant_int import (
-    CPU_INT4_GROUP, INT4_PAIR, Int4Pair, _cpu_int4_packed, _int4_packed, as_int4_pair, dequantize_int4, fast_format,
+    CPU_INT4_GROUP, INT4_PAIR, Int4Groups, Int4Pair, _int4_packed, as_int4_pair, dequantize_int4, fast_format,
     int4_groups_of, int4_layout, pack_quantized, quantize_int4, quantize_int8,
 )
 from engine.host.allocator import return_freed_memory
@@ -55,10 +56,13 @@ def test_int4_groups_round_to_within_half_a_step_and_the_cpu_kernel_agrees():
 
 @pytest.mark.parametrize("rows", [64, 960, 80, 112])
 def test_the_cpu_packing_lays_the_codes_out_as_the_kernels_own_op_does(rows: int):
-    """Built from uint8 codes (the op takes int32): whole 64-row blocks by hand, a last block of 16-48 by the op."""
+    """Built from uint8 codes (the op takes int32): whole 64-row blocks by hand, a last block of 16-48 by the op;
+    whole blocks unpack back into the same codes."""
     codes = torch.randint(0, 16, (rows, 256), dtype=torch.uint8, generator=torch.Generator().manual_seed(rows))
     expected = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
-    assert torch.equal(_cpu_int4_packed(codes, 1), expected)
+    assert torch.equal(packed_from_codes(codes, 1), expected)
+    if rows % 64 == 0:
+        assert torch.equal(codes_from_packed(expected), codes)
 
 
 @pytest.mark.parametrize("int8_dot", [True, False], ids=["int8", "fp32"])
@@ -74,7 +78,7 @@ def test_a_prompt_over_4bit_weights_multiplies_within_a_percent_and_few_rows_kee
     generator = torch.Generator().manual_seed(rows)
     q, scales_and_zeros = quantize_int4(torch.randn(rows, width, generator=generator), CPU_INT4_GROUP)
     scales_and_zeros = scales_and_zeros.to(torch.bfloat16)
-    run, _ = _int4_packed(q, scales_and_zeros, CPU_INT4_GROUP, 2)
+    run, _ = _int4_packed(Int4Groups(q.to(torch.uint8), scales_and_zeros, CPU_INT4_GROUP), 2)
     weight = dequantize_int4(q, scales_and_zeros.float(), CPU_INT4_GROUP)  # [N, K]
     prompt, few = torch.randn(int4_prompts.PROMPT_ROWS, width, generator=generator), torch.randn(8, width)
     prompt[:, 5] *= 100
