@@ -134,11 +134,12 @@ class GGUFState(LazyTensors):
     """The file's tensors under Hugging Face's names, each decoded when asked for.
 
     ``groups``: 4-bit layer weights come as ``Int4Groups`` (exact, for a format that packs
-    4-bit groups), with ``cpu_layout`` already in the CPU kernel's layout. ``all_groups``: every matrix does, whatever its type (4-bit alone, with a
-    4-bit head: ``fast_llama.head_format``), other types quantized a few thousand rows at a
-    time; with ``paired_tables`` the token table and output layer come as an ``Int4Pair``
-    instead (two planes, about 8 bits: the CPU's head beside 4-bit layers). Every other
-    tensor comes as fp32. ``report`` counts tensors decoded. ``rotary_pairs``: the query and key rows come in
+    4-bit groups), with ``cpu_layout`` already in the CPU kernel's layout. ``all_groups``:
+    every matrix does, whatever its type (4-bit alone, with a 4-bit head:
+    ``fast_llama.head_format``), other types quantized a few thousand rows at a time; with
+    ``paired_tables`` the token table and output layer come as an ``Int4Pair`` instead (two
+    planes, about 8 bits: the CPU's head beside 4-bit layers). Every other tensor comes as
+    fp32. ``report`` counts tensors decoded. ``rotary_pairs``: the query and key rows come in
     rotary pair order (the module docstring), not Hugging Face's.
     """
 
