@@ -1,4 +1,4 @@
-"""The built wheel carries what an installed Hearth needs: its launcher and its icons."""
+"""The built wheel carries what an installed Hearth needs: its launcher, its icons and its kernels' source."""
 
 from __future__ import annotations
 
@@ -53,3 +53,8 @@ def test_icon_svg_renders(qapp: object) -> None:
 
     assert renderer.isValid()
     assert renderer.defaultSize().width() == renderer.defaultSize().height() == 256
+
+
+def test_wheel_ships_the_cpu_kernels_source(wheel: zipfile.ZipFile) -> None:
+    source = REPO / "engine" / "forward" / "native" / "kernels.c"
+    assert wheel.read("engine/forward/native/kernels.c") == source.read_bytes()  # compiled on the user's machine

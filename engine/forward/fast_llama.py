@@ -22,6 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.forward.backend import PREFILL_CHUNK
+from engine.forward.native import decode_attention as native_attention
+from engine.forward.native import norm as native_norm
+from engine.forward.native.decode_attention import DecodeRuns
 from engine.forward.paged_kv import BatchRow, PagedKV, StepLayout
 from engine.forward.static_cache import KVCache
 from engine.forward.weights.pack_worker import PackWorker
@@ -169,6 +172,8 @@ class FastLlama:
 
     def normalise(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` [S, D] over its root mean square; the norm's own weight goes to the next matmul."""
+        if native_norm.covers(x):
+            return native_norm.rms_norm(x, self.eps)
         if x.shape[0] == 1 and x.dtype == torch.float32:
             # One row: its mean square as one tiny matmul costs a fifth of the general kernel's several ops.
             return x * torch.addmm(self._eps, x, x.t(), alpha=1 / x.shape[1]).rsqrt_()  # [1, D] * [1, 1]
@@ -200,33 +205,53 @@ class FastLlama:
         self.rotations(0, max(span.start + span.length for span in layout.spans))
         turns = self._turns[layout.positions]  # [R, 1, hd/2]
         masks = [_causal_mask(span.start, span.length, self.dtype, self.device) for span in layout.spans]
-        runs = [kv.layer_runs(span.runs) if mask is None else None for span, mask in zip(layout.spans, masks)]
+        decode = self._decode_runs(layout, masks)
+        runs = [kv.layer_runs(span.runs) if mask is None and decode is None else None
+                for span, mask in zip(layout.spans, masks)]
         x = self.embed(ids)  # [R, D]
         for index, layer in enumerate(self.layers):
-            x += self._paged_attention(layer, index, self.normalise(x), kv, layout, turns, masks, runs)
+            x += self._paged_attention(layer, index, self.normalise(x), kv, layout, turns, masks, runs, decode)
             x += layer.down(swiglu(layer.gate_up(self.normalise(x))))
         return self.lm_head(self.normalise(x[layout.last_rows])).float()  # [B, V]
 
+    def _decode_runs(self, layout: StepLayout, masks: list[torch.Tensor | None]) -> DecodeRuns | None:
+        """The step's decode rows for the CPU kernel (``native.decode_attention``), or None where it is not here."""
+        if self.device.type != "cpu" or not native_attention.covers(self.heads, self.kv_heads, self.head_dim):
+            return None
+        decoding = [span for span, mask in zip(layout.spans, masks) if mask is None]
+        return DecodeRuns.of([span.rows.start for span in decoding], [span.runs for span in decoding]) if decoding else None
+
     def _paged_attention(self, layer: _Layer, index: int, h: torch.Tensor, kv: PagedKV, layout: StepLayout,
                          turns: torch.Tensor, masks: list[torch.Tensor | None],
-                         runs: list[list[tuple[tuple[torch.Tensor, torch.Tensor], ...]] | None]) -> torch.Tensor:
+                         runs: list[list[tuple[tuple[torch.Tensor, torch.Tensor], ...]] | None],
+                         decode: DecodeRuns | None) -> torch.Tensor:
         """``runs``: each decode row's keys and values by layer and run (``PagedKV.layer_runs``), None for a prompt
-        chunk."""
+        chunk and for every row where ``decode`` runs the decode rows in the kernel."""
         q, new_keys_values = self._project(layer, h, turns)  # [R, H, hd], [2, Hkv, R, hd]
         kv.write(index, layout.write, new_keys_values)
         attended = torch.empty_like(q)  # [R, H, hd]: each sequence's rows written in place
-        # A decode row's attention is two bmm over views made once per step: a batch of 8 makes 240 such calls a
-        # step, and at this size each op's dispatch costs about what its arithmetic does.
+        if decode is not None:
+            decode.attend(q, attended, kv.buffer[index])
+        else:
+            self._attend_decode_rows(q, attended, layout, [run[index] if run is not None else None for run in runs])
+        for span, mask in zip(layout.spans, masks):
+            if mask is not None:
+                attended[span.rows] = self._attend(q[span.rows], *kv.read(index, span.runs), mask)
         rows, heads, hd = q.shape
+        return layer.out(attended.view(rows, heads * hd))  # [R, D]
+
+    def _attend_decode_rows(self, q: torch.Tensor, attended: torch.Tensor, layout: StepLayout,
+                            runs: list[tuple[tuple[torch.Tensor, torch.Tensor], ...] | None]) -> None:
+        """Each decode row's attention over its runs of this layer (None: a prompt chunk's span), into ``attended``.
+        Two bmm a row over views made once per step: a batch of 8 makes 240 such calls a step, and at this size
+        each op's dispatch costs about what its arithmetic does (``native.decode_attention`` makes them one)."""
+        rows, _, hd = q.shape
         queries, out = q.view(rows, self.kv_heads, -1, hd), attended.view(rows, self.kv_heads, -1, hd)  # [R, Hkv, G, hd]
         if rows == len(layout.spans):  # decode rows alone: every row's view at once
             queries, out = queries.unbind(0), out.unbind(0)
-        for span, mask, run in zip(layout.spans, masks, runs):
+        for span, run in zip(layout.spans, runs):
             if run is not None:
-                attend_runs(queries[span.rows.start], run[index], out[span.rows.start])
-            else:
-                attended[span.rows] = self._attend(q[span.rows], *kv.read(index, span.runs), mask)
-        return layer.out(attended.view(rows, heads * hd))  # [R, D]
+                attend_runs(queries[span.rows.start], run, out[span.rows.start])
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Attention over the cache (``attend``); ``cuda_backend`` overrides it with fused GPU kernels."""

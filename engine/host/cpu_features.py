@@ -28,6 +28,11 @@ def has_int8_dot() -> bool:
     return os.environ.get(INT8_ENV, "1") != "0" and any(flag in _flags() for flag in INT8_DOT_FLAGS)
 
 
+def has_flags(flags: tuple[str, ...]) -> bool:
+    """Whether the CPU reports every one of ``flags`` (``/proc/cpuinfo``'s names)."""
+    return all(flag in _flags() for flag in flags)
+
+
 @functools.cache
 def _flags() -> frozenset[str]:
     try:

@@ -26,7 +26,8 @@ blocks: ``d * q + m`` per 32 weights) come back exactly, up to the bf16 rounding
 of each group's scale and zero point. A decode step reads ~0.63 bytes per weight
 instead of fp16's 2, which is what sets its speed; on the kernel, several tokens at
 once (prefill) run ~2x slower than FBGEMM's fp16 kernel, which dequantizes nothing,
-so calls of many rows go to ``int4_prompts`` (int8 GEMMs). The ``int8`` format has no
+so calls of many rows go to ``int4_prompts`` (int8 GEMMs), and fewer rows to Hearth's own kernel
+(``native.int4_matmul``) where it is built. The ``int8`` format has no
 fast CPU kernel in PyTorch (``_weight_int8pack_mm`` is slower than fp32 here), so on
 the CPU it only serves tests of the quantizer, through the dequantized form.
 """
@@ -39,6 +40,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from engine.forward.native import int4_matmul as native_int4
 from engine.forward.weights import int4_prompts, triton_gemv
 from engine.forward.weights.cpu_int4_layout import codes_from_packed, packed_from_codes
 
@@ -213,7 +215,7 @@ def _int4_linear(weight: torch.Tensor, group: int, tiles: int) -> tuple[Run, int
 
 def _int4_packed(groups: Int4Groups, tiles: int) -> tuple[Run, int]:
     """The groups packed for the device's int4 kernel, with bf16 scales-and-zeros [K / group, N, 2]."""
-    scales_and_zeros, group = groups.scales_and_zeros.to(torch.bfloat16), groups.group
+    scales_and_zeros, group = groups.scales_and_zeros.to(torch.bfloat16).contiguous(), groups.group
     on_gpu = groups.device.type == "cuda"
     if on_gpu:
         q = groups.q.to(torch.uint8)
@@ -223,10 +225,14 @@ def _int4_packed(groups: Int4Groups, tiles: int) -> tuple[Run, int]:
     else:
         packed, matmul = groups.cpu_packed(tiles), torch.ops.aten._weight_int4pack_mm_for_cpu
     prompt_path = not on_gpu and int4_prompts.covers(packed.shape[0])
+    native = native_int4.Int4Matmul(packed, scales_and_zeros, group) if not on_gpu and native_int4.covers(
+        *groups.shape, group) else None
 
     def run(x: torch.Tensor) -> torch.Tensor:
         if prompt_path and x.shape[0] >= int4_prompts.PROMPT_ROWS:
             return int4_prompts.prompt_matmul(x, packed, scales_and_zeros, group)  # [M, N]
+        if native is not None:
+            return native(x)  # [M, N]
         activations = x.to(torch.bfloat16).contiguous()  # the kernels take bf16 rows; a no-op on the GPU path
         return matmul(activations, packed, group, scales_and_zeros).to(x.dtype)  # [M, N]
 

@@ -1,0 +1,8 @@
+"""Hearth's own CPU kernels, in C (engine thread; each call spreads over OpenMP's threads).
+
+``kernels.c`` holds them; ``build`` compiles it once per machine into the cache folder
+and loads it with ctypes, where the CPU has AVX-512 with VNNI and VBMI and a C compiler
+is installed; elsewhere ``build.library()`` is None and the callers keep PyTorch's ops.
+``int4_matmul`` multiplies a few rows by 4-bit weights in the CPU int4 layout;
+``decode_attention`` runs every decode row's attention of a batched step in one call.
+"""

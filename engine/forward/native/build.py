@@ -1,0 +1,88 @@
+"""Compiling ``kernels.c`` once per machine and loading it (engine thread; ``library`` is cached after the first call).
+
+The library goes to ``<cache>/kernels/`` under a name made from the source, the flags
+and the compiler's version, so an edited kernel or a new compiler builds afresh and
+an unchanged one loads in a millisecond. It is built with ``-fopenmp`` and loaded after
+PyTorch, whose ``libgomp.so.1`` it then shares: one pool of threads for both, sized by
+``torch.set_num_threads``. Nothing here is required: no compiler, a CPU without the
+instructions, a failed build (logged once) or ``HEARTH_NATIVE=0`` leave it None.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch  # first: the library's libgomp.so.1 is PyTorch's
+
+from engine.host.cpu_features import has_flags
+from engine.host.paths import cache_dir
+
+SOURCE = Path(__file__).with_name("kernels.c")
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi")
+COMPILE_FLAGS = ("-O3", "-Wall", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512vbmi", "-mfma",
+                 "-fopenmp", "-shared", "-fPIC")
+ENV = "HEARTH_NATIVE"  # "0": PyTorch's ops only (to compare, or where a kernel misbehaves)
+COMPILE_TIMEOUT_S = 120
+
+P, I32, I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+SIGNATURES = {
+    "int4_matmul": (P, I32, I32, P, P, I32, I32, P, P),
+    "decode_attention": (P, P, P, P, I32, P, P, I32, I32, I32, I64),
+    "rms_norm": (P, I32, I32, ctypes.c_float, P),
+}
+
+log = logging.getLogger("hearth.kernels")
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None where they cannot run here (the module docstring)."""
+    if os.environ.get(ENV, "1") == "0" or not has_flags(CPU_FLAGS):
+        return None
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        log.info("No C compiler found: Hearth's CPU kernels stay off, PyTorch's run instead.")
+        return None
+    try:
+        loaded = ctypes.CDLL(str(_built(compiler)))
+    except (OSError, subprocess.SubprocessError) as error:
+        log.warning("Hearth's CPU kernels could not be built (%s); PyTorch's run instead.", error)
+        return None
+    for name, arguments in SIGNATURES.items():
+        function = getattr(loaded, name)
+        function.argtypes, function.restype = arguments, None
+    return loaded
+
+
+def _built(compiler: str) -> Path:
+    """The library for this source, flags and compiler, compiled first where the cache lacks it."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), *COMPILE_FLAGS, version]).encode()).hexdigest()[:16]
+    folder = cache_dir() / "kernels"
+    target = folder / f"hearth-kernels-{key}.so"
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder) as scratch:
+        built = Path(scratch) / target.name
+        result = subprocess.run([compiler, *COMPILE_FLAGS, str(SOURCE), "-o", str(built), "-lm"],
+                                capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        if result.returncode != 0:
+            raise OSError(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "the compiler failed")
+        os.replace(built, target)  # whole or not at all, should two processes build at once
+    return target
+
+
+def address(tensor: torch.Tensor) -> int:
+    """A contiguous CPU tensor's data, for a kernel's pointer argument."""
+    if not tensor.is_contiguous() or tensor.device.type != "cpu":
+        raise ValueError("Hearth's CPU kernels take contiguous CPU tensors.")
+    return tensor.data_ptr()

@@ -1,0 +1,222 @@
+/* Hearth's CPU kernels (engine thread; OpenMP threads inside each call). Built by native/build.py with AVX-512
+   (F, BW, VL, VNNI, VBMI) and loaded with ctypes; every pointer is a contiguous tensor's data. */
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+#define BLOCK_ROWS 64     /* rows per block of the int4 layout (cpu_int4_layout) */
+#define ROW_TILE 2        /* activation rows per pass over a block: their sums fill the registers */
+#define LOW_STEPS 254.0f  /* an activation's second code counts in steps of 1/254 of its first's */
+#define POSITIONS 64      /* attention: positions scored at a time */
+#define MAX_GROUPS 16
+#define MAX_HEAD_DIM 256
+
+/* x [M, K] as two int8 codes a value per group: x = scale * (high + low / LOW_STEPS), |high|, |low| <= 127; sums
+   [M, K / group]: each group's exact sum (it meets the weights' zero points). */
+static void quantize_activations(const float *x, int rows, int width, int group, int8_t *high, int8_t *low,
+                                 float *scales, float *sums) {
+    int groups = width / group;
+    for (int m = 0; m < rows; m++)
+        for (int g = 0; g < groups; g++) {
+            size_t at = (size_t)m * width + (size_t)g * group;
+            float largest = 0.0f, total = 0.0f;
+            for (int i = 0; i < group; i++) {
+                largest = fmaxf(largest, fabsf(x[at + i]));
+                total += x[at + i];
+            }
+            float scale = largest > 0.0f ? largest / 127.0f : 1.0f, inverse = 1.0f / scale;
+            for (int i = 0; i < group; i++) {
+                float scaled = x[at + i] * inverse, rounded = nearbyintf(scaled);
+                high[at + i] = (int8_t)rounded;
+                low[at + i] = (int8_t)nearbyintf((scaled - rounded) * LOW_STEPS);
+            }
+            scales[(size_t)m * groups + g] = scale;
+            sums[(size_t)m * groups + g] = total;
+        }
+}
+
+static inline __m512 bf16_in_low_half(__m512i pairs) { return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)); }
+
+static inline __m512 bf16_in_high_half(__m512i pairs) {
+    return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32((int)0xFFFF0000)));
+}
+
+/* Byte indices that gather four columns (k .. k + 3, two 64-byte loads) of 16 rows into one 32-bit lane a row. */
+static inline __m512i lane_gather(int first_row) {
+    uint8_t index[64];
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 4; c++) index[4 * r + c] = (uint8_t)(32 * c + first_row + r);
+    return _mm512_loadu_si512(index);
+}
+
+/* One block of 64 weight rows against `count` (1 or ROW_TILE) activation rows: y[m, row0 .. row0 + 63]. */
+static inline __attribute__((always_inline)) void int4_block(
+        int count, const int8_t *high, const int8_t *low, const float *scales, const float *sums, int width,
+        const uint8_t *block, const uint16_t *scales_and_zeros, int rows, int group, float *y, int row0) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F), first = lane_gather(0), second = lane_gather(16);
+    const int groups = width / group;
+    __m512 total[ROW_TILE][4];
+    for (int m = 0; m < count; m++)
+        for (int j = 0; j < 4; j++) total[m][j] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        __m512i high_sums[ROW_TILE][4], low_sums[ROW_TILE][4];
+        for (int m = 0; m < count; m++)
+            for (int j = 0; j < 4; j++) high_sums[m][j] = low_sums[m][j] = _mm512_setzero_si512();
+        const uint8_t *bytes = block + (size_t)g * group * 32;
+        for (int k = 0; k < group; k += 4) {
+            __m512i two = _mm512_loadu_si512(bytes + k * 32), next = _mm512_loadu_si512(bytes + k * 32 + 64);
+            __m512i rows_a = _mm512_permutex2var_epi8(two, first, next);   /* rows 0-15 low, 32-47 high nibbles */
+            __m512i rows_b = _mm512_permutex2var_epi8(two, second, next);  /* rows 16-31 low, 48-63 high */
+            __m512i codes[4] = {_mm512_and_si512(rows_a, nibble), _mm512_and_si512(rows_b, nibble),
+                                _mm512_and_si512(_mm512_srli_epi16(rows_a, 4), nibble),
+                                _mm512_and_si512(_mm512_srli_epi16(rows_b, 4), nibble)};
+            for (int m = 0; m < count; m++) {
+                size_t at = (size_t)m * width + (size_t)g * group + k;
+                __m512i x_high = _mm512_set1_epi32(*(const int32_t *)(high + at));
+                __m512i x_low = _mm512_set1_epi32(*(const int32_t *)(low + at));
+                for (int j = 0; j < 4; j++) {
+                    high_sums[m][j] = _mm512_dpbusd_epi32(high_sums[m][j], codes[j], x_high);
+                    low_sums[m][j] = _mm512_dpbusd_epi32(low_sums[m][j], codes[j], x_low);
+                }
+            }
+        }
+        const uint16_t *pairs = scales_and_zeros + ((size_t)g * rows + row0) * 2;
+        for (int j = 0; j < 4; j++) {  /* codes[j] held rows 16j .. 16j + 15 */
+            __m512i pair = _mm512_loadu_si512((const void *)(pairs + 32 * j));
+            __m512 scale = bf16_in_low_half(pair);
+            __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), scale, bf16_in_high_half(pair));  /* z - 8s */
+            for (int m = 0; m < count; m++) {
+                size_t at = (size_t)m * groups + g;
+                __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low_sums[m][j]), _mm512_set1_ps(1.0f / LOW_STEPS),
+                                             _mm512_cvtepi32_ps(high_sums[m][j]));
+                total[m][j] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(scales[at])), total[m][j]);
+                total[m][j] = _mm512_fmadd_ps(offset, _mm512_set1_ps(sums[at]), total[m][j]);
+            }
+        }
+    }
+    for (int m = 0; m < count; m++)
+        for (int j = 0; j < 4; j++) _mm512_storeu_ps(y + (size_t)m * rows + row0 + 16 * j, total[m][j]);
+}
+
+/* y [M, N] = x [M, K] . W^T for W [N, K] in the int4 layout (N a multiple of 64, K of group, group of 4);
+   scales_and_zeros [K / group, N, 2] bf16: w = (q - 8) * scale + zero. scratch: M * (2K + 8K / group) bytes. */
+void int4_matmul(const float *x, int count, int width, const uint8_t *packed, const uint16_t *scales_and_zeros,
+                 int rows, int group, void *scratch, float *y) {
+    const int blocks = rows / BLOCK_ROWS, groups = width / group;
+    int8_t *high = (int8_t *)scratch, *low = high + (size_t)count * width;
+    float *scales = (float *)(low + (size_t)count * width), *sums = scales + (size_t)count * groups;
+    quantize_activations(x, count, width, group, high, low, scales, sums);
+    #pragma omp parallel for schedule(static) if (blocks > 1)
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * (width / 2);
+        for (int m = 0; m < count; m += ROW_TILE) {
+            size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
+            float *out = y + (size_t)m * rows;
+            if (count - m >= ROW_TILE)
+                int4_block(ROW_TILE, high + x_at, low + x_at, scales + group_at, sums + group_at, width, block,
+                           scales_and_zeros, rows, group, out, b * BLOCK_ROWS);
+            else
+                int4_block(1, high + x_at, low + x_at, scales + group_at, sums + group_at, width, block,
+                           scales_and_zeros, rows, group, out, b * BLOCK_ROWS);
+        }
+    }
+}
+
+/* e^x for x <= 0, to fp32's precision: 2^(x log2 e) as 2^n (vscalefps) times a degree-6 polynomial of 2^f, |f| <= 1/2
+   (the Taylor series of e^(f ln 2): its first term left out is below 2e-7 of the result). */
+static inline __m512 exp_of_negative(__m512 x) {
+    __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(1.44269504089f));
+    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(t, n);
+    static const float terms[] = {1.540353e-4f, 1.3333558e-3f, 9.6181291e-3f, 5.5504109e-2f, 0.24022651f, 0.69314718f, 1.0f};
+    __m512 power = _mm512_set1_ps(terms[0]);
+    for (int i = 1; i < 7; i++) power = _mm512_fmadd_ps(power, f, _mm512_set1_ps(terms[i]));
+    return _mm512_scalef_ps(power, n);
+}
+
+/* Decode attention over a block pool's layer [2, Hkv, P, hd] (keys, then values; hd a multiple of 16): query row
+   rows[i] of q [R, H, hd] (already scaled) attends to the positions runs[2j] .. runs[2j + 1] - 1 for first_run[i]
+   <= j < first_run[i + 1], in order; query head h uses kv head h / (H / Hkv). out [R, H, hd]. The softmax runs
+   over tiles of positions with a running maximum, so every position is read once. */
+void decode_attention(const float *q, float *out, const float *layer, const int32_t *rows, int row_count,
+                      const int32_t *first_run, const int32_t *runs, int heads, int kv_heads, int head_dim,
+                      int64_t positions) {
+    const int groups = heads / kv_heads, vectors = head_dim / 16;
+    #pragma omp parallel for collapse(2) schedule(static) if (row_count * kv_heads > 1)
+    for (int i = 0; i < row_count; i++)
+        for (int h = 0; h < kv_heads; h++) {
+            const float *queries = q + ((size_t)rows[i] * heads + (size_t)h * groups) * head_dim;
+            const float *keys = layer + (size_t)h * positions * head_dim;
+            const float *values = layer + ((size_t)kv_heads + h) * positions * head_dim;
+            __m512 query[MAX_GROUPS][MAX_HEAD_DIM / 16], acc[MAX_GROUPS][MAX_HEAD_DIM / 16];
+            float best[MAX_GROUPS], weight_sum[MAX_GROUPS], score[MAX_GROUPS][POSITIONS];
+            for (int g = 0; g < groups; g++) {
+                best[g] = -INFINITY;
+                weight_sum[g] = 0.0f;
+                for (int v = 0; v < vectors; v++) {
+                    query[g][v] = _mm512_loadu_ps(queries + (size_t)g * head_dim + 16 * v);
+                    acc[g][v] = _mm512_setzero_ps();
+                }
+            }
+            for (int j = first_run[i]; j < first_run[i + 1]; j++)
+                for (int64_t start = runs[2 * j]; start < runs[2 * j + 1]; start += POSITIONS) {
+                    int count = (int)(runs[2 * j + 1] - start < POSITIONS ? runs[2 * j + 1] - start : POSITIONS);
+                    for (int p = 0; p < count; p++) {
+                        const float *key = keys + (size_t)(start + p) * head_dim;
+                        for (int g = 0; g < groups; g++) {
+                            __m512 dot = _mm512_mul_ps(query[g][0], _mm512_loadu_ps(key));
+                            for (int v = 1; v < vectors; v++)
+                                dot = _mm512_fmadd_ps(query[g][v], _mm512_loadu_ps(key + 16 * v), dot);
+                            score[g][p] = _mm512_reduce_add_ps(dot);
+                        }
+                    }
+                    for (int g = 0; g < groups; g++) {
+                        float most = best[g];
+                        for (int p = 0; p < count; p += 16) {
+                            __mmask16 valid = _cvtu32_mask16(count - p >= 16 ? 0xFFFFu : (1u << (count - p)) - 1);
+                            most = fmaxf(most, _mm512_mask_reduce_max_ps(valid, _mm512_maskz_loadu_ps(valid, score[g] + p)));
+                        }
+                        float kept = expf(best[g] - most);  /* 0 at the first tile */
+                        __m512 tile_sum = _mm512_setzero_ps();
+                        for (int p = 0; p < count; p += 16) {
+                            __mmask16 valid = _cvtu32_mask16(count - p >= 16 ? 0xFFFFu : (1u << (count - p)) - 1);
+                            __m512 weight = exp_of_negative(_mm512_sub_ps(_mm512_maskz_loadu_ps(valid, score[g] + p),
+                                                                          _mm512_set1_ps(most)));
+                            _mm512_mask_storeu_ps(score[g] + p, valid, weight);
+                            tile_sum = _mm512_mask_add_ps(tile_sum, valid, tile_sum, weight);
+                        }
+                        weight_sum[g] = weight_sum[g] * kept + _mm512_reduce_add_ps(tile_sum);
+                        for (int v = 0; v < vectors; v++) acc[g][v] = _mm512_mul_ps(acc[g][v], _mm512_set1_ps(kept));
+                        best[g] = most;
+                    }
+                    for (int p = 0; p < count; p++) {
+                        const float *value = values + (size_t)(start + p) * head_dim;
+                        for (int v = 0; v < vectors; v++) {
+                            __m512 part = _mm512_loadu_ps(value + 16 * v);
+                            for (int g = 0; g < groups; g++)
+                                acc[g][v] = _mm512_fmadd_ps(_mm512_set1_ps(score[g][p]), part, acc[g][v]);
+                        }
+                    }
+                }
+            for (int g = 0; g < groups; g++) {
+                float *target = out + ((size_t)rows[i] * heads + (size_t)h * groups + g) * head_dim;
+                __m512 inverse = _mm512_set1_ps(1.0f / weight_sum[g]);
+                for (int v = 0; v < vectors; v++) _mm512_storeu_ps(target + 16 * v, _mm512_mul_ps(acc[g][v], inverse));
+            }
+        }
+}
+
+/* out [M, K] = x [M, K] over each row's root mean square (the norm's own weight is the next matmul's). */
+void rms_norm(const float *x, int rows, int width, float eps, float *out) {
+    #pragma omp parallel for schedule(static) if (rows >= 64)
+    for (int m = 0; m < rows; m++) {
+        const float *row = x + (size_t)m * width;
+        float squares = 0.0f;
+        #pragma omp simd reduction(+ : squares)
+        for (int k = 0; k < width; k++) squares += row[k] * row[k];
+        float scale = 1.0f / sqrtf(squares / (float)width + eps);
+        #pragma omp simd
+        for (int k = 0; k < width; k++) out[(size_t)m * width + k] = row[k] * scale;
+    }
+}

@@ -1,0 +1,103 @@
+"""Hearth's C kernels give what PyTorch's ops give: 4-bit matmuls of a few rows, and decode attention over a block
+pool; where they cannot be built the callers keep PyTorch's ops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.forward.fast_llama import attend_runs
+from engine.forward.native import build
+from engine.forward.native import decode_attention as native_attention
+from engine.forward.native import int4_matmul as native_int4
+from engine.forward.native.decode_attention import DecodeRuns
+from engine.forward.native.int4_matmul import Int4Matmul
+from engine.forward.native.norm import rms_norm
+from engine.forward.weights.quant_int import int4_groups_of, pack_quantized
+
+needs_kernels = pytest.mark.skipif(build.library() is None, reason="no AVX-512 VNNI/VBMI or no C compiler here")
+
+
+def _dequantized(groups) -> torch.Tensor:
+    """The weight the packed groups stand for once their scales and zeros are rounded to bf16, as both kernels
+    take them: [N, K] fp32."""
+    scales_and_zeros = groups.scales_and_zeros.to(torch.bfloat16).float()  # [G, N, 2]
+    per_weight = scales_and_zeros.repeat_interleave(groups.group, dim=0).transpose(0, 1)  # [N, K, 2]
+    return (groups.q.float() - 8) * per_weight[..., 0] + per_weight[..., 1]
+
+
+@needs_kernels
+@pytest.mark.parametrize("length", [1, 2, 3, 16])
+def test_int4_rows_match_the_dequantized_weight(length):
+    torch.manual_seed(length)
+    groups = int4_groups_of(torch.randn(192, 160) * 0.05)  # 3 blocks of 64 rows, 5 groups of 32
+    multiply = Int4Matmul(groups.cpu_packed(2), groups.scales_and_zeros.to(torch.bfloat16).contiguous(), 32)
+    x = torch.randn(length, 160) * torch.logspace(-2, 1, 160)  # groups of very different sizes
+    exact = x @ _dequantized(groups).t()  # [M, N]
+    assert ((multiply(x) - exact).abs().max() / exact.abs().max()).item() < 1e-4
+
+
+@needs_kernels
+def test_int4_layers_take_the_kernel_for_a_few_rows_and_agree_with_pytorchs():
+    torch.manual_seed(0)
+    groups = int4_groups_of(torch.randn(128, 96) * 0.05)
+    run, _ = pack_quantized(groups, None, "int4")
+    x = torch.randn(4, 96)
+    exact = x @ _dequantized(groups).t()
+    theirs = torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), groups.cpu_packed(2), 32,
+                                                        groups.scales_and_zeros.bfloat16()).float()
+    error, their_error = ((run(x) - exact).abs().max(), (theirs - exact).abs().max())
+    assert error < their_error / 10  # about 15-bit activations where PyTorch's kernel takes bf16 rows
+
+
+@needs_kernels
+def test_decode_attention_matches_pytorchs_over_runs_of_the_pool():
+    torch.manual_seed(0)
+    heads, kv_heads, head_dim, positions = 6, 2, 32, 512
+    layer = torch.randn(2, kv_heads, positions, head_dim)  # [2, Hkv, P, hd]
+    runs = [(slice(0, 1),), (slice(64, 64 + 130),), (slice(300, 364), slice(400, 411))]  # one, past a tile, two runs
+    q = torch.randn(len(runs) + 1, heads, head_dim) * 0.3  # the last row: a prompt chunk's, not attended here
+    out = torch.full_like(q, 7.0)
+    DecodeRuns.of(list(range(len(runs))), runs).attend(q, out, layer)
+    for row, row_runs in enumerate(runs):
+        views = tuple((layer[0, :, r].transpose(1, 2), layer[1, :, r]) for r in row_runs)
+        expected = attend_runs(q[row].view(kv_heads, -1, head_dim), views, torch.empty(kv_heads, heads // kv_heads,
+                                                                                       head_dim))
+        assert torch.allclose(out[row], expected.view(heads, head_dim), atol=1e-5)
+    assert torch.equal(out[-1], torch.full_like(out[-1], 7.0))
+
+
+def test_without_the_kernels_the_callers_keep_pytorchs_ops(monkeypatch):
+    monkeypatch.setenv(build.ENV, "0")
+    build.library.cache_clear()
+    try:
+        assert build.library() is None
+        assert not native_int4.covers(128, 96, 32) and not native_attention.covers(6, 2, 32)
+        groups = int4_groups_of(torch.randn(128, 96) * 0.05)
+        run, _ = pack_quantized(groups, None, "int4")
+        x = torch.randn(2, 96)
+        assert torch.allclose(run(x), x @ _dequantized(groups).t(), atol=1e-2)
+    finally:
+        monkeypatch.delenv(build.ENV)
+        build.library.cache_clear()
+
+
+def test_a_failed_build_leaves_the_kernels_off(monkeypatch, tmp_path):
+    failing = tmp_path / "cc"
+    failing.write_text("#!/bin/sh\necho 'cc: error: no such thing' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    monkeypatch.setenv("CC", str(failing))
+    monkeypatch.setattr(build, "has_flags", lambda flags: True)
+    monkeypatch.setattr(build, "cache_dir", lambda: tmp_path)
+    build.library.cache_clear()
+    try:
+        assert build.library() is None
+    finally:
+        build.library.cache_clear()
+
+
+@needs_kernels
+@pytest.mark.parametrize("length", [1, 8, 80])  # 80: the rows spread over the threads
+def test_rms_norm_matches_pytorchs(length):
+    x = torch.randn(length, 576) * 3
+    assert torch.allclose(rms_norm(x, 1e-5), torch.nn.functional.rms_norm(x, (576,), eps=1e-5), atol=1e-5)
