@@ -4,5 +4,6 @@
 and loads it with ctypes, where the CPU has AVX-512 with VNNI and VBMI and a C compiler
 is installed; elsewhere ``build.library()`` is None and the callers keep PyTorch's ops.
 ``int4_matmul`` multiplies a few rows by 4-bit weights in the CPU int4 layout;
-``decode_attention`` runs every decode row's attention of a batched step in one call.
+``decode_attention`` runs a batched step's attention of its decode rows and short prompt chunks;
+``norm`` is RMSNorm.
 """

@@ -36,6 +36,7 @@ P, I32, I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
 SIGNATURES = {
     "int4_matmul": (P, I32, I32, P, P, I32, I32, P, P),
     "decode_attention": (P, P, P, P, I32, P, P, I32, I32, I32, I64),
+    "chunk_attention": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64),
     "rms_norm": (P, I32, I32, ctypes.c_float, P),
 }
 

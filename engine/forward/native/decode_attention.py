@@ -1,13 +1,14 @@
-"""Every decode row's attention of a batched step in one call per layer, read in place from the block pool (engine
-thread).
+"""A batched step's attention in the CPU kernels, read in place from the block pool (engine thread).
 
 A decode row is one query token over its sequence's keys and values, which lie in one
 or two runs of the pool's position axis. In PyTorch ops that is two small ``bmm`` and a
 softmax per row and layer: a batch of 8 made 480 of each a step, about 21 µs apiece,
-most of it dispatch and thread wake-up. ``DecodeRuns`` turns the step's rows and runs
-into index tensors once; ``attend`` then runs all rows and kv heads of one layer in the
-kernel, with the softmax's running maximum kept per query head (one pass over the
-positions).
+most of it dispatch and thread wake-up. ``DecodeRuns`` turns the step's decode rows and
+runs into index tensors once; its ``attend`` runs all of them and every kv head of one
+layer in one call, the softmax's running maximum kept per query head (one pass over the
+positions). ``ChunkRuns`` does the same for a short prompt chunk (the tokens a step
+takes beside decoding rows), each row seeing the positions up to its own: there SDPA
+cost 1.05 ms a layer for 16 rows 2 000 positions deep, the kernel 0.66.
 """
 
 from __future__ import annotations
@@ -45,12 +46,11 @@ class DecodeRuns:
         return DecodeRuns(_int32(list(rows)), _int32(first_run), _int32(bounds).view(-1, 2))
 
     def attend(self, q: torch.Tensor, out: torch.Tensor, layer_kv: torch.Tensor) -> None:
-        """``q`` [R, H, hd] (already scaled) over ``layer_kv`` [2, Hkv, P, hd] into ``out`` [R, H, hd] (contiguous),
-        at the decode rows only; query head ``h`` uses kv head ``h // (H / Hkv)``."""
+        """``q`` [R, H, hd] (already scaled) over ``layer_kv`` [2, Hkv, P, hd] into ``out`` [R, H, hd] (all
+        contiguous), at the decode rows only; query head ``h`` uses kv head ``h // (H / Hkv)``."""
         _, heads, head_dim = q.shape
         kv_heads, positions = layer_kv.shape[1], layer_kv.shape[2]
-        q = q.contiguous()  # the step's queries are a view of its q, k, v projections
-        library().decode_attention(q.data_ptr(), address(out), address(layer_kv), *self._addresses, heads, kv_heads,
+        library().decode_attention(address(q), address(out), address(layer_kv), *self._addresses, heads, kv_heads,
                                    head_dim, positions)
 
     @property
@@ -60,3 +60,27 @@ class DecodeRuns:
 
 def _int32(values: list) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int32)
+
+
+@dataclass(frozen=True)
+class ChunkRuns:
+    """A prompt chunk's rows (``first_row`` …, ``count`` of them, from position ``start``) and its sequence's runs
+    of positions, for the chunk kernel: each row attends to the positions up to its own."""
+
+    first_row: int
+    count: int
+    start: int
+    bounds: torch.Tensor  # [runs, 2] int32
+
+    @staticmethod
+    def of(first_row: int, count: int, start: int, runs: tuple[slice, ...]) -> ChunkRuns:
+        return ChunkRuns(first_row, count, start, _int32([(run.start, run.stop) for run in runs]).view(-1, 2))
+
+    def attend(self, q: torch.Tensor, out: torch.Tensor, layer_kv: torch.Tensor) -> None:
+        """``q`` [R, H, hd] (already scaled) over ``layer_kv`` [2, Hkv, P, hd] into ``out`` [R, H, hd] (all
+        contiguous), at the chunk's rows only."""
+        _, heads, head_dim = q.shape
+        kv_heads, positions = layer_kv.shape[1], layer_kv.shape[2]
+        library().chunk_attention(address(q), address(out), address(layer_kv), self.first_row, self.count,
+                                  self.start, self.bounds.data_ptr(), len(self.bounds), heads, kv_heads, head_dim,
+                                  positions)

@@ -220,3 +220,114 @@ void rms_norm(const float *x, int rows, int width, float eps, float *out) {
         for (int k = 0; k < width; k++) out[(size_t)m * width + k] = row[k] * scale;
     }
 }
+
+#define CHUNK_QUERIES 32  /* a chunk task's queries (rows times query heads of one kv head): two vectors */
+#define KEYS_AT_ONCE 8    /* positions scored together: 16 running sums beside the two query vectors */
+#define DIMS_AT_ONCE 8    /* value dimensions summed together, likewise */
+
+/* Runs a chunk task's score and value sums over the positions slot .. slot + n - 1 (logical positions logical ..).
+   qt [hd][32]: the task's queries, transposed; acc [hd][32]: its weighted values; best, total: per query. */
+static void chunk_tile(const float *keys, const float *values, int64_t slot, int n, int64_t logical, int head_dim,
+                       const float (*qt)[CHUNK_QUERIES], float (*acc)[CHUNK_QUERIES], const __m512i limit[2],
+                       __m512 best[2], __m512 total[2]) {
+    __m512 score[POSITIONS][2];
+    for (int p0 = 0; p0 < n; p0 += KEYS_AT_ONCE) {
+        int m = n - p0 < KEYS_AT_ONCE ? n - p0 : KEYS_AT_ONCE;
+        __m512 sums[KEYS_AT_ONCE][2];
+        for (int p = 0; p < KEYS_AT_ONCE; p++) sums[p][0] = sums[p][1] = _mm512_setzero_ps();
+        for (int d = 0; d < head_dim; d++) {
+            __m512 q0 = _mm512_load_ps(qt[d]), q1 = _mm512_load_ps(qt[d] + 16);
+            for (int p = 0; p < m; p++) {
+                __m512 k = _mm512_set1_ps(keys[(slot + p0 + p) * head_dim + d]);
+                sums[p][0] = _mm512_fmadd_ps(q0, k, sums[p][0]);
+                sums[p][1] = _mm512_fmadd_ps(q1, k, sums[p][1]);
+            }
+        }
+        for (int p = 0; p < m; p++)
+            for (int v = 0; v < 2; v++) {  /* a query sees the positions before its limit */
+                __mmask16 seen = _mm512_cmpgt_epi32_mask(limit[v], _mm512_set1_epi32((int)(logical + p0 + p)));
+                score[p0 + p][v] = _mm512_mask_blend_ps(seen, _mm512_set1_ps(-INFINITY), sums[p][v]);
+            }
+    }
+    __m512 kept[2];
+    for (int v = 0; v < 2; v++) {
+        __m512 most = best[v];
+        for (int p = 0; p < n; p++) most = _mm512_max_ps(most, score[p][v]);
+        kept[v] = exp_of_negative(_mm512_sub_ps(best[v], most));  /* 0 at the first tile */
+        total[v] = _mm512_mul_ps(total[v], kept[v]);
+        for (int p = 0; p < n; p++) {
+            score[p][v] = exp_of_negative(_mm512_sub_ps(score[p][v], most));
+            total[v] = _mm512_add_ps(total[v], score[p][v]);
+        }
+        best[v] = most;
+    }
+    for (int d0 = 0; d0 < head_dim; d0 += DIMS_AT_ONCE) {  /* 16 running sums: 8 dimensions of both vectors */
+        __m512 sums[DIMS_AT_ONCE][2];
+        for (int i = 0; i < DIMS_AT_ONCE; i++)
+            for (int v = 0; v < 2; v++) sums[i][v] = _mm512_mul_ps(_mm512_load_ps(acc[d0 + i] + 16 * v), kept[v]);
+        for (int p = 0; p < n; p++) {
+            const float *value = values + (slot + p) * head_dim + d0;
+            for (int i = 0; i < DIMS_AT_ONCE; i++) {
+                __m512 part = _mm512_set1_ps(value[i]);
+                sums[i][0] = _mm512_fmadd_ps(score[p][0], part, sums[i][0]);
+                sums[i][1] = _mm512_fmadd_ps(score[p][1], part, sums[i][1]);
+            }
+        }
+        for (int i = 0; i < DIMS_AT_ONCE; i++)
+            for (int v = 0; v < 2; v++) _mm512_store_ps(acc[d0 + i] + 16 * v, sums[i][v]);
+    }
+}
+
+/* A prompt chunk's attention over a block pool's layer [2, Hkv, P, hd]: rows first_row .. first_row + count - 1 of
+   q [R, H, hd] (already scaled), row r at position start + r, each attending to the sequence's first start + r + 1
+   positions, which lie in the runs runs[2j] .. runs[2j + 1] - 1 (j < run_count, in order). Each task takes one kv
+   head and a few rows, its queries in the lanes of two vectors: a key's value is broadcast against all of them, so
+   nothing is transposed and the causal limit is a compare per lane. */
+void chunk_attention(const float *q, float *out, const float *layer, int first_row, int count, int start,
+                     const int32_t *runs, int run_count, int heads, int kv_heads, int head_dim, int64_t positions) {
+    const int groups = heads / kv_heads;
+    const int rows_per_task = CHUNK_QUERIES / groups;
+    const int blocks = (count + rows_per_task - 1) / rows_per_task;
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int h = 0; h < kv_heads; h++)
+        for (int b = 0; b < blocks; b++) {
+            const int r0 = b * rows_per_task, r1 = r0 + rows_per_task < count ? r0 + rows_per_task : count;
+            const int queries = (r1 - r0) * groups;
+            const float *keys = layer + (size_t)h * positions * head_dim;
+            const float *values = layer + ((size_t)kv_heads + h) * positions * head_dim;
+            float qt[MAX_HEAD_DIM][CHUNK_QUERIES] __attribute__((aligned(64)));
+            float acc[MAX_HEAD_DIM][CHUNK_QUERIES] __attribute__((aligned(64)));
+            int32_t limits[CHUNK_QUERIES] __attribute__((aligned(64)));
+            for (int j = 0; j < CHUNK_QUERIES; j++) {
+                const float *query = q + ((size_t)(first_row + r0 + j / groups) * heads + (size_t)h * groups
+                                          + j % groups) * head_dim;
+                for (int d = 0; d < head_dim; d++) {
+                    qt[d][j] = j < queries ? query[d] : 0.0f;
+                    acc[d][j] = 0.0f;
+                }
+                limits[j] = j < queries ? start + r0 + j / groups + 1 : 1 << 30;  /* padding lanes see everything */
+            }
+            __m512i limit[2] = {_mm512_load_si512(limits), _mm512_load_si512(limits + 16)};
+            __m512 best[2] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY)};
+            __m512 total[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+            const int64_t seen = start + r1;  /* positions the block's last row sees */
+            int64_t logical = 0;
+            for (int j = 0; j < run_count && logical < seen; j++)
+                for (int64_t slot = runs[2 * j]; slot < runs[2 * j + 1] && logical < seen; slot += POSITIONS) {
+                    int64_t n = runs[2 * j + 1] - slot;
+                    n = n < POSITIONS ? n : POSITIONS;
+                    n = n < seen - logical ? n : seen - logical;
+                    chunk_tile(keys, values, slot, (int)n, logical, head_dim, (const float (*)[CHUNK_QUERIES])qt,
+                               acc, limit, best, total);
+                    logical += n;
+                }
+            float totals[CHUNK_QUERIES] __attribute__((aligned(64)));
+            _mm512_store_ps(totals, total[0]);
+            _mm512_store_ps(totals + 16, total[1]);
+            for (int j = 0; j < queries; j++) {
+                float *target = out + ((size_t)(first_row + r0 + j / groups) * heads + (size_t)h * groups
+                                       + j % groups) * head_dim;
+                for (int d = 0; d < head_dim; d++) target[d] = acc[d][j] / totals[j];
+            }
+        }
+}

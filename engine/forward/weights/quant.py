@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from engine.forward.backend import PREFILL_CHUNK
 from engine.forward.weights.pack_worker import Packed, PackWorker
+from engine.forward.native.build import library as native_kernels
 from engine.forward.weights.packed_sizes import fp16_packed_bytes, fp16_tail_width, runs_on_onednn
 from engine.forward.weights.quant_int import (
     INT4_FORMATS, QUANT_FORMATS, Int4Groups, Int4Pair, as_int4_pair, pack_quantized,
@@ -46,13 +47,22 @@ FEW_ROWS = 16
 the 4-bit copy reads about a quarter of fp16's bytes. A whole decode step of SmolLM2-135M on the 2-core CPU, 200
 positions each, fp16 against the 4-bit copy: 23.9 / 11.8 ms at 1 row, 50.5 / 35.5 at 8, 92.8 / 80.3 at 16, 102.1 /
 94.3 at 24 (a prompt chunk of 40 or more rows beside decode rows is faster in fp16)."""
+FEW_ROWS_NATIVE = 64
+"""``FEW_ROWS`` where Hearth's int4 kernel runs the 4-bit copy (``native.int4_matmul``): whole steps of SmolLM2-135M
+(2-core Zen 4), fp16 against the 4-bit copy, 77.7 / 71.2 ms at 24 rows, 101.7 / 89.9 at 32, 132.1 / 116.3 at 48."""
+
+
+def few_rows() -> int:
+    """The most rows a call answers from a ``Linear``'s ``one_row_fmt`` copy."""
+    return FEW_ROWS_NATIVE if native_kernels() is not None else FEW_ROWS
 
 
 class Linear:
     """``y = (x * input_scale) @ W.T + b`` with ``W`` [N, K] held in ``fmt``; ``nbytes`` is what the weights occupy.
 
     ``input_scale`` [K] is an RMSNorm's weight (see the module docstring). ``one_row_fmt``
-    keeps a second copy for calls of up to ``FEW_ROWS`` rows (decode steps) in that format. ``weight`` may come
+    keeps a second copy for calls of up to ``FEW_ROWS`` rows (``FEW_ROWS_NATIVE`` beside Hearth's kernels: decode
+    steps, and the short prompt chunks beside them) in that format. ``weight`` may come
     as ``Int4Groups`` (a GGUF file's 4-bit blocks): ``int4`` packs them as they are; or as an ``Int4Pair``,
     which ``int4x2`` packs as it is. With a ``worker``, FBGEMM's fp16 prepack runs on it (``pack_worker``): the
     layer is ready to call once the worker's block is left.
@@ -71,7 +81,8 @@ class Linear:
             one_row, self.one_row_nbytes = _scaled_pack(weight, bias, one_row_fmt, self.compute_dtype, input_scale,
                                                         worker=worker)
             self.nbytes += self.one_row_nbytes
-            self._run = lambda x: one_row(x) if x.shape[0] <= FEW_ROWS else many_rows(x)
+            few = few_rows()
+            self._run = lambda x: one_row(x) if x.shape[0] <= few else many_rows(x)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._run(x)  # [..., K] -> [..., N]

@@ -1,16 +1,16 @@
-"""Hearth's C kernels give what PyTorch's ops give: 4-bit matmuls of a few rows, and decode attention over a block
-pool; where they cannot be built the callers keep PyTorch's ops."""
+"""Hearth's C kernels give what PyTorch's ops give: 4-bit matmuls of a few rows, decode rows' and short prompt
+chunks' attention over a block pool, RMSNorm; where they cannot be built the callers keep PyTorch's ops."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.forward.fast_llama import attend_runs
+from engine.forward.fast_llama import _causal_mask, attend, attend_runs
 from engine.forward.native import build
 from engine.forward.native import decode_attention as native_attention
 from engine.forward.native import int4_matmul as native_int4
-from engine.forward.native.decode_attention import DecodeRuns
+from engine.forward.native.decode_attention import ChunkRuns, DecodeRuns
 from engine.forward.native.int4_matmul import Int4Matmul
 from engine.forward.native.norm import rms_norm
 from engine.forward.weights.quant_int import int4_groups_of, pack_quantized
@@ -101,3 +101,20 @@ def test_a_failed_build_leaves_the_kernels_off(monkeypatch, tmp_path):
 def test_rms_norm_matches_pytorchs(length):
     x = torch.randn(length, 576) * 3
     assert torch.allclose(rms_norm(x, 1e-5), torch.nn.functional.rms_norm(x, (576,), eps=1e-5), atol=1e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize(("start", "length"), [(0, 5), (40, 33), (250, 128)])  # 250 + 128: past the first run
+def test_chunk_attention_matches_sdpa_with_its_causal_mask(start, length):
+    torch.manual_seed(start)
+    heads, kv_heads, head_dim = 9, 3, 64
+    layer = torch.randn(2, kv_heads, 1024, head_dim)  # [2, Hkv, P, hd]
+    seen = start + length  # a shared prefix of 300 positions, then its own blocks
+    runs = (slice(100, 100 + min(seen, 300)),) + ((slice(600, 600 + seen - 300),) if seen > 300 else ())
+    q = torch.randn(length + 2, heads, head_dim) * 0.3  # rows 0 and 1: another sequence's
+    out = torch.full_like(q, 7.0)
+    ChunkRuns.of(2, length, start, runs).attend(q, out, layer)
+    keys, values = (torch.cat([layer[i, :, run] for run in runs], dim=1) for i in (0, 1))  # [Hkv, T, hd]
+    expected = attend(q[2:], keys, values, _causal_mask(start, length, torch.float32, torch.device("cpu")))
+    assert torch.allclose(out[2:], expected, atol=1e-5)
+    assert torch.equal(out[:2], torch.full_like(out[:2], 7.0))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.forward.fast_llama import FastLlama
-from engine.forward.weights.quant import FEW_ROWS, Linear
+from engine.forward.weights.quant import Linear, few_rows
 from engine.forward.weights import int4_prompts
 from engine.forward.weights.cpu_int4_layout import codes_from_packed, packed_from_codes
 from engine.forward.weights.quant_int import (
@@ -155,7 +155,7 @@ def test_fp16_with_a_4bit_decode_copy_answers_few_rows_from_the_copy_and_many_fr
     weight, norm = _q4_1_blocks(96, 128), torch.rand(128) + 0.5
     dual = Linear(weight, None, "fp16", norm, one_row_fmt="int4")
     fp16, int4 = Linear(weight, None, "fp16", norm), Linear(weight, None, "int4", norm)
-    prompt, decode_step = torch.randn(FEW_ROWS + 1, 128), torch.randn(FEW_ROWS, 128)
+    prompt, decode_step = torch.randn(few_rows() + 1, 128), torch.randn(few_rows(), 128)
     assert torch.equal(dual(prompt), fp16(prompt)) and torch.equal(dual(decode_step), int4(decode_step))
     assert dual.nbytes == fp16.nbytes + int4.nbytes
 

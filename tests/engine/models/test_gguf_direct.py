@@ -17,7 +17,7 @@ import torch
 from gguf.constants import GGMLQuantizationType as Q
 
 from engine.chat.chat_template import ChatTemplate
-from engine.forward.weights.quant import FEW_ROWS
+from engine.forward.weights.quant import few_rows
 from engine.forward.weights.quant_int import Int4Groups, Int4Pair
 from engine.models.gguf_check import read_gguf
 from engine.models.gguf_direct import GGUFState, direct_reason, hf_config
@@ -89,7 +89,7 @@ def test_auto_on_a_4bit_file_keeps_an_fp16_copy_for_prompts_and_4bit_groups_for_
     path, hf_model = reference["llama"]
     auto = _load(path, "fp16", four_bit_source=True)
     assert auto.precision_label == "fp16, 4-bit decode"
-    long_prompt = (PROMPT * 3)[: FEW_ROWS + 1]
+    long_prompt = (PROMPT * 10)[: few_rows() + 1]
     prompt_logits = _last_logits(auto, long_prompt)  # more rows than a decode step's: the fp16 copy
     one_row = _last_logits(auto, PROMPT[:1])  # one row: the 4-bit groups
     assert torch.nn.functional.cosine_similarity(prompt_logits, _hf_logits(hf_model, long_prompt), dim=0) > 0.999
