@@ -24,11 +24,12 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.scheduler.block_pool import ROOT, BlockPool, common_prefix_length
+from engine.scheduler.step_pacer import StepPacer
 
 DEFAULT_STEP_TOKENS = 40
-"""Tokens per step while some sequence decodes: it bounds their inter-token time while a prompt joins. With 7
-streams and a 2 000-token prompt joining (built-in model, one thread): 64 gave a p99 of 4.2x the median, 40 gave 2.4x
-with the prompt's first token 1.5x later than alone."""
+"""Tokens per step while some sequence decodes, until the pacer (``step_pacer``) has seen what steps cost: it bounds
+their inter-token time while a prompt joins. With 7 streams and a 2 000-token prompt joining (built-in model, one
+thread): 64 gave a p99 of 4.2x the median, 40 gave 2.4x with the prompt's first token 1.5x later than alone."""
 IDLE_STEP_TOKENS = 512  # per step while none does: a lone prompt is prefilled in big chunks, as before batching
 DEFAULT_MAX_RUNNING = 16
 
@@ -87,8 +88,11 @@ class Scheduler:
     """Waiting and running sequences over one ``BlockPool``."""
 
     def __init__(self, pool: BlockPool, step_tokens: int = DEFAULT_STEP_TOKENS, max_running: int = DEFAULT_MAX_RUNNING,
-                 idle_step_tokens: int = IDLE_STEP_TOKENS) -> None:
+                 idle_step_tokens: int = IDLE_STEP_TOKENS, pacer: StepPacer | None = None) -> None:
+        """``pacer``: sizes the prompt tokens of a step with decoding rows from what steps cost (``step_pacer``);
+        ``step_tokens`` is the budget until it knows, or throughout without one."""
         self.pool = pool
+        self.pacer = pacer
         self.step_tokens = max(step_tokens, max_running)
         self.idle_step_tokens = max(idle_step_tokens, self.step_tokens)
         self.max_running = max_running
@@ -245,8 +249,7 @@ class Scheduler:
         return sum(max(self._blocks_for(len(seq.token_ids)) - len(seq.blocks), 0) for seq in self.running)
 
     def _chunks(self) -> tuple[ScheduledChunk, ...]:
-        decoding = any(seq.pending == 1 for seq in self.running)
-        budget = self.step_tokens if decoding else self.idle_step_tokens
+        budget = self._step_budget()
         chunks: dict[str, ScheduledChunk] = {}
         for seq in sorted(self.running, key=lambda s: s.pending > 1):  # decoding sequences first
             count = self._held_for(seq, min(seq.pending, budget))
@@ -257,6 +260,15 @@ class Scheduler:
             samples = seq.computed + count == len(seq.token_ids)
             chunks[seq.request_id] = ScheduledChunk(seq.request_id, tokens, seq.computed, tuple(seq.blocks), samples)
         return tuple(chunks[s.request_id] for s in self.running if s.request_id in chunks)
+
+    def _step_budget(self) -> int:
+        """Tokens for the next step: the idle budget with nothing decoding, else a token per decoding row and what
+        the pacer allows the prompts (the fixed budget until it knows)."""
+        decoding = sum(seq.pending == 1 for seq in self.running)
+        if not decoding:
+            return self.idle_step_tokens
+        paced = self.pacer.prompt_tokens(decoding) if self.pacer else None
+        return self.step_tokens if paced is None else decoding + paced
 
     def _held_for(self, seq: SequenceState, count: int) -> int:
         """``count`` tokens, or as many as its blocks can hold once it takes the blocks they need where free."""

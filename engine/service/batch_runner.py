@@ -28,6 +28,7 @@ from engine.protocol.messages import BatchSampled, FinishReason, KVPoolStats, Me
 from engine.scheduler.block_pool import BlockPool
 from engine.scheduler.conversation_chains import ConversationChains
 from engine.scheduler.scheduler import DEFAULT_MAX_RUNNING, DEFAULT_STEP_TOKENS, Scheduler, Step
+from engine.scheduler.step_pacer import StepPacer
 from engine.service.reply_events import ReplyEvents
 
 BLOCK_SIZE = 16
@@ -73,7 +74,7 @@ class BatchRunner:
         budget = kv_pool_budget(loaded.device) if budget_bytes is None else budget_bytes
         blocks = pool_blocks(budget, self.bytes_per_block, loaded.context_length, max_running)
         self.kv = self._backend.new_pool(blocks, BLOCK_SIZE)
-        self.scheduler = Scheduler(BlockPool(blocks, BLOCK_SIZE), step_tokens, max_running)
+        self.scheduler = Scheduler(BlockPool(blocks, BLOCK_SIZE), step_tokens, max_running, pacer=StepPacer())
         self.conversations = ConversationChains(self.scheduler.pool, blocks)
         self._active: dict[str, _Active] = {}
         self._sampled_tokens: collections.deque[tuple[float, int]] = collections.deque()
@@ -104,14 +105,22 @@ class BatchRunner:
             self._emit(ReplyFailed(request_id, message))
             self._active.pop(request_id, None)
         if step.chunks or step.copies:
+            started = time.perf_counter()
             logits = self._run(step)
             if logits is not None:
+                self._paced(step, (time.perf_counter() - started) * 1000)
                 self.scheduler.complete(step)
                 sampling = [(i, c.request_id) for i, c in enumerate(step.chunks) if c.samples]
                 for index, request_id in sampling:
                     self._sampled_or_failed(request_id, logits[index], memory)
                 self._sampled_tokens.append((time.perf_counter(), len(sampling)))
         self._report(force=not self.has_work)  # the last step's state always goes out: the panel shows it idle
+
+    def _paced(self, step: Step, ms: float) -> None:
+        """The step's forward time, for the pacer, with its one-token rows and its prompt tokens."""
+        prompts = [chunk for chunk in step.chunks if len(chunk.token_ids) > 1]
+        tokens = sum(len(chunk.token_ids) for chunk in prompts)
+        self.scheduler.pacer.observe(len(step.chunks) - len(prompts), tokens, ms)
 
     def request_bytes(self, request_id: str) -> int:
         seq = self.scheduler.get(request_id)
