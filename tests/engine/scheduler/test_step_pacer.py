@@ -31,11 +31,13 @@ def test_dearer_tokens_make_smaller_chunks_but_a_prompt_always_moves_on():
     assert pacer.prompt_tokens(7) == MIN_PROMPT_TOKENS
 
 
-def test_a_prompt_prefill_steps_cost_what_they_take_alone():
+def test_a_prompts_own_steps_stand_in_doubled_until_a_step_beside_decoding_rows_is_seen():
     pacer = StepPacer(ratio=3.0)
-    pacer.observe(0, 512, 512.0)  # a prompt alone: 1 ms a token
+    pacer.observe(0, 512, 512.0)  # a prompt alone: 1 ms a token in big chunks
     pacer.observe(4, 0, 10.0)
-    assert pacer.prompt_tokens(4) == 20  # (3 - 1) * 10 ms at 1 ms a token
+    assert pacer.prompt_tokens(4) == 10  # (3 - 1) * 10 ms at twice 1 ms a token
+    pacer.observe(4, 10, 25.0)  # beside 4 decoding rows: 1.5 ms a token
+    assert pacer.prompt_tokens(4) == 13
 
 
 def test_the_scheduler_gives_a_joining_prompt_what_the_pacer_allows():
