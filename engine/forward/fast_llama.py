@@ -162,10 +162,11 @@ class FastLlama:
         length = token_ids.shape[0]
         cache.reserve(start + length)
         turns = self.rotations(start, start + length)  # [S, 1, hd/2] complex
-        mask = _causal_mask(start, length, self.dtype, self.device)  # [S, start+S] or None
+        kernel = self._cache_kernel(start, length)
+        mask = None if kernel is not None else _causal_mask(start, length, self.dtype, self.device)  # [S, start+S]
         x = self.embed(token_ids)  # [S, D]
         for index, layer in enumerate(self.layers):
-            x += self._attention(layer, index, self.normalise(x), cache, start, turns, mask)
+            x += self._attention(layer, index, self.normalise(x), cache, start, turns, mask, kernel)
             x += layer.down(swiglu(layer.gate_up(self.normalise(x))))
         cache.length = start + length
         return self.lm_head(self.normalise(x[-1:]))[0].float()  # [V]
@@ -179,11 +180,25 @@ class FastLlama:
             return x * torch.addmm(self._eps, x, x.t(), alpha=1 / x.shape[1]).rsqrt_()  # [1, D] * [1, 1]
         return F.rms_norm(x, (x.shape[1],), eps=self.eps)
 
+    def _cache_kernel(self, start: int, length: int) -> DecodeRuns | ChunkRuns | None:
+        """The CPU kernel for ``length`` new tokens at ``start`` of a ``KVCache`` (one run of positions), or None:
+        the kernels are not here, or a chunk too long for them (SDPA)."""
+        if (self.device.type != "cpu" or length > KERNEL_CHUNK_ROWS
+                or not native_attention.covers(self.heads, self.kv_heads, self.head_dim)):
+            return None
+        held = (slice(0, start + length),)
+        return DecodeRuns.of([0], [held]) if length == 1 else ChunkRuns.of(0, length, start, held)
+
     def _attention(self, layer: _Layer, index: int, h: torch.Tensor, cache: KVCache, start: int,
-                   turns: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+                   turns: torch.Tensor, mask: torch.Tensor | None,
+                   kernel: DecodeRuns | ChunkRuns | None) -> torch.Tensor:
         q, new_keys_values = self._project(layer, h, turns)  # [S, H, hd], [2, Hkv, S, hd]
         keys, values = cache.write(index, start, new_keys_values)  # [Hkv, T, hd] each
-        attended = self._attend(q, keys, values, mask)  # [S, H, hd]
+        if kernel is not None:
+            q, attended = q.contiguous(), torch.empty(q.shape, dtype=q.dtype)  # [S, H, hd]
+            kernel.attend(q, attended, cache.buffer[index])
+        else:
+            attended = self._attend(q, keys, values, mask)  # [S, H, hd]
         return layer.out(attended.reshape(h.shape[0], self.heads * self.head_dim))  # [S, D]
 
     def _project(self, layer: _Layer, h: torch.Tensor, turns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
