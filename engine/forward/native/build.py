@@ -53,7 +53,7 @@ def library() -> ctypes.CDLL | None:
         log.info("No C compiler found: Hearth's CPU kernels stay off, PyTorch's run instead.")
         return None
     try:
-        loaded = ctypes.CDLL(str(_built(compiler)))
+        loaded = _loaded(compiler)
     except (OSError, subprocess.SubprocessError) as error:
         log.warning("Hearth's CPU kernels could not be built (%s); PyTorch's run instead.", error)
         return None
@@ -61,6 +61,16 @@ def library() -> ctypes.CDLL | None:
         function = getattr(loaded, name)
         function.argtypes, function.restype = arguments, None
     return loaded
+
+
+def _loaded(compiler: str) -> ctypes.CDLL:
+    """The library, built first where needed; a cached copy that does not load (cut short, say) is built again."""
+    target = _built(compiler)
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError:
+        target.unlink(missing_ok=True)
+        return ctypes.CDLL(str(_built(compiler)))
 
 
 def _built(compiler: str) -> Path:

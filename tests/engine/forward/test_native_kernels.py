@@ -3,6 +3,12 @@ chunks' attention over a block pool, RMSNorm; where they cannot be built the cal
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -15,6 +21,7 @@ from engine.forward.native.int4_matmul import Int4Matmul
 from engine.forward.native.norm import rms_norm
 from engine.forward.weights.quant_int import int4_groups_of, pack_quantized
 
+REPO = Path(__file__).resolve().parents[3]
 needs_kernels = pytest.mark.skipif(build.library() is None, reason="no AVX-512 VNNI/VBMI or no C compiler here")
 
 
@@ -51,9 +58,10 @@ def test_int4_layers_take_the_kernel_for_a_few_rows_and_agree_with_pytorchs():
 
 
 @needs_kernels
-def test_decode_attention_matches_pytorchs_over_runs_of_the_pool():
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(6, 2, 32), (28, 4, 128)])  # 28/4/128: Qwen2.5-7B's
+def test_decode_attention_matches_pytorchs_over_runs_of_the_pool(heads, kv_heads, head_dim):
     torch.manual_seed(0)
-    heads, kv_heads, head_dim, positions = 6, 2, 32, 512
+    positions = 512
     layer = torch.randn(2, kv_heads, positions, head_dim)  # [2, Hkv, P, hd]
     runs = [(slice(0, 1),), (slice(64, 64 + 130),), (slice(300, 364), slice(400, 411))]  # one, past a tile, two runs
     q = torch.randn(len(runs) + 1, heads, head_dim) * 0.3  # the last row: a prompt chunk's, not attended here
@@ -104,10 +112,12 @@ def test_rms_norm_matches_pytorchs(length):
 
 
 @needs_kernels
-@pytest.mark.parametrize(("start", "length"), [(0, 5), (40, 33), (250, 128)])  # 250 + 128: past the first run
-def test_chunk_attention_matches_sdpa_with_its_causal_mask(start, length):
+@pytest.mark.parametrize(("start", "length", "heads", "kv_heads", "head_dim"), [
+    (0, 5, 9, 3, 64), (40, 33, 9, 3, 64), (250, 128, 9, 3, 64),  # 250 + 128: past the first run
+    (250, 19, 28, 4, 128), (0, 40, 32, 32, 64),  # Qwen2.5-7B's heads (7 a kv head), SmolLM2-1.7B's (one)
+])
+def test_chunk_attention_matches_sdpa_with_its_causal_mask(start, length, heads, kv_heads, head_dim):
     torch.manual_seed(start)
-    heads, kv_heads, head_dim = 9, 3, 64
     layer = torch.randn(2, kv_heads, 1024, head_dim)  # [2, Hkv, P, hd]
     seen = start + length  # a shared prefix of 300 positions, then its own blocks
     runs = (slice(100, 100 + min(seen, 300)),) + ((slice(600, 600 + seen - 300),) if seen > 300 else ())
@@ -118,3 +128,13 @@ def test_chunk_attention_matches_sdpa_with_its_causal_mask(start, length):
     expected = attend(q[2:], keys, values, _causal_mask(start, length, torch.float32, torch.device("cpu")))
     assert torch.allclose(out[2:], expected, atol=1e-5)
     assert torch.equal(out[:2], torch.full_like(out[:2], 7.0))
+
+
+@needs_kernels
+def test_a_damaged_library_in_the_cache_is_built_again(monkeypatch, tmp_path):
+    monkeypatch.setenv("HEARTH_HOME", str(tmp_path))
+    cached = build._built(shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"))
+    cached.write_bytes(b"\x7fELF cut short")  # as an interrupted copy might leave it
+    loads = [sys.executable, "-c", "from engine.forward.native.build import library; print(library() is not None)"]
+    result = subprocess.run(loads, capture_output=True, text=True, timeout=300, cwd=REPO, check=True)
+    assert result.stdout.strip() == "True" and cached.stat().st_size > 1000
