@@ -66,6 +66,8 @@ class FastLlama:
         self._eps = torch.full((1, 1), self.eps, dtype=self.dtype, device=device)
         self._inv_freq, self._rope_scale = _inverse_frequencies(config, device, state.get(ROPE_FACTORS))
         self._turns = torch.empty(0, 1, self.head_dim // 2, dtype=torch.complex64, device=device)
+        self._attention_kernels = device.type == "cpu" and native_attention.covers(self.heads, self.kv_heads,
+                                                                                   self.head_dim)
 
     def _build(self, config: Any, state: Mapping[str, Weight], fmt: str, decode_fmt: str | None,
                worker: PackWorker | None) -> None:
@@ -180,11 +182,14 @@ class FastLlama:
             return x * torch.addmm(self._eps, x, x.t(), alpha=1 / x.shape[1]).rsqrt_()  # [1, D] * [1, 1]
         return F.rms_norm(x, (x.shape[1],), eps=self.eps)
 
+    def _kernel_takes(self, length: int) -> bool:
+        """Whether ``length`` new tokens of one sequence attend in the CPU kernels (else SDPA, or two bmm a row)."""
+        return self._attention_kernels and length <= KERNEL_CHUNK_ROWS
+
     def _cache_kernel(self, start: int, length: int) -> DecodeRuns | ChunkRuns | None:
-        """The CPU kernel for ``length`` new tokens at ``start`` of a ``KVCache`` (one run of positions), or None:
-        the kernels are not here, or a chunk too long for them (SDPA)."""
-        if (self.device.type != "cpu" or length > KERNEL_CHUNK_ROWS
-                or not native_attention.covers(self.heads, self.kv_heads, self.head_dim)):
+        """The CPU kernel for ``length`` new tokens at ``start`` of a ``KVCache`` (one run of positions), or None
+        where it does not take them."""
+        if not self._kernel_takes(length):
             return None
         held = (slice(0, start + length),)
         return DecodeRuns.of([0], [held]) if length == 1 else ChunkRuns.of(0, length, start, held)
@@ -220,8 +225,8 @@ class FastLlama:
         self.rotations(0, max(span.start + span.length for span in layout.spans))
         turns = self._turns[layout.positions]  # [R, 1, hd/2]
         kernels = self._kernel_attention(layout)
-        masks = [None if kernels is not None and span.length <= KERNEL_CHUNK_ROWS
-                 else _causal_mask(span.start, span.length, self.dtype, self.device) for span in layout.spans]
+        masks = [None if self._kernel_takes(span.length) else _causal_mask(span.start, span.length, self.dtype,
+                                                                           self.device) for span in layout.spans]
         runs = [kv.layer_runs(span.runs) if span.length == 1 and kernels is None else None for span in layout.spans]
         x = self.embed(ids)  # [R, D]
         for index, layer in enumerate(self.layers):
@@ -232,12 +237,12 @@ class FastLlama:
     def _kernel_attention(self, layout: StepLayout) -> list[DecodeRuns | ChunkRuns] | None:
         """The step's attention in the CPU kernels (``native.decode_attention``): its decode rows at once, and each
         prompt chunk of up to ``KERNEL_CHUNK_ROWS`` rows; None where the kernels are not here."""
-        if self.device.type != "cpu" or not native_attention.covers(self.heads, self.kv_heads, self.head_dim):
+        if not self._attention_kernels:
             return None
         decoding = [span for span in layout.spans if span.length == 1]
         kernels: list[DecodeRuns | ChunkRuns] = [
             ChunkRuns.of(span.rows.start, span.length, span.start, span.runs)
-            for span in layout.spans if 1 < span.length <= KERNEL_CHUNK_ROWS
+            for span in layout.spans if span.length > 1 and self._kernel_takes(span.length)
         ]
         if decoding:
             kernels.append(DecodeRuns.of([span.rows.start for span in decoding], [span.runs for span in decoding]))

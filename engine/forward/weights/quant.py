@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.forward.backend import PREFILL_CHUNK
-from engine.forward.weights.pack_worker import Packed, PackWorker
 from engine.forward.native.build import library as native_kernels
+from engine.forward.weights.pack_worker import Packed, PackWorker
 from engine.forward.weights.packed_sizes import fp16_packed_bytes, fp16_tail_width, runs_on_onednn
 from engine.forward.weights.quant_int import (
     INT4_FORMATS, QUANT_FORMATS, Int4Groups, Int4Pair, as_int4_pair, pack_quantized,

@@ -19,7 +19,7 @@ from engine.forward.native import int4_matmul as native_int4
 from engine.forward.native.decode_attention import ChunkRuns, DecodeRuns
 from engine.forward.native.int4_matmul import Int4Matmul
 from engine.forward.native.norm import rms_norm
-from engine.forward.weights.quant_int import int4_groups_of, pack_quantized
+from engine.forward.weights.quant_int import dequantize_int4, int4_groups_of, pack_quantized
 
 REPO = Path(__file__).resolve().parents[3]
 needs_kernels = pytest.mark.skipif(build.library() is None, reason="no AVX-512 VNNI/VBMI or no C compiler here")
@@ -28,9 +28,7 @@ needs_kernels = pytest.mark.skipif(build.library() is None, reason="no AVX-512 V
 def _dequantized(groups) -> torch.Tensor:
     """The weight the packed groups stand for once their scales and zeros are rounded to bf16, as both kernels
     take them: [N, K] fp32."""
-    scales_and_zeros = groups.scales_and_zeros.to(torch.bfloat16).float()  # [G, N, 2]
-    per_weight = scales_and_zeros.repeat_interleave(groups.group, dim=0).transpose(0, 1)  # [N, K, 2]
-    return (groups.q.float() - 8) * per_weight[..., 0] + per_weight[..., 1]
+    return dequantize_int4(groups.q, groups.scales_and_zeros.to(torch.bfloat16), groups.group)
 
 
 @needs_kernels
