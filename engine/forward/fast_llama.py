@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from engine.forward.backend import PREFILL_CHUNK
 from engine.forward.native import decode_attention as native_attention
+from engine.forward.native import int8_matmul as native_int8
 from engine.forward.native import norm as native_norm
 from engine.forward.native.decode_attention import ChunkRuns, DecodeRuns
 from engine.forward.paged_kv import BatchRow, PagedKV, StepLayout
@@ -73,10 +74,10 @@ class FastLlama:
                worker: PackWorker | None) -> None:
         """The output layer, the token table and the layers, in that order: the first two's full-size temporaries
         are freed before the layers are held. ``worker`` packs fp16 weights beside the reads."""
-        head_fmt = head_format(fmt, self.device)
         final_norm = _fp32(state["model.norm.weight"], self.device)
         head_name, table_name = _tied_name(config, state, HEAD, TABLE), _tied_name(config, state, TABLE, HEAD)
         head = _fp32(state[head_name], self.device)
+        head_fmt = head_format(fmt, decode_fmt, self.device, *head.shape)
         if head_fmt == INT4_PAIR:
             head = as_int4_pair(head)  # made once where the table is the same weights
         self.lm_head = Linear(head, None, head_fmt, final_norm, worker=worker)
@@ -318,16 +319,22 @@ def _tied_name(config: Any, state: Mapping[str, Weight], name: str, tied_name: s
 def _table_storage(head_fmt: str, device: torch.device, dtype: torch.dtype) -> torch.dtype | None:
     """The token table's dtype beside an output layer in ``head_fmt``; None: planes of 4-bit groups (the CPU's 4-bit
     alone)."""
-    if head_fmt == "fp16":
+    if device.type == "cpu" and head_fmt in ("fp16", "int8"):
         return torch.float16
     return None if head_fmt == INT4_PAIR and device.type == "cpu" else dtype
 
 
-def head_format(fmt: str, device: torch.device) -> str:
-    """The output layer's (and token table's) format: on the CPU two planes of 4-bit groups with 4-bit layers
-    (``INT4_PAIR``; 4-bit alone is what memory picks when an fp16 copy does not fit: ``memory_estimate``), fp16
-    beside int8 ones (no fast CPU int8 kernel); elsewhere the layers' format."""
-    if device.type != "cpu" or fmt not in QUANT_FORMATS:
+def head_format(fmt: str, decode_fmt: str | None, device: torch.device, vocab: int, hidden: int) -> str:
+    """The output layer's format (and so the token table's, ``_table_storage``). It multiplies only the rows that
+    are sampled, so on the CPU it is read once a decode step, whatever the prompt: beside a 4-bit decode copy int8 on
+    Hearth's kernel where it takes the shape (``native.int8_matmul``: SmolLM2-135M's step 30 MB against FBGEMM's
+    padded fp16 101 MB), two planes of 4-bit groups with 4-bit layers alone (``INT4_PAIR``: what memory picks when
+    an fp16 copy does not fit, ``memory_estimate``), fp16 beside int8 layers; elsewhere the layers' format."""
+    if device.type != "cpu":
+        return fmt
+    if decode_fmt == "int4" and native_int8.covers(vocab, hidden):
+        return "int8"
+    if fmt not in QUANT_FORMATS:
         return fmt
     return INT4_PAIR if fmt == "int4" else "fp16"
 

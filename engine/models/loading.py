@@ -199,8 +199,9 @@ def _load_gguf(plan: LoadPlan, report: Progress, started: float) -> LoadedModel:
         with report_tensors(report):
             hf_model = _load_weights(plan.folder, plan.device, precision)
         return wrap_model(hf_model, tokenizer, plan, precision, started)
-    groups = "int4" in (fmt, decode_format(fmt, plan))
-    head_fmt = head_format(fmt, plan.device)
+    decode_fmt = decode_format(fmt, plan)
+    groups = "int4" in (fmt, decode_fmt)
+    head_fmt = head_format(fmt, decode_fmt, plan.device, config.vocab_size, config.hidden_size)
     state = gguf_direct.GGUFState(plan.folder, contents, groups, report, all_groups=head_fmt in INT4_FORMATS,
                                   paired_tables=head_fmt == INT4_PAIR, cpu_layout=plan.device.type == "cpu")
     model, backend, plan = _fast_backend(config, state, fmt, plan)

@@ -12,8 +12,9 @@ torch is imported only by ``available_memory("cuda")``.
   streamed by ``safetensors_state``), is counted as ``FastLlama`` holds it: its layers in the precision's format (4-bit: groups of 32,
   ``DECODE_COPY_BYTES`` per weight; fp16 on the CPU as FBGEMM packs it, ``packed_sizes``), fp16 on the CPU keeping a 4-bit copy of a 4-bit
   file's layers for decode steps (``loading.decode_format``), and the token table and
-  the output layer apart even when the file ties them (on the CPU fp16, or two planes
-  of 4-bit groups beside 4-bit layers alone, ``quant_int.INT4_PAIR``). Its tensors
+  the output layer apart even when the file ties them (on the CPU fp16, the output
+  layer in int8 groups beside a 4-bit decode copy where Hearth's kernels run, or two
+  planes of 4-bit groups beside 4-bit layers alone, ``quant_int.INT4_PAIR``). Its tensors
   are read one at a time, so the load holds no more than that and one tensor on its way.
   On the CPU ``auto`` picks fp16 (with that copy) where it fits comfortably, else 4-bit alone.
 * Any other GGUF file goes through transformers, which dequantizes every tensor into
@@ -36,7 +37,8 @@ from typing import Any, Literal
 import psutil
 
 from engine.forward.fast_scope import config_view, unsupported_reason
-from engine.forward.weights.packed_sizes import fp16_packed_bytes
+from engine.forward.native.support import may_run
+from engine.forward.weights.packed_sizes import fp16_packed_bytes, int8_bytes, int8_kernel_takes
 from engine.host.cpu_features import has_fp16_math
 from engine.models.gguf_check import DIRECT_ARCHITECTURES
 from engine.models.model_source import ModelFileError, ModelSource
@@ -186,7 +188,9 @@ def _fast_weight_bytes(source: ModelSource, shape: ModelShape, precision: str, d
     if device == "cpu" and precision == "fp16":
         layers += _fp16_packing_bytes(shape, prompts_only=source.four_bit_layers)
         layers += layer_params * DECODE_COPY_BYTES if source.four_bit_layers else 0
-    return int(layers + _table_and_head_bytes(shape, precision, device, source.kept_table_bytes))
+    head_in_int8 = precision == "fp16" and source.four_bit_layers and may_run() and int8_kernel_takes(shape.vocab,
+                                                                                                      shape.hidden)
+    return int(layers + _table_and_head_bytes(shape, precision, device, source.kept_table_bytes, head_in_int8))
 
 
 def _fp16_packing_bytes(shape: ModelShape, prompts_only: bool) -> int:
@@ -200,19 +204,23 @@ def _fp16_packing_bytes(shape: ModelShape, prompts_only: bool) -> int:
     return shape.layers * sum(extra)
 
 
-def _table_and_head_bytes(shape: ModelShape, precision: str, device: str, kept_table: int | None) -> float:
+def _table_and_head_bytes(shape: ModelShape, precision: str, device: str, kept_table: int | None,
+                          head_in_int8: bool) -> float:
     """``FastLlama`` keeps the token table and the output layer apart, even when the file ties them: on the CPU
-    fp32 at fp32, two planes of 4-bit groups at nf4, else fp16 (the output layer as FBGEMM packs it), the table
-    there in the file's own blocks where it has quantized ones (``kept_table`` bytes, ``gguf_blocks.BlockTable``);
-    on a GPU the table in the compute dtype and the output layer in the layers' format
-    (``fast_llama.head_format``)."""
+    fp32 at fp32, two planes of 4-bit groups at nf4, else fp16 (the output layer as FBGEMM packs it, or in int8
+    groups beside a 4-bit decode copy where Hearth's kernels run: ``head_in_int8``), the table there in the file's
+    own blocks where it has quantized ones (``kept_table`` bytes, ``gguf_blocks.BlockTable``); on a GPU the table in
+    the compute dtype and the output layer in the layers' format (``fast_llama.head_format``)."""
     table = shape.vocab * shape.hidden
     if device == "cpu" and precision == "nf4":
         pair = 2 * table * DECODE_COPY_BYTES
         return (kept_table or pair) + pair
     if device == "cpu":
-        head_bytes = BYTES_PER_PARAM["fp32"] * table if precision == "fp32" else fp16_packed_bytes(
-            shape.vocab, shape.hidden, prompts_only=False, fp16_math=False)
+        if head_in_int8:
+            head_bytes = int8_bytes(shape.vocab, shape.hidden)
+        else:
+            head_bytes = BYTES_PER_PARAM["fp32"] * table if precision == "fp32" else fp16_packed_bytes(
+                shape.vocab, shape.hidden, prompts_only=False, fp16_math=False)
         table_bytes = kept_table or table * (BYTES_PER_PARAM["fp32"] if precision == "fp32" else UNQUANTIZED_BYTES)
         return table_bytes + head_bytes
     table_bytes = UNQUANTIZED_BYTES if precision in QUANTIZED_PRECISIONS else BYTES_PER_PARAM[precision]

@@ -22,19 +22,18 @@ from pathlib import Path
 
 import torch  # first: the library's libgomp.so.1 is PyTorch's
 
-from engine.host.cpu_features import has_flags
+from engine.forward.native.support import may_run
 from engine.host.paths import cache_dir
 
 SOURCE = Path(__file__).with_name("kernels.c")
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi")
 COMPILE_FLAGS = ("-O3", "-Wall", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512vbmi", "-mfma",
                  "-fopenmp", "-shared", "-fPIC")
-ENV = "HEARTH_NATIVE"  # "0": PyTorch's ops only (to compare, or where a kernel misbehaves)
 COMPILE_TIMEOUT_S = 120
 
 P, I32, I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
 SIGNATURES = {
     "int4_matmul": (P, I32, I32, P, P, I32, I32, P, P),
+    "int8_matmul": (P, I32, I32, P, P, I32, P, P),
     "decode_attention": (P, P, P, P, I32, P, P, I32, I32, I32, I64),
     "chunk_attention": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64),
     "rms_norm": (P, I32, I32, ctypes.c_float, P),
@@ -46,7 +45,7 @@ log = logging.getLogger("hearth.kernels")
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The loaded kernels, or None where they cannot run here (the module docstring)."""
-    if os.environ.get(ENV, "1") == "0" or not has_flags(CPU_FLAGS):
+    if not may_run():
         return None
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:

@@ -123,6 +123,86 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
     }
 }
 
+#define INT8_GROUP 32  /* columns a weight scale covers (the int8 layout, native/int8_matmul.py) */
+#define INT8_OFFSET 128.0f  /* a weight's code is q + 128, an unsigned byte: vpdpbusd multiplies u8 by s8 */
+
+/* One block of 64 int8 weight rows against `count` (1 or ROW_TILE) activation rows: y[m, row0 .. row0 + 63].
+   code_sums [M, K / 32]: each group's activation codes summed, high + low / LOW_STEPS, which take the offset out. */
+static inline __attribute__((always_inline)) void int8_block(
+        int count, const int8_t *high, const int8_t *low, const float *scales, const float *code_sums, int width,
+        const uint8_t *block, const uint16_t *weight_scales, int rows, float *y) {
+    const int groups = width / INT8_GROUP;
+    __m512 total[ROW_TILE][4];
+    for (int m = 0; m < count; m++)
+        for (int j = 0; j < 4; j++) total[m][j] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        __m512i high_sums[ROW_TILE][4], low_sums[ROW_TILE][4];
+        for (int m = 0; m < count; m++)
+            for (int j = 0; j < 4; j++) high_sums[m][j] = low_sums[m][j] = _mm512_setzero_si512();
+        const uint8_t *bytes = block + (size_t)g * INT8_GROUP * BLOCK_ROWS;
+        for (int k = 0; k < INT8_GROUP; k += 4) {
+            __m512i codes[4];  /* codes[j]: columns k .. k + 3 of rows 16j .. 16j + 15, a 32-bit lane a row */
+            for (int j = 0; j < 4; j++) codes[j] = _mm512_loadu_si512(bytes + (size_t)k * BLOCK_ROWS + 64 * j);
+            for (int m = 0; m < count; m++) {
+                size_t at = (size_t)m * width + (size_t)g * INT8_GROUP + k;
+                __m512i x_high = _mm512_set1_epi32(*(const int32_t *)(high + at));
+                __m512i x_low = _mm512_set1_epi32(*(const int32_t *)(low + at));
+                for (int j = 0; j < 4; j++) {
+                    high_sums[m][j] = _mm512_dpbusd_epi32(high_sums[m][j], codes[j], x_high);
+                    low_sums[m][j] = _mm512_dpbusd_epi32(low_sums[m][j], codes[j], x_low);
+                }
+            }
+        }
+        const uint16_t *group_scales = weight_scales + (size_t)g * BLOCK_ROWS;
+        for (int j = 0; j < 4; j++) {
+            __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(group_scales + 16 * j)));
+            for (int m = 0; m < count; m++) {
+                size_t at = (size_t)m * groups + g;
+                __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low_sums[m][j]), _mm512_set1_ps(1.0f / LOW_STEPS),
+                                             _mm512_cvtepi32_ps(high_sums[m][j]));
+                dot = _mm512_sub_ps(dot, _mm512_set1_ps(INT8_OFFSET * code_sums[at]));
+                total[m][j] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(scales[at])), total[m][j]);
+            }
+        }
+    }
+    for (int m = 0; m < count; m++)
+        for (int j = 0; j < 4; j++) _mm512_storeu_ps(y + (size_t)m * rows + 16 * j, total[m][j]);
+}
+
+/* y [M, N] = x [M, K] . W^T for W [N, K] in the int8 layout (N a multiple of 64, K of 32): packed [N / 64, K / 4,
+   4, 16, 4] uint8 holds q + 128 (block, four columns, 16 rows of the block's four, a row's four columns) and
+   weight_scales [N / 64, K / 32, 64] fp16, w = q * scale. scratch: M * (2K + 8K / 32) bytes. */
+void int8_matmul(const float *x, int count, int width, const uint8_t *packed, const uint16_t *weight_scales,
+                 int rows, void *scratch, float *y) {
+    const int blocks = rows / BLOCK_ROWS, groups = width / INT8_GROUP;
+    int8_t *high = (int8_t *)scratch, *low = high + (size_t)count * width;
+    float *scales = (float *)(low + (size_t)count * width), *code_sums = scales + (size_t)count * groups;
+    quantize_activations(x, count, width, INT8_GROUP, high, low, scales, code_sums);
+    for (int at = 0; at < count * groups; at++) {  /* each group's exact sum becomes its codes' sum */
+        int high_total = 0, low_total = 0;
+        for (int i = 0; i < INT8_GROUP; i++) {
+            high_total += high[(size_t)at * INT8_GROUP + i];
+            low_total += low[(size_t)at * INT8_GROUP + i];
+        }
+        code_sums[at] = (float)high_total + (float)low_total / LOW_STEPS;
+    }
+    #pragma omp parallel for schedule(static) if (blocks > 1)
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * width;
+        const uint16_t *block_scales = weight_scales + (size_t)b * groups * BLOCK_ROWS;
+        for (int m = 0; m < count; m += ROW_TILE) {
+            size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
+            float *out = y + (size_t)m * rows + (size_t)b * BLOCK_ROWS;
+            if (count - m >= ROW_TILE)
+                int8_block(ROW_TILE, high + x_at, low + x_at, scales + group_at, code_sums + group_at, width, block,
+                           block_scales, rows, out);
+            else
+                int8_block(1, high + x_at, low + x_at, scales + group_at, code_sums + group_at, width, block,
+                           block_scales, rows, out);
+        }
+    }
+}
+
 /* e^x for x <= 0, to fp32's precision: 2^(x log2 e) as 2^n (vscalefps) times a degree-6 polynomial of 2^f, |f| <= 1/2
    (the Taylor series of e^(f ln 2): its first term left out is below 2e-7 of the result). */
 static inline __m512 exp_of_negative(__m512 x) {

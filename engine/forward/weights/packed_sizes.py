@@ -7,6 +7,7 @@ from __future__ import annotations
 
 FBGEMM_FP16_BLOCK = 512  # PackedGemmMatrixFP16's block of the reduced dimension, as PyTorch builds it
 CPU_INT4_PACK_ROWS = 64  # the CPU int4 kernel's row blocks (``cpu_int4_layout`` lays them out)
+INT8_BLOCK_ROWS, INT8_GROUP = 64, 32  # the CPU int8 kernel's row blocks and the columns a scale covers
 FP32_BYTES, FP16_BYTES = 4, 2
 ONEDNN_FP16_WEIGHTS = 1 << 22
 """From this many weights an fp16 copy that only prompts use runs on oneDNN's fp16 matmul where the CPU has fp16
@@ -42,3 +43,13 @@ def fp16_packed_bytes(rows: int, width: int, prompts_only: bool, fp16_math: bool
     tail = fp16_tail_width(rows, width) if prompts_only else 0
     packed = -(-(width - tail) // FBGEMM_FP16_BLOCK) * FBGEMM_FP16_BLOCK
     return rows * (packed * FP16_BYTES + tail * FP32_BYTES)
+
+
+def int8_kernel_takes(rows: int, width: int) -> bool:
+    """Whether the CPU int8 kernel (``native.int8_matmul``) takes a weight [rows, width]: whole blocks and groups."""
+    return rows % INT8_BLOCK_ROWS == 0 and width % INT8_GROUP == 0
+
+
+def int8_bytes(rows: int, width: int) -> int:
+    """An int8 weight [rows, width] in the CPU kernel's layout: a byte a weight, an fp16 scale a group."""
+    return rows * width + rows * (width // INT8_GROUP) * FP16_BYTES

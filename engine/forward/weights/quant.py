@@ -19,9 +19,9 @@ kernel). A layer may keep a second copy for few rows (``one_row_fmt``): fp16
 for prompts and int4 for decode steps on the CPU.
 
 An RMSNorm's weight scales the columns of the matmul after it. Every format but
-the 4-bit ones folds it into the weight; those scale the activations instead, since
-folding would break a 4-bit source's blocks (each holds 16 evenly spaced values)
-and make the groups come back inexactly.
+the 4-bit ones and the CPU's int8 folds it into the weight; those scale the
+activations instead, since folding would break a source's blocks (a 4-bit one holds
+16 evenly spaced values, a Q8_0 one 255) and make the groups come back inexactly.
 """
 
 from __future__ import annotations
@@ -92,15 +92,22 @@ def _scaled_pack(
     weight: torch.Tensor | Int4Groups | Int4Pair, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype,
     input_scale: torch.Tensor | None, prompts_only: bool = False, worker: PackWorker | None = None,
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
-    """``_pack`` with ``input_scale`` folded into the weight, or (4-bit groups) applied to the input on each call."""
+    """``_pack`` with ``input_scale`` folded into the weight, or (4-bit groups, the CPU's int8 groups) applied to
+    the input on each call."""
     if isinstance(weight, (Int4Groups, Int4Pair)) and fmt not in INT4_FORMATS:
         weight = weight.dequantize()  # [N, K] fp32
-    if input_scale is None or fmt not in INT4_FORMATS:
+    if input_scale is None or not _scales_activations(fmt, weight.device):
         folded = weight if input_scale is None else weight * input_scale  # [N, K] * [K]
         return _pack(folded, bias, fmt, dtype, prompts_only, worker)
     run, nbytes = _pack(weight, bias, fmt, dtype)
     scale = input_scale.to(dtype)  # in the activations' dtype, so the product keeps it (bf16 on a GPU)
     return (lambda x: run(x * scale)), nbytes
+
+
+def _scales_activations(fmt: str, device: torch.device) -> bool:
+    """Whether a norm's weight scales the input of a matmul in ``fmt`` rather than folding into it: the formats whose
+    groups stay as the source has them (a GGUF file's 4-bit blocks, a Q8_0 table's blocks on the CPU)."""
+    return fmt in INT4_FORMATS or (fmt == "int8" and device.type == "cpu")
 
 
 def compute_dtype(device: torch.device, fmt: str) -> torch.dtype:

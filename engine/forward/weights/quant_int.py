@@ -28,8 +28,10 @@ instead of fp16's 2, which is what sets its speed; on the kernel, several tokens
 once (prefill) run ~2x slower than FBGEMM's fp16 kernel, which dequantizes nothing,
 so calls of many rows go to ``int4_prompts`` (int8 GEMMs), and fewer rows to Hearth's own kernel
 (``native.int4_matmul``) where it is built. The ``int8`` format has no
-fast CPU kernel in PyTorch (``_weight_int8pack_mm`` is slower than fp32 here), so on
-the CPU it only serves tests of the quantizer, through the dequantized form.
+fast CPU kernel in PyTorch (``_weight_int8pack_mm`` is slower than fp32 here): on the
+CPU it runs on Hearth's (``native.int8_matmul``, an fp16 scale per 32 weights), which
+holds the output layer beside 4-bit decode copies (``fast_llama.head_format``), and
+elsewhere it only serves tests of the quantizer, through the dequantized form.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.forward.native import int4_matmul as native_int4
+from engine.forward.native import int8_matmul as native_int8
 from engine.forward.weights import int4_prompts, triton_gemv
 from engine.forward.weights.cpu_int4_layout import codes_from_packed, packed_from_codes
 
@@ -126,6 +129,11 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _int8_linear(weight: torch.Tensor) -> tuple[Run, int]:
+    """On the CPU Hearth's int8 kernel where it takes the shape (groups of 32, ``native.int8_matmul``); elsewhere
+    per-row int8, on a GPU with Triton's GEMV for one row."""
+    if weight.device.type == "cpu" and native_int8.covers(*weight.shape):
+        multiply = native_int8.Int8Matmul(weight)
+        return multiply, multiply.nbytes
     q, scales = quantize_int8(weight)
     use_gemv = weight.is_cuda and triton_gemv.available()
 

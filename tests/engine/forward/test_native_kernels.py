@@ -1,4 +1,4 @@
-"""Hearth's C kernels give what PyTorch's ops give: 4-bit matmuls of a few rows, decode rows' and short prompt
+"""Hearth's C kernels give what PyTorch's ops give: 4-bit and 8-bit matmuls of a few rows, decode rows' and short prompt
 chunks' attention over a block pool, RMSNorm; where they cannot be built the callers keep PyTorch's ops."""
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ import pytest
 import torch
 
 from engine.forward.fast_llama import _causal_mask, attend, attend_runs
-from engine.forward.native import build
+from engine.forward.native import build, support
 from engine.forward.native import decode_attention as native_attention
 from engine.forward.native import int4_matmul as native_int4
+from engine.forward.native import int8_matmul as native_int8
 from engine.forward.native.decode_attention import ChunkRuns, DecodeRuns
 from engine.forward.native.int4_matmul import Int4Matmul
+from engine.forward.native.int8_matmul import Int8Matmul
 from engine.forward.native.norm import rms_norm
 from engine.forward.weights.quant_int import dequantize_int4, int4_groups_of, pack_quantized
 
@@ -56,6 +58,30 @@ def test_int4_layers_take_the_kernel_for_a_few_rows_and_agree_with_pytorchs():
 
 
 @needs_kernels
+@pytest.mark.parametrize("length", [1, 2, 3, 16])
+def test_int8_rows_match_the_dequantized_weight(length):
+    torch.manual_seed(length)
+    weight = torch.randn(192, 160) * 0.05  # 3 blocks of 64 rows, 5 groups of 32
+    codes, scales = native_int8.quantize(weight)
+    dequantized = (codes.float().unflatten(1, (-1, 32)) * scales.float().unsqueeze(-1)).flatten(1)  # [N, K]
+    assert (dequantized - weight).abs().max() <= scales.float().max() / 2 + 1e-6  # within half a step
+    x = torch.randn(length, 160) * torch.logspace(-2, 1, 160)  # groups of very different sizes
+    exact = x @ dequantized.t()  # [M, N]
+    assert ((Int8Matmul(weight)(x) - exact).abs().max() / exact.abs().max()).item() < 1e-4
+
+
+def test_a_q8_0_blocks_codes_and_scale_come_back_exactly():
+    """A GGUF file's Q8_0 table (the built-in model's) read as fp32, ``d * q``, quantizes back to its own blocks."""
+    torch.manual_seed(0)
+    scales = (torch.rand(64, 3) * 0.01 + 1e-3).half()  # [N, G]: fp16, as a Q8_0 block keeps its d
+    codes = torch.randint(-127, 128, (64, 3, 32), dtype=torch.int8)
+    codes[:, :, 0] = 127  # llama.cpp's scale maps each block's largest magnitude to 127
+    weight = (codes.float() * scales.float().unsqueeze(-1)).flatten(1)  # [N, 96]
+    got_codes, got_scales = native_int8.quantize(weight)
+    assert torch.equal(got_scales, scales) and torch.equal(got_codes, codes.flatten(1))
+
+
+@needs_kernels
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(6, 2, 32), (28, 4, 128)])  # 28/4/128: Qwen2.5-7B's
 def test_decode_attention_matches_pytorchs_over_runs_of_the_pool(heads, kv_heads, head_dim):
     torch.manual_seed(0)
@@ -74,7 +100,7 @@ def test_decode_attention_matches_pytorchs_over_runs_of_the_pool(heads, kv_heads
 
 
 def test_without_the_kernels_the_callers_keep_pytorchs_ops(monkeypatch):
-    monkeypatch.setenv(build.ENV, "0")
+    monkeypatch.setenv(support.ENV, "0")
     build.library.cache_clear()
     try:
         assert build.library() is None
@@ -84,7 +110,7 @@ def test_without_the_kernels_the_callers_keep_pytorchs_ops(monkeypatch):
         x = torch.randn(2, 96)
         assert torch.allclose(run(x), x @ _dequantized(groups).t(), atol=1e-2)
     finally:
-        monkeypatch.delenv(build.ENV)
+        monkeypatch.delenv(support.ENV)
         build.library.cache_clear()
 
 
@@ -93,7 +119,7 @@ def test_a_failed_build_leaves_the_kernels_off(monkeypatch, tmp_path):
     failing.write_text("#!/bin/sh\necho 'cc: error: no such thing' >&2\nexit 1\n")
     failing.chmod(0o755)
     monkeypatch.setenv("CC", str(failing))
-    monkeypatch.setattr(build, "has_flags", lambda flags: True)
+    monkeypatch.setattr(build, "may_run", lambda: True)
     monkeypatch.setattr(build, "cache_dir", lambda: tmp_path)
     build.library.cache_clear()
     try:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine.forward.fast_llama import FastLlama
+from engine.forward.native import int8_matmul as native_int8
 from engine.forward.weights.quant import Linear, few_rows
 from engine.forward.weights import int4_prompts
 from engine.forward.weights.cpu_int4_layout import codes_from_packed, packed_from_codes
@@ -172,7 +173,7 @@ def test_linear_in_quantized_formats_is_close_to_fp32_and_smaller():
 
 def _dequantized(state: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]:
     """Every layer weight replaced by what ``fmt`` stores for it on the CPU, in fp32 (int4's misfits fall back to
-    int8); the token table and output layer too under int4 (two planes of 4-bit groups there), as they are under
+    int8, in groups of 32 where Hearth's kernel takes them, else a scale a row); the token table and output layer too under int4 (two planes of 4-bit groups there), as they are under
     int8 (fp16)."""
 
     def restore(name: str, weight: torch.Tensor) -> torch.Tensor:
@@ -182,6 +183,10 @@ def _dequantized(state: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Te
         table = name.endswith("embed_tokens.weight")  # looked up row by row: in planes whatever its shape
         if table or (layout is not None and name.endswith("lm_head.weight")):
             return as_int4_pair(weight).dequantize()
+        if layout is None and native_int8.covers(64, weight.shape[1]):  # groups of 32 on Hearth's CPU kernel (the
+            # tiny model's matrices fill whole blocks of 64 rows: q, k and v together, gate and up together)
+            q, scales = native_int8.quantize(weight)
+            return (q.float().unflatten(1, (-1, 32)) * scales.float().unsqueeze(-1)).flatten(1)
         if layout is None:
             q, scales = quantize_int8(weight)
             return q.float() * scales.float().unsqueeze(1)

@@ -1,0 +1,64 @@
+"""A few rows times 8-bit weights in groups of 32, with VNNI's int8 dot products (engine thread).
+
+The CPU's output layer beside 4-bit layers: it only ever multiplies the rows that are
+sampled (one a sequence), so its bytes are read once a decode step and set its cost.
+FBGEMM's fp16 copy of SmolLM2-135M's tied table pads its 576 columns to 1 024 (101 MB);
+here it holds 30 MB, and a GGUF file's Q8_0 table comes back exactly (each block's
+fp16 scale is the group's). Each weight is ``q * scale``, ``|q| <= 127``, stored as
+the byte ``q + 128`` (``vpdpbusd`` multiplies unsigned by signed bytes), and each
+group's activation codes, summed, take the offset out. Activations are two int8 codes a
+value as for ``int4_matmul``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.forward.native.build import address, library
+from engine.forward.weights.packed_sizes import INT8_BLOCK_ROWS as BLOCK_ROWS
+from engine.forward.weights.packed_sizes import INT8_GROUP as GROUP
+from engine.forward.weights.packed_sizes import int8_bytes, int8_kernel_takes
+
+CODES_PER_DOT = 4  # columns a 32-bit lane of ``vpdpbusd`` takes
+OFFSET = 128  # added to each code, so it is an unsigned byte
+
+
+def covers(rows: int, width: int) -> bool:
+    """Whether a weight [rows, width] runs here: whole blocks of rows and whole groups of columns."""
+    return library() is not None and int8_kernel_takes(rows, width)
+
+
+def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight`` [N, K] as codes q [N, K] int8 and scales [N, K / 32] fp16, ``w ≈ q * scale``: each group's largest
+    magnitude maps to 127 (a Q8_0 block's own scale, so its codes come back as they were)."""
+    rows, width = weight.shape
+    groups = weight.float().view(rows, width // GROUP, GROUP)  # [N, G, 32]
+    scales = (groups.abs().amax(dim=-1) / 127).to(torch.float16)  # [N, G]
+    divisor = scales.float().unsqueeze(-1)  # [N, G, 1]
+    codes = torch.where(divisor > 0, groups / divisor.clamp(min=torch.finfo(torch.float32).tiny), 0.0)
+    return codes.round_().clamp_(-127, 127).to(torch.int8).view(rows, width), scales
+
+
+class Int8Matmul:
+    """``x`` [M, K] fp32 times a weight [N, K] held as int8 codes in groups of 32 (``quantize``): [M, N] fp32.
+    ``nbytes``: what it holds."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        rows, width = weight.shape
+        codes, scales = quantize(weight)
+        shifted = (codes.to(torch.int16) + OFFSET).to(torch.uint8)  # [N, K]
+        blocks, steps = rows // BLOCK_ROWS, width // CODES_PER_DOT
+        # [N/64, 4, 16, K/4, 4] -> [N/64, K/4, 4, 16, 4]: four columns of 16 rows in a vector, four vectors a block
+        self._packed = shifted.view(blocks, 4, 16, steps, CODES_PER_DOT).permute(0, 3, 1, 2, 4).contiguous()
+        self._scales = scales.view(blocks, BLOCK_ROWS, -1).transpose(1, 2).contiguous()  # [N/64, G, 64]
+        self._kernel, self._rows = library().int8_matmul, rows
+        self._addresses = (address(self._packed), address(self._scales))
+        self.nbytes = int8_bytes(rows, width)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        length, width = x.shape
+        scratch = torch.empty(length * (2 * width + 8 * (width // GROUP)), dtype=torch.uint8)  # codes, figures
+        out = torch.empty(length, self._rows)
+        self._kernel(x.data_ptr(), length, width, *self._addresses, self._rows, scratch.data_ptr(), out.data_ptr())
+        return out
