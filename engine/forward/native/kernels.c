@@ -411,3 +411,28 @@ void chunk_attention(const float *q, float *out, const float *layer, int first_r
             }
         }
 }
+
+/* A 4-bit GGUF type's nibble bytes of `rows` rows (a multiple of 64) into the CPU int4 layout (cpu_int4_layout.py):
+   byte i of run r of a row (at row * row_stride + r * run_stride + i) holds its code 2Lr + i in the low nibble and
+   2Lr + L + i in the high one; out [rows, K / 2] holds, per block of 64 rows, [K, 32] bytes, byte (k, j) row j's
+   code k low and row j + 32's high. One pass, a block at a time (its bytes stay in cache). */
+void int4_layout_from_nibbles(const uint8_t *nibbles, int rows, int runs, int length, int64_t row_stride,
+                              int64_t run_stride, uint8_t *out) {
+    const int blocks = rows / BLOCK_ROWS, half = BLOCK_ROWS / 2, width = runs * 2 * length;
+    #pragma omp parallel for schedule(static)
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *low_rows = nibbles + (int64_t)b * BLOCK_ROWS * row_stride;
+        const uint8_t *high_rows = low_rows + (int64_t)half * row_stride;
+        uint8_t *block = out + (size_t)b * BLOCK_ROWS * (width / 2);
+        for (int r = 0; r < runs; r++)
+            for (int i = 0; i < length; i++) {
+                uint8_t *first = block + ((size_t)r * 2 * length + i) * half, *second = first + (size_t)length * half;
+                for (int j = 0; j < half; j++) {
+                    uint8_t low = low_rows[j * row_stride + r * run_stride + i];
+                    uint8_t high = high_rows[j * row_stride + r * run_stride + i];
+                    first[j] = (uint8_t)((low & 0x0F) | (high << 4));
+                    second[j] = (uint8_t)((low >> 4) | (high & 0xF0));
+                }
+            }
+    }
+}
