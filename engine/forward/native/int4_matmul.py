@@ -29,14 +29,25 @@ def covers(rows: int, width: int, group: int) -> bool:
 
 class Int4Matmul:
     """``x`` [M, K] fp32 times the weight [N, K] that ``packed`` [N, K / 2] uint8 (the CPU int4 layout) and
-    ``scales_and_zeros`` [K / group, N, 2] bf16 hold, ``w = (q - 8) * scale + zero``: [M, N] fp32. Both are kept,
-    and their addresses taken once: a call costs one ctypes call beside the kernel (~5 µs)."""
+    ``scales_and_zeros`` [K / group, N, 2] bf16 hold, ``w = (q - 8) * scale + zero``: [M, N] fp32. ``packed`` is
+    kept as it is; the scales and zeros are kept a block of 64 rows together, [N / 64, K / group, 64, 2], so a
+    decode step reads them in order beside the codes (in PyTorch's order each group's lie a row of groups apart:
+    an 8B model's matrices streamed at 19.6 against 21.6 GB/s, medians of 10 turns). Their addresses are taken
+    once: a call costs one ctypes call beside the kernel (~5 µs)."""
 
     def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int) -> None:
         self._kernel = library().int4_matmul
-        self._packed, self._scales_and_zeros = packed, scales_and_zeros
-        self._addresses = (address(packed), address(scales_and_zeros))
-        self._rows, self._group = packed.shape[0], group
+        groups, rows, _ = scales_and_zeros.shape
+        self._packed = packed
+        self._block_pairs = scales_and_zeros.view(groups, rows // CPU_INT4_PACK_ROWS, CPU_INT4_PACK_ROWS, 2).transpose(
+            0, 1).contiguous()  # [N / 64, G, 64, 2]
+        self._addresses = (address(packed), address(self._block_pairs))
+        self._rows, self._group = rows, group
+
+    def scales_and_zeros(self, start: int, end: int) -> torch.Tensor:
+        """Rows ``start`` … ``end`` (whole blocks) in PyTorch's order, [K / group, n, 2] (a copy of theirs)."""
+        blocks = self._block_pairs[start // CPU_INT4_PACK_ROWS : end // CPU_INT4_PACK_ROWS]  # [n / 64, G, 64, 2]
+        return blocks.transpose(0, 1).flatten(1, 2)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()

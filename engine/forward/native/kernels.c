@@ -53,7 +53,7 @@ static inline __m512i lane_gather(int first_row) {
 /* One block of 64 weight rows against `count` (1 or ROW_TILE) activation rows: y[m, row0 .. row0 + 63]. */
 static inline __attribute__((always_inline)) void int4_block(
         int count, const int8_t *high, const int8_t *low, const float *scales, const float *sums, int width,
-        const uint8_t *block, const uint16_t *scales_and_zeros, int rows, int group, float *y, int row0) {
+        const uint8_t *block, const uint16_t *block_pairs, int rows, int group, float *y, int row0) {
     const __m512i nibble = _mm512_set1_epi8(0x0F), first = lane_gather(0), second = lane_gather(16);
     const int groups = width / group;
     __m512 total[ROW_TILE][4];
@@ -81,7 +81,7 @@ static inline __attribute__((always_inline)) void int4_block(
                 }
             }
         }
-        const uint16_t *pairs = scales_and_zeros + ((size_t)g * rows + row0) * 2;
+        const uint16_t *pairs = block_pairs + (size_t)g * BLOCK_ROWS * 2;
         for (int j = 0; j < 4; j++) {  /* codes[j] held rows 16j .. 16j + 15 */
             __m512i pair = _mm512_loadu_si512((const void *)(pairs + 32 * j));
             __m512 scale = bf16_in_low_half(pair);
@@ -100,7 +100,8 @@ static inline __attribute__((always_inline)) void int4_block(
 }
 
 /* y [M, N] = x [M, K] . W^T for W [N, K] in the int4 layout (N a multiple of 64, K of group, group of 4);
-   scales_and_zeros [K / group, N, 2] bf16: w = (q - 8) * scale + zero. scratch: M * (2K + 8K / group) bytes. */
+   scales_and_zeros [N / 64, K / group, 64, 2] bf16, a block's together (read in order, as its codes are):
+   w = (q - 8) * scale + zero. scratch: M * (2K + 8K / group) bytes. */
 void int4_matmul(const float *x, int count, int width, const uint8_t *packed, const uint16_t *scales_and_zeros,
                  int rows, int group, void *scratch, float *y) {
     const int blocks = rows / BLOCK_ROWS, groups = width / group;
@@ -110,15 +111,16 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
     #pragma omp parallel for schedule(static) if (blocks > 1)
     for (int b = 0; b < blocks; b++) {
         const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * (width / 2);
+        const uint16_t *block_pairs = scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2;
         for (int m = 0; m < count; m += ROW_TILE) {
             size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
             float *out = y + (size_t)m * rows;
             if (count - m >= ROW_TILE)
                 int4_block(ROW_TILE, high + x_at, low + x_at, scales + group_at, sums + group_at, width, block,
-                           scales_and_zeros, rows, group, out, b * BLOCK_ROWS);
+                           block_pairs, rows, group, out, b * BLOCK_ROWS);
             else
                 int4_block(1, high + x_at, low + x_at, scales + group_at, sums + group_at, width, block,
-                           scales_and_zeros, rows, group, out, b * BLOCK_ROWS);
+                           block_pairs, rows, group, out, b * BLOCK_ROWS);
         }
     }
 }

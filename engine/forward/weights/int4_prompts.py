@@ -27,6 +27,8 @@ engine thread runs them, one at a time.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from engine.forward.weights.packed_sizes import CPU_INT4_PACK_ROWS as BLOCK_ROWS  # the kernel layout's row blocks
@@ -67,14 +69,18 @@ def covers(rows: int) -> bool:
     return rows % BLOCK_ROWS == 0
 
 
-def prompt_matmul(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int) -> torch.Tensor:
+ScalesOfRows = Callable[[int, int], torch.Tensor]  # (start, end) -> those rows' scales and zeros [K / group, n, 2]
+
+
+def prompt_matmul(x: torch.Tensor, packed: torch.Tensor, scales_of_rows: ScalesOfRows, group: int) -> torch.Tensor:
     """``x`` [M, K] fp32 times the weight [N, K] that ``packed`` [N, K / 2] uint8 (the CPU kernel's layout) and
-    ``scales_and_zeros`` [K / group, N, 2] bf16 hold, ``w = (q - 8) * scale + zero``; [M, N] fp32."""
+    the scales and zeros bf16 hold, ``w = (q - 8) * scale + zero``; [M, N] fp32. ``scales_of_rows``: a block of rows'
+    scales and zeros, wherever they are kept (``native.int4_matmul`` keeps them in blocks of its own)."""
     multiply = int8_matmul if has_int8_dot() else fp32_matmul
-    return multiply(x, packed, scales_and_zeros, group)
+    return multiply(x, packed, scales_of_rows, group)
 
 
-def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int) -> torch.Tensor:
+def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scales_of_rows: ScalesOfRows, group: int) -> torch.Tensor:
     """``prompt_matmul`` in int8 (the module docstring)."""
     rows, width, length = packed.shape[0], packed.shape[1] * 2, x.shape[0]
     codes, x_scales = _activation_codes(x)  # [2M, K] int8, [M, 1]
@@ -83,10 +89,11 @@ def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.T
     step = max(BLOCK_ROWS, SCRATCH_WEIGHTS // width // BLOCK_ROWS * BLOCK_ROWS)
     for start in range(0, rows, step):
         end = min(start + step, rows)
-        weights, w_scales = _int8_weights(packed[start:end], scales_and_zeros[:, start:end], group)  # [K, n], [n]
+        scales_and_zeros = scales_of_rows(start, end)  # [G, n, 2]
+        weights, w_scales = _int8_weights(packed[start:end], scales_and_zeros, group)  # [K, n], [n]
         sums = torch._int_mm(codes, weights)  # [2M, n] int32: the high codes' products, then the low codes'
         block = out[:, start:end].copy_(sums[length:]).div_(LOW_STEPS).add_(sums[:length])
-        block.mul_(w_scales).mul_(x_scales).addmm_(group_sums, scales_and_zeros[:, start:end, 1].float())
+        block.mul_(w_scales).mul_(x_scales).addmm_(group_sums, scales_and_zeros[..., 1].float())
     return out
 
 
@@ -135,14 +142,14 @@ def _unpacked(packed: torch.Tensor, factors: torch.Tensor, offsets: torch.Tensor
     return values.mul_(_per_block(factors, blocks, values.dtype)).add_(_per_block(offsets, blocks, values.dtype))
 
 
-def fp32_matmul(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int) -> torch.Tensor:
+def fp32_matmul(x: torch.Tensor, packed: torch.Tensor, scales_of_rows: ScalesOfRows, group: int) -> torch.Tensor:
     """``prompt_matmul`` exactly, on MKL's sgemm: the weights dequantized ``FP32_SCRATCH_WEIGHTS`` at a time."""
     rows, width = packed.shape[0], packed.shape[1] * 2
     out = torch.empty(x.shape[0], rows)  # [M, N]
     step = max(BLOCK_ROWS, FP32_SCRATCH_WEIGHTS // width // BLOCK_ROWS * BLOCK_ROWS)
     for start in range(0, rows, step):
         end = min(start + step, rows)
-        weights_t = _dequantized(packed[start:end], scales_and_zeros[:, start:end], group)  # [n / 64, K, 64]
+        weights_t = _dequantized(packed[start:end], scales_of_rows(start, end), group)  # [n / 64, K, 64]
         product = torch.matmul(x, weights_t)  # [n / 64, M, 64]: each block's 64 columns of the result
         out[:, start:end].view(x.shape[0], -1, BLOCK_ROWS).copy_(product.transpose(0, 1))
     return out
