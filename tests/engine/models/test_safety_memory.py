@@ -198,3 +198,28 @@ def test_config_without_a_shape_cannot_be_estimated() -> None:
 
     with pytest.raises(ModelFileError, match="does not give its hidden size"):
         estimate_kv_bytes({"model_type": "mystery"}, 1024, 2)
+
+
+def _q4_k_m_file(n_params: int, hidden: int) -> ModelSource:
+    """A Llama GGUF file of ``n_params`` parameters in Q4_K_M, as its metadata states it."""
+    return ModelSource(
+        kind="gguf", path=Path("/models/model.gguf"), name="model", weight_files=(), total_weight_bytes=0,
+        config={"architecture": "llama", "block_count": 24, "embedding_length": hidden, "head_count": 32,
+                "head_count_kv": 32, "feed_forward_length": 4 * hidden, "vocab_size": 49152,
+                "tied_embeddings": True, "file_type": "MOSTLY_Q4_K_M"}, n_params=n_params,
+    )
+
+
+@pytest.mark.parametrize(("fp16_math", "expected"), [(False, "nf4"), (True, "fp16")])
+def test_a_large_4bit_file_keeps_its_4bit_weights_where_they_run_prompts_faster(monkeypatch, fp16_math, expected):
+    """Plenty of memory: a 1.7B file runs 4-bit alone on a CPU with int8 dot products and no fp16 arithmetic (its
+    prompts faster, a third of the memory), with fp16 arithmetic the fp16 copy; a 135M one keeps the copy."""
+    from engine.models import memory_estimate
+
+    monkeypatch.setattr(memory_estimate, "has_int8_dot", lambda: True)
+    monkeypatch.setattr(memory_estimate, "has_fp16_math", lambda: fp16_math)
+    large, small = _q4_k_m_file(1_700_000_000, 2048), _q4_k_m_file(135_000_000, 576)
+    assert choose_precision(large, "cpu", 4096, available_bytes=64 * GIB) == expected
+    assert choose_precision(small, "cpu", 4096, available_bytes=64 * GIB) == "fp16"
+    notice = memory_estimate.cpu_formats_notice(large, expected, 4096, 64 * GIB)
+    assert ("no fp16 arithmetic" in notice) == (expected == "nf4")
