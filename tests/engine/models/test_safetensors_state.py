@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.forward.weights.pack_worker import PENDING
 from engine.chat.chat_template import ChatTemplate
 from engine.models.loading import LoadCancelled, LoadPlan, load_model
 from engine.models.memory_estimate import estimate
@@ -115,7 +116,9 @@ def test_a_bf16_folder_loads_one_tensor_at_a_time_without_an_fp32_copy_of_its_st
     loaded = _load(folder, "fp16", progress)
     assert len(alive) == len(sizes) and source.n_params * 2 == sum(sizes)
     assert max(bf16 for bf16, _ in alive) <= max(sizes)  # the tensor just read, nothing before it
-    assert max(fp32 for _, fp32 in alive) < 2 * sum(sizes) / 4  # a quarter of a whole fp32 copy, at most
+    # in fp32 at most the tensor being folded and those waiting for the pack worker (``pack_worker.PENDING``), which
+    # lag behind by as much as the machine's load makes them: never the whole state's fp32 copy
+    assert max(fp32 for _, fp32 in alive) <= (PENDING + 1) * 2 * max(sizes) < 2 * sum(sizes)
     assert loaded.precision == "fp16"
 
 
