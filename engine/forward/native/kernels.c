@@ -50,6 +50,39 @@ static inline __m512i lane_gather(int first_row) {
     return _mm512_loadu_si512(index);
 }
 
+/* Four columns of `count` (1 or ROW_TILE) activation rows, two int8 codes a value (high + low / LOW_STEPS), against
+   four vectors of weight codes (codes[j]: the columns of 16 rows, a 32-bit lane a row), summed into
+   high_sums[m][j] and low_sums[m][j]. */
+static inline __attribute__((always_inline)) void dot_four_columns(
+        int count, const int8_t *high, const int8_t *low, int width, size_t column, const __m512i codes[4],
+        __m512i high_sums[ROW_TILE][4], __m512i low_sums[ROW_TILE][4]) {
+    for (int m = 0; m < count; m++) {
+        size_t at = (size_t)m * width + column;
+        __m512i x_high = _mm512_set1_epi32(*(const int32_t *)(high + at));
+        __m512i x_low = _mm512_set1_epi32(*(const int32_t *)(low + at));
+        for (int j = 0; j < 4; j++) {
+            high_sums[m][j] = _mm512_dpbusd_epi32(high_sums[m][j], codes[j], x_high);
+            low_sums[m][j] = _mm512_dpbusd_epi32(low_sums[m][j], codes[j], x_low);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void zero_sums(int count, __m512i high_sums[ROW_TILE][4],
+                                                            __m512i low_sums[ROW_TILE][4]) {
+    for (int m = 0; m < count; m++)
+        for (int j = 0; j < 4; j++) high_sums[m][j] = low_sums[m][j] = _mm512_setzero_si512();
+}
+
+static inline __attribute__((always_inline)) void zero_totals(int count, __m512 total[ROW_TILE][4]) {
+    for (int m = 0; m < count; m++)
+        for (int j = 0; j < 4; j++) total[m][j] = _mm512_setzero_ps();
+}
+
+/* A group's dot product in units of the activation scale: the high codes' sums and the low codes' over LOW_STEPS. */
+static inline __m512 two_code_dot(__m512i high_sums, __m512i low_sums) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(low_sums), _mm512_set1_ps(1.0f / LOW_STEPS), _mm512_cvtepi32_ps(high_sums));
+}
+
 /* One block of 64 weight rows against `count` (1 or ROW_TILE) activation rows: y[m, row0 .. row0 + 63]. */
 static inline __attribute__((always_inline)) void int4_block(
         int count, const int8_t *high, const int8_t *low, const float *scales, const float *sums, int width,
@@ -57,12 +90,10 @@ static inline __attribute__((always_inline)) void int4_block(
     const __m512i nibble = _mm512_set1_epi8(0x0F), first = lane_gather(0), second = lane_gather(16);
     const int groups = width / group;
     __m512 total[ROW_TILE][4];
-    for (int m = 0; m < count; m++)
-        for (int j = 0; j < 4; j++) total[m][j] = _mm512_setzero_ps();
+    zero_totals(count, total);
     for (int g = 0; g < groups; g++) {
         __m512i high_sums[ROW_TILE][4], low_sums[ROW_TILE][4];
-        for (int m = 0; m < count; m++)
-            for (int j = 0; j < 4; j++) high_sums[m][j] = low_sums[m][j] = _mm512_setzero_si512();
+        zero_sums(count, high_sums, low_sums);
         const uint8_t *bytes = block + (size_t)g * group * 32;
         for (int k = 0; k < group; k += 4) {
             __m512i two = _mm512_loadu_si512(bytes + k * 32), next = _mm512_loadu_si512(bytes + k * 32 + 64);
@@ -71,15 +102,7 @@ static inline __attribute__((always_inline)) void int4_block(
             __m512i codes[4] = {_mm512_and_si512(rows_a, nibble), _mm512_and_si512(rows_b, nibble),
                                 _mm512_and_si512(_mm512_srli_epi16(rows_a, 4), nibble),
                                 _mm512_and_si512(_mm512_srli_epi16(rows_b, 4), nibble)};
-            for (int m = 0; m < count; m++) {
-                size_t at = (size_t)m * width + (size_t)g * group + k;
-                __m512i x_high = _mm512_set1_epi32(*(const int32_t *)(high + at));
-                __m512i x_low = _mm512_set1_epi32(*(const int32_t *)(low + at));
-                for (int j = 0; j < 4; j++) {
-                    high_sums[m][j] = _mm512_dpbusd_epi32(high_sums[m][j], codes[j], x_high);
-                    low_sums[m][j] = _mm512_dpbusd_epi32(low_sums[m][j], codes[j], x_low);
-                }
-            }
+            dot_four_columns(count, high, low, width, (size_t)g * group + k, codes, high_sums, low_sums);
         }
         const uint16_t *pairs = block_pairs + (size_t)g * BLOCK_ROWS * 2;
         for (int j = 0; j < 4; j++) {  /* codes[j] held rows 16j .. 16j + 15 */
@@ -88,8 +111,7 @@ static inline __attribute__((always_inline)) void int4_block(
             __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), scale, bf16_in_high_half(pair));  /* z - 8s */
             for (int m = 0; m < count; m++) {
                 size_t at = (size_t)m * groups + g;
-                __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low_sums[m][j]), _mm512_set1_ps(1.0f / LOW_STEPS),
-                                             _mm512_cvtepi32_ps(high_sums[m][j]));
+                __m512 dot = two_code_dot(high_sums[m][j], low_sums[m][j]);
                 total[m][j] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(scales[at])), total[m][j]);
                 total[m][j] = _mm512_fmadd_ps(offset, _mm512_set1_ps(sums[at]), total[m][j]);
             }
@@ -135,33 +157,22 @@ static inline __attribute__((always_inline)) void int8_block(
         const uint8_t *block, const uint16_t *weight_scales, int rows, float *y) {
     const int groups = width / INT8_GROUP;
     __m512 total[ROW_TILE][4];
-    for (int m = 0; m < count; m++)
-        for (int j = 0; j < 4; j++) total[m][j] = _mm512_setzero_ps();
+    zero_totals(count, total);
     for (int g = 0; g < groups; g++) {
         __m512i high_sums[ROW_TILE][4], low_sums[ROW_TILE][4];
-        for (int m = 0; m < count; m++)
-            for (int j = 0; j < 4; j++) high_sums[m][j] = low_sums[m][j] = _mm512_setzero_si512();
+        zero_sums(count, high_sums, low_sums);
         const uint8_t *bytes = block + (size_t)g * INT8_GROUP * BLOCK_ROWS;
         for (int k = 0; k < INT8_GROUP; k += 4) {
             __m512i codes[4];  /* codes[j]: columns k .. k + 3 of rows 16j .. 16j + 15, a 32-bit lane a row */
             for (int j = 0; j < 4; j++) codes[j] = _mm512_loadu_si512(bytes + (size_t)k * BLOCK_ROWS + 64 * j);
-            for (int m = 0; m < count; m++) {
-                size_t at = (size_t)m * width + (size_t)g * INT8_GROUP + k;
-                __m512i x_high = _mm512_set1_epi32(*(const int32_t *)(high + at));
-                __m512i x_low = _mm512_set1_epi32(*(const int32_t *)(low + at));
-                for (int j = 0; j < 4; j++) {
-                    high_sums[m][j] = _mm512_dpbusd_epi32(high_sums[m][j], codes[j], x_high);
-                    low_sums[m][j] = _mm512_dpbusd_epi32(low_sums[m][j], codes[j], x_low);
-                }
-            }
+            dot_four_columns(count, high, low, width, (size_t)g * INT8_GROUP + k, codes, high_sums, low_sums);
         }
         const uint16_t *group_scales = weight_scales + (size_t)g * BLOCK_ROWS;
         for (int j = 0; j < 4; j++) {
             __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(group_scales + 16 * j)));
             for (int m = 0; m < count; m++) {
                 size_t at = (size_t)m * groups + g;
-                __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low_sums[m][j]), _mm512_set1_ps(1.0f / LOW_STEPS),
-                                             _mm512_cvtepi32_ps(high_sums[m][j]));
+                __m512 dot = two_code_dot(high_sums[m][j], low_sums[m][j]);
                 dot = _mm512_sub_ps(dot, _mm512_set1_ps(INT8_OFFSET * code_sums[at]));
                 total[m][j] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(scales[at])), total[m][j]);
             }
