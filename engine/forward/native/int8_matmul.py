@@ -21,6 +21,7 @@ from engine.forward.weights.packed_sizes import int8_bytes, int8_kernel_takes
 
 CODES_PER_DOT = 4  # columns a 32-bit lane of ``vpdpbusd`` takes
 OFFSET = 128  # added to each code, so it is an unsigned byte
+CHUNK_ROWS = 4096  # rows quantized at a time (a multiple of BLOCK_ROWS)
 
 
 def covers(rows: int, width: int) -> bool:
@@ -41,19 +42,29 @@ def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class Int8Matmul:
     """``x`` [M, K] fp32 times a weight [N, K] held as int8 codes in groups of 32 (``quantize``): [M, N] fp32.
-    ``nbytes``: what it holds."""
+    ``nbytes``: what it holds. The weight is quantized and laid out ``CHUNK_ROWS`` rows at a time, so its
+    temporaries stay the size of a chunk (a 152 064-row output layer is 2.2 GB in fp32)."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         rows, width = weight.shape
-        codes, scales = quantize(weight)
-        shifted = (codes.to(torch.int16) + OFFSET).to(torch.uint8)  # [N, K]
-        blocks, steps = rows // BLOCK_ROWS, width // CODES_PER_DOT
-        # [N/64, 4, 16, K/4, 4] -> [N/64, K/4, 4, 16, 4]: four columns of 16 rows in a vector, four vectors a block
-        self._packed = shifted.view(blocks, 4, 16, steps, CODES_PER_DOT).permute(0, 3, 1, 2, 4).contiguous()
-        self._scales = scales.view(blocks, BLOCK_ROWS, -1).transpose(1, 2).contiguous()  # [N/64, G, 64]
+        self._packed = torch.empty(rows // BLOCK_ROWS, width // CODES_PER_DOT, 4, 16, CODES_PER_DOT, dtype=torch.uint8)
+        self._scales = torch.empty(rows // BLOCK_ROWS, width // GROUP, BLOCK_ROWS, dtype=torch.float16)
+        for start in range(0, rows, CHUNK_ROWS):
+            self._lay_out(weight[start : start + CHUNK_ROWS], start // BLOCK_ROWS)
         self._kernel, self._rows = library().int8_matmul, rows
         self._addresses = (address(self._packed), address(self._scales))
         self.nbytes = int8_bytes(rows, width)
+
+    def _lay_out(self, weight: torch.Tensor, first_block: int) -> None:
+        """Rows of the weight [n, K] (whole blocks), from block ``first_block`` on, into the kernel's layout."""
+        rows, width = weight.shape
+        codes, scales = quantize(weight)
+        shifted = (codes.to(torch.int16) + OFFSET).to(torch.uint8)  # [n, K]
+        blocks, steps = rows // BLOCK_ROWS, width // CODES_PER_DOT
+        # [n/64, 4, 16, K/4, 4] -> [n/64, K/4, 4, 16, 4]: four columns of 16 rows in a vector, four vectors a block
+        self._packed[first_block : first_block + blocks] = shifted.view(blocks, 4, 16, steps, CODES_PER_DOT).permute(
+            0, 3, 1, 2, 4)
+        self._scales[first_block : first_block + blocks] = scales.view(blocks, BLOCK_ROWS, -1).transpose(1, 2)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()

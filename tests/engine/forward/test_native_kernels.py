@@ -70,6 +70,18 @@ def test_int8_rows_match_the_dequantized_weight(length):
     assert ((Int8Matmul(weight)(x) - exact).abs().max() / exact.abs().max()).item() < 1e-4
 
 
+@needs_kernels
+def test_an_int8_weight_laid_out_a_chunk_of_rows_at_a_time_is_the_whole_weights_layout(monkeypatch):
+    """A large output layer is quantized a few thousand rows at a time (its fp32 temporaries a chunk's size): the
+    same bytes and products as at once, a short last chunk included."""
+    torch.manual_seed(0)
+    weight, x = torch.randn(64 * 5, 96), torch.randn(3, 96)
+    whole = Int8Matmul(weight)
+    monkeypatch.setattr(native_int8, "CHUNK_ROWS", 128)  # chunks of 2, 2 and 1 blocks
+    chunked = Int8Matmul(weight)
+    assert torch.equal(chunked(x), whole(x))
+
+
 def test_a_q8_0_blocks_codes_and_scale_come_back_exactly():
     """A GGUF file's Q8_0 table (the built-in model's) read as fp32, ``d * q``, quantizes back to its own blocks."""
     torch.manual_seed(0)
