@@ -234,24 +234,25 @@ def _int4_packed(groups: Int4Groups, tiles: int) -> tuple[Run, int]:
         packed, matmul = groups.cpu_packed(tiles), torch.ops.aten._weight_int4pack_mm_for_cpu
     nbytes = packed.numel() * packed.element_size() + scales_and_zeros.numel() * scales_and_zeros.element_size()
     prompt_path = not on_gpu and int4_prompts.covers(packed.shape[0])
-    if not on_gpu and native_int4.covers(*groups.shape, group):
-        return _native_int4(native_int4.Int4Matmul(packed, scales_and_zeros, group), packed, prompt_path, group), nbytes
+    if not on_gpu and native_int4.covers(*groups.shape, group):  # the kernel keeps the scales in its own order
+        native = native_int4.Int4Matmul(packed, scales_and_zeros, group)
+        return _beside_prompt_path(native, packed, native.scales_and_zeros, prompt_path, group), nbytes
 
-    def run(x: torch.Tensor) -> torch.Tensor:
-        if prompt_path and x.shape[0] >= int4_prompts.PROMPT_ROWS:
-            return int4_prompts.prompt_matmul(x, packed, lambda start, end: scales_and_zeros[:, start:end], group)
+    def few_rows(x: torch.Tensor) -> torch.Tensor:
         activations = x.to(torch.bfloat16).contiguous()  # the kernels take bf16 rows; a no-op on the GPU path
         return matmul(activations, packed, group, scales_and_zeros).to(x.dtype)  # [M, N]
 
-    return run, nbytes
+    return _beside_prompt_path(few_rows, packed, lambda start, end: scales_and_zeros[:, start:end], prompt_path,
+                               group), nbytes
 
 
-def _native_int4(native: native_int4.Int4Matmul, packed: torch.Tensor, prompt_path: bool, group: int) -> Run:
-    """Hearth's kernel for fewer rows than ``int4_prompts`` takes, that path (on the kernel's scales) for more."""
+def _beside_prompt_path(few_rows: Run, packed: torch.Tensor, scales_of_rows: int4_prompts.ScalesOfRows,
+                        prompt_path: bool, group: int) -> Run:
+    """``few_rows`` for calls of fewer rows than ``int4_prompts`` takes, that path (where the layer has it) for more."""
     def run(x: torch.Tensor) -> torch.Tensor:
         if prompt_path and x.shape[0] >= int4_prompts.PROMPT_ROWS:
-            return int4_prompts.prompt_matmul(x, packed, native.scales_and_zeros, group)  # [M, N]
-        return native(x)  # [M, N]
+            return int4_prompts.prompt_matmul(x, packed, scales_of_rows, group)  # [M, N]
+        return few_rows(x)  # [M, N]
 
     return run
 
