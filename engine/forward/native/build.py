@@ -97,3 +97,9 @@ def address(tensor: torch.Tensor) -> int:
     if not tensor.is_contiguous() or tensor.device.type != "cpu":
         raise ValueError("Hearth's CPU kernels take contiguous CPU tensors.")
     return tensor.data_ptr()
+
+
+def activation_scratch(rows: int, width: int, group: int) -> torch.Tensor:
+    """The scratch a matmul kernel quantizes ``rows`` activation rows of ``width`` into (``quantize_activations``):
+    two int8 codes a value, then a scale and a sum (fp32) a group of ``group``."""
+    return torch.empty(rows * (2 * width + 8 * (width // group)), dtype=torch.uint8)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.forward.native.build import address, library
+from engine.forward.native.build import activation_scratch, address, library
 from engine.forward.weights.packed_sizes import CPU_INT4_PACK_ROWS
 
 CODES_PER_DOT = 4  # activations a 32-bit lane of ``vpdpbusd`` takes
@@ -52,7 +52,7 @@ class Int4Matmul:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
         length, width = x.shape
-        scratch = torch.empty(length * (2 * width + 8 * (width // self._group)), dtype=torch.uint8)  # codes, figures
+        scratch = activation_scratch(length, width, self._group)
         out = torch.empty(length, self._rows)
         self._kernel(x.data_ptr(), length, width, *self._addresses, self._rows, self._group, scratch.data_ptr(),
                      out.data_ptr())

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.forward.native.build import address, library
+from engine.forward.native.build import activation_scratch, address, library
 from engine.forward.weights.packed_sizes import INT8_BLOCK_ROWS as BLOCK_ROWS
 from engine.forward.weights.packed_sizes import INT8_GROUP as GROUP
 from engine.forward.weights.packed_sizes import int8_bytes, int8_kernel_takes
@@ -69,7 +69,7 @@ class Int8Matmul:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
         length, width = x.shape
-        scratch = torch.empty(length * (2 * width + 8 * (width // GROUP)), dtype=torch.uint8)  # codes, figures
+        scratch = activation_scratch(length, width, GROUP)
         out = torch.empty(length, self._rows)
         self._kernel(x.data_ptr(), length, width, *self._addresses, self._rows, scratch.data_ptr(), out.data_ptr())
         return out
