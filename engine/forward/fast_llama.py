@@ -31,8 +31,10 @@ from engine.forward.static_cache import KVCache
 from engine.forward.weights.pack_worker import PackWorker
 from engine.forward.weights.quant import Linear, compute_dtype, embedding
 from engine.forward.weights.quant_int import INT4_PAIR, QUANT_FORMATS, Int4Groups, Int4Pair, as_int4_pair
+from engine.forward.weights.row_chunks import RowChunks
 
-Weight = torch.Tensor | Int4Groups | Int4Pair  # a state's matmul weights may come in 4-bit groups (GGUF files)
+Weight = torch.Tensor | Int4Groups | Int4Pair | RowChunks  # a state's matmuls may come in 4-bit groups or
+# (an output layer for the int8 kernel) as blocks decoded where packed: GGUF files
 
 ROPE_TABLE_CHUNK = 4096
 
@@ -83,7 +85,7 @@ class FastLlama:
         self.lm_head = Linear(head, None, head_fmt, final_norm, worker=worker)
         tied = head if table_name == head_name else None
         del head  # an untied output layer's temporaries go before the table's come
-        self.embed = self._token_table(state, table_name, _table_storage(head_fmt, self.device, self.dtype), tied)
+        self.embed = self._token_table(state, table_name, _table_storage(fmt, head_fmt, self.device, self.dtype), tied)
         del tied
         self.layers = [
             self._layer(state, f"model.layers.{i}.", fmt, decode_fmt, worker) for i in range(config.num_hidden_layers)
@@ -316,23 +318,26 @@ def _tied_name(config: Any, state: Mapping[str, Weight], name: str, tied_name: s
     raise ValueError("The checkpoint lacks its token embeddings or its output layer (lm_head).")
 
 
-def _table_storage(head_fmt: str, device: torch.device, dtype: torch.dtype) -> torch.dtype | None:
-    """The token table's dtype beside an output layer in ``head_fmt``; None: planes of 4-bit groups (the CPU's 4-bit
-    alone)."""
-    if device.type == "cpu" and head_fmt in ("fp16", "int8"):
-        return torch.float16
-    return None if head_fmt == INT4_PAIR and device.type == "cpu" else dtype
+def _table_storage(fmt: str, head_fmt: str, device: torch.device, dtype: torch.dtype) -> torch.dtype | None:
+    """The token table's dtype beside layers in ``fmt`` and an output layer in ``head_fmt``; None: planes of 4-bit
+    groups (the CPU's 4-bit alone)."""
+    if device.type != "cpu":
+        return dtype
+    if fmt == "int4":
+        return None
+    return torch.float16 if head_fmt in ("fp16", "int8") else dtype
 
 
 def head_format(fmt: str, decode_fmt: str | None, device: torch.device, vocab: int, hidden: int) -> str:
     """The output layer's format (and so the token table's, ``_table_storage``). It multiplies only the rows that
-    are sampled, so on the CPU it is read once a decode step, whatever the prompt: beside a 4-bit decode copy int8 on
-    Hearth's kernel where it takes the shape (``native.int8_matmul``: SmolLM2-135M's step 30 MB against FBGEMM's
-    padded fp16 101 MB), two planes of 4-bit groups with 4-bit layers alone (``INT4_PAIR``: what memory picks when
-    an fp16 copy does not fit, ``memory_estimate``), fp16 beside int8 layers; elsewhere the layers' format."""
+    are sampled, so on the CPU it is read once a decode step, whatever the prompt: beside 4-bit layers (alone or as a
+    decode copy) int8 on Hearth's kernel where it takes the shape (``native.int8_matmul``: SmolLM2-135M's step 30 MB
+    against FBGEMM's padded fp16 101 MB; SmolLM2-1.7B's 107 MB against 126 MB in two planes of 4-bit groups, read
+    in one pass instead of two), else those two planes (``INT4_PAIR``); fp16 beside int8 layers; elsewhere the
+    layers' format."""
     if device.type != "cpu":
         return fmt
-    if decode_fmt == "int4" and native_int8.covers(vocab, hidden):
+    if "int4" in (fmt, decode_fmt) and native_int8.covers(vocab, hidden):
         return "int8"
     if fmt not in QUANT_FORMATS:
         return fmt
@@ -361,7 +366,10 @@ def _inverse_frequencies(config: Any, device: torch.device, factors: torch.Tenso
 
 
 def _fp32(weight: Weight, device: torch.device) -> Weight:
-    """A tensor in fp32 on ``device``; ``Int4Groups`` and ``Int4Pair`` stay in their groups."""
+    """A tensor in fp32 on ``device``; ``Int4Groups`` and ``Int4Pair`` stay in their groups, ``RowChunks`` (the CPU's)
+    in their blocks."""
+    if isinstance(weight, RowChunks):
+        return weight
     return weight.to(device) if isinstance(weight, (Int4Groups, Int4Pair)) else weight.to(device, torch.float32)
 
 

@@ -32,6 +32,9 @@ from engine.forward.fast_llama import ROPE_FACTORS, Weight
 from engine.forward.weights.gguf_blocks import (
     FOUR_BIT_TYPES, BlockTable, dense, int4_groups, requantized_groups, requantized_pair,
 )
+from engine.forward.weights.gguf_codes import row_width
+from engine.forward.weights.quant_int import INT4_PAIR
+from engine.forward.weights.row_chunks import RowChunks
 from engine.host.allocator import return_freed_memory
 from engine.models.gguf_check import DIRECT_ARCHITECTURES, PLAIN_TYPES, GGUFContents, GGUFTensorInfo
 from engine.models.tensor_reads import LazyTensors, read_exactly
@@ -137,25 +140,26 @@ class GGUFState(LazyTensors):
     4-bit groups), with ``cpu_layout`` already in the CPU kernel's layout. ``all_groups``:
     every matrix does, whatever its type (4-bit alone, with a 4-bit head:
     ``fast_llama.head_format``), other types quantized a few thousand rows at a time; with
-    ``paired_tables`` the token table and output layer come as an ``Int4Pair`` instead (two
-    planes, about 8 bits: the CPU's head beside 4-bit layers). Every other tensor comes as
+    ``table_format`` ``INT4_PAIR`` the token table and output layer come as an ``Int4Pair`` instead (two
+    planes, about 8 bits), with ``"int8"`` a quantized type's as ``RowChunks`` (decoded a chunk of rows at a time
+    where the int8 kernel packs them): the CPU's head beside 4-bit layers. Every other tensor comes as
     fp32. ``report`` counts tensors decoded. ``rotary_pairs``: the query and key rows come in
     rotary pair order (the module docstring), not Hugging Face's.
     """
 
     def __init__(self, path: Path, contents: GGUFContents, groups: bool, report: Progress,
-                 all_groups: bool = False, paired_tables: bool = False, cpu_layout: bool = False) -> None:
+                 all_groups: bool = False, table_format: str | None = None, cpu_layout: bool = False) -> None:
         self._path, self._start = path, contents.data_start
         self._tensors = {hf_name(t.name): t for t in contents.tensors if hf_name(t.name) is not None}
         self.rotary_pairs = contents.metadata["general.architecture"] in PERMUTED_ARCHITECTURES
         self._groups, self._all_groups, self._report, self._done = groups, all_groups, report, set()
-        self._paired_tables, self._cpu_layout = paired_tables, cpu_layout
+        self._table_format, self._cpu_layout = table_format, cpu_layout
         self._read_buffer: np.ndarray | None = None  # REUSED_READ_BYTES, made at the first tensor that fits
 
     def __getitem__(self, name: str) -> Weight:
         info = self._tensors[name]
         return_freed_memory()  # the previous tensor's temporaries, before this one's
-        weight = self._decoded(name, info, self._blocks(info))
+        weight = self._decoded(name, info, self._blocks(info, reuse_buffer=not self._in_row_chunks(name, info)))
         self._counted(name)
         return weight
 
@@ -173,9 +177,16 @@ class GGUFState(LazyTensors):
         self._done.add(name)
         self._report(len(self._done), len(self._tensors))
 
+    def _in_row_chunks(self, name: str, info: GGUFTensorInfo) -> bool:
+        """Whether ``name`` comes as ``RowChunks``, which keep its blocks (in a buffer of their own)."""
+        return self._table_format == "int8" and name in TABLE_NAMES and info.quant_type not in PLAIN_TYPES
+
     def _decoded(self, name: str, info: GGUFTensorInfo, blocks: np.ndarray) -> Weight:
+        if self._in_row_chunks(name, info):
+            return RowChunks(blocks.shape[0], row_width(blocks, info.quant_type),
+                             lambda start, end: dense(blocks[start:end], info.quant_type))
         if len(info.dims) == 2 and self._all_groups:
-            if name in TABLE_NAMES and self._paired_tables:
+            if name in TABLE_NAMES and self._table_format == INT4_PAIR:
                 return requantized_pair(blocks, info.quant_type, self._cpu_layout)
             return requantized_groups(blocks, info.quant_type, self._cpu_layout)
         if len(info.dims) == 2 and self._groups and info.quant_type in FOUR_BIT_TYPES and name not in TABLE_NAMES:

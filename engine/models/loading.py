@@ -26,7 +26,7 @@ from engine.chat.chat_template import ChatTemplate
 from engine.forward.backend import Backend, HFBackend
 from engine.forward.fast_llama import FastLlama, FastLlamaBackend, head_format
 from engine.forward.fast_scope import unsupported_reason
-from engine.forward.weights.quant_int import INT4_FORMATS, INT4_PAIR, fast_format
+from engine.forward.weights.quant_int import fast_format
 from engine.host.allocator import return_freed_memory
 from engine.models import gguf_direct
 from engine.models.gguf_check import read_gguf
@@ -202,8 +202,9 @@ def _load_gguf(plan: LoadPlan, report: Progress, started: float) -> LoadedModel:
     decode_fmt = decode_format(fmt, plan)
     groups = "int4" in (fmt, decode_fmt)
     head_fmt = head_format(fmt, decode_fmt, plan.device, config.vocab_size, config.hidden_size)
-    state = gguf_direct.GGUFState(plan.folder, contents, groups, report, all_groups=head_fmt in INT4_FORMATS,
-                                  paired_tables=head_fmt == INT4_PAIR, cpu_layout=plan.device.type == "cpu")
+    state = gguf_direct.GGUFState(plan.folder, contents, groups, report, all_groups=fmt == "int4",
+                                  table_format=head_fmt if plan.device.type == "cpu" else None,
+                                  cpu_layout=plan.device.type == "cpu")
     model, backend, plan = _fast_backend(config, state, fmt, plan)
     eos_ids = gguf_direct.end_token_ids(contents) | _eos_ids(config, tokenizer)
     return _assemble(model, backend, model.weight_bytes, eos_ids, tokenizer, plan, precision, started)

@@ -13,8 +13,8 @@ torch is imported only by ``available_memory("cuda")``.
   ``DECODE_COPY_BYTES`` per weight; fp16 on the CPU as FBGEMM packs it, ``packed_sizes``), fp16 on the CPU keeping a 4-bit copy of a 4-bit
   file's layers for decode steps (``loading.decode_format``), and the token table and
   the output layer apart even when the file ties them (on the CPU fp16, the output
-  layer in int8 groups beside a 4-bit decode copy where Hearth's kernels run, or two
-  planes of 4-bit groups beside 4-bit layers alone, ``quant_int.INT4_PAIR``). Its tensors
+  layer in int8 groups beside 4-bit layers, alone or a decode copy, where Hearth's kernels
+  run, else two planes of 4-bit groups beside 4-bit layers alone, ``quant_int.INT4_PAIR``). Its tensors
   are read one at a time, so the load holds no more than that and one tensor on its way.
   On the CPU ``auto`` picks fp16 (with that copy) where it fits comfortably, else 4-bit alone;
   a 4-bit file of 1B parameters or more runs 4-bit alone on a CPU whose int8 dot products
@@ -203,9 +203,15 @@ def _fast_weight_bytes(source: ModelSource, shape: ModelShape, precision: str, d
     if device == "cpu" and precision == "fp16":
         layers += _fp16_packing_bytes(shape, prompts_only=source.four_bit_layers)
         layers += layer_params * DECODE_COPY_BYTES if source.four_bit_layers else 0
-    head_in_int8 = precision == "fp16" and source.four_bit_layers and may_run() and int8_kernel_takes(shape.vocab,
-                                                                                                      shape.hidden)
+    head_in_int8 = _head_in_int8(source, shape, precision, device)
     return int(layers + _table_and_head_bytes(shape, precision, device, source.kept_table_bytes, head_in_int8))
+
+
+def _head_in_int8(source: ModelSource, shape: ModelShape, precision: str, device: str) -> bool:
+    """Whether the output layer runs on Hearth's int8 kernel: on the CPU beside 4-bit layers, alone or a decode copy
+    (``fast_llama.head_format``)."""
+    beside_four_bit = precision == "nf4" or precision == "fp16" and source.four_bit_layers
+    return beside_four_bit and device == "cpu" and may_run() and int8_kernel_takes(shape.vocab, shape.hidden)
 
 
 def _fp16_packing_bytes(shape: ModelShape, prompts_only: bool) -> int:
@@ -222,14 +228,14 @@ def _fp16_packing_bytes(shape: ModelShape, prompts_only: bool) -> int:
 def _table_and_head_bytes(shape: ModelShape, precision: str, device: str, kept_table: int | None,
                           head_in_int8: bool) -> float:
     """``FastLlama`` keeps the token table and the output layer apart, even when the file ties them: on the CPU
-    fp32 at fp32, two planes of 4-bit groups at nf4, else fp16 (the output layer as FBGEMM packs it, or in int8
-    groups beside a 4-bit decode copy where Hearth's kernels run: ``head_in_int8``), the table there in the file's
-    own blocks where it has quantized ones (``kept_table`` bytes, ``gguf_blocks.BlockTable``); on a GPU the table in
+    fp32 at fp32, the output layer in int8 groups beside 4-bit layers (alone or a decode copy) where Hearth's kernels
+    run (``head_in_int8``), else two planes of 4-bit groups at nf4 and fp16 (as FBGEMM packs it) at fp16; the table
+    in two planes at nf4, fp16 at fp16, or in the file's own blocks where it has quantized ones (``kept_table`` bytes, ``gguf_blocks.BlockTable``); on a GPU the table in
     the compute dtype and the output layer in the layers' format (``fast_llama.head_format``)."""
     table = shape.vocab * shape.hidden
     if device == "cpu" and precision == "nf4":
         pair = 2 * table * DECODE_COPY_BYTES
-        return (kept_table or pair) + pair
+        return (kept_table or pair) + (int8_bytes(shape.vocab, shape.hidden) if head_in_int8 else pair)
     if device == "cpu":
         if head_in_int8:
             head_bytes = int8_bytes(shape.vocab, shape.hidden)
@@ -317,8 +323,8 @@ def cpu_formats_notice(source: ModelSource, chosen: str, context_length: int, av
         copy = " for prompts and a 4-bit copy for decode steps" if source.four_bit_layers else ""
         return f"Running fp16 weights{copy}: {_gib(fp16)} in all fits comfortably in the {_gib(available_bytes)} free."
     four_bit = estimate(source, "nf4", context_length, "cpu").total_bytes
-    alone = (f"Running from the 4-bit weights alone ({_gib(four_bit)} in all; the output layer in two 4-bit planes, "
-             f"about 8 bits), prompts included")
+    head = "int8" if _head_in_int8(source, model_shape(source.config), "nf4", "cpu") else "two 4-bit planes, about 8 bits"
+    alone = f"Running from the 4-bit weights alone ({_gib(four_bit)} in all; the output layer in {head}), prompts included"
     if four_bit_prompts_faster(source):
         return (f"{alone}: on this CPU (int8 dot products, no fp16 arithmetic) a model this size runs its prompts "
                 f"faster so than from fp16 weights, which would need {_gib(fp16)}.")

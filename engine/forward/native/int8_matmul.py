@@ -18,6 +18,7 @@ from engine.forward.native.build import activation_scratch, address, library
 from engine.forward.weights.packed_sizes import INT8_BLOCK_ROWS as BLOCK_ROWS
 from engine.forward.weights.packed_sizes import INT8_GROUP as GROUP
 from engine.forward.weights.packed_sizes import int8_bytes, int8_kernel_takes
+from engine.forward.weights.row_chunks import RowChunks
 
 CODES_PER_DOT = 4  # columns a 32-bit lane of ``vpdpbusd`` takes
 OFFSET = 128  # added to each code, so it is an unsigned byte
@@ -43,9 +44,10 @@ def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class Int8Matmul:
     """``x`` [M, K] fp32 times a weight [N, K] held as int8 codes in groups of 32 (``quantize``): [M, N] fp32.
     ``nbytes``: what it holds. The weight is quantized and laid out ``CHUNK_ROWS`` rows at a time, so its
-    temporaries stay the size of a chunk (a 152 064-row output layer is 2.2 GB in fp32)."""
+    temporaries stay the size of a chunk (a 152 064-row output layer is 2.2 GB in fp32); ``RowChunks`` (a GGUF
+    file's blocks) are decoded a chunk at a time too."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor | RowChunks) -> None:
         rows, width = weight.shape
         self._packed = torch.empty(rows // BLOCK_ROWS, width // CODES_PER_DOT, 4, 16, CODES_PER_DOT, dtype=torch.uint8)
         self._scales = torch.empty(rows // BLOCK_ROWS, width // GROUP, BLOCK_ROWS, dtype=torch.float16)

@@ -34,11 +34,13 @@ def _table_bytes(config) -> int:
     return config.vocab_size * config.hidden_size // 32 * 34
 
 
-def _table_and_head_bytes(config, beside_a_decode_copy: bool) -> int:
-    """The token table, and the output layer: beside a 4-bit decode copy in int8 groups of 32 where Hearth's kernel
-    runs (a byte a weight, an fp16 scale a group), else in fp16 as FBGEMM packs it, its width 576 padded to 1024."""
-    if beside_a_decode_copy and native_int8.covers(config.vocab_size, config.hidden_size):
-        return _table_bytes(config) + config.vocab_size * config.hidden_size * (1 + 2 / 32)
+def _table_and_head_bytes(config, beside_four_bit: bool) -> int:
+    """The token table, and the output layer: beside 4-bit layers (a decode copy, or alone) in int8 groups of 32
+    where Hearth's kernel runs (a byte a weight, an fp16 scale a group), else in fp16 as FBGEMM packs it, its width
+    576 padded to 1024."""
+    weights = config.vocab_size * config.hidden_size
+    if beside_four_bit and native_int8.covers(config.vocab_size, config.hidden_size):
+        return _table_bytes(config) + weights * (1 + 2 / 32)
     return _table_bytes(config) + 2 * config.vocab_size * 1024
 
 
@@ -74,7 +76,7 @@ def test_auto_keeps_a_4bit_copy_for_decoding_and_answers_as_fp32_does(default_mo
     config = auto.model.config
     assert auto.precision == "fp16" and auto.precision_label == "fp16, 4-bit decode"  # what the window shows
     layers = _fp16_layer_bytes(config, beside_a_decode_copy=True) + _layer_weights(config) * FOUR_BIT
-    assert auto.weight_bytes == layers + _table_and_head_bytes(config, beside_a_decode_copy=True)
+    assert auto.weight_bytes == layers + _table_and_head_bytes(config, beside_four_bit=True)
     assert "Paris" in fp32_answer
     assert _answer(auto) == fp32_answer
 
@@ -85,15 +87,18 @@ def test_the_decode_copy_can_be_turned_off(default_model_path: Path, monkeypatch
     config = fp16_only.model.config
     assert fp16_only.precision_label == "fp16"
     assert fp16_only.weight_bytes == (_fp16_layer_bytes(config, beside_a_decode_copy=False)
-                                      + _table_and_head_bytes(config, beside_a_decode_copy=False))
+                                      + _table_and_head_bytes(config, beside_four_bit=False))
 
 
 def test_4bit_alone_holds_everything_in_a_third_of_fp16s_bytes_and_answers_paris(default_model_path: Path):
     four_bit = _open(default_model_path, "nf4")
     config = four_bit.model.config
     assert four_bit.precision == "nf4"
-    head_planes = 2 * config.vocab_size * config.hidden_size
-    assert four_bit.weight_bytes == (_layer_weights(config) + head_planes) * FOUR_BIT + _table_bytes(config)
+    if native_int8.covers(config.vocab_size, config.hidden_size):
+        table_and_head = _table_and_head_bytes(config, beside_four_bit=True)
+    else:
+        table_and_head = _table_bytes(config) + 2 * config.vocab_size * config.hidden_size * FOUR_BIT  # two planes
+    assert four_bit.weight_bytes == _layer_weights(config) * FOUR_BIT + table_and_head
     assert "Paris" in _answer(four_bit)
 
 

@@ -22,6 +22,7 @@ from engine.forward.native.int4_matmul import Int4Matmul
 from engine.forward.native.int8_matmul import Int8Matmul
 from engine.forward.native.norm import rms_norm
 from engine.forward.weights.quant_int import dequantize_int4, int4_groups_of, pack_quantized
+from engine.forward.weights.row_chunks import RowChunks
 
 REPO = Path(__file__).resolve().parents[3]
 needs_kernels = pytest.mark.skipif(build.library() is None, reason="no AVX-512 VNNI/VBMI or no C compiler here")
@@ -72,14 +73,23 @@ def test_int8_rows_match_the_dequantized_weight(length):
 
 @needs_kernels
 def test_an_int8_weight_laid_out_a_chunk_of_rows_at_a_time_is_the_whole_weights_layout(monkeypatch):
-    """A large output layer is quantized a few thousand rows at a time (its fp32 temporaries a chunk's size): the
-    same bytes and products as at once, a short last chunk included."""
+    """A large output layer is quantized a few thousand rows at a time (its fp32 temporaries a chunk's size), from
+    a tensor or from blocks decoded a chunk at a time: the same bytes and products as at once, a short last chunk
+    included."""
     torch.manual_seed(0)
     weight, x = torch.randn(64 * 5, 96), torch.randn(3, 96)
     whole = Int8Matmul(weight)
     monkeypatch.setattr(native_int8, "CHUNK_ROWS", 128)  # chunks of 2, 2 and 1 blocks
     chunked = Int8Matmul(weight)
     assert torch.equal(chunked(x), whole(x))
+    asked: list[tuple[int, int]] = []
+
+    def decode(start: int, end: int) -> torch.Tensor:  # a GGUF table's blocks, decoded where packed
+        asked.append((start, end))
+        return weight[start:end].clone()
+
+    from_blocks = Int8Matmul(RowChunks(*weight.shape, decode))
+    assert torch.equal(from_blocks(x), whole(x)) and asked == [(0, 128), (128, 256), (256, 320)]
 
 
 def test_a_q8_0_blocks_codes_and_scale_come_back_exactly():

@@ -18,7 +18,8 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from engine.chat.chat_template import ChatTemplate
 from engine.forward.weights.quant import few_rows
-from engine.forward.weights.quant_int import Int4Groups, Int4Pair
+from engine.forward.weights.quant_int import INT4_PAIR, Int4Groups, Int4Pair
+from engine.forward.weights.row_chunks import RowChunks
 from engine.models.gguf_check import read_gguf
 from engine.models.gguf_direct import GGUFState, direct_reason, hf_config
 from engine.models.loading import LoadPlan, load_model
@@ -153,19 +154,28 @@ def test_tensors_are_decoded_only_when_asked_for_and_counted(reference):
     assert direct_reason(contents) is None and hf_config(contents).model_type == "llama"
 
 
-def test_every_matrix_comes_in_4bit_groups_and_the_output_layer_in_two_planes_only_where_asked(reference):
-    """4-bit alone on the CPU pairs the output layer's planes; on a GPU its head stays one plane of groups, made a
-    few rows at a time, so host memory never holds it in fp32."""
+def test_every_matrix_comes_in_4bit_groups_and_the_output_layer_as_the_cpu_head_asks(reference):
+    """4-bit alone: on a GPU the head stays one plane of groups, made a few rows at a time, so host memory never
+    holds it in fp32; on the CPU two planes, or for the int8 kernel the file's rows decoded exactly where packed,
+    from blocks of their own that later reads leave alone."""
     path, _ = reference["llama"]
     contents = read_gguf(path)
     head, layer = "model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight"  # tied: the Q8_0 table
-    gpu_like = GGUFState(path, contents, groups=True, report=lambda *_: None, all_groups=True)
-    cpu_like = GGUFState(path, contents, groups=True, report=lambda *_: None, all_groups=True, paired_tables=True)
+
+    def state(table_format: str | None) -> GGUFState:
+        return GGUFState(path, contents, groups=True, report=lambda *_: None, all_groups=True,
+                         table_format=table_format)
+
+    gpu_like, paired, chunked = state(None), state(INT4_PAIR), state("int8")
     assert isinstance(gpu_like[head], Int4Groups) and isinstance(gpu_like[layer], Int4Groups)
-    assert isinstance(cpu_like[head], Int4Pair) and isinstance(cpu_like[layer], Int4Groups)
+    assert isinstance(paired[head], Int4Pair) and isinstance(paired[layer], Int4Groups)
     exact = GGUFState(path, contents, groups=False, report=lambda *_: None)[head]  # [V, D] fp32
-    one_plane, two_planes = gpu_like[head].dequantize() - exact, cpu_like[head].dequantize() - exact
+    one_plane, two_planes = gpu_like[head].dequantize() - exact, paired[head].dequantize() - exact
     assert two_planes.abs().max() < one_plane.abs().max() / 10
+    rows = chunked[head]
+    assert isinstance(rows, RowChunks) and rows.shape == exact.shape
+    chunked[layer]  # a later read, into the reused buffer
+    assert torch.equal(rows[3:70], exact[3:70]) and torch.equal(rows.dequantize(), exact)
 
 
 def test_a_tensor_stays_as_read_while_later_ones_reuse_the_read_buffer(reference):

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from engine.forward.native.support import may_run
+from engine.models import memory_estimate
 from engine.models.memory_estimate import (
     NotEnoughMemoryError,
     available_memory,
@@ -81,13 +82,19 @@ def test_cpu_prefers_fp32_then_bf16_then_4bit_for_a_model_transformers_runs() ->
     assert choose_precision(source, "cpu", 8192, available_bytes=10 * GIB) == "nf4"
 
 
-def test_a_llama_folder_on_the_cpu_fast_path_takes_fp16_then_4bit_counted_as_fast_llama_holds_them() -> None:
+def test_a_llama_folder_on_the_cpu_fast_path_takes_fp16_then_4bit_counted_as_fast_llama_holds_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     source = llama3_source()
     table = 128256 * 4096
     layers = source.n_params - 2 * table
     assert estimate(source, "fp16", 8192, "cpu").weight_bytes == 2 * layers + 2 * 2 * table
-    two_planes_each = 2 * 2 * table  # the token table and the output layer, two planes of 4-bit groups each
-    assert estimate(source, "nf4", 8192, "cpu").weight_bytes == int((0.5 + 4 / 32) * (layers + two_planes_each))
+    four_bit = 0.5 + 4 / 32  # bytes a weight in 4-bit groups of 32
+    monkeypatch.setattr(memory_estimate, "may_run", lambda: True)  # the output layer on Hearth's int8 kernel
+    int8_head = 128256 * (4096 + 4096 // 32 * 2)  # a byte a weight, an fp16 scale per 32
+    table_in_two_planes = 2 * table * four_bit
+    assert estimate(source, "nf4", 8192, "cpu").weight_bytes == int(four_bit * layers + table_in_two_planes + int8_head)
+    monkeypatch.setattr(memory_estimate, "may_run", lambda: False)  # no kernels built: both in two planes
+    assert estimate(source, "nf4", 8192, "cpu").weight_bytes == int(four_bit * layers + 2 * table_in_two_planes)
     assert choose_precision(source, "cpu", 8192, available_bytes=64 * GIB) == "fp16"
     assert choose_precision(source, "cpu", 8192, available_bytes=10 * GIB) == "nf4"
 
