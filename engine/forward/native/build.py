@@ -32,7 +32,7 @@ COMPILE_TIMEOUT_S = 120
 
 P, I32, I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
 SIGNATURES = {
-    "int4_matmul": (P, I32, I32, P, P, I32, I32, I32, P, P),
+    "int4_matmul": (P, I32, I32, P, P, I32, I32, P, P),
     "int8_matmul": (P, I32, I32, P, P, I32, P, P),
     "decode_attention": (P, P, P, P, I32, P, P, I32, I32, I32, I64),
     "chunk_attention": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64),

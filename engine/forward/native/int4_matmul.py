@@ -17,7 +17,6 @@ import torch
 
 from engine.forward.native.build import activation_scratch, address, library
 from engine.forward.weights.packed_sizes import CPU_INT4_PACK_ROWS
-from engine.forward.weights.super_scales import codable, codes_of, scales_and_zeros_of
 
 CODES_PER_DOT = 4  # activations a 32-bit lane of ``vpdpbusd`` takes
 
@@ -30,55 +29,31 @@ def covers(rows: int, width: int, group: int) -> bool:
 
 class Int4Matmul:
     """``x`` [M, K] fp32 times the weight [N, K] that ``packed`` [N, K / 2] uint8 (the CPU int4 layout) and
-    ``scales_and_zeros`` [K / group, N, 2] hold, ``w = (q - 8) * scale + zero``: [M, N] fp32. ``packed`` is kept
-    as it is; the scales beside each block of 64 rows, so a decode step reads them in order beside its codes (in
-    PyTorch's order each group's lie a row of groups apart: an 8B model's matrices streamed at 19.6 against
-    21.6 GB/s, medians of 10 turns): bf16 pairs [N / 64, K / group, 64, 2], or given ``super_scales``
-    [K / 256, N, 2] (``super_scales`` module) int8 codes [N / 64, K / 32, 2, 64] then fp16 super-scales
-    [N / 64, K / 256, 2, 64], 20 bits a group of 32 instead of 32. Their address is taken once: a call costs one
-    ctypes call beside the kernel (~5 µs). ``nbytes``: what it holds."""
+    ``scales_and_zeros`` [K / group, N, 2] bf16 hold, ``w = (q - 8) * scale + zero``: [M, N] fp32. ``packed`` is
+    kept as it is; the scales and zeros are kept a block of 64 rows together, [N / 64, K / group, 64, 2], so a
+    decode step reads them in order beside the codes (in PyTorch's order each group's lie a row of groups apart:
+    an 8B model's matrices streamed at 19.6 against 21.6 GB/s, medians of 10 turns). Their addresses are taken
+    once: a call costs one ctypes call beside the kernel (~5 µs)."""
 
-    def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int,
-                 super_scales: torch.Tensor | None = None) -> None:
+    def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int) -> None:
         self._kernel = library().int4_matmul
         groups, rows, _ = scales_and_zeros.shape
-        self._packed, self._rows, self._group = packed, rows, group
-        self._coded = super_scales is not None and codable(groups * group, group)
-        blocks = rows // CPU_INT4_PACK_ROWS
-        if self._coded:
-            codes = _by_block(codes_of(scales_and_zeros, super_scales), blocks).transpose(2, 3)  # [N/64, G, 2, 64]
-            supers = _by_block(super_scales.half(), blocks).transpose(2, 3)  # [N / 64, G / 8, 2, 64]
-            code_bytes = groups * 2 * CPU_INT4_PACK_ROWS
-            self._scales = torch.empty(blocks, code_bytes + supers[0].numel() * 2, dtype=torch.uint8)  # [N/64, bytes]
-            self._codes = self._scales[:, :code_bytes].view(torch.int8).view(codes.shape)
-            self._supers = self._scales[:, code_bytes:].view(torch.float16).view(supers.shape)
-            self._codes.copy_(codes)
-            self._supers.copy_(supers)
-        else:
-            self._scales = _by_block(scales_and_zeros.to(torch.bfloat16), blocks).contiguous()  # [N / 64, G, 64, 2]
-        self._addresses = (address(packed), address(self._scales))
-        self.nbytes = packed.numel() + self._scales.numel() * self._scales.element_size()
+        self._packed = packed
+        self._block_pairs = scales_and_zeros.view(groups, rows // CPU_INT4_PACK_ROWS, CPU_INT4_PACK_ROWS, 2).transpose(
+            0, 1).contiguous()  # [N / 64, G, 64, 2]
+        self._addresses = (address(packed), address(self._block_pairs))
+        self._rows, self._group = rows, group
 
     def scales_and_zeros(self, start: int, end: int) -> torch.Tensor:
         """Rows ``start`` … ``end`` (whole blocks) in PyTorch's order, [K / group, n, 2] (a copy of theirs)."""
-        first, last = start // CPU_INT4_PACK_ROWS, end // CPU_INT4_PACK_ROWS
-        if not self._coded:
-            return self._scales[first:last].transpose(0, 1).flatten(1, 2)  # [G, n, 2] bf16
-        codes = self._codes[first:last].transpose(2, 3).transpose(0, 1).flatten(1, 2)  # [G, n, 2]
-        supers = self._supers[first:last].transpose(2, 3).transpose(0, 1).flatten(1, 2)  # [G / 8, n, 2]
-        return scales_and_zeros_of(codes, supers)  # [G, n, 2] fp32
+        blocks = self._block_pairs[start // CPU_INT4_PACK_ROWS : end // CPU_INT4_PACK_ROWS]  # [n / 64, G, 64, 2]
+        return blocks.transpose(0, 1).flatten(1, 2)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
         length, width = x.shape
         scratch = activation_scratch(length, width, self._group)
         out = torch.empty(length, self._rows)
-        self._kernel(x.data_ptr(), length, width, self._addresses[0], self._addresses[1], int(self._coded),
-                     self._rows, self._group, scratch.data_ptr(), out.data_ptr())
+        self._kernel(x.data_ptr(), length, width, *self._addresses, self._rows, self._group, scratch.data_ptr(),
+                     out.data_ptr())
         return out
-
-
-def _by_block(per_group: torch.Tensor, blocks: int) -> torch.Tensor:
-    """[G, N, 2] as [N / 64, G, 64, 2] (a view where the strides allow): each block of 64 rows' values together."""
-    groups = per_group.shape[0]
-    return per_group.reshape(groups, blocks, CPU_INT4_PACK_ROWS, 2).transpose(0, 1)

@@ -83,142 +83,66 @@ static inline __m512 two_code_dot(__m512i high_sums, __m512i low_sums) {
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(low_sums), _mm512_set1_ps(1.0f / LOW_STEPS), _mm512_cvtepi32_ps(high_sums));
 }
 
-#define SUPER_GROUPS 8  /* groups of 32 a super-scale covers in the coded layout (a Q4_K block's 256 weights) */
-
-/* One group of a block of 64 rows (its bytes: [group, 32]) against `count` activation rows, two int8 codes a
-   value: each group's dot product in units of the activation scale, dots[m][j] for rows 16j .. 16j + 15. With
-   the first code alone (llama.cpp's Q8_0 activations) SmolLM2-1.7B's matrices took 10 % less time a decode step
-   and 36 % less an 8-row one, but SmolLM2-135M's mean KL against its exact weights went from 0.00013 to 0.016. */
-static inline __attribute__((always_inline)) void group_dots(
-        int count, const int8_t *high, const int8_t *low, int width, const uint8_t *bytes, size_t column, int group,
-        __m512 dots[ROW_TILE][4]) {
-    const __m512i nibble = _mm512_set1_epi8(0x0F), first = lane_gather(0), second = lane_gather(16);
-    __m512i high_sums[ROW_TILE][4], low_sums[ROW_TILE][4];
-    zero_sums(count, high_sums, low_sums);
-    for (int k = 0; k < group; k += 4) {
-        __m512i two = _mm512_loadu_si512(bytes + k * 32), next = _mm512_loadu_si512(bytes + k * 32 + 64);
-        __m512i rows_a = _mm512_permutex2var_epi8(two, first, next);   /* rows 0-15 low, 32-47 high nibbles */
-        __m512i rows_b = _mm512_permutex2var_epi8(two, second, next);  /* rows 16-31 low, 48-63 high */
-        __m512i codes[4] = {_mm512_and_si512(rows_a, nibble), _mm512_and_si512(rows_b, nibble),
-                            _mm512_and_si512(_mm512_srli_epi16(rows_a, 4), nibble),
-                            _mm512_and_si512(_mm512_srli_epi16(rows_b, 4), nibble)};
-        dot_four_columns(count, high, low, width, column + k, codes, high_sums, low_sums);
-    }
-    for (int m = 0; m < count; m++)
-        for (int j = 0; j < 4; j++) dots[m][j] = two_code_dot(high_sums[m][j], low_sums[m][j]);
-}
-
-static inline void store_block(int count, __m512 total[ROW_TILE][4], float *y, int rows, int row0) {
-    for (int m = 0; m < count; m++)
-        for (int j = 0; j < 4; j++) _mm512_storeu_ps(y + (size_t)m * rows + row0 + 16 * j, total[m][j]);
-}
-
-/* One block of 64 weight rows against `count` (1 or ROW_TILE) activation rows: y[m, row0 .. row0 + 63], its
-   scales bf16 pairs [G, 64, 2] (scale, zero): w = (q - 8) * scale + zero. */
+/* One block of 64 weight rows against `count` (1 or ROW_TILE) activation rows: y[m, row0 .. row0 + 63]. */
 static inline __attribute__((always_inline)) void int4_block(
         int count, const int8_t *high, const int8_t *low, const float *scales, const float *sums, int width,
         const uint8_t *block, const uint16_t *block_pairs, int rows, int group, float *y, int row0) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F), first = lane_gather(0), second = lane_gather(16);
     const int groups = width / group;
     __m512 total[ROW_TILE][4];
     zero_totals(count, total);
     for (int g = 0; g < groups; g++) {
-        __m512 dots[ROW_TILE][4];
-        group_dots(count, high, low, width, block + (size_t)g * group * 32, (size_t)g * group, group, dots);
+        __m512i high_sums[ROW_TILE][4], low_sums[ROW_TILE][4];
+        zero_sums(count, high_sums, low_sums);
+        const uint8_t *bytes = block + (size_t)g * group * 32;
+        for (int k = 0; k < group; k += 4) {
+            __m512i two = _mm512_loadu_si512(bytes + k * 32), next = _mm512_loadu_si512(bytes + k * 32 + 64);
+            __m512i rows_a = _mm512_permutex2var_epi8(two, first, next);   /* rows 0-15 low, 32-47 high nibbles */
+            __m512i rows_b = _mm512_permutex2var_epi8(two, second, next);  /* rows 16-31 low, 48-63 high */
+            __m512i codes[4] = {_mm512_and_si512(rows_a, nibble), _mm512_and_si512(rows_b, nibble),
+                                _mm512_and_si512(_mm512_srli_epi16(rows_a, 4), nibble),
+                                _mm512_and_si512(_mm512_srli_epi16(rows_b, 4), nibble)};
+            dot_four_columns(count, high, low, width, (size_t)g * group + k, codes, high_sums, low_sums);
+        }
         const uint16_t *pairs = block_pairs + (size_t)g * BLOCK_ROWS * 2;
-        for (int j = 0; j < 4; j++) {
+        for (int j = 0; j < 4; j++) {  /* codes[j] held rows 16j .. 16j + 15 */
             __m512i pair = _mm512_loadu_si512((const void *)(pairs + 32 * j));
             __m512 scale = bf16_in_low_half(pair);
             __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), scale, bf16_in_high_half(pair));  /* z - 8s */
             for (int m = 0; m < count; m++) {
                 size_t at = (size_t)m * groups + g;
-                total[m][j] = _mm512_fmadd_ps(dots[m][j], _mm512_mul_ps(scale, _mm512_set1_ps(scales[at])), total[m][j]);
+                __m512 dot = two_code_dot(high_sums[m][j], low_sums[m][j]);
+                total[m][j] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(scales[at])), total[m][j]);
                 total[m][j] = _mm512_fmadd_ps(offset, _mm512_set1_ps(sums[at]), total[m][j]);
             }
         }
     }
-    store_block(count, total, y, rows, row0);
+    for (int m = 0; m < count; m++)
+        for (int j = 0; j < 4; j++) _mm512_storeu_ps(y + (size_t)m * rows + row0 + 16 * j, total[m][j]);
 }
 
-static inline __m512 sixteen_codes(const int8_t *codes) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)codes)));
-}
-
-/* The same with coded scales (group 32): int8 codes [G, 2, 64] (sc, mn) then fp16 super-scales [G / 8, 2, 64]
-   (d, dmin), w = d * sc * q - dmin * mn, a Q4_K block's own form. Each super-group's sums are kept in units of its
-   d and dmin, which multiply them once at its end. */
-static inline __attribute__((always_inline)) void coded_int4_block(
-        int count, const int8_t *high, const int8_t *low, const float *scales, const float *sums, int width,
-        const uint8_t *block, const int8_t *codes, const uint16_t *supers, int rows, float *y, int row0) {
-    const int groups = width / 32;
-    __m512 total[ROW_TILE][4];
-    zero_totals(count, total);
-    for (int first = 0; first < groups; first += SUPER_GROUPS) {
-        __m512 in_d[ROW_TILE][4], in_dmin[ROW_TILE][4];
-        zero_totals(count, in_d);
-        zero_totals(count, in_dmin);
-        for (int g = first; g < first + SUPER_GROUPS; g++) {
-            __m512 dots[ROW_TILE][4];
-            group_dots(count, high, low, width, block + (size_t)g * 32 * 32, (size_t)g * 32, 32, dots);
-            const int8_t *own = codes + (size_t)g * 2 * BLOCK_ROWS;
-            for (int j = 0; j < 4; j++) {
-                __m512 sc = sixteen_codes(own + 16 * j), mn = sixteen_codes(own + BLOCK_ROWS + 16 * j);
-                for (int m = 0; m < count; m++) {
-                    size_t at = (size_t)m * groups + g;
-                    in_d[m][j] = _mm512_fmadd_ps(dots[m][j], _mm512_mul_ps(sc, _mm512_set1_ps(scales[at])), in_d[m][j]);
-                    in_dmin[m][j] = _mm512_fmadd_ps(mn, _mm512_set1_ps(sums[at]), in_dmin[m][j]);
-                }
-            }
-        }
-        const uint16_t *own = supers + (size_t)(first / SUPER_GROUPS) * 2 * BLOCK_ROWS;
-        for (int j = 0; j < 4; j++) {
-            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(own + 16 * j)));
-            __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(own + BLOCK_ROWS + 16 * j)));
-            for (int m = 0; m < count; m++)
-                total[m][j] = _mm512_fnmadd_ps(dmin, in_dmin[m][j], _mm512_fmadd_ps(d, in_d[m][j], total[m][j]));
-        }
-    }
-    store_block(count, total, y, rows, row0);
-}
-
-/* Bytes of one block's scales: bf16 pairs, or (coded) int8 codes and fp16 super-scales. */
-static size_t block_scale_bytes(int groups, int coded) {
-    return coded ? (size_t)groups * 2 * BLOCK_ROWS + (size_t)(groups / SUPER_GROUPS) * 2 * BLOCK_ROWS * 2
-                 : (size_t)groups * BLOCK_ROWS * 2 * 2;
-}
-
-/* y [M, N] = x [M, K] . W^T for W [N, K] in the int4 layout (N a multiple of 64, K of group, group of 4), each
-   block's scales after the other's, read in order as its codes are: bf16 pairs [N / 64, K / group, 64, 2],
-   w = (q - 8) * scale + zero; or with `coded` (group 32, K a multiple of 256) per block int8 codes [K / 32, 2, 64]
-   and fp16 super-scales [K / 256, 2, 64], w = d * sc * q - dmin * mn. scratch: M * (2K + 8K / group) bytes. */
-void int4_matmul(const float *x, int count, int width, const uint8_t *packed, const void *block_scales, int coded,
+/* y [M, N] = x [M, K] . W^T for W [N, K] in the int4 layout (N a multiple of 64, K of group, group of 4);
+   scales_and_zeros [N / 64, K / group, 64, 2] bf16, a block's together (read in order, as its codes are):
+   w = (q - 8) * scale + zero. scratch: M * (2K + 8K / group) bytes. */
+void int4_matmul(const float *x, int count, int width, const uint8_t *packed, const uint16_t *scales_and_zeros,
                  int rows, int group, void *scratch, float *y) {
     const int blocks = rows / BLOCK_ROWS, groups = width / group;
-    const size_t scale_bytes = block_scale_bytes(groups, coded);
     int8_t *high = (int8_t *)scratch, *low = high + (size_t)count * width;
     float *scales = (float *)(low + (size_t)count * width), *sums = scales + (size_t)count * groups;
     quantize_activations(x, count, width, group, high, low, scales, sums);
     #pragma omp parallel for schedule(static) if (blocks > 1)
     for (int b = 0; b < blocks; b++) {
         const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * (width / 2);
-        const uint8_t *own_scales = (const uint8_t *)block_scales + (size_t)b * scale_bytes;
-        const int8_t *codes = (const int8_t *)own_scales;
-        const uint16_t *supers = (const uint16_t *)(own_scales + (size_t)groups * 2 * BLOCK_ROWS);
+        const uint16_t *block_pairs = scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2;
         for (int m = 0; m < count; m += ROW_TILE) {
-            const int8_t *x_high = high + (size_t)m * width, *x_low = low + (size_t)m * width;
-            const float *x_scales = scales + (size_t)m * groups, *x_sums = sums + (size_t)m * groups;
+            size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
             float *out = y + (size_t)m * rows;
-            int row0 = b * BLOCK_ROWS;
-            if (coded && count - m >= ROW_TILE)
-                coded_int4_block(ROW_TILE, x_high, x_low, x_scales, x_sums, width, block, codes, supers, rows, out,
-                                 row0);
-            else if (coded)
-                coded_int4_block(1, x_high, x_low, x_scales, x_sums, width, block, codes, supers, rows, out, row0);
-            else if (count - m >= ROW_TILE)
-                int4_block(ROW_TILE, x_high, x_low, x_scales, x_sums, width, block, (const uint16_t *)own_scales,
-                           rows, group, out, row0);
+            if (count - m >= ROW_TILE)
+                int4_block(ROW_TILE, high + x_at, low + x_at, scales + group_at, sums + group_at, width, block,
+                           block_pairs, rows, group, out, b * BLOCK_ROWS);
             else
-                int4_block(1, x_high, x_low, x_scales, x_sums, width, block, (const uint16_t *)own_scales, rows,
-                           group, out, row0);
+                int4_block(1, high + x_at, low + x_at, scales + group_at, sums + group_at, width, block,
+                           block_pairs, rows, group, out, b * BLOCK_ROWS);
         }
     }
 }

@@ -13,9 +13,7 @@ In the first two the low nibbles of the 16 bytes are weights 0…15 and the high
 four runs of 32 bytes, whose low nibbles are one sub-block and high nibbles the next.
 All three are 16 evenly spaced values per 32 weights, which is what ``Int4Groups`` holds
 (``(q - 8) * scale + zero`` per 32): they come back exactly, up to the bf16 rounding of each
-group's scale and zero point where a kernel packs them so; on the CPU a Q4_K tensor keeps its
-``d`` and ``dmin`` (``Int4Groups.super_scales``) and its kernel reads its own codes, exactly
-(``super_scales``). For the CPU their nibbles go straight into its int4 kernel's byte
+group's scale and zero point. For the CPU their nibbles go straight into its int4 kernel's byte
 layout (``cpu_int4_layout``), never through a byte per code. ``Q5_K``, ``Q6_K`` and ``Q8_0`` are
 decoded by ``gguf_codes`` (into fp32, or straight into int4 groups of 32 where every matrix is
 wanted in those); every other type (F16, BF16, F32, the rarer quants) is dequantized by
@@ -32,7 +30,7 @@ from gguf.quants import dequantize
 from engine.forward.weights import gguf_codes
 from engine.forward.weights.cpu_int4_layout import packed_from_nibbles
 from engine.forward.weights.gguf_codes import (
-    CODE_TYPES, chunk_rows, dense_rows, fp16_field, k_scales_and_mins, k_super_scales, row_width,
+    CODE_TYPES, chunk_rows, dense_rows, fp16_field, k_scales_and_mins, row_width,
 )
 from engine.forward.weights.packed_sizes import CPU_INT4_PACK_ROWS
 from engine.forward.weights.quant_int import CPU_INT4_GROUP, ROWS_AT_ONCE, Int4Groups, Int4Pair, int4_groups_of
@@ -85,33 +83,24 @@ def _cpu_layout_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType, row
         end = min(rows, start + step)
         scales_and_zeros[:, start:end] = _group_scales(blocks[start:end], quant_type)
         packed_from_nibbles(_nibble_runs(blocks[start:end], quant_type), packed[start:end])
-    return Int4Groups(packed, scales_and_zeros, CPU_INT4_GROUP, True, _super_scales(blocks, quant_type))
-
-
-def _super_scales(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> torch.Tensor | None:
-    """A Q4_K tensor's ``d`` and ``dmin``, [B, N, 2] fp32 (``Int4Groups.super_scales``); None for the other types."""
-    if quant_type != GGMLQuantizationType.Q4_K:
-        return None
-    return k_super_scales(blocks.reshape(blocks.shape[0], -1, 144)).transpose(0, 1)
+    return Int4Groups(packed, scales_and_zeros, CPU_INT4_GROUP, in_cpu_layout=True)
 
 
 def requantized_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType, cpu_layout: bool = False) -> Int4Groups:
     """Any readable type's rows as ``Int4Groups`` of 32: 4-bit types exactly (``cpu_layout``: as ``int4_groups``),
     others quantized (``quant_int.int4_groups_of``, or its equal ``gguf_codes.int4_groups``) a chunk of rows at a
-    time, never the whole tensor in fp32; for the CPU (``cpu_layout``) with their scales rounded to codes of
-    super-scales (``Int4Groups.coded``), as Q4_K's are."""
+    time, never the whole tensor in fp32."""
     if quant_type in FOUR_BIT_TYPES:
         return int4_groups(blocks, quant_type, cpu_layout)
     if quant_type in CODE_TYPES:
-        groups = gguf_codes.int4_groups(blocks, quant_type)
-    else:
-        def quantized(start: int, end: int, q: torch.Tensor) -> torch.Tensor:
-            chunk = int4_groups_of(dense(blocks[start:end], quant_type))
-            q.copy_(chunk.q)
-            return chunk.scales_and_zeros
+        return gguf_codes.int4_groups(blocks, quant_type)
 
-        groups = Int4Groups.from_row_chunks(blocks.shape[0], row_width(blocks, quant_type), quantized)
-    return groups.coded() if cpu_layout else groups
+    def quantized(start: int, end: int, q: torch.Tensor) -> torch.Tensor:
+        groups = int4_groups_of(dense(blocks[start:end], quant_type))
+        q.copy_(groups.q)
+        return groups.scales_and_zeros
+
+    return Int4Groups.from_row_chunks(blocks.shape[0], row_width(blocks, quant_type), quantized)
 
 
 def requantized_pair(blocks: np.ndarray, quant_type: GGMLQuantizationType, cpu_layout: bool = False) -> Int4Pair:

@@ -134,11 +134,6 @@ def k_scales_and_mins(blocks: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     return sub_scales.mul_(d), sub_mins.mul_(dmin)
 
 
-def k_super_scales(blocks: np.ndarray) -> torch.Tensor:
-    """Q4_K's and Q5_K's [N, B, bytes] super-blocks: their ``d`` and ``dmin``, fp32 [N, B, 2]."""
-    return torch.from_numpy(np.ascontiguousarray(blocks[..., 0:4])).view(torch.float16).float()
-
-
 def _six_bit_scales_and_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """12 bytes [N, B, 12] per super-block as its 8 sub-scales and 8 sub-mins, fp32 [N, B, 8] each: bytes 0-3
     hold scales 0-3 in their low 6 bits, 4-7 mins 0-3, and 8-11 the low 4 bits of scales (mins) 4-7 in their low

@@ -46,7 +46,6 @@ from engine.forward.native import int4_matmul as native_int4
 from engine.forward.native import int8_matmul as native_int8
 from engine.forward.weights import int4_prompts, triton_gemv
 from engine.forward.weights.cpu_int4_layout import codes_from_packed, packed_from_codes
-from engine.forward.weights.super_scales import codable, rounded_to_codes
 
 INT4_PAIR = "int4x2"
 """Two planes of 4-bit groups, the second holding what the first's rounding left (``Int4Pair``): about 8 bits'
@@ -236,8 +235,8 @@ def _int4_packed(groups: Int4Groups, tiles: int) -> tuple[Run, int]:
     nbytes = packed.numel() * packed.element_size() + scales_and_zeros.numel() * scales_and_zeros.element_size()
     prompt_path = not on_gpu and int4_prompts.covers(packed.shape[0])
     if not on_gpu and native_int4.covers(*groups.shape, group):  # the kernel keeps the scales in its own order
-        native = native_int4.Int4Matmul(packed, groups.scales_and_zeros, group, groups.super_scales)
-        return _beside_prompt_path(native, packed, native.scales_and_zeros, prompt_path, group), native.nbytes
+        native = native_int4.Int4Matmul(packed, scales_and_zeros, group)
+        return _beside_prompt_path(native, packed, native.scales_and_zeros, prompt_path, group), nbytes
 
     def few_rows(x: torch.Tensor) -> torch.Tensor:
         activations = x.to(torch.bfloat16).contiguous()  # the kernels take bf16 rows; a no-op on the GPU path
@@ -265,16 +264,13 @@ class Int4Groups:
     ``codes``: q [N, K] uint8 in 0…15, or with ``in_cpu_layout`` already the CPU kernel's bytes [N, K / 2]
     (``cpu_int4_layout``: made straight from a file's nibbles, N a multiple of 64); ``q`` gives the codes either
     way. ``scales_and_zeros`` [K / group, N, 2], kept in fp32 until packed (bf16 then), so that a row scale folded
-    in rounds once. ``super_scales`` [K / 256, N, 2] fp32, where known: each group's scale and min are integer
-    codes of these (``super_scales``: a Q4_K block's ``d`` and ``dmin``), and the CPU kernel packs them so.
-    Reordering, concatenating and scaling rows keep the groups intact.
+    in rounds once. Reordering, concatenating and scaling rows keep the groups intact.
     """
 
     codes: torch.Tensor
     scales_and_zeros: torch.Tensor
     group: int
     in_cpu_layout: bool = False
-    super_scales: torch.Tensor | None = None
 
     @property
     def q(self) -> torch.Tensor:
@@ -297,27 +293,16 @@ class Int4Groups:
     def to(self, device: torch.device) -> Int4Groups:
         scales_and_zeros = self.scales_and_zeros.to(device, torch.float32)
         if self.in_cpu_layout and device.type == "cpu":
-            return Int4Groups(self.codes, scales_and_zeros, self.group, True, self.super_scales)
-        supers = None if self.super_scales is None else self.super_scales.to(device)
-        return Int4Groups(self.q.to(device), scales_and_zeros, self.group, super_scales=supers)
+            return Int4Groups(self.codes, scales_and_zeros, self.group, in_cpu_layout=True)
+        return Int4Groups(self.q.to(device), scales_and_zeros, self.group)
 
     def rows(self, order: torch.Tensor) -> Int4Groups:
         """The rows ``order`` [N'] in that order."""
-        supers = None if self.super_scales is None else self.super_scales[:, order]
-        return Int4Groups(self.q[order], self.scales_and_zeros[:, order], self.group, super_scales=supers)
+        return Int4Groups(self.q[order], self.scales_and_zeros[:, order], self.group)
 
     def scaled(self, factor: float) -> Int4Groups:
-        """Every weight times ``factor``: each group's scale and zero point are (and the super-scales)."""
-        supers = None if self.super_scales is None else self.super_scales * factor
-        return Int4Groups(self.codes, self.scales_and_zeros.float() * factor, self.group, self.in_cpu_layout, supers)
-
-    def coded(self) -> Int4Groups:
-        """These groups with their scales and zeros rounded to codes of super-scales (``super_scales``), the codes q
-        kept, where the width takes them: a requantized tensor then packs as a Q4_K one does."""
-        if self.super_scales is not None or not codable(self.shape[1], self.group):
-            return self
-        scales_and_zeros, supers = rounded_to_codes(self.scales_and_zeros)
-        return Int4Groups(self.codes, scales_and_zeros, self.group, self.in_cpu_layout, supers)
+        """Every weight times ``factor``: each group's scale and zero point are."""
+        return Int4Groups(self.codes, self.scales_and_zeros.float() * factor, self.group, self.in_cpu_layout)
 
     def dequantize(self) -> torch.Tensor:
         return dequantize_int4(self.q, self.scales_and_zeros, self.group)  # [N, K] fp32
@@ -342,11 +327,9 @@ class Int4Groups:
     def cat(parts: Sequence[Int4Groups]) -> Int4Groups:
         """The parts' rows one after another (all of one group size), in the CPU kernel's layout where all are."""
         in_cpu_layout = all(part.in_cpu_layout for part in parts)
-        coded = all(part.super_scales is not None for part in parts)
         return Int4Groups(
             torch.cat([part.codes if in_cpu_layout else part.q for part in parts]),
             torch.cat([part.scales_and_zeros.float() for part in parts], dim=1), parts[0].group, in_cpu_layout,
-            torch.cat([part.super_scales for part in parts], dim=1) if coded else None,
         )
 
 

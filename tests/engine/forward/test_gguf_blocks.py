@@ -9,8 +9,6 @@ bit for bit.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import gguf
 import numpy as np
 import pytest
@@ -19,13 +17,11 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as Q
 
 from engine.forward.native import build
-from engine.forward.native.int4_matmul import Int4Matmul
 from engine.bench.random_blocks import SCALERS, random_blocks
 from engine.forward.weights.gguf_blocks import FOUR_BIT_TYPES, dense, int4_groups, requantized_groups, requantized_pair
 from engine.forward.weights.gguf_codes import CODE_TYPES
 from engine.forward.weights.quant import Linear
 from engine.forward.weights.quant_int import Int4Groups, as_int4_pair, int4_groups_of, quantize_int4
-from engine.forward.weights.super_scales import codes_of, scales_and_zeros_of
 
 ROWS, WIDTH = 32, 512
 FP16_FIELDS = {Q.Q4_0: 1, Q.Q4_1: 2, Q.Q4_K: 2, Q.Q5_K: 2, Q.Q6_K: 0, Q.Q8_0: 1}  # leading fp16 scales
@@ -89,31 +85,8 @@ def test_four_bit_blocks_go_straight_into_the_cpu_kernels_layout_as_the_same_gro
     assert laid_out.in_cpu_layout and laid_out.shape == plain.shape == (128, WIDTH)
     assert torch.equal(laid_out.q, plain.q) and torch.equal(laid_out.scales_and_zeros, plain.scales_and_zeros)
     assert torch.equal(laid_out.cpu_packed(1), plain.cpu_packed(1))
-    as_laid_out = replace(plain, super_scales=laid_out.super_scales)  # Q4_K's d and dmin: its scales in codes
-    assert torch.equal(through_kernel(laid_out), through_kernel(as_laid_out))
+    assert torch.equal(through_kernel(laid_out), through_kernel(plain))
     assert not int4_groups(blocks[:96], quant_type, cpu_layout=True).in_cpu_layout
-
-
-@pytest.mark.skipif(build.library() is None, reason="no AVX-512 VNNI/VBMI or no C compiler here")
-def test_q4_k_blocks_reach_hearths_kernel_in_their_own_codes():
-    """A Q4_K tensor's ``d``, ``dmin`` and 6-bit codes are what Hearth's kernel reads (20 bits a group of 32
-    against bf16 pairs' 32): a decode step's products are the exact weights', far closer than through the pairs."""
-    blocks = np.concatenate([crafted_blocks(Q.Q4_K, seed) for seed in range(2)])  # [64, bytes per row]
-    groups = int4_groups(blocks, Q.Q4_K, cpu_layout=True)
-    exact = torch.from_numpy(gguf.quants.dequantize(blocks, Q.Q4_K)).double()  # [64, K]
-    assert groups.super_scales is not None and groups.super_scales.shape == (WIDTH // 256, 64, 2)
-    coded = Int4Matmul(groups.codes, groups.scales_and_zeros, 32, groups.super_scales)
-    paired = Int4Matmul(groups.codes, groups.scales_and_zeros, 32)
-    codes_bytes = 64 * WIDTH // 2
-    assert coded.nbytes == codes_bytes + 64 * (WIDTH // 32) * 2 + 64 * (WIDTH // 256) * 2 * 2
-    assert paired.nbytes == codes_bytes + 64 * (WIDTH // 32) * 2 * 2
-    x = torch.randn(2, WIDTH)
-    reference = x.double() @ exact.t()  # [2, 64]
-
-    def error(multiply: Int4Matmul) -> float:
-        return ((multiply(x).double() - reference).abs().max() / reference.abs().max()).item()
-
-    assert error(coded) < 1e-4 and error(coded) < error(paired) / 4
 
 
 def test_q4_0_blocks_with_bf16_scales_come_back_exactly_through_the_kernel():
@@ -185,25 +158,6 @@ def test_six_bit_layers_requantized_into_4_bit_groups_keep_a_small_error():
     assert 0.01 < relative_rms < 0.12  # uniform random 6-bit codes: ~1/16 of the range per step, as 4 bits give
 
 
-def test_six_bit_layers_for_the_cpu_kernel_take_super_scales_codes_at_hardly_more_error():
-    """On the CPU a requantized Q6_K layer's scales and zeros are rounded to codes of a super-scale per 256
-    weights, so it packs as Q4_K does: the groups it stands for are its codes' exactly, and its error grows by a
-    few percent of the 4-bit rounding's."""
-    blocks = crafted_blocks(Q.Q6_K)
-    weights = dense(blocks, Q.Q6_K)  # [N, K]
-    plain, coded = requantized_groups(blocks, Q.Q6_K), requantized_groups(blocks, Q.Q6_K, cpu_layout=True)
-    assert plain.super_scales is None and coded.super_scales is not None
-    assert torch.equal(coded.q, plain.q)
-    codes = codes_of(coded.scales_and_zeros, coded.super_scales)
-    assert int(codes.abs().max()) == 127
-    assert torch.equal(scales_and_zeros_of(codes, coded.super_scales), coded.scales_and_zeros)
-
-    def rms_error(groups: Int4Groups) -> float:
-        return float((groups.dequantize() - weights).pow(2).mean().sqrt())
-
-    assert rms_error(plain) < rms_error(coded) < 1.05 * rms_error(plain)
-
-
 def test_large_tensors_decoded_a_few_rows_at_a_time_come_out_whole(monkeypatch: pytest.MonkeyPatch):
     from engine.forward.weights import quant_int
 
@@ -226,14 +180,3 @@ def test_rows_reordered_concatenated_and_scaled_keep_their_groups():
     assert torch.equal(groups.rows(order).dequantize(), weights[order])
     assert torch.allclose(groups.scaled(0.125).dequantize(), weights * 0.125)
     assert torch.equal(Int4Groups.cat([groups, groups.rows(order)]).dequantize(), torch.cat([weights, weights[order]]))
-
-
-def test_q4_k_rows_reordered_concatenated_and_scaled_keep_their_super_scales():
-    """What a layer does to its q, k and v rows (the rotary order, the attention scale, one matrix of the three)
-    leaves each group's scale and min integer codes of its super-scales."""
-    blocks = np.concatenate([crafted_blocks(Q.Q4_K, seed) for seed in range(2)])  # 64 rows: the CPU layout
-    groups = int4_groups(blocks, Q.Q4_K, cpu_layout=True)
-    combined = Int4Groups.cat([groups.scaled(128**-0.5), groups.rows(torch.randperm(64))])
-    assert combined.super_scales.shape == (WIDTH // 256, 128, 2)
-    rebuilt = scales_and_zeros_of(codes_of(combined.scales_and_zeros, combined.super_scales), combined.super_scales)
-    assert torch.allclose(rebuilt, combined.scales_and_zeros, rtol=1e-5, atol=1e-6)  # zeros: 8s - min, rounded
