@@ -159,7 +159,10 @@ class GGUFState(LazyTensors):
     def __getitem__(self, name: str) -> Weight:
         info = self._tensors[name]
         return_freed_memory()  # the previous tensor's temporaries, before this one's
-        weight = self._decoded(name, info, self._blocks(info, reuse_buffer=not self._in_row_chunks(name, info)))
+        if self._in_row_chunks(name, info):
+            weight = self._row_chunks(info)
+        else:
+            weight = self._decoded(name, info, self._blocks(info))
         self._counted(name)
         return weight
 
@@ -178,13 +181,17 @@ class GGUFState(LazyTensors):
         self._report(len(self._done), len(self._tensors))
 
     def _in_row_chunks(self, name: str, info: GGUFTensorInfo) -> bool:
-        """Whether ``name`` comes as ``RowChunks``, which keep its blocks (in a buffer of their own)."""
+        """Whether ``name`` comes as ``RowChunks`` (the CPU's int8 output layer, or its tied table)."""
         return self._table_format == "int8" and name in TABLE_NAMES and info.quant_type not in PLAIN_TYPES
 
+    def _row_chunks(self, info: GGUFTensorInfo) -> RowChunks:
+        """The tensor's rows decoded where they are packed, from blocks in a buffer of their own: the next read
+        does not overwrite them first."""
+        blocks = self._blocks(info, reuse_buffer=False)
+        return RowChunks(blocks.shape[0], row_width(blocks, info.quant_type),
+                         lambda start, end: dense(blocks[start:end], info.quant_type))
+
     def _decoded(self, name: str, info: GGUFTensorInfo, blocks: np.ndarray) -> Weight:
-        if self._in_row_chunks(name, info):
-            return RowChunks(blocks.shape[0], row_width(blocks, info.quant_type),
-                             lambda start, end: dense(blocks[start:end], info.quant_type))
         if len(info.dims) == 2 and self._all_groups:
             if name in TABLE_NAMES and self._table_format == INT4_PAIR:
                 return requantized_pair(blocks, info.quant_type, self._cpu_layout)

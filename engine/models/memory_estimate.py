@@ -227,25 +227,25 @@ def _fp16_packing_bytes(shape: ModelShape, prompts_only: bool) -> int:
 
 def _table_and_head_bytes(shape: ModelShape, precision: str, device: str, kept_table: int | None,
                           head_in_int8: bool) -> float:
-    """``FastLlama`` keeps the token table and the output layer apart, even when the file ties them: on the CPU
-    fp32 at fp32, the output layer in int8 groups beside 4-bit layers (alone or a decode copy) where Hearth's kernels
-    run (``head_in_int8``), else two planes of 4-bit groups at nf4 and fp16 (as FBGEMM packs it) at fp16; the table
-    in two planes at nf4, fp16 at fp16, or in the file's own blocks where it has quantized ones (``kept_table`` bytes, ``gguf_blocks.BlockTable``); on a GPU the table in
+    """``FastLlama`` keeps the token table and the output layer apart, even when the file ties them. On the CPU the
+    output layer in int8 groups beside 4-bit layers (alone or a decode copy) where Hearth's kernels run
+    (``head_in_int8``), else in two planes of 4-bit groups at nf4, fp32 at fp32 and fp16 as FBGEMM packs it at
+    fp16; the table in the file's own blocks where it has quantized ones (``kept_table`` bytes,
+    ``gguf_blocks.BlockTable``), else in two planes at nf4, fp32 at fp32 and fp16 at fp16. On a GPU the table in
     the compute dtype and the output layer in the layers' format (``fast_llama.head_format``)."""
     table = shape.vocab * shape.hidden
-    if device == "cpu" and precision == "nf4":
-        pair = 2 * table * DECODE_COPY_BYTES
-        return (kept_table or pair) + (int8_bytes(shape.vocab, shape.hidden) if head_in_int8 else pair)
-    if device == "cpu":
-        if head_in_int8:
-            head_bytes = int8_bytes(shape.vocab, shape.hidden)
-        else:
-            head_bytes = BYTES_PER_PARAM["fp32"] * table if precision == "fp32" else fp16_packed_bytes(
-                shape.vocab, shape.hidden, prompts_only=False, fp16_math=False)
-        table_bytes = kept_table or table * (BYTES_PER_PARAM["fp32"] if precision == "fp32" else UNQUANTIZED_BYTES)
-        return table_bytes + head_bytes
-    table_bytes = UNQUANTIZED_BYTES if precision in QUANTIZED_PRECISIONS else BYTES_PER_PARAM[precision]
-    return table * (table_bytes + FAST_LAYER_BYTES[precision])
+    if device != "cpu":
+        table_bytes = UNQUANTIZED_BYTES if precision in QUANTIZED_PRECISIONS else BYTES_PER_PARAM[precision]
+        return table * (table_bytes + FAST_LAYER_BYTES[precision])
+    pair = 2 * table * DECODE_COPY_BYTES
+    own_table = {"nf4": pair, "fp32": BYTES_PER_PARAM["fp32"] * table}.get(precision, table * UNQUANTIZED_BYTES)
+    if head_in_int8:
+        head_bytes = int8_bytes(shape.vocab, shape.hidden)
+    elif precision in ("nf4", "fp32"):
+        head_bytes = own_table  # the same planes, or fp32, as the table's own
+    else:
+        head_bytes = fp16_packed_bytes(shape.vocab, shape.hidden, prompts_only=False, fp16_math=False)
+    return (kept_table or own_table) + head_bytes
 
 
 def estimate(source: ModelSource, precision: str, context_length: int, device: str) -> MemoryEstimate:
@@ -323,8 +323,10 @@ def cpu_formats_notice(source: ModelSource, chosen: str, context_length: int, av
         copy = " for prompts and a 4-bit copy for decode steps" if source.four_bit_layers else ""
         return f"Running fp16 weights{copy}: {_gib(fp16)} in all fits comfortably in the {_gib(available_bytes)} free."
     four_bit = estimate(source, "nf4", context_length, "cpu").total_bytes
-    head = "int8" if _head_in_int8(source, model_shape(source.config), "nf4", "cpu") else "two 4-bit planes, about 8 bits"
-    alone = f"Running from the 4-bit weights alone ({_gib(four_bit)} in all; the output layer in {head}), prompts included"
+    in_int8 = _head_in_int8(source, model_shape(source.config), "nf4", "cpu")
+    head = "int8" if in_int8 else "two 4-bit planes, about 8 bits"
+    alone = (f"Running from the 4-bit weights alone ({_gib(four_bit)} in all; the output layer in {head}), "
+             f"prompts included")
     if four_bit_prompts_faster(source):
         return (f"{alone}: on this CPU (int8 dot products, no fp16 arithmetic) a model this size runs its prompts "
                 f"faster so than from fp16 weights, which would need {_gib(fp16)}.")
