@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.forward.backend import PREFILL_CHUNK
+from engine.forward.native import activation_codes
 from engine.forward.native import decode_attention as native_attention
 from engine.forward.native import int8_matmul as native_int8
 from engine.forward.native import norm as native_norm
@@ -222,7 +223,8 @@ class FastLlama:
     @torch.inference_mode()
     def forward_batch(self, rows: Sequence[BatchRow], kv: PagedKV) -> torch.Tensor:
         """Several sequences' new tokens in one pass: every ``Linear`` sees all R rows at once (one read of the
-        weights serves them all); attention is per sequence over its blocks. Logits of each row's last token, [B, V]."""
+        weights serves them all); attention is per sequence over its blocks. With several sequences the CPU kernels
+        round activations to 8 bits (``activation_codes``). Logits of each row's last token, [B, V]."""
         layout = kv.layout(rows)
         ids = torch.tensor([t for row in rows for t in row.token_ids], dtype=torch.long, device=self.device)  # [R]
         self.rotations(0, max(span.start + span.length for span in layout.spans))
@@ -232,10 +234,11 @@ class FastLlama:
                                                                            self.device) for span in layout.spans]
         runs = [kv.layer_runs(span.runs) if span.length == 1 and kernels is None else None for span in layout.spans]
         x = self.embed(ids)  # [R, D]
-        for index, layer in enumerate(self.layers):
-            x += self._paged_attention(layer, index, self.normalise(x), kv, layout, turns, masks, runs, kernels)
-            x += layer.down(swiglu(layer.gate_up(self.normalise(x))))
-        return self.lm_head(self.normalise(x[layout.last_rows])).float()  # [B, V]
+        with activation_codes.for_step(len(rows)):
+            for index, layer in enumerate(self.layers):
+                x += self._paged_attention(layer, index, self.normalise(x), kv, layout, turns, masks, runs, kernels)
+                x += layer.down(swiglu(layer.gate_up(self.normalise(x))))
+            return self.lm_head(self.normalise(x[layout.last_rows])).float()  # [B, V]
 
     def _kernel_attention(self, layout: StepLayout) -> list[DecodeRuns | ChunkRuns] | None:
         """The step's attention in the CPU kernels (``native.decode_attention``): its decode rows at once, and each

@@ -32,7 +32,7 @@ COMPILE_TIMEOUT_S = 120
 
 P, I32, I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
 SIGNATURES = {
-    "int4_matmul": (P, I32, I32, P, P, I32, I32, P, P),
+    "int4_matmul": (P, I32, I32, P, P, I32, I32, I32, P, P),
     "int8_matmul": (P, I32, I32, P, P, I32, P, P),
     "decode_attention": (P, P, P, P, I32, P, P, I32, I32, I32, I64),
     "chunk_attention": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64),
@@ -101,5 +101,5 @@ def address(tensor: torch.Tensor) -> int:
 
 def activation_scratch(rows: int, width: int, group: int) -> torch.Tensor:
     """The scratch a matmul kernel quantizes ``rows`` activation rows of ``width`` into (``quantize_activations``):
-    two int8 codes a value, then a scale and a sum (fp32) a group of ``group``."""
+    up to two int8 codes a value, then a scale and the codes' sum (fp32) a group of ``group``."""
     return torch.empty(rows * (2 * width + 8 * (width // group)), dtype=torch.uint8)

@@ -2,19 +2,21 @@
 
 PyTorch's ``_weight_int4pack_mm_for_cpu`` rounds the activations to bf16 and turns
 every code into a float for a fused multiply-add, once per activation row. Here each
-group of 32 activations becomes two int8 codes a value (``scale * (high + low / 254)``,
-about 15 bits: a product's relative error ~3e-5 against bf16's ~3e-3) and four codes of
-16 weight rows meet four activations in one ``vpdpbusd``; a block's bytes are read once
-for every two activation rows. The weights are the layout ``cpu_int4_layout`` writes,
-untouched. Measured on a 2-core Zen 4: 1.3-1.5x PyTorch's kernel from 16 to 127 rows on an
-8B model's matrices; SmolLM2-1.7B's Q4_K_M decode 12.8 -> 19.0 tok/s (llama.cpp 22.2 and 24.2 in
-the same runs).
+group of 32 activations becomes int8 codes under its largest magnitude / 127: two codes
+a value (``scale * (high + low / 254)``, about 15 bits: a product's relative error ~3e-5
+against bf16's ~3e-3) for a sequence's own rows, one (llama.cpp's Q8_0) in a batched
+step (``activation_codes``). Four codes of 16 weight rows meet four activations in one
+``vpdpbusd``; a block's bytes are read once for every two activation rows. The weights
+are the layout ``cpu_int4_layout`` writes, untouched. Measured on a 2-core Zen 4 with
+two codes: 1.3-1.5x PyTorch's kernel from 16 to 127 rows on an 8B model's matrices;
+SmolLM2-1.7B's Q4_K_M decode 12.8 -> 19.0 tok/s (llama.cpp 22.2 and 24.2 in the same runs).
 """
 
 from __future__ import annotations
 
 import torch
 
+from engine.forward.native import activation_codes
 from engine.forward.native.build import activation_scratch, address, library
 from engine.forward.weights.packed_sizes import CPU_INT4_PACK_ROWS
 
@@ -54,6 +56,6 @@ class Int4Matmul:
         length, width = x.shape
         scratch = activation_scratch(length, width, self._group)
         out = torch.empty(length, self._rows)
-        self._kernel(x.data_ptr(), length, width, *self._addresses, self._rows, self._group, scratch.data_ptr(),
-                     out.data_ptr())
+        self._kernel(x.data_ptr(), length, width, *self._addresses, self._rows, self._group,
+                     activation_codes.codes(), scratch.data_ptr(), out.data_ptr())
         return out

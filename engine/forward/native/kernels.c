@@ -12,27 +12,32 @@
 #define MAX_GROUPS 16
 #define MAX_HEAD_DIM 256
 
-/* x [M, K] as two int8 codes a value per group: x = scale * (high + low / LOW_STEPS), |high|, |low| <= 127; sums
-   [M, K / group]: each group's exact sum (it meets the weights' zero points). */
+/* x [M, K] as int8 codes per group of `group`: x ~ scale * high, |high| <= 127 (llama.cpp's Q8_0), and where `low`
+   is given a second code a value, x ~ scale * (high + low / LOW_STEPS) (about 15 bits). code_totals [M, K / group]:
+   each group's codes summed, high + low / LOW_STEPS. A kernel meets the weights' offsets with these sums rather than
+   the exact ones, so that its product is exactly that of the rounded activations: its error is then the weights
+   times the rounding, where the exact sums would leave the unsigned codes times it, about twice as large. */
 static void quantize_activations(const float *x, int rows, int width, int group, int8_t *high, int8_t *low,
-                                 float *scales, float *sums) {
+                                 float *scales, float *code_totals) {
     int groups = width / group;
     for (int m = 0; m < rows; m++)
         for (int g = 0; g < groups; g++) {
             size_t at = (size_t)m * width + (size_t)g * group;
-            float largest = 0.0f, total = 0.0f;
-            for (int i = 0; i < group; i++) {
-                largest = fmaxf(largest, fabsf(x[at + i]));
-                total += x[at + i];
-            }
+            float largest = 0.0f;
+            for (int i = 0; i < group; i++) largest = fmaxf(largest, fabsf(x[at + i]));
             float scale = largest > 0.0f ? largest / 127.0f : 1.0f, inverse = 1.0f / scale;
+            int high_total = 0, low_total = 0;
             for (int i = 0; i < group; i++) {
                 float scaled = x[at + i] * inverse, rounded = nearbyintf(scaled);
                 high[at + i] = (int8_t)rounded;
-                low[at + i] = (int8_t)nearbyintf((scaled - rounded) * LOW_STEPS);
+                high_total += high[at + i];
+                if (low) {
+                    low[at + i] = (int8_t)nearbyintf((scaled - rounded) * LOW_STEPS);
+                    low_total += low[at + i];
+                }
             }
             scales[(size_t)m * groups + g] = scale;
-            sums[(size_t)m * groups + g] = total;
+            code_totals[(size_t)m * groups + g] = (float)high_total + (float)low_total / LOW_STEPS;
         }
 }
 
@@ -50,27 +55,27 @@ static inline __m512i lane_gather(int first_row) {
     return _mm512_loadu_si512(index);
 }
 
-/* Four columns of `count` (1 or ROW_TILE) activation rows, two int8 codes a value (high + low / LOW_STEPS), against
-   four vectors of weight codes (codes[j]: the columns of 16 rows, a 32-bit lane a row), summed into
-   high_sums[m][j] and low_sums[m][j]. */
+/* Four columns of `count` (1 or ROW_TILE) activation rows' codes against four vectors of weight codes (codes[j]:
+   the columns of 16 rows, a 32-bit lane a row), summed into sums[m][j]. */
 static inline __attribute__((always_inline)) void dot_four_columns(
-        int count, const int8_t *high, const int8_t *low, int width, size_t column, const __m512i codes[4],
-        __m512i high_sums[ROW_TILE][4], __m512i low_sums[ROW_TILE][4]) {
+        int count, const int8_t *x_codes, int width, size_t column, const __m512i codes[4],
+        __m512i sums[ROW_TILE][4]) {
     for (int m = 0; m < count; m++) {
-        size_t at = (size_t)m * width + column;
-        __m512i x_high = _mm512_set1_epi32(*(const int32_t *)(high + at));
-        __m512i x_low = _mm512_set1_epi32(*(const int32_t *)(low + at));
-        for (int j = 0; j < 4; j++) {
-            high_sums[m][j] = _mm512_dpbusd_epi32(high_sums[m][j], codes[j], x_high);
-            low_sums[m][j] = _mm512_dpbusd_epi32(low_sums[m][j], codes[j], x_low);
-        }
+        __m512i x = _mm512_set1_epi32(*(const int32_t *)(x_codes + (size_t)m * width + column));
+        for (int j = 0; j < 4; j++) sums[m][j] = _mm512_dpbusd_epi32(sums[m][j], codes[j], x);
     }
 }
 
-static inline __attribute__((always_inline)) void zero_sums(int count, __m512i high_sums[ROW_TILE][4],
-                                                            __m512i low_sums[ROW_TILE][4]) {
+static inline __attribute__((always_inline)) void zero_sums(int count, __m512i sums[ROW_TILE][4]) {
     for (int m = 0; m < count; m++)
-        for (int j = 0; j < 4; j++) high_sums[m][j] = low_sums[m][j] = _mm512_setzero_si512();
+        for (int j = 0; j < 4; j++) sums[m][j] = _mm512_setzero_si512();
+}
+
+/* A group's dot product in units of the activation scale: the high codes' sums, and with two codes the low ones'
+   over LOW_STEPS. */
+static inline __attribute__((always_inline)) __m512 code_dot(__m512i high_sums, __m512i low_sums, int two_codes) {
+    __m512 high = _mm512_cvtepi32_ps(high_sums);
+    return two_codes ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(low_sums), _mm512_set1_ps(1.0f / LOW_STEPS), high) : high;
 }
 
 static inline __attribute__((always_inline)) void zero_totals(int count, __m512 total[ROW_TILE][4]) {
@@ -78,22 +83,19 @@ static inline __attribute__((always_inline)) void zero_totals(int count, __m512 
         for (int j = 0; j < 4; j++) total[m][j] = _mm512_setzero_ps();
 }
 
-/* A group's dot product in units of the activation scale: the high codes' sums and the low codes' over LOW_STEPS. */
-static inline __m512 two_code_dot(__m512i high_sums, __m512i low_sums) {
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(low_sums), _mm512_set1_ps(1.0f / LOW_STEPS), _mm512_cvtepi32_ps(high_sums));
-}
-
-/* One block of 64 weight rows against `count` (1 or ROW_TILE) activation rows: y[m, row0 .. row0 + 63]. */
+/* One block of 64 weight rows against `count` (1 or ROW_TILE) activation rows, one code a value or two (`low`
+   read only then): y[m, row0 .. row0 + 63]. */
 static inline __attribute__((always_inline)) void int4_block(
-        int count, const int8_t *high, const int8_t *low, const float *scales, const float *sums, int width,
-        const uint8_t *block, const uint16_t *block_pairs, int rows, int group, float *y, int row0) {
+        int count, int two_codes, const int8_t *high, const int8_t *low, const float *scales, const float *code_totals,
+        int width, const uint8_t *block, const uint16_t *block_pairs, int rows, int group, float *y, int row0) {
     const __m512i nibble = _mm512_set1_epi8(0x0F), first = lane_gather(0), second = lane_gather(16);
     const int groups = width / group;
     __m512 total[ROW_TILE][4];
     zero_totals(count, total);
     for (int g = 0; g < groups; g++) {
         __m512i high_sums[ROW_TILE][4], low_sums[ROW_TILE][4];
-        zero_sums(count, high_sums, low_sums);
+        zero_sums(count, high_sums);
+        if (two_codes) zero_sums(count, low_sums);
         const uint8_t *bytes = block + (size_t)g * group * 32;
         for (int k = 0; k < group; k += 4) {
             __m512i two = _mm512_loadu_si512(bytes + k * 32), next = _mm512_loadu_si512(bytes + k * 32 + 64);
@@ -102,7 +104,8 @@ static inline __attribute__((always_inline)) void int4_block(
             __m512i codes[4] = {_mm512_and_si512(rows_a, nibble), _mm512_and_si512(rows_b, nibble),
                                 _mm512_and_si512(_mm512_srli_epi16(rows_a, 4), nibble),
                                 _mm512_and_si512(_mm512_srli_epi16(rows_b, 4), nibble)};
-            dot_four_columns(count, high, low, width, (size_t)g * group + k, codes, high_sums, low_sums);
+            dot_four_columns(count, high, width, (size_t)g * group + k, codes, high_sums);
+            if (two_codes) dot_four_columns(count, low, width, (size_t)g * group + k, codes, low_sums);
         }
         const uint16_t *pairs = block_pairs + (size_t)g * BLOCK_ROWS * 2;
         for (int j = 0; j < 4; j++) {  /* codes[j] held rows 16j .. 16j + 15 */
@@ -111,9 +114,10 @@ static inline __attribute__((always_inline)) void int4_block(
             __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), scale, bf16_in_high_half(pair));  /* z - 8s */
             for (int m = 0; m < count; m++) {
                 size_t at = (size_t)m * groups + g;
-                __m512 dot = two_code_dot(high_sums[m][j], low_sums[m][j]);
-                total[m][j] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(scales[at])), total[m][j]);
-                total[m][j] = _mm512_fmadd_ps(offset, _mm512_set1_ps(sums[at]), total[m][j]);
+                __m512 dot = code_dot(high_sums[m][j], low_sums[m][j], two_codes);
+                __m512 x_scale = _mm512_set1_ps(scales[at]);
+                dot = _mm512_fmadd_ps(offset, _mm512_set1_ps(code_totals[at]), _mm512_mul_ps(dot, scale));
+                total[m][j] = _mm512_fmadd_ps(dot, x_scale, total[m][j]);
             }
         }
     }
@@ -123,26 +127,31 @@ static inline __attribute__((always_inline)) void int4_block(
 
 /* y [M, N] = x [M, K] . W^T for W [N, K] in the int4 layout (N a multiple of 64, K of group, group of 4);
    scales_and_zeros [N / 64, K / group, 64, 2] bf16, a block's together (read in order, as its codes are):
-   w = (q - 8) * scale + zero. scratch: M * (2K + 8K / group) bytes. */
+   w = (q - 8) * scale + zero. codes: 1 or 2 int8 codes an activation (quantize_activations). scratch:
+   M * (2K + 8K / group) bytes. */
 void int4_matmul(const float *x, int count, int width, const uint8_t *packed, const uint16_t *scales_and_zeros,
-                 int rows, int group, void *scratch, float *y) {
-    const int blocks = rows / BLOCK_ROWS, groups = width / group;
+                 int rows, int group, int codes, void *scratch, float *y) {
+    const int blocks = rows / BLOCK_ROWS, groups = width / group, two_codes = codes == 2;
     int8_t *high = (int8_t *)scratch, *low = high + (size_t)count * width;
-    float *scales = (float *)(low + (size_t)count * width), *sums = scales + (size_t)count * groups;
-    quantize_activations(x, count, width, group, high, low, scales, sums);
+    float *scales = (float *)(low + (size_t)count * width), *code_totals = scales + (size_t)count * groups;
+    quantize_activations(x, count, width, group, high, two_codes ? low : NULL, scales, code_totals);
     #pragma omp parallel for schedule(static) if (blocks > 1)
     for (int b = 0; b < blocks; b++) {
         const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * (width / 2);
         const uint16_t *block_pairs = scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2;
         for (int m = 0; m < count; m += ROW_TILE) {
             size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
+            const int8_t *row_low = two_codes ? low + x_at : NULL;
             float *out = y + (size_t)m * rows;
-            if (count - m >= ROW_TILE)
-                int4_block(ROW_TILE, high + x_at, low + x_at, scales + group_at, sums + group_at, width, block,
-                           block_pairs, rows, group, out, b * BLOCK_ROWS);
-            else
-                int4_block(1, high + x_at, low + x_at, scales + group_at, sums + group_at, width, block,
-                           block_pairs, rows, group, out, b * BLOCK_ROWS);
+            #define INT4_ROWS(tile, two) int4_block(tile, two, high + x_at, row_low, scales + group_at, \
+                                                    code_totals + group_at, width, block, block_pairs, rows, group, \
+                                                    out, b * BLOCK_ROWS)
+            if (count - m >= ROW_TILE) {
+                if (two_codes) INT4_ROWS(ROW_TILE, 1); else INT4_ROWS(ROW_TILE, 0);
+            } else {
+                if (two_codes) INT4_ROWS(1, 1); else INT4_ROWS(1, 0);
+            }
+            #undef INT4_ROWS
         }
     }
 }
@@ -150,30 +159,32 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
 #define INT8_GROUP 32  /* columns a weight scale covers (the int8 layout, native/int8_matmul.py) */
 #define INT8_OFFSET 128.0f  /* a weight's code is q + 128, an unsigned byte: vpdpbusd multiplies u8 by s8 */
 
-/* One block of 64 int8 weight rows against `count` (1 or ROW_TILE) activation rows: y[m, row0 .. row0 + 63].
-   code_sums [M, K / 32]: each group's activation codes summed, high + low / LOW_STEPS, which take the offset out. */
+/* One block of 64 int8 weight rows against `count` (1 or ROW_TILE) activation rows, two codes a value:
+   y[m, row0 .. row0 + 63]. code_totals [M, K / 32]: each group's codes summed, which take the offset out. */
 static inline __attribute__((always_inline)) void int8_block(
-        int count, const int8_t *high, const int8_t *low, const float *scales, const float *code_sums, int width,
+        int count, const int8_t *high, const int8_t *low, const float *scales, const float *code_totals, int width,
         const uint8_t *block, const uint16_t *weight_scales, int rows, float *y) {
     const int groups = width / INT8_GROUP;
     __m512 total[ROW_TILE][4];
     zero_totals(count, total);
     for (int g = 0; g < groups; g++) {
         __m512i high_sums[ROW_TILE][4], low_sums[ROW_TILE][4];
-        zero_sums(count, high_sums, low_sums);
+        zero_sums(count, high_sums);
+        zero_sums(count, low_sums);
         const uint8_t *bytes = block + (size_t)g * INT8_GROUP * BLOCK_ROWS;
         for (int k = 0; k < INT8_GROUP; k += 4) {
             __m512i codes[4];  /* codes[j]: columns k .. k + 3 of rows 16j .. 16j + 15, a 32-bit lane a row */
             for (int j = 0; j < 4; j++) codes[j] = _mm512_loadu_si512(bytes + (size_t)k * BLOCK_ROWS + 64 * j);
-            dot_four_columns(count, high, low, width, (size_t)g * INT8_GROUP + k, codes, high_sums, low_sums);
+            dot_four_columns(count, high, width, (size_t)g * INT8_GROUP + k, codes, high_sums);
+            dot_four_columns(count, low, width, (size_t)g * INT8_GROUP + k, codes, low_sums);
         }
         const uint16_t *group_scales = weight_scales + (size_t)g * BLOCK_ROWS;
         for (int j = 0; j < 4; j++) {
             __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(group_scales + 16 * j)));
             for (int m = 0; m < count; m++) {
                 size_t at = (size_t)m * groups + g;
-                __m512 dot = two_code_dot(high_sums[m][j], low_sums[m][j]);
-                dot = _mm512_sub_ps(dot, _mm512_set1_ps(INT8_OFFSET * code_sums[at]));
+                __m512 dot = code_dot(high_sums[m][j], low_sums[m][j], 1);
+                dot = _mm512_sub_ps(dot, _mm512_set1_ps(INT8_OFFSET * code_totals[at]));
                 total[m][j] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(scales[at])), total[m][j]);
             }
         }
@@ -184,21 +195,15 @@ static inline __attribute__((always_inline)) void int8_block(
 
 /* y [M, N] = x [M, K] . W^T for W [N, K] in the int8 layout (N a multiple of 64, K of 32): packed [N / 64, K / 4,
    4, 16, 4] uint8 holds q + 128 (block, four columns, 16 rows of the block's four, a row's four columns) and
-   weight_scales [N / 64, K / 32, 64] fp16, w = q * scale. scratch: M * (2K + 8K / 32) bytes. */
+   weight_scales [N / 64, K / 32, 64] fp16, w = q * scale. Two codes an activation, always: they take a third of the
+   built-in model's KL against fp32 away in a batched step, for under 2 % of its time. scratch: M * (2K + 8K / 32)
+   bytes. */
 void int8_matmul(const float *x, int count, int width, const uint8_t *packed, const uint16_t *weight_scales,
                  int rows, void *scratch, float *y) {
     const int blocks = rows / BLOCK_ROWS, groups = width / INT8_GROUP;
     int8_t *high = (int8_t *)scratch, *low = high + (size_t)count * width;
-    float *scales = (float *)(low + (size_t)count * width), *code_sums = scales + (size_t)count * groups;
-    quantize_activations(x, count, width, INT8_GROUP, high, low, scales, code_sums);
-    for (int at = 0; at < count * groups; at++) {  /* each group's exact sum becomes its codes' sum */
-        int high_total = 0, low_total = 0;
-        for (int i = 0; i < INT8_GROUP; i++) {
-            high_total += high[(size_t)at * INT8_GROUP + i];
-            low_total += low[(size_t)at * INT8_GROUP + i];
-        }
-        code_sums[at] = (float)high_total + (float)low_total / LOW_STEPS;
-    }
+    float *scales = (float *)(low + (size_t)count * width), *code_totals = scales + (size_t)count * groups;
+    quantize_activations(x, count, width, INT8_GROUP, high, low, scales, code_totals);
     #pragma omp parallel for schedule(static) if (blocks > 1)
     for (int b = 0; b < blocks; b++) {
         const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * width;
@@ -207,10 +212,10 @@ void int8_matmul(const float *x, int count, int width, const uint8_t *packed, co
             size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
             float *out = y + (size_t)m * rows + (size_t)b * BLOCK_ROWS;
             if (count - m >= ROW_TILE)
-                int8_block(ROW_TILE, high + x_at, low + x_at, scales + group_at, code_sums + group_at, width, block,
+                int8_block(ROW_TILE, high + x_at, low + x_at, scales + group_at, code_totals + group_at, width, block,
                            block_scales, rows, out);
             else
-                int8_block(1, high + x_at, low + x_at, scales + group_at, code_sums + group_at, width, block,
+                int8_block(1, high + x_at, low + x_at, scales + group_at, code_totals + group_at, width, block,
                            block_scales, rows, out);
         }
     }

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine.forward.fast_llama import _causal_mask, attend, attend_runs
-from engine.forward.native import build, support
+from engine.forward.native import activation_codes, build, support
 from engine.forward.native import decode_attention as native_attention
 from engine.forward.native import int4_matmul as native_int4
 from engine.forward.native import int8_matmul as native_int8
@@ -34,15 +34,38 @@ def _dequantized(groups) -> torch.Tensor:
     return dequantize_int4(groups.q, groups.scales_and_zeros.to(torch.bfloat16), groups.group)
 
 
+def _rounded_to_8_bits(x: torch.Tensor) -> torch.Tensor:
+    """``x`` [M, K] as the kernels take rows of a batch: each group of 32 in int8 codes under its largest magnitude
+    over 127 (llama.cpp's Q8_0)."""
+    grouped = x.unflatten(1, (-1, 32))  # [M, G, 32]
+    scales = grouped.abs().amax(-1, keepdim=True) / 127
+    return (torch.round(grouped / scales) * scales).flatten(1)
+
+
+def _multiplied_as_in_a_step(multiply, x: torch.Tensor, weight: torch.Tensor, sequences: int) -> None:
+    """``multiply(x)`` in a step over ``sequences`` sequences. One sequence's rows take two codes a value, about 15
+    bits: within 1e-4 of the exact product. A batched step's take one: exactly the product of the 8-bit rows (to
+    fp32's rounding of the sums)."""
+    with activation_codes.for_step(sequences):
+        got = multiply(x)  # [M, N]
+    exact = x @ weight.t()
+    scale = exact.abs().max()
+    if sequences == 1:
+        assert ((got - exact).abs().max() / scale).item() < 1e-4
+    else:
+        assert ((got - _rounded_to_8_bits(x) @ weight.t()).abs().max() / scale).item() < 2e-6
+        assert ((got - exact).abs().max() / scale).item() < 1e-2
+
+
 @needs_kernels
+@pytest.mark.parametrize("sequences", [1, 8])
 @pytest.mark.parametrize("length", [1, 2, 3, 16])
-def test_int4_rows_match_the_dequantized_weight(length):
+def test_int4_rows_are_their_rounded_codes_times_the_dequantized_weight(length, sequences):
     torch.manual_seed(length)
     groups = int4_groups_of(torch.randn(192, 160) * 0.05)  # 3 blocks of 64 rows, 5 groups of 32
     multiply = Int4Matmul(groups.cpu_packed(2), groups.scales_and_zeros.to(torch.bfloat16).contiguous(), 32)
     x = torch.randn(length, 160) * torch.logspace(-2, 1, 160)  # groups of very different sizes
-    exact = x @ _dequantized(groups).t()  # [M, N]
-    assert ((multiply(x) - exact).abs().max() / exact.abs().max()).item() < 1e-4
+    _multiplied_as_in_a_step(multiply, x, _dequantized(groups), sequences)
 
 
 @needs_kernels
@@ -51,24 +74,30 @@ def test_int4_layers_take_the_kernel_for_a_few_rows_and_agree_with_pytorchs():
     groups = int4_groups_of(torch.randn(128, 96) * 0.05)
     run, _ = pack_quantized(groups, None, "int4")
     x = torch.randn(4, 96)
-    exact = x @ _dequantized(groups).t()
+    weight = _dequantized(groups)
     theirs = torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), groups.cpu_packed(2), 32,
                                                         groups.scales_and_zeros.bfloat16()).float()
-    error, their_error = ((run(x) - exact).abs().max(), (theirs - exact).abs().max())
-    assert error < their_error / 10  # about 15-bit activations where PyTorch's kernel takes bf16 rows
+    with activation_codes.for_step(4):
+        batched = run(x)  # [M, N]
+    exact, ours = x @ weight.t(), run(x)
+    assert (ours - exact).abs().max() < (theirs - exact).abs().max() / 10  # about 15 bits where theirs takes bf16
+    assert torch.allclose(batched, _rounded_to_8_bits(x) @ weight.t(), atol=1e-5)  # 8 bits a group in a batch
 
 
 @needs_kernels
+@pytest.mark.parametrize("sequences", [1, 8])
 @pytest.mark.parametrize("length", [1, 2, 3, 16])
-def test_int8_rows_match_the_dequantized_weight(length):
+def test_int8_rows_match_the_dequantized_weight(length, sequences):
     torch.manual_seed(length)
     weight = torch.randn(192, 160) * 0.05  # 3 blocks of 64 rows, 5 groups of 32
     codes, scales = native_int8.quantize(weight)
     dequantized = (codes.float().unflatten(1, (-1, 32)) * scales.float().unsqueeze(-1)).flatten(1)  # [N, K]
     assert (dequantized - weight).abs().max() <= scales.float().max() / 2 + 1e-6  # within half a step
     x = torch.randn(length, 160) * torch.logspace(-2, 1, 160)  # groups of very different sizes
-    exact = x @ dequantized.t()  # [M, N]
-    assert ((Int8Matmul(weight)(x) - exact).abs().max() / exact.abs().max()).item() < 1e-4
+    with activation_codes.for_step(sequences):  # two codes a value, in a batched step too
+        got = Int8Matmul(weight)(x)  # [M, N]
+    exact = x @ dequantized.t()
+    assert ((got - exact).abs().max() / exact.abs().max()).item() < 1e-4
 
 
 @needs_kernels
