@@ -409,7 +409,9 @@ def rotate_pairs_(x: torch.Tensor, turns: torch.Tensor) -> None:
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
-    """SiLU(gate) * up from ``gate_up`` [S, 2F], in place in its gate half; [S, F]."""
+    """SiLU(gate) * up from ``gate_up`` [S, 2F]: [S, F], in Hearth's CPU kernel or in place in its gate half."""
+    if native_norm.swiglu_covers(gate_up):
+        return native_norm.swiglu(gate_up)
     width = gate_up.shape[1] // 2
     gate = F.silu(gate_up[:, :width], inplace=True)  # [S, F]
     return gate.mul_(gate_up[:, width:])

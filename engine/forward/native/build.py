@@ -37,6 +37,7 @@ SIGNATURES = {
     "decode_attention": (P, P, P, P, I32, P, P, I32, I32, I32, I64),
     "chunk_attention": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64),
     "rms_norm": (P, I32, I32, ctypes.c_float, P),
+    "swiglu": (P, I32, I32, P),
     "int4_layout_from_nibbles": (P, I32, I32, I32, I64, I64, P),
 }
 

@@ -319,6 +319,25 @@ void rms_norm(const float *x, int rows, int width, float eps, float *out) {
     }
 }
 
+/* out [M, F] = SiLU(gate) * up for gate_up [M, 2F] (each row its gate, then its up; F a multiple of 16):
+   SiLU(g) = g * sigmoid(g), sigmoid(g) = 1 / (1 + e^-g), or e^g / (1 + e^g) for g < 0, so e's argument is never
+   positive. */
+void swiglu(const float *gate_up, int rows, int width, float *out) {
+    #pragma omp parallel for schedule(static) if (rows >= 16)
+    for (int m = 0; m < rows; m++) {
+        const float *gate = gate_up + (size_t)m * 2 * width, *up = gate + width;
+        for (int k = 0; k < width; k += 16) {
+            __m512 g = _mm512_loadu_ps(gate + k);
+            __m512 e = exp_of_negative(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));  /* e^-|g| */
+            __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+            __m512 numerator = _mm512_mask_blend_ps(negative, _mm512_set1_ps(1.0f), e);
+            __m512 sigmoid = _mm512_div_ps(numerator, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+            _mm512_storeu_ps(out + (size_t)m * width + k,
+                             _mm512_mul_ps(_mm512_mul_ps(g, sigmoid), _mm512_loadu_ps(up + k)));
+        }
+    }
+}
+
 #define CHUNK_QUERIES 32  /* a chunk task's queries (rows times query heads of one kv head): two vectors */
 #define KEYS_AT_ONCE 8    /* positions scored together: 16 running sums beside the two query vectors */
 #define DIMS_AT_ONCE 8    /* value dimensions summed together, likewise */

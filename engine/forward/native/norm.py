@@ -1,9 +1,10 @@
-"""RMSNorm of a step's rows in one call (engine thread).
+"""RMSNorm and SwiGLU of a step's rows, each in one call (engine thread).
 
 PyTorch's ``rms_norm`` on the CPU is several ops (square, mean, add, rsqrt, multiply),
 each spread over the threads: about 50 µs for 8 rows of 576, called twice a layer and
 once more for the output layer. The kernel is one pass a row, on one thread below 64
-rows.
+rows. SwiGLU likewise: PyTorch's SiLU and multiply, 11 µs a decode step's row of
+SmolLM2-135M's 1 536, against one pass that writes the down projection's input whole.
 """
 
 from __future__ import annotations
@@ -22,4 +23,17 @@ def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty_like(x)
     library().rms_norm(x.data_ptr(), x.shape[0], x.shape[1], eps, out.data_ptr())
+    return out
+
+
+def swiglu_covers(gate_up: torch.Tensor) -> bool:
+    return covers(gate_up) and gate_up.shape[1] % 32 == 0
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up of ``gate_up`` [M, 2F] fp32 (each row's gate, then its up): [M, F], contiguous."""
+    gate_up = gate_up.contiguous()
+    rows, width = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(rows, width)
+    library().swiglu(gate_up.data_ptr(), rows, width, out.data_ptr())
     return out

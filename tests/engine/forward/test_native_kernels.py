@@ -20,7 +20,7 @@ from engine.forward.native import int8_matmul as native_int8
 from engine.forward.native.decode_attention import ChunkRuns, DecodeRuns
 from engine.forward.native.int4_matmul import Int4Matmul
 from engine.forward.native.int8_matmul import Int8Matmul
-from engine.forward.native.norm import rms_norm
+from engine.forward.native.norm import rms_norm, swiglu
 from engine.forward.weights.quant_int import dequantize_int4, int4_groups_of, pack_quantized
 from engine.forward.weights.row_chunks import RowChunks
 
@@ -184,6 +184,17 @@ def test_a_failed_build_leaves_the_kernels_off(monkeypatch, tmp_path):
 def test_rms_norm_matches_pytorchs(length):
     x = torch.randn(length, 576) * 3
     assert torch.allclose(rms_norm(x, 1e-5), torch.nn.functional.rms_norm(x, (576,), eps=1e-5), atol=1e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("length", [1, 20])
+def test_swiglu_matches_pytorchs_over_the_whole_range(length):
+    torch.manual_seed(length)
+    gate_up = torch.randn(length, 2 * 1536) * 6
+    gate_up[0, :4] = torch.tensor([-100.0, -20.0, 20.0, 100.0])  # far into both tails of the sigmoid
+    expected = torch.nn.functional.silu(gate_up[:, :1536]) * gate_up[:, 1536:]  # [M, F]
+    got = swiglu(gate_up)
+    assert got.is_contiguous() and torch.allclose(got, expected, rtol=2e-6, atol=1e-6)
 
 
 @needs_kernels
