@@ -26,6 +26,7 @@ from engine.forward.native import activation_codes
 from engine.forward.native import decode_attention as native_attention
 from engine.forward.native import int8_matmul as native_int8
 from engine.forward.native import norm as native_norm
+from engine.forward.native import rotary as native_rotary
 from engine.forward.native.decode_attention import ChunkRuns, DecodeRuns
 from engine.forward.paged_kv import BatchRow, PagedKV, StepLayout
 from engine.forward.static_cache import KVCache
@@ -201,22 +202,36 @@ class FastLlama:
     def _attention(self, layer: _Layer, index: int, h: torch.Tensor, cache: KVCache, start: int,
                    turns: torch.Tensor, mask: torch.Tensor | None,
                    kernel: DecodeRuns | ChunkRuns | None) -> torch.Tensor:
-        q, new_keys_values = self._project(layer, h, turns)  # [S, H, hd], [2, Hkv, S, hd]
-        keys, values = cache.write(index, start, new_keys_values)  # [Hkv, T, hd] each
+        qkv, layer_kv = self._qkv(layer, h), cache.buffer[index]  # [S, H + 2Hkv, hd], [2, Hkv, P, hd]
+        if kernel is not None and native_rotary.covers(qkv, layer_kv):
+            native_rotary.rotate_and_store(qkv, turns, layer_kv, start, self.heads)
+            q = qkv[:, : self.heads]  # [S, H, hd]
+        else:
+            q, new_keys_values = self._rotated(qkv, turns)  # [S, H, hd], [2, Hkv, S, hd]
+            keys, values = cache.write(index, start, new_keys_values)  # [Hkv, T, hd] each
         if kernel is not None:
             q, attended = q.contiguous(), torch.empty(q.shape, dtype=q.dtype)  # [S, H, hd]
-            kernel.attend(q, attended, cache.buffer[index])
+            kernel.attend(q, attended, layer_kv)
         else:
             attended = self._attend(q, keys, values, mask)  # [S, H, hd]
         return layer.out(attended.reshape(h.shape[0], self.heads * self.head_dim))  # [S, D]
 
     def _project(self, layer: _Layer, h: torch.Tensor, turns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotated queries [S, H, hd] and the new keys and values [2, Hkv, S, hd] of ``h`` [S, D]."""
+        return self._rotated(self._qkv(layer, h), turns)
+
+    def _qkv(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
+        """The queries, keys and values of ``h`` [S, D], head norms applied: [S, H + 2Hkv, hd]."""
         length, heads, kv_heads = h.shape[0], self.heads, self.kv_heads
         qkv = layer.qkv(h).view(length, heads + 2 * kv_heads, self.head_dim)  # [S, H + 2Hkv, hd]
         if layer.head_norms is not None:
             queries_keys = qkv[:, : heads + kv_heads]  # [S, H + Hkv, hd]
             queries_keys.copy_(F.rms_norm(queries_keys, (self.head_dim,), eps=self.eps).mul_(layer.head_norms))
+        return qkv
+
+    def _rotated(self, qkv: torch.Tensor, turns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``qkv`` [S, H + 2Hkv, hd] as rotated queries [S, H, hd] and keys with values [2, Hkv, S, hd]."""
+        heads, kv_heads = self.heads, self.kv_heads
         rotate_pairs_(qkv[:, : heads + kv_heads], turns)  # queries and keys rotated together
         return qkv[:, :heads], qkv[:, heads:].transpose(0, 1).unflatten(0, (2, kv_heads))
 

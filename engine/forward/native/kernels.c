@@ -4,6 +4,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #define BLOCK_ROWS 64     /* rows per block of the int4 layout (cpu_int4_layout) */
 #define ROW_TILE 2        /* activation rows per pass over a block: their sums fill the registers */
@@ -316,6 +317,37 @@ void rms_norm(const float *x, int rows, int width, float eps, float *out) {
         float scale = 1.0f / sqrtf(squares / (float)width + eps);
         #pragma omp simd
         for (int k = 0; k < width; k++) out[(size_t)m * width + k] = row[k] * scale;
+    }
+}
+
+/* x [hd] (hd / 2 pairs, a multiple of 8) times the complex numbers turns [hd / 2, 2] (cos, sin), pair by pair:
+   (x0 cos - x1 sin, x1 cos + x0 sin). */
+static inline void rotate_pairs(const float *x, const float *turns, int head_dim, float *out) {
+    for (int k = 0; k < head_dim; k += 16) {
+        __m512 v = _mm512_loadu_ps(x + k), turn = _mm512_loadu_ps(turns + k);
+        __m512 swapped_sin = _mm512_mul_ps(_mm512_permute_ps(v, 0xB1), _mm512_movehdup_ps(turn));  /* x1 s, x0 s */
+        _mm512_storeu_ps(out + k, _mm512_fmaddsub_ps(v, _mm512_moveldup_ps(turn), swapped_sin));
+    }
+}
+
+/* A sequence's new rows at positions start .. start + S - 1: qkv [S, H + 2Hkv, hd] (each row's queries, keys and
+   values), turns [S, hd / 2, 2]. The queries are rotated in place, the keys rotated into layer [2, Hkv, P, hd] (its
+   keys, then its values) and the values copied there: one pass where PyTorch took a complex multiply and a strided
+   copy. */
+void rotate_and_store(float *qkv, const float *turns, int rows, int heads, int kv_heads, int head_dim, float *layer,
+                      int64_t positions, int64_t start) {
+    const int width = (heads + 2 * kv_heads) * head_dim;
+    #pragma omp parallel for schedule(static) if (rows >= 16)
+    for (int s = 0; s < rows; s++) {
+        float *row = qkv + (size_t)s * width;
+        const float *turn = turns + (size_t)s * head_dim;
+        for (int h = 0; h < heads; h++) rotate_pairs(row + (size_t)h * head_dim, turn, head_dim, row + (size_t)h * head_dim);
+        for (int h = 0; h < kv_heads; h++) {
+            size_t at = ((size_t)h * positions + (size_t)(start + s)) * head_dim;
+            rotate_pairs(row + (size_t)(heads + h) * head_dim, turn, head_dim, layer + at);
+            memcpy(layer + (size_t)kv_heads * positions * head_dim + at, row + (size_t)(heads + kv_heads + h) * head_dim,
+                   (size_t)head_dim * sizeof(float));
+        }
     }
 }
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.forward.fast_llama import _causal_mask, attend, attend_runs
-from engine.forward.native import activation_codes, build, support
+from engine.forward.fast_llama import _causal_mask, attend, attend_runs, rotate_pairs_
+from engine.forward.native import activation_codes, build, rotary, support
 from engine.forward.native import decode_attention as native_attention
 from engine.forward.native import int4_matmul as native_int4
 from engine.forward.native import int8_matmul as native_int8
@@ -184,6 +184,23 @@ def test_a_failed_build_leaves_the_kernels_off(monkeypatch, tmp_path):
 def test_rms_norm_matches_pytorchs(length):
     x = torch.randn(length, 576) * 3
     assert torch.allclose(rms_norm(x, 1e-5), torch.nn.functional.rms_norm(x, (576,), eps=1e-5), atol=1e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("length", [1, 20])  # 20: the rows spread over the threads
+def test_rotating_and_storing_new_rows_is_pytorchs_rotation_and_cache_write(length):
+    torch.manual_seed(length)
+    heads, kv_heads, head_dim, start = 6, 2, 64, 37
+    qkv = torch.randn(length, heads + 2 * kv_heads, head_dim)  # [S, H + 2Hkv, hd]
+    angles = torch.rand(length, 1, head_dim // 2) * 6.3
+    turns = torch.polar(torch.full_like(angles, 0.9), angles)  # [S, 1, hd/2]: scaled, as a rope factor leaves them
+    layer = torch.randn(2, kv_heads, 128, head_dim)  # [2, Hkv, P, hd]
+    expected_qkv, expected_layer = qkv.clone(), layer.clone()
+    rotate_pairs_(expected_qkv[:, : heads + kv_heads], turns)
+    expected_layer[:, :, start : start + length] = expected_qkv[:, heads:].transpose(0, 1).unflatten(0, (2, kv_heads))
+    rotary.rotate_and_store(qkv, turns, layer, start, heads)
+    assert torch.allclose(qkv[:, :heads], expected_qkv[:, :heads], atol=1e-6)  # the queries, in place
+    assert torch.allclose(layer, expected_layer, atol=1e-6)  # the keys rotated, the values as they were; the rest kept
 
 
 @needs_kernels

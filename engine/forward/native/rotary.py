@@ -1,0 +1,31 @@
+"""Rotary positions and the KV cache write of a sequence's new rows, in one call (engine thread).
+
+PyTorch's path is a complex multiply over the queries and keys, then a strided copy of
+the keys and values into the cache: 16 µs a layer for a decode step of SmolLM2-135M,
+30 µs for SmolLM2-1.7B (0.53 and 1.3 ms a step). The kernel does both in one pass of the
+row, before the attention kernel reads the cache in place.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.forward.native.build import address, library
+
+LANES = 16  # fp32 values a vector: a head's dimensions come whole vectors
+
+
+def covers(qkv: torch.Tensor, layer_kv: torch.Tensor) -> bool:
+    return (library() is not None and qkv.dtype == torch.float32 and layer_kv.dtype == torch.float32
+            and qkv.device.type == "cpu" and qkv.shape[-1] % LANES == 0)
+
+
+def rotate_and_store(qkv: torch.Tensor, turns: torch.Tensor, layer_kv: torch.Tensor, start: int, heads: int) -> None:
+    """``qkv`` [S, H + 2Hkv, hd] (contiguous): its queries rotated by ``turns`` [S, 1, hd/2] (complex) in place, its
+    keys rotated into ``layer_kv`` [2, Hkv, P, hd] at positions ``start``…``start + S - 1`` and its values copied
+    there."""
+    rows, _, head_dim = qkv.shape
+    _, kv_heads, positions, _ = layer_kv.shape
+    pairs = torch.view_as_real(turns)  # [S, 1, hd/2, 2]: cos, sin
+    library().rotate_and_store(address(qkv), address(pairs), rows, heads, kv_heads, head_dim, address(layer_kv),
+                               positions, start)
