@@ -171,9 +171,10 @@ class FastLlama:
         turns = self.rotations(start, start + length)  # [S, 1, hd/2] complex
         kernel = self._cache_kernel(start, length)
         mask = None if kernel is not None else _causal_mask(start, length, self.dtype, self.device)  # [S, start+S]
+        slots = _slots(slice(start, start + length))  # [S]: where the rows' keys and values go
         x = self.embed(token_ids)  # [S, D]
         for index, layer in enumerate(self.layers):
-            x += self._attention(layer, index, self.normalise(x), cache, start, turns, mask, kernel)
+            x += self._attention(layer, index, self.normalise(x), cache, start, slots, turns, mask, kernel)
             x += layer.down(swiglu(layer.gate_up(self.normalise(x))))
         cache.length = start + length
         return self.lm_head(self.normalise(x[-1:]))[0].float()  # [V]
@@ -199,12 +200,12 @@ class FastLlama:
         held = (slice(0, start + length),)
         return DecodeRuns.of([0], [held]) if length == 1 else ChunkRuns.of(0, length, start, held)
 
-    def _attention(self, layer: _Layer, index: int, h: torch.Tensor, cache: KVCache, start: int,
+    def _attention(self, layer: _Layer, index: int, h: torch.Tensor, cache: KVCache, start: int, slots: torch.Tensor,
                    turns: torch.Tensor, mask: torch.Tensor | None,
                    kernel: DecodeRuns | ChunkRuns | None) -> torch.Tensor:
         qkv, layer_kv = self._qkv(layer, h), cache.buffer[index]  # [S, H + 2Hkv, hd], [2, Hkv, P, hd]
         if kernel is not None and native_rotary.covers(qkv, layer_kv):
-            native_rotary.rotate_and_store(qkv, turns, layer_kv, start, self.heads)
+            native_rotary.rotate_and_store(qkv, turns, layer_kv, slots, self.heads)
             q = qkv[:, : self.heads]  # [S, H, hd]
         else:
             q, new_keys_values = self._rotated(qkv, turns)  # [S, H, hd], [2, Hkv, S, hd]
@@ -248,10 +249,12 @@ class FastLlama:
         masks = [None if self._kernel_takes(span.length) else _causal_mask(span.start, span.length, self.dtype,
                                                                            self.device) for span in layout.spans]
         runs = [kv.layer_runs(span.runs) if span.length == 1 and kernels is None else None for span in layout.spans]
+        slots = _slots(layout.write)  # [R]: where the rows' keys and values go in the pool
         x = self.embed(ids)  # [R, D]
         with activation_codes.for_step(len(rows)):
             for index, layer in enumerate(self.layers):
-                x += self._paged_attention(layer, index, self.normalise(x), kv, layout, turns, masks, runs, kernels)
+                x += self._paged_attention(layer, index, self.normalise(x), kv, layout, slots, turns, masks, runs,
+                                           kernels)
                 x += layer.down(swiglu(layer.gate_up(self.normalise(x))))
             return self.lm_head(self.normalise(x[layout.last_rows])).float()  # [B, V]
 
@@ -270,14 +273,19 @@ class FastLlama:
         return kernels
 
     def _paged_attention(self, layer: _Layer, index: int, h: torch.Tensor, kv: PagedKV, layout: StepLayout,
-                         turns: torch.Tensor, masks: list[torch.Tensor | None],
+                         slots: torch.Tensor, turns: torch.Tensor, masks: list[torch.Tensor | None],
                          runs: list[list[tuple[tuple[torch.Tensor, torch.Tensor], ...]] | None],
                          kernels: list[DecodeRuns | ChunkRuns] | None) -> torch.Tensor:
         """``runs``: each decode row's keys and values by layer and run (``PagedKV.layer_runs``), None for a prompt
         chunk and for every row where ``kernels`` run the attention; ``masks``: a prompt chunk's causal mask for
         SDPA, None where a kernel (or a decode row's two bmm) takes it."""
-        q, new_keys_values = self._project(layer, h, turns)  # [R, H, hd], [2, Hkv, R, hd]
-        kv.write(index, layout.write, new_keys_values)
+        qkv, layer_kv = self._qkv(layer, h), kv.buffer[index]  # [R, H + 2Hkv, hd], [2, Hkv, P, hd]
+        if native_rotary.covers(qkv, layer_kv):
+            native_rotary.rotate_and_store(qkv, turns, layer_kv, slots, self.heads)
+            q = qkv[:, : self.heads]  # [R, H, hd]
+        else:
+            q, new_keys_values = self._rotated(qkv, turns)  # [R, H, hd], [2, Hkv, R, hd]
+            kv.write(index, layout.write, new_keys_values)
         attended = torch.empty_like(q)  # [R, H, hd]: each sequence's rows written in place
         if kernels is not None:
             q = q.contiguous()  # a view of the step's q, k, v projections
@@ -325,6 +333,13 @@ layer against SDPA's 1.05, 64 rows 2.3 against 4.3, 128 rows 3 000 deep 8.0 agai
 512 stay on SDPA's blocked matmuls."""
 TABLE, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 ROPE_FACTORS = "model.rotary_emb.freq_factors"  # only GGUF files hold them (``gguf_direct``)
+
+
+def _slots(where: slice | torch.Tensor) -> torch.Tensor:
+    """A step's new positions as int64 [R]: a run of them, or the positions themselves."""
+    if isinstance(where, slice):
+        return torch.arange(where.start, where.stop)
+    return where.to(torch.int64)
 
 
 def _tied_name(config: Any, state: Mapping[str, Weight], name: str, tied_name: str) -> str:

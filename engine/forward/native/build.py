@@ -38,7 +38,7 @@ SIGNATURES = {
     "chunk_attention": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64),
     "rms_norm": (P, I32, I32, ctypes.c_float, P),
     "swiglu": (P, I32, I32, P),
-    "rotate_and_store": (P, P, I32, I32, I32, I32, P, I64, I64),
+    "rotate_and_store": (P, P, I32, I32, I32, I32, P, I64, P),
     "int4_layout_from_nibbles": (P, I32, I32, I32, I64, I64, P),
 }
 

@@ -330,12 +330,12 @@ static inline void rotate_pairs(const float *x, const float *turns, int head_dim
     }
 }
 
-/* A sequence's new rows at positions start .. start + S - 1: qkv [S, H + 2Hkv, hd] (each row's queries, keys and
-   values), turns [S, hd / 2, 2]. The queries are rotated in place, the keys rotated into layer [2, Hkv, P, hd] (its
-   keys, then its values) and the values copied there: one pass where PyTorch took a complex multiply and a strided
-   copy. */
+/* A step's new rows: qkv [S, H + 2Hkv, hd] (each row's queries, keys and values), turns [S, hd / 2, 2], slots [S]
+   (each row's position in the layer's pool). The queries are rotated in place, the keys rotated into layer
+   [2, Hkv, P, hd] (its keys, then its values) at their slots and the values copied there: one pass where PyTorch
+   took a complex multiply and a strided copy. */
 void rotate_and_store(float *qkv, const float *turns, int rows, int heads, int kv_heads, int head_dim, float *layer,
-                      int64_t positions, int64_t start) {
+                      int64_t positions, const int64_t *slots) {
     const int width = (heads + 2 * kv_heads) * head_dim;
     #pragma omp parallel for schedule(static) if (rows >= 16)
     for (int s = 0; s < rows; s++) {
@@ -343,7 +343,7 @@ void rotate_and_store(float *qkv, const float *turns, int rows, int heads, int k
         const float *turn = turns + (size_t)s * head_dim;
         for (int h = 0; h < heads; h++) rotate_pairs(row + (size_t)h * head_dim, turn, head_dim, row + (size_t)h * head_dim);
         for (int h = 0; h < kv_heads; h++) {
-            size_t at = ((size_t)h * positions + (size_t)(start + s)) * head_dim;
+            size_t at = ((size_t)h * positions + (size_t)slots[s]) * head_dim;
             rotate_pairs(row + (size_t)(heads + h) * head_dim, turn, head_dim, layer + at);
             memcpy(layer + (size_t)kv_heads * positions * head_dim + at, row + (size_t)(heads + kv_heads + h) * head_dim,
                    (size_t)head_dim * sizeof(float));

@@ -1,4 +1,4 @@
-"""Rotary positions and the KV cache write of a sequence's new rows, in one call (engine thread).
+"""Rotary positions and the KV cache write of a step's new rows, in one call (engine thread).
 
 PyTorch's path is a complex multiply over the queries and keys, then a strided copy of
 the keys and values into the cache: 16 µs a layer for a decode step of SmolLM2-135M,
@@ -20,12 +20,13 @@ def covers(qkv: torch.Tensor, layer_kv: torch.Tensor) -> bool:
             and qkv.device.type == "cpu" and qkv.shape[-1] % LANES == 0)
 
 
-def rotate_and_store(qkv: torch.Tensor, turns: torch.Tensor, layer_kv: torch.Tensor, start: int, heads: int) -> None:
+def rotate_and_store(qkv: torch.Tensor, turns: torch.Tensor, layer_kv: torch.Tensor, slots: torch.Tensor,
+                     heads: int) -> None:
     """``qkv`` [S, H + 2Hkv, hd] (contiguous): its queries rotated by ``turns`` [S, 1, hd/2] (complex) in place, its
-    keys rotated into ``layer_kv`` [2, Hkv, P, hd] at positions ``start``…``start + S - 1`` and its values copied
-    there."""
+    keys rotated into ``layer_kv`` [2, Hkv, P, hd] at ``slots`` [S] (int64 positions of the pool) and its values
+    copied there."""
     rows, _, head_dim = qkv.shape
     _, kv_heads, positions, _ = layer_kv.shape
-    pairs = torch.view_as_real(turns)  # [S, 1, hd/2, 2]: cos, sin
+    pairs = torch.view_as_real(turns.contiguous())  # [S, 1, hd/2, 2]: cos, sin
     library().rotate_and_store(address(qkv), address(pairs), rows, heads, kv_heads, head_dim, address(layer_kv),
-                               positions, start)
+                               positions, address(slots))

@@ -190,15 +190,16 @@ def test_rms_norm_matches_pytorchs(length):
 @pytest.mark.parametrize("length", [1, 20])  # 20: the rows spread over the threads
 def test_rotating_and_storing_new_rows_is_pytorchs_rotation_and_cache_write(length):
     torch.manual_seed(length)
-    heads, kv_heads, head_dim, start = 6, 2, 64, 37
+    heads, kv_heads, head_dim = 6, 2, 64
     qkv = torch.randn(length, heads + 2 * kv_heads, head_dim)  # [S, H + 2Hkv, hd]
     angles = torch.rand(length, 1, head_dim // 2) * 6.3
     turns = torch.polar(torch.full_like(angles, 0.9), angles)  # [S, 1, hd/2]: scaled, as a rope factor leaves them
     layer = torch.randn(2, kv_heads, 128, head_dim)  # [2, Hkv, P, hd]
+    slots = torch.randperm(128)[:length]  # [S]: a batched step's rows land in their own sequences' blocks
     expected_qkv, expected_layer = qkv.clone(), layer.clone()
     rotate_pairs_(expected_qkv[:, : heads + kv_heads], turns)
-    expected_layer[:, :, start : start + length] = expected_qkv[:, heads:].transpose(0, 1).unflatten(0, (2, kv_heads))
-    rotary.rotate_and_store(qkv, turns, layer, start, heads)
+    expected_layer[:, :, slots] = expected_qkv[:, heads:].transpose(0, 1).unflatten(0, (2, kv_heads))
+    rotary.rotate_and_store(qkv, turns, layer, slots, heads)
     assert torch.allclose(qkv[:, :heads], expected_qkv[:, :heads], atol=1e-6)  # the queries, in place
     assert torch.allclose(layer, expected_layer, atol=1e-6)  # the keys rotated, the values as they were; the rest kept
 
