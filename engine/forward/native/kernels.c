@@ -481,27 +481,55 @@ void chunk_attention(const float *q, float *out, const float *layer, int first_r
         }
 }
 
+/* Byte indices that take, from two vectors of 16 rows' four bytes (a 32-bit lane a row, bytes t0 .. t0 + 3, rows 0-15
+   and then 16-31), bytes t0 + pair and t0 + pair + 1 of all 32 rows: 32 bytes a byte position, row by row. */
+static inline __m512i rows_of_two_bytes(int pair) {
+    uint8_t index[64];
+    for (int k = 0; k < 64; k++) {
+        int t = pair + k / 32, j = k % 32;
+        index[k] = (uint8_t)(j < 16 ? 4 * j + t : 64 + 4 * (j - 16) + t);
+    }
+    return _mm512_loadu_si512(index);
+}
+
 /* A 4-bit GGUF type's nibble bytes of `rows` rows (a multiple of 64) into the CPU int4 layout (cpu_int4_layout.py):
    byte i of run r of a row (at row * row_stride + r * run_stride + i) holds its code 2Lr + i in the low nibble and
    2Lr + L + i in the high one; out [rows, K / 2] holds, per block of 64 rows, [K, 32] bytes, byte (k, j) row j's
-   code k low and row j + 32's high. One pass, a block at a time (its bytes stay in cache). */
+   code k low and row j + 32's high (L a multiple of 4). One pass, a block at a time (its bytes stay in
+   cache): four bytes of 32 rows in two gathers, laid out in four permutes. */
 void int4_layout_from_nibbles(const uint8_t *nibbles, int rows, int runs, int length, int64_t row_stride,
                               int64_t run_stride, uint8_t *out) {
     const int blocks = rows / BLOCK_ROWS, half = BLOCK_ROWS / 2, width = runs * 2 * length;
+    const __m512i low_nibbles = _mm512_set1_epi8(0x0F), high_nibbles = _mm512_set1_epi8((char)0xF0);
+    const __m512i first_pair = rows_of_two_bytes(0), second_pair = rows_of_two_bytes(2);
+    __m512i row_offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                             _mm512_set1_epi32((int)row_stride));
     #pragma omp parallel for schedule(static)
     for (int b = 0; b < blocks; b++) {
         const uint8_t *low_rows = nibbles + (int64_t)b * BLOCK_ROWS * row_stride;
         const uint8_t *high_rows = low_rows + (int64_t)half * row_stride;
         uint8_t *block = out + (size_t)b * BLOCK_ROWS * (width / 2);
         for (int r = 0; r < runs; r++)
-            for (int i = 0; i < length; i++) {
-                uint8_t *first = block + ((size_t)r * 2 * length + i) * half, *second = first + (size_t)length * half;
-                for (int j = 0; j < half; j++) {
-                    uint8_t low = low_rows[j * row_stride + r * run_stride + i];
-                    uint8_t high = high_rows[j * row_stride + r * run_stride + i];
-                    first[j] = (uint8_t)((low & 0x0F) | (high << 4));
-                    second[j] = (uint8_t)((low >> 4) | (high & 0xF0));
+            for (int i = 0; i < length; i += 4) {  /* bytes i .. i + 3 of the run, 32 rows at a time in two gathers */
+                const uint8_t *low_at = low_rows + r * run_stride + i, *high_at = high_rows + r * run_stride + i;
+                __m512i low[2], high[2];
+                for (int g = 0; g < 2; g++) {
+                    low[g] = _mm512_i32gather_epi32(row_offsets, low_at + (int64_t)16 * g * row_stride, 1);
+                    high[g] = _mm512_i32gather_epi32(row_offsets, high_at + (int64_t)16 * g * row_stride, 1);
                 }
+                __m512i first[2], second[2];  /* codes 2Lr + i ..: low nibbles of both rows; 2Lr + L + i ..: high */
+                for (int g = 0; g < 2; g++) {
+                    first[g] = _mm512_or_si512(_mm512_and_si512(low[g], low_nibbles),
+                                               _mm512_and_si512(_mm512_slli_epi16(high[g], 4), high_nibbles));
+                    second[g] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low[g], 4), low_nibbles),
+                                                _mm512_and_si512(high[g], high_nibbles));
+                }
+                uint8_t *first_out = block + ((size_t)r * 2 * length + i) * half;
+                uint8_t *second_out = first_out + (size_t)length * half;
+                _mm512_storeu_si512(first_out, _mm512_permutex2var_epi8(first[0], first_pair, first[1]));
+                _mm512_storeu_si512(first_out + 64, _mm512_permutex2var_epi8(first[0], second_pair, first[1]));
+                _mm512_storeu_si512(second_out, _mm512_permutex2var_epi8(second[0], first_pair, second[1]));
+                _mm512_storeu_si512(second_out + 64, _mm512_permutex2var_epi8(second[0], second_pair, second[1]));
             }
     }
 }
