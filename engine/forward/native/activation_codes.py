@@ -5,7 +5,7 @@ Each group of 32 activations becomes int8 codes under one scale. A sequence's ow
 model's teacher-forced next tokens agree with fp32 on the exact weights at 98.4 %
 (mean KL 0.0001), and it answers "What is the capital of France?" with Paris as fp32
 does. A batched step of several sequences takes one, as llama.cpp does (its Q8_0):
-96.1 % (KL 0.0026; llama.cpp 94.3 %, 0.0035), and that question then gets llama.cpp's
+95.5 % (KL 0.0025; llama.cpp 94.3 %, 0.0035), and that question then gets llama.cpp's
 own answer, "L'Étoile, la Marseillaise…". One row's call costs the same either way,
 since the memory's speed sets it, but 8 rows' dot products set theirs: one code takes
 0.68x the time of two on SmolLM2-1.7B's gate and up matrices, and its Q4_K_M decodes 8
