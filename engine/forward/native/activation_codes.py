@@ -9,7 +9,7 @@ does. A batched step of several sequences takes one, as llama.cpp does (its Q8_0
 own answer, "L'Étoile, la Marseillaise…". One row's call costs the same either way,
 since the memory's speed sets it, but 8 rows' dot products set theirs: one code takes
 0.68x the time of two on SmolLM2-1.7B's gate and up matrices, and its Q4_K_M decodes 8
-requests at 56 tok/s against 41. The int8 output layer keeps two codes in every step
+requests at 52 tok/s against 41. The int8 output layer keeps two codes in every step
 (``int8_matmul``).
 """
 

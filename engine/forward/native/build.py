@@ -31,6 +31,7 @@ COMPILE_FLAGS = ("-O3", "-Wall", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx
 COMPILE_TIMEOUT_S = 120
 
 P, I32, I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+LANES = 16  # fp32 values a vector: the kernels take a head's or a row's dimensions whole vectors
 SIGNATURES = {
     "int4_matmul": (P, I32, I32, P, P, I32, I32, I32, P, P),
     "int8_matmul": (P, I32, I32, P, P, I32, P, P),

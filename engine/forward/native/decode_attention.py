@@ -18,10 +18,9 @@ from typing import Iterable, Sequence
 
 import torch
 
-from engine.forward.native.build import address, library
+from engine.forward.native.build import LANES, address, library
 
 MAX_GROUPS, MAX_HEAD_DIM = 16, 256  # the kernel's per-task arrays (``kernels.c``)
-LANES = 16  # fp32 values a vector: a head's dimensions come whole vectors
 
 
 def covers(heads: int, kv_heads: int, head_dim: int) -> bool:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.forward.native.build import address, library
-
-LANES = 16  # fp32 values a vector: a head's dimensions come whole vectors
+from engine.forward.native.build import LANES, address, library
 
 
 def covers(qkv: torch.Tensor, layer_kv: torch.Tensor) -> bool:
