@@ -17,11 +17,17 @@ import os
 FP16_FLAG = "avx512_fp16"
 INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 FEATURES_ENV = "HEARTH_CPU_FP16"  # "0" turns the fp16 matmul off (to compare, or where it misbehaves)
+BF16_MATMUL_FLAG = "amx_bf16"
+BF16_ENV = "HEARTH_CPU_BF16"  # "0" turns the bf16 GEMM of 4-bit prompts off, likewise
 INT8_ENV = "HEARTH_CPU_INT8"  # "0" turns the int8 GEMM of 4-bit prompts off, likewise
 
 
 def has_fp16_math() -> bool:
     return os.environ.get(FEATURES_ENV, "1") != "0" and FP16_FLAG in _flags()
+
+
+def has_bf16_matmul() -> bool:
+    return os.environ.get(BF16_ENV, "1") != "0" and BF16_MATMUL_FLAG in _flags()
 
 
 def has_int8_dot() -> bool:

@@ -17,8 +17,9 @@ torch is imported only by ``available_memory("cuda")``.
   run, else two planes of 4-bit groups beside 4-bit layers alone, ``quant_int.INT4_PAIR``). Its tensors
   are read one at a time, so the load holds no more than that and one tensor on its way.
   On the CPU ``auto`` picks fp16 (with that copy) where it fits comfortably, else 4-bit alone;
-  a 4-bit file of 1B parameters or more runs 4-bit alone on a CPU whose int8 dot products
-  beat its fp16 arithmetic (``FOUR_BIT_PROMPT_PARAMS``).
+  a 4-bit file runs 4-bit alone on a CPU with AMX's bf16 tiles, whatever its size, and from
+  1B parameters on one whose int8 dot products beat its fp16 arithmetic
+  (``FOUR_BIT_PROMPT_PARAMS``): there its prompts run faster from the 4-bit weights.
 * Any other GGUF file goes through transformers, which dequantizes every tensor into
   fp32 before the model takes them: ``FP32_BYTES`` per parameter more while it loads.
 * KV cache: 2 (keys and values) × layers × KV heads × head size × context × bytes (fp32 on the
@@ -41,7 +42,7 @@ import psutil
 from engine.forward.fast_scope import config_view, unsupported_reason
 from engine.forward.native.support import may_run
 from engine.forward.weights.packed_sizes import fp16_packed_bytes, int8_bytes, int8_kernel_takes
-from engine.host.cpu_features import has_fp16_math, has_int8_dot
+from engine.host.cpu_features import has_bf16_matmul, has_fp16_math, has_int8_dot
 from engine.models.gguf_check import DIRECT_ARCHITECTURES
 from engine.models.model_source import ModelFileError, ModelSource
 
@@ -190,10 +191,14 @@ def precision_order(source: ModelSource, device: str) -> tuple[str, ...]:
 
 
 def four_bit_prompts_faster(source: ModelSource) -> bool:
-    """Whether this CPU runs ``source``'s prompts faster from its 4-bit weights than from an fp16 copy
-    (``FOUR_BIT_PROMPT_PARAMS``)."""
-    return (source.four_bit_layers and source.n_params >= FOUR_BIT_PROMPT_PARAMS and has_int8_dot()
-            and not has_fp16_math())
+    """Whether this CPU runs ``source``'s prompts faster from its 4-bit weights than from an fp16 copy: any size
+    with AMX's bf16 tiles (``int4_prompts``), from ``FOUR_BIT_PROMPT_PARAMS`` with int8 dot products and no fp16
+    arithmetic."""
+    if not source.four_bit_layers:
+        return False
+    if has_bf16_matmul() and may_run():
+        return True
+    return source.n_params >= FOUR_BIT_PROMPT_PARAMS and has_int8_dot() and not has_fp16_math()
 
 
 def _fast_weight_bytes(source: ModelSource, shape: ModelShape, precision: str, device: str) -> int:
@@ -328,8 +333,9 @@ def cpu_formats_notice(source: ModelSource, chosen: str, context_length: int, av
     alone = (f"Running from the 4-bit weights alone ({_gib(four_bit)} in all; the output layer in {head}), "
              f"prompts included")
     if four_bit_prompts_faster(source):
-        return (f"{alone}: on this CPU (int8 dot products, no fp16 arithmetic) a model this size runs its prompts "
-                f"faster so than from fp16 weights, which would need {_gib(fp16)}.")
+        why = "bf16 matrix tiles" if has_bf16_matmul() else "int8 dot products, no fp16 arithmetic"
+        return (f"{alone}: on this CPU ({why}) a model this size runs its prompts faster so than from fp16 "
+                f"weights, which would need {_gib(fp16)}.")
     return (f"{alone}, which makes prompts slower: fp16 weights for prompts would need {_gib(fp16)}, more than fits "
             f"comfortably in the {_gib(available_bytes)} free.")
 

@@ -41,6 +41,7 @@ SIGNATURES = {
     "swiglu": (P, I32, I32, P),
     "rotate_and_store": (P, P, I32, I32, I32, I32, P, I64, P),
     "int4_layout_from_nibbles": (P, I32, I32, I32, I64, I64, P),
+    "int4_dequantize_bf16": (P, P, I32, I32, I32, I32, P),
 }
 
 log = logging.getLogger("hearth.kernels")

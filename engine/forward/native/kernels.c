@@ -533,3 +533,45 @@ void int4_layout_from_nibbles(const uint8_t *nibbles, int rows, int runs, int le
             }
     }
 }
+
+/* fp32 values as bf16 bits, rounded to nearest even (a NaN stays a NaN: its payload's top bits survive). */
+static inline __m256i bf16_of(__m512 values) {
+    __m512i bits = _mm512_castps_si512(values);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+
+/* Blocks first_block .. first_block + blocks - 1 of a weight [N, K] in the int4 layout (packed [N / 64 blocks of
+   [K, 32] bytes], block_pairs [blocks, K / group, 64, 2] bf16 scale and zero, those blocks' alone) as bf16, transposed:
+   out [K, 64 * blocks], w = (q - 8) * scale + zero, each value rounded once from fp32. A column of a block is 32
+   bytes, its 64 rows' codes, and becomes 128 contiguous bytes of the output. */
+void int4_dequantize_bf16(const uint8_t *packed, const uint16_t *block_pairs, int width, int group, int first_block,
+                          int blocks, uint16_t *out) {
+    const int groups = width / group;
+    const size_t out_width = (size_t)blocks * BLOCK_ROWS;
+    #pragma omp parallel for schedule(static)
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *block = packed + (size_t)(first_block + b) * BLOCK_ROWS * (width / 2);
+        for (int g = 0; g < groups; g++) {
+            const uint16_t *pairs = block_pairs + ((size_t)b * groups + g) * BLOCK_ROWS * 2;
+            __m512 scale[4], offset[4];  /* rows 16j .. 16j + 15 */
+            for (int j = 0; j < 4; j++) {
+                __m512i pair = _mm512_loadu_si512((const void *)(pairs + 32 * j));
+                scale[j] = bf16_in_low_half(pair);
+                offset[j] = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), scale[j], bf16_in_high_half(pair));  /* z - 8s */
+            }
+            for (int k = g * group; k < (g + 1) * group; k++) {
+                __m256i bytes = _mm256_loadu_si256((const __m256i *)(block + (size_t)k * 32));
+                __m128i halves[2] = {_mm256_castsi256_si128(bytes), _mm256_extracti32x4_epi32(bytes, 1)};
+                uint16_t *target = out + (size_t)k * out_width + (size_t)b * BLOCK_ROWS;
+                for (int j = 0; j < 4; j++) {  /* rows 0-31: low nibbles; 32-63: high */
+                    __m512i codes = _mm512_cvtepu8_epi32(halves[j % 2]);
+                    codes = j < 2 ? _mm512_and_si512(codes, _mm512_set1_epi32(0x0F)) : _mm512_srli_epi32(codes, 4);
+                    __m512 values = _mm512_fmadd_ps(_mm512_cvtepi32_ps(codes), scale[j], offset[j]);
+                    _mm256_storeu_si256((__m256i *)(target + 16 * j), bf16_of(values));
+                }
+            }
+        }
+    }
+}

@@ -16,9 +16,18 @@ def test_int8_gemms_need_vnni_and_fp16_math_needs_avx512_fp16(flags, int8_dot, m
     assert cpu_features.has_fp16_math() is False
 
 
+def test_bf16_gemms_need_amx_bf16_tiles(monkeypatch):
+    monkeypatch.setattr(cpu_features, "_flags", lambda: frozenset({"avx512f", "avx512_bf16", "amx_int8"}))
+    assert cpu_features.has_bf16_matmul() is False
+    monkeypatch.setattr(cpu_features, "_flags", lambda: frozenset({"amx_tile", "amx_bf16"}))
+    assert cpu_features.has_bf16_matmul() is True
+
+
 def test_the_environment_turns_each_off(monkeypatch):
-    monkeypatch.setattr(cpu_features, "_flags", lambda: frozenset({"avx512_vnni", "avx512_fp16"}))
-    assert cpu_features.has_int8_dot() and cpu_features.has_fp16_math()
+    monkeypatch.setattr(cpu_features, "_flags", lambda: frozenset({"avx512_vnni", "avx512_fp16", "amx_bf16"}))
+    assert cpu_features.has_int8_dot() and cpu_features.has_fp16_math() and cpu_features.has_bf16_matmul()
     monkeypatch.setenv(cpu_features.INT8_ENV, "0")
     monkeypatch.setenv(cpu_features.FEATURES_ENV, "0")
+    monkeypatch.setenv(cpu_features.BF16_ENV, "0")
     assert not cpu_features.has_int8_dot() and not cpu_features.has_fp16_math()
+    assert not cpu_features.has_bf16_matmul()

@@ -15,6 +15,7 @@ import torch
 from engine.bench.measure import timed_reply
 from engine.chat.generation import CachedSequence
 from engine.forward.native import int8_matmul as native_int8
+from engine.models import memory_estimate
 from engine.models.model_open import open_model
 from engine.protocol.messages import ChatMessage, LoadOptions
 
@@ -66,12 +67,19 @@ def _answer(loaded) -> str:
     return timed_reply(loaded, CachedSequence(loaded.backend.new_cache()), QUESTION, 24).text
 
 
+@pytest.fixture
+def without_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` as a CPU without AMX's bf16 tiles chooses (with them it keeps the 4-bit weights alone)."""
+    monkeypatch.setattr(memory_estimate, "has_bf16_matmul", lambda: False)
+
+
 @pytest.fixture(scope="module")
 def fp32_answer(default_model_path: Path) -> str:
     return _answer(_open(default_model_path, "fp32"))
 
 
-def test_auto_keeps_a_4bit_copy_for_decoding_and_answers_as_fp32_does(default_model_path: Path, fp32_answer: str):
+def test_auto_keeps_a_4bit_copy_for_decoding_and_answers_as_fp32_does(default_model_path: Path, fp32_answer: str,
+                                                                      without_amx: None):
     auto = _open(default_model_path, "auto")
     config = auto.model.config
     assert auto.precision == "fp16" and auto.precision_label == "fp16, 4-bit decode"  # what the window shows
@@ -81,7 +89,8 @@ def test_auto_keeps_a_4bit_copy_for_decoding_and_answers_as_fp32_does(default_mo
     assert _answer(auto) == fp32_answer
 
 
-def test_the_decode_copy_can_be_turned_off(default_model_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_the_decode_copy_can_be_turned_off(default_model_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           without_amx: None):
     monkeypatch.setenv("HEARTH_DECODE_COPY", "0")
     fp16_only = _open(default_model_path, "auto")
     config = fp16_only.model.config

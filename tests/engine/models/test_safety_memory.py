@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -128,9 +129,10 @@ def test_available_memory() -> None:
 TABLE = 49152 * 576  # the built-in model's token table, tied to its output layer
 
 
-def test_real_default_model_fits_on_cpu(default_model_path: Path) -> None:
+def test_real_default_model_fits_on_cpu(default_model_path: Path, monkeypatch) -> None:
     from engine.models.model_files import inspect_model
 
+    monkeypatch.setattr(memory_estimate, "has_bf16_matmul", lambda: False)  # AMX would keep the 4-bit weights alone
     source = inspect_model(default_model_path)
     found = estimate(source, "fp32", 8192, "cpu")
     # the output layer in fp32 apart from the token table, which stays in the file's Q8_0 blocks
@@ -160,10 +162,12 @@ def test_fp16_on_the_cpu_counts_the_4bit_decode_copy_of_a_4bit_file(default_mode
     assert on_gpu.kv_bytes == 2 * 30 * 3 * 64 * 2048 * 2
 
 
-def test_a_4bit_file_runs_4bit_alone_where_the_fp16_copy_would_not_fit_comfortably(default_model_path: Path) -> None:
+def test_a_4bit_file_runs_4bit_alone_where_the_fp16_copy_would_not_fit_comfortably(default_model_path: Path,
+                                                                                    monkeypatch) -> None:
     from engine.models.memory_estimate import cpu_formats_notice
     from engine.models.model_files import inspect_model
 
+    monkeypatch.setattr(memory_estimate, "has_bf16_matmul", lambda: False)  # AMX would keep the 4-bit weights alone
     source = inspect_model(default_model_path)
     fp16 = estimate(source, "fp16", 8192, "cpu").total_bytes
     four_bit = estimate(source, "nf4", 8192, "cpu").total_bytes
@@ -225,8 +229,25 @@ def test_a_large_4bit_file_keeps_its_4bit_weights_where_they_run_prompts_faster(
 
     monkeypatch.setattr(memory_estimate, "has_int8_dot", lambda: True)
     monkeypatch.setattr(memory_estimate, "has_fp16_math", lambda: fp16_math)
+    monkeypatch.setattr(memory_estimate, "has_bf16_matmul", lambda: False)
     large, small = _q4_k_m_file(1_700_000_000, 2048), _q4_k_m_file(135_000_000, 576)
     assert choose_precision(large, "cpu", 4096, available_bytes=64 * GIB) == expected
     assert choose_precision(small, "cpu", 4096, available_bytes=64 * GIB) == "fp16"
     notice = memory_estimate.cpu_formats_notice(large, expected, 4096, 64 * GIB)
     assert ("no fp16 arithmetic" in notice) == (expected == "nf4")
+
+
+def test_a_4bit_file_of_any_size_keeps_its_4bit_weights_on_amx_bf16_tiles(monkeypatch):
+    """With AMX's bf16 tiles a 4-bit file's prompts run faster from its 4-bit weights than from an fp16 copy
+    (``int4_prompts``), the 135M one's too; the notice says why, and a file of fp16 weights still runs fp16."""
+    from engine.models import memory_estimate
+
+    monkeypatch.setattr(memory_estimate, "has_bf16_matmul", lambda: True)
+    monkeypatch.setattr(memory_estimate, "has_fp16_math", lambda: True)
+    monkeypatch.setattr(memory_estimate, "may_run", lambda: True)
+    small = _q4_k_m_file(135_000_000, 576)
+    assert choose_precision(small, "cpu", 4096, available_bytes=64 * GIB) == "nf4"
+    assert "bf16 matrix tiles" in memory_estimate.cpu_formats_notice(small, "nf4", 4096, 64 * GIB)
+    fp16_file = replace(small, config={**small.config, "file_type": "MOSTLY_F16"})
+    assert not fp16_file.four_bit_layers
+    assert choose_precision(fp16_file, "cpu", 4096, available_bytes=64 * GIB) == "fp16"
