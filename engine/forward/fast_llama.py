@@ -32,7 +32,10 @@ from engine.forward.paged_kv import BatchRow, PagedKV, StepLayout
 from engine.forward.static_cache import KVCache
 from engine.forward.weights.pack_worker import PackWorker
 from engine.forward.weights.quant import Linear, compute_dtype, embedding
-from engine.forward.weights.quant_int import INT4_PAIR, QUANT_FORMATS, Int4Groups, Int4Pair, as_int4_pair
+from engine.forward.weights import int4_prompts
+from engine.forward.weights.quant_int import (
+    INT4_FORMATS, INT4_PAIR, QUANT_FORMATS, Int4Groups, Int4Pair, as_int4_pair,
+)
 from engine.forward.weights.row_chunks import RowChunks
 
 Weight = torch.Tensor | Int4Groups | Int4Pair | RowChunks  # a state's matmuls may come in 4-bit groups or
@@ -73,6 +76,7 @@ class FastLlama:
         self._turns = torch.empty(0, 1, self.head_dim // 2, dtype=torch.complex64, device=device)
         self._attention_kernels = device.type == "cpu" and native_attention.covers(self.heads, self.kv_heads,
                                                                                    self.head_dim)
+        self._mask_dtype = _prompt_attention_dtype(fmt, device, self.dtype)
 
     def _build(self, config: Any, state: Mapping[str, Weight], fmt: str, decode_fmt: str | None,
                worker: PackWorker | None) -> None:
@@ -170,7 +174,7 @@ class FastLlama:
         cache.reserve(start + length)
         turns = self.rotations(start, start + length)  # [S, 1, hd/2] complex
         kernel = self._cache_kernel(start, length)
-        mask = None if kernel is not None else _causal_mask(start, length, self.dtype, self.device)  # [S, start+S]
+        mask = None if kernel is not None else _causal_mask(start, length, self._mask_dtype, self.device)  # [S, start+S]
         slots = _slots(slice(start, start + length))  # [S]: where the rows' keys and values go
         x = self.embed(token_ids)  # [S, D]
         for index, layer in enumerate(self.layers):
@@ -246,7 +250,7 @@ class FastLlama:
         self.rotations(0, max(span.start + span.length for span in layout.spans))
         turns = self._turns[layout.positions]  # [R, 1, hd/2]
         kernels = self._kernel_attention(layout)
-        masks = [None if self._kernel_takes(span.length) else _causal_mask(span.start, span.length, self.dtype,
+        masks = [None if self._kernel_takes(span.length) else _causal_mask(span.start, span.length, self._mask_dtype,
                                                                            self.device) for span in layout.spans]
         runs = [kv.layer_runs(span.runs) if span.length == 1 and kernels is None else None for span in layout.spans]
         slots = _slots(layout.write)  # [R]: where the rows' keys and values go in the pool
@@ -449,11 +453,14 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """``q`` [S, H, hd] (already scaled) over ``keys``/``values`` [Hkv, T, hd]; query head ``h`` uses kv head
-    ``h // (H / Hkv)``. Returns [S, H, hd]."""
+    ``h // (H / Hkv)``. Returns [S, H, hd]. A prompt chunk's attention (SDPA, under ``mask``) runs in the mask's
+    dtype (``_prompt_attention_dtype``)."""
     if mask is not None:
-        attended = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0),
-                                                  values.unsqueeze(0), attn_mask=mask, scale=1.0, enable_gqa=True)
-        return attended[0].transpose(0, 1)
+        dtype = mask.dtype
+        attended = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0).to(dtype), keys.unsqueeze(0).to(dtype),
+                                                  values.unsqueeze(0).to(dtype), attn_mask=mask, scale=1.0,
+                                                  enable_gqa=True)
+        return attended[0].transpose(0, 1).to(q.dtype)
     _, heads, hd = q.shape
     grouped = q.view(keys.shape[0], -1, hd)  # [Hkv, G, hd]
     return attend_grouped(grouped, keys.transpose(1, 2), values, torch.empty_like(grouped)).view(1, heads, hd)
@@ -485,6 +492,15 @@ def attend_runs(queries: torch.Tensor, runs: tuple[tuple[torch.Tensor, torch.Ten
             out.baddbmm_(part, values)
         start += values.shape[1]
     return out
+
+
+def _prompt_attention_dtype(fmt: str, device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """bf16 for a prompt chunk's attention where its matmuls already multiply in bf16 (4-bit layers on AMX's bf16
+    tiles, ``int4_prompts``), else ``dtype``. SmolLM2-1.7B's heads at 512 positions: 12.3 against 19.1 ms a layer
+    with the conversions, relative error 0.3 %; SmolLM2-135M's 512 rows 4 096 deep 17.7 against 43.0 ms."""
+    if device.type == "cpu" and fmt in INT4_FORMATS and int4_prompts.runs_in_bf16():
+        return torch.bfloat16
+    return dtype
 
 
 def _causal_mask(start: int, length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:

@@ -12,7 +12,9 @@ import torch
 from engine.chat.chat_template import ChatTemplate
 from engine.chat.generation import CachedSequence, DecodeLoop, feed
 from engine.forward.fast_llama import FastLlama, FastLlamaBackend
+from engine.forward.native.build import library as native_kernels
 from engine.forward.static_cache import GROW_CHUNK
+from engine.forward.weights import int4_prompts
 from engine.models.loading import LoadPlan, wrap_model
 from engine.models.random_models import build_hf_model, byte_tokenizer
 from engine.protocol.messages import GREEDY
@@ -135,3 +137,25 @@ def test_rotations_equal_transformers_rotary_embedding(hf_model, rope):
     half = fast.head_dim // 2
     expected = torch.complex(cos[0, :, :half], sin[0, :, :half]).unsqueeze(1)  # [P, 1, hd/2]
     assert torch.equal(fast.rotations(0, 300), expected)
+
+
+def test_a_4bit_prompt_on_amx_multiplies_and_attends_in_bf16_within_its_rounding(hf_model, tokenizer, monkeypatch):
+    """Where 4-bit layers' prompts multiply in bf16 (AMX's tiles, ``int4_prompts``), a long prompt's attention runs
+    in bf16 too: its last logits move from the exact sums' (the fp32 path) by under a tenth of what the 4-bit weights
+    themselves move them from fp32's (this random tiny model is chaotic: 62 % and 3 % measured); an fp32 model's
+    prompt stays exactly fp32."""
+    if native_kernels() is None:
+        pytest.skip("the bf16 path dequantizes in Hearth's kernels, not built here")
+    prompt = [(7 * i) % 200 + 3 for i in range(300)]  # past the attention kernel's chunk: SDPA under a mask
+    monkeypatch.setattr(int4_prompts, "has_int8_dot", lambda: False)  # without AMX: exact fp32 sums
+
+    def last_logits(precision: str, amx: bool) -> torch.Tensor:
+        monkeypatch.setattr(int4_prompts, "runs_in_bf16", lambda: amx)
+        backend = _fast(hf_model, tokenizer, precision).backend
+        return feed(backend, CachedSequence(backend.new_cache()), prompt)
+
+    exact = last_logits("fp32", False)
+    assert torch.equal(exact, last_logits("fp32", True))
+    exact_sums, bf16 = last_logits("nf4", False), last_logits("nf4", True)
+    assert not torch.equal(exact_sums, bf16)
+    assert (bf16 - exact_sums).norm() < 0.1 * (exact_sums - exact).norm()
