@@ -102,6 +102,12 @@ def prompt_rows() -> int:
     return BF16_PROMPT_ROWS if runs_in_bf16() else PROMPT_ROWS
 
 
+def takes(rows: int) -> bool:
+    """Whether a call of ``rows`` rows takes this module's GEMM; a decode step's few rows answer without reading
+    the CPU's features (a decode step of SmolLM2-135M makes 120 such calls)."""
+    return rows >= min(BF16_PROMPT_ROWS, PROMPT_ROWS) and rows >= prompt_rows()
+
+
 def prompt_matmul(x: torch.Tensor, packed: torch.Tensor, scales_of_rows: ScalesOfRows, group: int) -> torch.Tensor:
     """``x`` [M, K] fp32 times the weight [N, K] that ``packed`` [N, K / 2] uint8 (the CPU kernel's layout) and
     the scales and zeros bf16 hold, ``w = (q - 8) * scale + zero``; [M, N] fp32. ``scales_of_rows``: a block of rows'

@@ -250,7 +250,7 @@ def _beside_prompt_path(few_rows: Run, packed: torch.Tensor, scales_of_rows: int
                         prompt_path: bool, group: int) -> Run:
     """``few_rows`` for calls of fewer rows than ``int4_prompts`` takes, that path (where the layer has it) for more."""
     def run(x: torch.Tensor) -> torch.Tensor:
-        if prompt_path and x.shape[0] >= int4_prompts.prompt_rows():
+        if prompt_path and int4_prompts.takes(x.shape[0]):
             return int4_prompts.prompt_matmul(x, packed, scales_of_rows, group)  # [M, N]
         return few_rows(x)  # [M, N]
 
