@@ -69,13 +69,14 @@ LOW_STEPS = 254  # an activation's second code counts in steps of 1/254 of its f
 
 
 class _Scratch:
-    """A reused buffer of one dtype, grown to the largest block asked for."""
+    """A reused buffer of one dtype, grown to the largest block asked for; made again outside inference mode where
+    it was made inside (such a tensor cannot be written there)."""
 
     def __init__(self, dtype: torch.dtype) -> None:
         self._buffer = torch.empty(0, dtype=dtype)
 
     def take(self, size: int) -> torch.Tensor:
-        if self._buffer.numel() < size:
+        if self._buffer.numel() < size or (self._buffer.is_inference() and not torch.is_inference_mode_enabled()):
             self._buffer = torch.empty(size, dtype=self._buffer.dtype)
         return self._buffer[:size]
 

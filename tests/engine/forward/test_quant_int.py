@@ -299,3 +299,14 @@ def test_a_large_prompt_only_fp16_copy_runs_on_onednn_within_fp16_rounding_and_s
     got = loud(huge)
     assert expected.abs().max() > 65504 and torch.isfinite(got).all()
     assert ((got - expected).abs() <= 1e-3 * expected.abs().max()).all()
+
+
+def test_a_prompt_scratch_made_under_inference_mode_serves_a_call_outside_it():
+    """The scratch buffers are shared: one a model's forward pass made (under inference mode) is made again for a
+    call outside it, which could not write it."""
+    scratch = int4_prompts._Scratch(torch.float32)
+    with torch.inference_mode():
+        scratch.take(64).fill_(1.0)
+    outside = scratch.take(64)
+    outside.fill_(2.0)
+    assert not outside.is_inference() and torch.equal(outside, torch.full((64,), 2.0))
