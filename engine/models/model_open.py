@@ -25,6 +25,7 @@ from engine.models.memory_estimate import (
     cpu_formats_notice,
     estimate,
     fit_verdict,
+    four_bit_prompts_faster,
 )
 from engine.models.model_files import inspect_model
 from engine.models.model_source import ModelFileError, ModelSource
@@ -53,12 +54,19 @@ def open_model(
         source.path, source.name, device, precision, context_length, template,
         _notices(source, template) + remove_converted_copies() + formats,
         precision_is_auto=options.precision == "auto", four_bit_source=source.four_bit_layers,
-        format_note="fp16 did not fit" if formats and precision == "nf4" else "",
+        format_note=_format_note(source, precision) if formats else "",
     )
     if source.kind != "gguf":
         return load_model(plan, progress, is_cancelled)
     with explain_gguf_errors(source.path):
         return load_model(plan, progress, is_cancelled)
+
+
+def _format_note(source: ModelSource, precision: str) -> str:
+    """Why ``auto`` ran a 4-bit file from its 4-bit weights alone, shown beside the precision."""
+    if precision != "nf4":
+        return ""
+    return "4-bit prompts run faster here" if four_bit_prompts_faster(source) else "fp16 did not fit"
 
 
 def _fetch_if_default(requested: str, emit: EventSink, is_cancelled: Callable[[], bool]) -> Path:

@@ -16,6 +16,7 @@ from engine.bench.measure import timed_reply
 from engine.chat.generation import CachedSequence
 from engine.forward.native import int8_matmul as native_int8
 from engine.models import memory_estimate
+from engine.models.model_files import inspect_model
 from engine.models.model_open import open_model
 from engine.protocol.messages import ChatMessage, LoadOptions
 
@@ -135,3 +136,18 @@ def test_the_estimate_is_what_the_load_holds(default_model_path: Path, precision
     loaded = _open(default_model_path, precision)
     estimated = estimate(inspect_model(default_model_path), precision, 2048, "cpu").weight_bytes
     assert abs(estimated - loaded.weight_bytes) <= 0.01 * loaded.weight_bytes
+
+
+@pytest.mark.parametrize("amx, note", [(True, "4-bit prompts run faster here"), (False, "fp16 did not fit")])
+def test_the_window_says_why_auto_ran_4bit_alone(default_model_path: Path, monkeypatch: pytest.MonkeyPatch, amx: bool,
+                                                 note: str):
+    """With AMX's bf16 tiles auto keeps the 4-bit weights alone for speed; without, only where fp16 would not fit
+    comfortably (here: too little free memory), and the precision shown gives the reason that applied."""
+    monkeypatch.setattr(memory_estimate, "has_bf16_matmul", lambda: amx)
+    monkeypatch.setattr(memory_estimate, "may_run", lambda: True)
+    if not amx:
+        fp16 = memory_estimate.estimate(inspect_model(default_model_path), "fp16", 8192, "cpu").total_bytes
+        monkeypatch.setattr(memory_estimate, "available_memory", lambda _device: int(fp16 / 0.95))
+    loaded = _open(default_model_path, "auto")
+    assert loaded.precision == "nf4"
+    assert loaded.precision_label.endswith(f"({note})")
