@@ -48,6 +48,15 @@ static inline __m512 bf16_in_high_half(__m512i pairs) {
     return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32((int)0xFFFF0000)));
 }
 
+/* A group's bf16 (scale, zero) pairs of a block's rows 16j .. 16j + 15 (pairs [64, 2]) as the scale and the offset
+   z - 8s: w = (q - 8) * s + z = q * s + offset. */
+static inline __attribute__((always_inline)) void group_scale_and_offset(const uint16_t *pairs, int j, __m512 *scale,
+                                                                         __m512 *offset) {
+    __m512i pair = _mm512_loadu_si512((const void *)(pairs + 32 * j));
+    *scale = bf16_in_low_half(pair);
+    *offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), *scale, bf16_in_high_half(pair));
+}
+
 /* Byte indices that gather four columns (k .. k + 3, two 64-byte loads) of 16 rows into one 32-bit lane a row. */
 static inline __m512i lane_gather(int first_row) {
     uint8_t index[64];
@@ -110,9 +119,8 @@ static inline __attribute__((always_inline)) void int4_block(
         }
         const uint16_t *pairs = block_pairs + (size_t)g * BLOCK_ROWS * 2;
         for (int j = 0; j < 4; j++) {  /* codes[j] held rows 16j .. 16j + 15 */
-            __m512i pair = _mm512_loadu_si512((const void *)(pairs + 32 * j));
-            __m512 scale = bf16_in_low_half(pair);
-            __m512 offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), scale, bf16_in_high_half(pair));  /* z - 8s */
+            __m512 scale, offset;
+            group_scale_and_offset(pairs, j, &scale, &offset);
             for (int m = 0; m < count; m++) {
                 size_t at = (size_t)m * groups + g;
                 __m512 dot = code_dot(high_sums[m][j], low_sums[m][j], two_codes);
@@ -556,11 +564,7 @@ void int4_dequantize_bf16(const uint8_t *packed, const uint16_t *block_pairs, in
         for (int g = 0; g < groups; g++) {
             const uint16_t *pairs = block_pairs + ((size_t)b * groups + g) * BLOCK_ROWS * 2;
             __m512 scale[4], offset[4];  /* rows 16j .. 16j + 15 */
-            for (int j = 0; j < 4; j++) {
-                __m512i pair = _mm512_loadu_si512((const void *)(pairs + 32 * j));
-                scale[j] = bf16_in_low_half(pair);
-                offset[j] = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), scale[j], bf16_in_high_half(pair));  /* z - 8s */
-            }
+            for (int j = 0; j < 4; j++) group_scale_and_offset(pairs, j, &scale[j], &offset[j]);
             for (int k = g * group; k < (g + 1) * group; k++) {
                 __m256i bytes = _mm256_loadu_si256((const __m256i *)(block + (size_t)k * 32));
                 __m128i halves[2] = {_mm256_castsi256_si128(bytes), _mm256_extracti32x4_epi32(bytes, 1)};
