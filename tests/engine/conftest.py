@@ -157,3 +157,11 @@ def out_of_memory_after(monkeypatch):
         return limit
 
     return install
+
+
+@pytest.fixture
+def without_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` as a CPU without AMX's bf16 tiles chooses (with them it keeps a 4-bit file's weights alone)."""
+    from engine.models import memory_estimate
+
+    monkeypatch.setattr(memory_estimate, "has_bf16_matmul", lambda: False)

@@ -68,12 +68,6 @@ def _answer(loaded) -> str:
     return timed_reply(loaded, CachedSequence(loaded.backend.new_cache()), QUESTION, 24).text
 
 
-@pytest.fixture
-def without_amx(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``auto`` as a CPU without AMX's bf16 tiles chooses (with them it keeps the 4-bit weights alone)."""
-    monkeypatch.setattr(memory_estimate, "has_bf16_matmul", lambda: False)
-
-
 @pytest.fixture(scope="module")
 def fp32_answer(default_model_path: Path) -> str:
     return _answer(_open(default_model_path, "fp32"))

@@ -129,10 +129,9 @@ def test_available_memory() -> None:
 TABLE = 49152 * 576  # the built-in model's token table, tied to its output layer
 
 
-def test_real_default_model_fits_on_cpu(default_model_path: Path, monkeypatch) -> None:
+def test_real_default_model_fits_on_cpu(default_model_path: Path, without_amx: None) -> None:
     from engine.models.model_files import inspect_model
 
-    monkeypatch.setattr(memory_estimate, "has_bf16_matmul", lambda: False)  # AMX would keep the 4-bit weights alone
     source = inspect_model(default_model_path)
     found = estimate(source, "fp32", 8192, "cpu")
     # the output layer in fp32 apart from the token table, which stays in the file's Q8_0 blocks
@@ -163,11 +162,10 @@ def test_fp16_on_the_cpu_counts_the_4bit_decode_copy_of_a_4bit_file(default_mode
 
 
 def test_a_4bit_file_runs_4bit_alone_where_the_fp16_copy_would_not_fit_comfortably(default_model_path: Path,
-                                                                                    monkeypatch) -> None:
+                                                                                    without_amx: None) -> None:
     from engine.models.memory_estimate import cpu_formats_notice
     from engine.models.model_files import inspect_model
 
-    monkeypatch.setattr(memory_estimate, "has_bf16_matmul", lambda: False)  # AMX would keep the 4-bit weights alone
     source = inspect_model(default_model_path)
     fp16 = estimate(source, "fp16", 8192, "cpu").total_bytes
     four_bit = estimate(source, "nf4", 8192, "cpu").total_bytes
