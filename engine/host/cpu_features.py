@@ -18,7 +18,7 @@ FP16_FLAG = "avx512_fp16"
 INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 FEATURES_ENV = "HEARTH_CPU_FP16"  # "0" turns the fp16 matmul off (to compare, or where it misbehaves)
 BF16_MATMUL_FLAG = "amx_bf16"
-BF16_ENV = "HEARTH_CPU_BF16"  # "0" turns the bf16 GEMM of 4-bit prompts off, likewise
+BF16_ENV = "HEARTH_CPU_BF16"  # "0" turns the AMX tiles of 4-bit prompts and batched steps off, likewise
 INT8_ENV = "HEARTH_CPU_INT8"  # "0" turns the int8 GEMM of 4-bit prompts off, likewise
 
 

@@ -192,7 +192,7 @@ def precision_order(source: ModelSource, device: str) -> tuple[str, ...]:
 
 def four_bit_prompts_faster(source: ModelSource) -> bool:
     """Whether this CPU runs ``source``'s prompts faster from its 4-bit weights than from an fp16 copy: any size
-    with AMX's bf16 tiles (``int4_prompts``), from ``FOUR_BIT_PROMPT_PARAMS`` with int8 dot products and no fp16
+    with AMX's bf16 tiles (``native.int4_matmul``), from ``FOUR_BIT_PROMPT_PARAMS`` with int8 dot products and no fp16
     arithmetic."""
     if not source.four_bit_layers:
         return False

@@ -5,7 +5,8 @@ and loads it with ctypes, where the CPU has AVX-512 with VNNI and VBMI and a C c
 is installed (``support`` says whether they may, without building); elsewhere
 ``build.library()`` is None and the callers keep PyTorch's ops.
 ``int4_matmul`` multiplies a few rows by 4-bit weights in the CPU int4 layout
-(its activations rounded as ``activation_codes`` says), ``int8_matmul`` by 8-bit weights in
+(its activations rounded as ``activation_codes`` says), and many rows on AMX's bf16 tiles
+where the CPU has them; ``scratch`` holds the buffers they reuse; ``int8_matmul`` by 8-bit weights in
 groups of 32 (the output layer beside them);
 ``decode_attention`` runs a batched step's attention of its decode rows and short prompt chunks;
 ``norm`` is RMSNorm; ``int4_layout_from_nibbles`` lays a GGUF file's 4-bit blocks out for the int4 kernel at load.

@@ -41,7 +41,7 @@ SIGNATURES = {
     "swiglu": (P, I32, I32, P),
     "rotate_and_store": (P, P, I32, I32, I32, I32, P, I64, P),
     "int4_layout_from_nibbles": (P, I32, I32, I32, I64, I64, P),
-    "int4_dequantize_bf16": (P, P, I32, I32, I32, I32, P),
+    "int4_matmul_amx": (P, I32, I32, P, P, I32, I32, I32, P, P),
 }
 
 log = logging.getLogger("hearth.kernels")
@@ -64,6 +64,7 @@ def library() -> ctypes.CDLL | None:
     for name, arguments in SIGNATURES.items():
         function = getattr(loaded, name)
         function.argtypes, function.restype = arguments, None
+    loaded.amx_enable.argtypes, loaded.amx_enable.restype = (), I32
     return loaded
 
 

@@ -1,10 +1,14 @@
 /* Hearth's CPU kernels (engine thread; OpenMP threads inside each call). Built by native/build.py with AVX-512
-   (F, BW, VL, VNNI, VBMI) and loaded with ctypes; every pointer is a contiguous tensor's data. */
+   (F, BW, VL, VNNI, VBMI), the AMX functions for their own target, and loaded with ctypes; every pointer is a
+   contiguous tensor's data. */
 
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <omp.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define BLOCK_ROWS 64     /* rows per block of the int4 layout (cpu_int4_layout) */
 #define ROW_TILE 2        /* activation rows per pass over a block: their sums fill the registers */
@@ -542,40 +546,151 @@ void int4_layout_from_nibbles(const uint8_t *nibbles, int rows, int runs, int le
     }
 }
 
-/* fp32 values as bf16 bits, rounded to nearest even (a NaN stays a NaN: its payload's top bits survive). */
-static inline __m256i bf16_of(__m512 values) {
-    __m512i bits = _mm512_castps_si512(values);
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd));
-    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+/* AMX's bf16 tiles (where the CPU has them, compiled with GCC 11+ or clang 12+): a 16-row tile of 64 bytes a row,
+   eight tiles; tdpbf16ps adds A [16, 32] bf16 times B [32, 16] bf16 (two rows of B in each 32-bit lane, "VNNI"
+   pairs) to C [16, 16] fp32. */
+#define AMX_ROWS 16   /* activation rows a tile holds */
+#define AMX_DEPTH 32  /* columns of x one tdpbf16ps sums: a tile row of bf16 */
+#define STRIP 32      /* weight rows (output columns) a pass dequantizes: two B tiles wide */
+#define TILE_VALUES 512  /* bf16 values a tile holds */
+
+#if (defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11) || (defined(__clang__) && __clang_major__ >= 12)
+#define HAS_AMX 1
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512bf16")))
+#else
+#define AMX_TARGET
+#endif
+
+/* Asks Linux for the tile state (once a process, for every thread): 0 where granted, else -1 (no AMX, an older
+   kernel, or a compiler without AMX). */
+int amx_enable(void) {
+#ifdef HAS_AMX
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0 ? 0 : -1;
+#else
+    return -1;
+#endif
 }
 
-/* Blocks first_block .. first_block + blocks - 1 of a weight [N, K] in the int4 layout (packed [N / 64 blocks of
-   [K, 32] bytes], block_pairs [blocks, K / group, 64, 2] bf16 scale and zero, those blocks' alone) as bf16, transposed:
-   out [K, 64 * blocks], w = (q - 8) * scale + zero, each value rounded once from fp32. A column of a block is 32
-   bytes, its 64 rows' codes, and becomes 128 contiguous bytes of the output. */
-void int4_dequantize_bf16(const uint8_t *packed, const uint16_t *block_pairs, int width, int group, int first_block,
-                          int blocks, uint16_t *out) {
-    const int groups = width / group;
-    const size_t out_width = (size_t)blocks * BLOCK_ROWS;
-    #pragma omp parallel for schedule(static)
-    for (int b = 0; b < blocks; b++) {
-        const uint8_t *block = packed + (size_t)(first_block + b) * BLOCK_ROWS * (width / 2);
-        for (int g = 0; g < groups; g++) {
-            const uint16_t *pairs = block_pairs + ((size_t)b * groups + g) * BLOCK_ROWS * 2;
-            __m512 scale[4], offset[4];  /* rows 16j .. 16j + 15 */
-            for (int j = 0; j < 4; j++) group_scale_and_offset(pairs, j, &scale[j], &offset[j]);
-            for (int k = g * group; k < (g + 1) * group; k++) {
-                __m256i bytes = _mm256_loadu_si256((const __m256i *)(block + (size_t)k * 32));
-                __m128i halves[2] = {_mm256_castsi256_si128(bytes), _mm256_extracti32x4_epi32(bytes, 1)};
-                uint16_t *target = out + (size_t)k * out_width + (size_t)b * BLOCK_ROWS;
-                for (int j = 0; j < 4; j++) {  /* rows 0-31: low nibbles; 32-63: high */
-                    __m512i codes = _mm512_cvtepu8_epi32(halves[j % 2]);
-                    codes = j < 2 ? _mm512_and_si512(codes, _mm512_set1_epi32(0x0F)) : _mm512_srli_epi32(codes, 4);
-                    __m512 values = _mm512_fmadd_ps(_mm512_cvtepi32_ps(codes), scale[j], offset[j]);
-                    _mm256_storeu_si256((__m256i *)(target + 16 * j), bf16_of(values));
-                }
+#ifdef HAS_AMX
+typedef struct __attribute__((aligned(64))) {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t bytes_per_row[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* Every tile 16 rows of 64 bytes: 0-3 sums (C), 4-5 activations (A), 6-7 weights (B). */
+static AMX_TARGET void configure_tiles(void) {
+    tile_config config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    for (int t = 0; t < 8; t++) config.bytes_per_row[t] = 64, config.rows[t] = AMX_ROWS;
+    _tile_loadconfig(&config);
+}
+
+/* One strip of a block, weight rows 32 * half .. + 31 (the low nibbles of its bytes, or the high), as B tiles:
+   tiles [K / 32, 2, 16, 32] bf16, tile c of step t holding rows 16c .. 16c + 15 of the strip at columns
+   32t .. 32t + 31, column pairs (2r, 2r + 1) in row r, a 32-bit lane a weight row. Each weight is
+   (q - 8) * scale + zero in fp32, rounded once to bf16. */
+static AMX_TARGET void strip_to_tiles(const uint8_t *block, const uint16_t *block_pairs, int width, int group,
+                                      int half, uint16_t *tiles) {
+    uint16_t index[32];
+    for (int i = 0; i < 16; i++) index[2 * i] = (uint16_t)i, index[2 * i + 1] = (uint16_t)(16 + i);
+    const __m512i interleave = _mm512_loadu_si512(index), nibble = _mm512_set1_epi32(0x0F);
+    for (int t = 0; t < width / AMX_DEPTH; t++) {
+        const uint16_t *pairs = block_pairs + (size_t)(t * AMX_DEPTH / group) * BLOCK_ROWS * 2;
+        for (int c = 0; c < 2; c++) {
+            __m512 scale, offset;
+            group_scale_and_offset(pairs, 2 * half + c, &scale, &offset);
+            uint16_t *tile = tiles + ((size_t)t * 2 + c) * TILE_VALUES;
+            for (int r = 0; r < AMX_ROWS; r++) {
+                const uint8_t *column = block + (size_t)(t * AMX_DEPTH + 2 * r) * 32 + 16 * c;
+                __m512i first = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)column));
+                __m512i second = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(column + 32)));
+                first = half ? _mm512_srli_epi32(first, 4) : _mm512_and_si512(first, nibble);
+                second = half ? _mm512_srli_epi32(second, 4) : _mm512_and_si512(second, nibble);
+                __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(first), scale, offset);
+                __m512 b = _mm512_fmadd_ps(_mm512_cvtepi32_ps(second), scale, offset);
+                __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a);  /* a's 16 values, then b's */
+                _mm512_storeu_si512(tile + 32 * r, _mm512_permutexvar_epi16(interleave, both));
             }
         }
     }
+}
+
+/* Sums tile `tile` into y rows row0 .. row0 + 15 (those below `count`), columns col0 .. col0 + 15. */
+#define STORE_SUMS(tile, row0, col0)                                                                          \
+    do {                                                                                                      \
+        if ((row0) + AMX_ROWS <= count) {                                                                     \
+            _tile_stored(tile, y + (size_t)(row0) * rows + (col0), rows * 4);                                 \
+        } else {                                                                                              \
+            float sums[AMX_ROWS * 16];                                                                        \
+            _tile_stored(tile, sums, 64);                                                                     \
+            for (int i = 0; i < count - (row0); i++)                                                          \
+                memcpy(y + (size_t)((row0) + i) * rows + (col0), sums + 16 * i, 64);                          \
+        }                                                                                                     \
+    } while (0)
+
+/* y [count, rows] columns col0 .. col0 + 31 = x [count, K] (bf16, its rows padded to a multiple of 32 and readable)
+   times one strip's tiles: 32 rows at a time over all of K, or 16 for the last few. */
+static AMX_TARGET void strip_product(const uint16_t *x, int count, int width, const uint16_t *tiles, float *y,
+                                     int rows, int col0) {
+    const size_t stride = (size_t)width * 2;
+    for (int m = 0; m < count; m += 2 * AMX_ROWS) {
+        const uint16_t *x_rows = x + (size_t)m * width;
+        _tile_zero(0);
+        _tile_zero(1);
+        if (count - m > AMX_ROWS) {
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int t = 0; t < width / AMX_DEPTH; t++) {
+                _tile_loadd(4, x_rows + t * AMX_DEPTH, stride);
+                _tile_loadd(5, x_rows + AMX_ROWS * width + t * AMX_DEPTH, stride);
+                _tile_loadd(6, tiles + (size_t)t * 2 * TILE_VALUES, 64);
+                _tile_loadd(7, tiles + (size_t)t * 2 * TILE_VALUES + TILE_VALUES, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            STORE_SUMS(2, m + AMX_ROWS, col0);
+            STORE_SUMS(3, m + AMX_ROWS, col0 + 16);
+        } else {
+            for (int t = 0; t < width / AMX_DEPTH; t++) {
+                _tile_loadd(4, x_rows + t * AMX_DEPTH, stride);
+                _tile_loadd(6, tiles + (size_t)t * 2 * TILE_VALUES, 64);
+                _tile_loadd(7, tiles + (size_t)t * 2 * TILE_VALUES + TILE_VALUES, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+            }
+        }
+        STORE_SUMS(0, m, col0);
+        STORE_SUMS(1, m, col0 + 16);
+    }
+}
+#undef STORE_SUMS
+#endif
+
+/* y [count, N] fp32 = x [count, K] . W^T on AMX's bf16 tiles, W [N, K] in the int4 layout (int4_matmul's
+   arguments; group and K multiples of 32). x: bf16, its rows padded with readable ones to a multiple of 32.
+   A strip of 32 weight rows at a time is dequantized once into a thread's tiles in cache and meets every
+   activation row there: no weight goes to memory, and nothing needs reordering. scratch: K * 64 bytes for each of
+   `threads` threads. Call only where amx_enable() returned 0. */
+AMX_TARGET void int4_matmul_amx(const uint16_t *x, int count, int width, const uint8_t *packed, const uint16_t *scales_and_zeros,
+                                int rows, int group, int threads, uint16_t *scratch, float *y) {
+#ifdef HAS_AMX
+    const int strips = rows / STRIP, groups = width / group;
+    #pragma omp parallel num_threads(threads)
+    {
+        uint16_t *tiles = scratch + (size_t)omp_get_thread_num() * width * STRIP;
+        configure_tiles();
+        #pragma omp for schedule(static)
+        for (int s = 0; s < strips; s++) {
+            const int b = s / 2;
+            strip_to_tiles(packed + (size_t)b * BLOCK_ROWS * (width / 2),
+                           scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2, width, group, s % 2, tiles);
+            strip_product(x, count, width, tiles, y, rows, s * STRIP);
+        }
+        _tile_release();
+    }
+#endif
 }

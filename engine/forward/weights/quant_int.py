@@ -27,7 +27,8 @@ of each group's scale and zero point. A decode step reads ~0.63 bytes per weight
 instead of fp16's 2, which is what sets its speed; on the kernel, several tokens at
 once (prefill) run ~2x slower than FBGEMM's fp16 kernel, which dequantizes nothing,
 so calls of many rows go to ``int4_prompts`` (int8 GEMMs), and fewer rows to Hearth's own kernel
-(``native.int4_matmul``) where it is built. The ``int8`` format has no
+(``native.int4_matmul``) where it is built; where the CPU has AMX, that kernel's tile path takes calls of
+many rows as well. The ``int8`` format has no
 fast CPU kernel in PyTorch (``_weight_int8pack_mm`` is slower than fp32 here): on the
 CPU it runs on Hearth's (``native.int8_matmul``, an fp16 scale per 32 weights), which
 holds the output layer beside 4-bit decode copies (``fast_llama.head_format``), and
@@ -236,6 +237,8 @@ def _int4_packed(groups: Int4Groups, tiles: int) -> tuple[Run, int]:
     prompt_path = not on_gpu and int4_prompts.covers(packed.shape[0])
     if not on_gpu and native_int4.covers(*groups.shape, group):  # the kernel keeps the scales in its own order
         native = native_int4.Int4Matmul(packed, scales_and_zeros, group)
+        if native.on_amx:
+            return native, nbytes
         return _beside_prompt_path(native, packed, native.scales_and_zeros, prompt_path, group), nbytes
 
     def few_rows(x: torch.Tensor) -> torch.Tensor:

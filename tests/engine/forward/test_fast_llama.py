@@ -12,8 +12,8 @@ import torch
 from engine.chat.chat_template import ChatTemplate
 from engine.chat.generation import CachedSequence, DecodeLoop, feed
 from engine.forward.fast_llama import FastLlama, FastLlamaBackend
-from engine.forward.native.build import library as native_kernels
 from engine.forward.static_cache import GROW_CHUNK
+from engine.forward.native import int4_matmul as native_int4
 from engine.forward.weights import int4_prompts
 from engine.models.loading import LoadPlan, wrap_model
 from engine.models.random_models import build_hf_model, byte_tokenizer
@@ -140,17 +140,17 @@ def test_rotations_equal_transformers_rotary_embedding(hf_model, rope):
 
 
 def test_a_4bit_prompt_on_amx_multiplies_and_attends_in_bf16_within_its_rounding(hf_model, tokenizer, monkeypatch):
-    """Where 4-bit layers' prompts multiply in bf16 (AMX's tiles, ``int4_prompts``), a long prompt's attention runs
+    """Where 4-bit layers' prompts multiply in bf16 (AMX's tiles, ``native.int4_matmul``), a long prompt's attention runs
     in bf16 too: its last logits move from the exact sums' (the fp32 path) by under a tenth of what the 4-bit weights
     themselves move them from fp32's (this random tiny model is chaotic: 62 % and 3 % measured); an fp32 model's
     prompt stays exactly fp32."""
-    if native_kernels() is None:
-        pytest.skip("the bf16 path dequantizes in Hearth's kernels, not built here")
+    if not native_int4.runs_on_amx():
+        pytest.skip("no AMX bf16 tiles here")
     prompt = [(7 * i) % 200 + 3 for i in range(300)]  # past the attention kernel's chunk: SDPA under a mask
     monkeypatch.setattr(int4_prompts, "has_int8_dot", lambda: False)  # without AMX: exact fp32 sums
 
     def last_logits(precision: str, amx: bool) -> torch.Tensor:
-        monkeypatch.setattr(int4_prompts, "runs_in_bf16", lambda: amx)
+        monkeypatch.setattr(native_int4, "runs_on_amx", lambda: amx)
         backend = _fast(hf_model, tokenizer, precision).backend
         return feed(backend, CachedSequence(backend.new_cache()), prompt)
 

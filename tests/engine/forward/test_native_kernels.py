@@ -21,11 +21,13 @@ from engine.forward.native.decode_attention import ChunkRuns, DecodeRuns
 from engine.forward.native.int4_matmul import Int4Matmul
 from engine.forward.native.int8_matmul import Int8Matmul
 from engine.forward.native.norm import rms_norm, swiglu
+from engine.forward.native.scratch import Scratch
 from engine.forward.weights.quant_int import dequantize_int4, int4_groups_of, pack_quantized
 from engine.forward.weights.row_chunks import RowChunks
 
 REPO = Path(__file__).resolve().parents[3]
 needs_kernels = pytest.mark.skipif(build.library() is None, reason="no AVX-512 VNNI/VBMI or no C compiler here")
+needs_amx = pytest.mark.skipif(not native_int4.runs_on_amx(), reason="no AMX bf16 tiles (or no kernels) here")
 
 
 def _dequantized(groups) -> torch.Tensor:
@@ -64,8 +66,29 @@ def test_int4_rows_are_their_rounded_codes_times_the_dequantized_weight(length, 
     torch.manual_seed(length)
     groups = int4_groups_of(torch.randn(192, 160) * 0.05)  # 3 blocks of 64 rows, 5 groups of 32
     multiply = Int4Matmul(groups.cpu_packed(2), groups.scales_and_zeros.to(torch.bfloat16).contiguous(), 32)
+    multiply.on_amx = False  # the int4 kernel's own rows, even where AMX would take 16
     x = torch.randn(length, 160) * torch.logspace(-2, 1, 160)  # groups of very different sizes
     _multiplied_as_in_a_step(multiply, x, _dequantized(groups), sequences)
+
+
+@needs_amx
+@pytest.mark.parametrize("length", [native_int4.AMX_ROWS, 40, 77])
+def test_int4_rows_on_amx_tiles_are_their_bf16_rounding_times_each_weight_rounded_once(length):
+    """From ``AMX_ROWS`` rows on, a call multiplies on AMX's tiles: the activations rounded to bf16 times each
+    weight rounded once to bf16, summed in fp32 (rows past a tile's 16 and a pass's 32 included); fewer rows keep
+    the int4 kernel."""
+    torch.manual_seed(length)
+    groups = int4_groups_of(torch.randn(192, 320) * 0.05)  # 6 strips of 32 weight rows, 10 groups
+    multiply = Int4Matmul(groups.cpu_packed(2), groups.scales_and_zeros.to(torch.bfloat16).contiguous(), 32)
+    x = torch.randn(length, 320) * torch.logspace(-2, 1, 320)
+    weight = _dequantized(groups)
+    rounded = x.bfloat16().double() @ weight.bfloat16().double().t()
+    got = multiply(x)
+    assert multiply.on_amx and ((got - rounded).abs().max() / rounded.abs().max()).item() < 1e-5
+    exact = x @ weight.t()
+    assert ((got - exact).norm() / exact.norm()).item() < 1e-2
+    fewer = x[: native_int4.AMX_ROWS - 1]
+    assert not torch.allclose(multiply(fewer).double(), rounded[: len(fewer)], rtol=0, atol=1e-6 * rounded.abs().max())
 
 
 @needs_kernels
@@ -242,3 +265,14 @@ def test_a_damaged_library_in_the_cache_is_built_again(monkeypatch, tmp_path):
     loads = [sys.executable, "-c", "from engine.forward.native.build import library; print(library() is not None)"]
     result = subprocess.run(loads, capture_output=True, text=True, timeout=300, cwd=REPO, check=True)
     assert result.stdout.strip() == "True" and cached.stat().st_size > 1000
+
+
+def test_a_scratch_made_under_inference_mode_serves_a_call_outside_it():
+    """The scratch buffers are shared: one a model's forward pass made (under inference mode) is made again for a
+    call outside it, which could not write it."""
+    scratch = Scratch(torch.float32)
+    with torch.inference_mode():
+        scratch.take(64).fill_(1.0)
+    outside = scratch.take(64)
+    outside.fill_(2.0)
+    assert not outside.is_inference() and torch.equal(outside, torch.full((64,), 2.0))

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from engine.forward.fast_llama import FastLlama
+from engine.forward.native import int4_matmul as native_int4
 from engine.forward.native import int8_matmul as native_int8
-from engine.forward.native.build import library as native_kernels
 from engine.forward.weights.quant import Linear, few_rows
 from engine.forward.weights import int4_prompts
 from engine.forward.weights.cpu_int4_layout import codes_from_packed, packed_from_codes
@@ -67,47 +67,35 @@ def test_the_cpu_packing_lays_the_codes_out_as_the_kernels_own_op_does(rows: int
         assert torch.equal(codes_from_packed(expected), codes)
 
 
-PROMPT_PATHS = {"bf16": (True, True), "int8": (False, True), "fp32": (False, False)}  # has_bf16_matmul, has_int8_dot
+PROMPT_PATHS = {"amx": (True, True), "int8": (False, True), "fp32": (False, False)}  # runs_on_amx, has_int8_dot
 
 
 @pytest.mark.parametrize("path", PROMPT_PATHS)
 @pytest.mark.parametrize("rows, width", [(192, 256), (64, 1536)])
 def test_a_prompt_over_4bit_weights_multiplies_within_a_percent_and_few_rows_keep_the_kernel(
         rows, width, path, monkeypatch):
-    """From ``prompt_rows()`` rows on, the packed weights are unpacked block by block (here three blocks of 64 rows,
-    or one): into bf16 where the CPU has AMX's bf16 tiles; into int8, multiplied with two int8 codes per activation,
-    where it has int8 dot products, so a channel 100x the others' stays exact; else into fp32, which is exact."""
-    bf16, int8_dot = PROMPT_PATHS[path]
-    if bf16 and native_kernels() is None:
-        pytest.skip("the bf16 path dequantizes in Hearth's kernels, not built here")
-    for scratch in ("SCRATCH_WEIGHTS", "FP32_SCRATCH_WEIGHTS", "BF16_SCRATCH_WEIGHTS"):
+    """From ``PROMPT_ROWS`` rows on, a prompt multiplies on AMX's bf16 tiles where the CPU has them (Hearth's int4
+    kernel); else the packed weights are unpacked block by block (here three blocks of 64 rows, or one): into int8,
+    multiplied with two int8 codes per activation, where it has int8 dot products, so a channel 100x the others'
+    stays exact; else into fp32, which is exact."""
+    amx, int8_dot = PROMPT_PATHS[path]
+    if amx and not native_int4.runs_on_amx():
+        pytest.skip("no AMX bf16 tiles here")
+    for scratch in ("SCRATCH_WEIGHTS", "FP32_SCRATCH_WEIGHTS"):
         monkeypatch.setattr(int4_prompts, scratch, 64 * 256)
-    monkeypatch.setattr(int4_prompts, "has_bf16_matmul", lambda: bf16)
+    monkeypatch.setattr(native_int4, "runs_on_amx", lambda: amx)
     monkeypatch.setattr(int4_prompts, "has_int8_dot", lambda: int8_dot)
     generator = torch.Generator().manual_seed(rows)
     q, scales_and_zeros = quantize_int4(torch.randn(rows, width, generator=generator), CPU_INT4_GROUP)
     scales_and_zeros = scales_and_zeros.to(torch.bfloat16)
     run, _ = _int4_packed(Int4Groups(q.to(torch.uint8), scales_and_zeros, CPU_INT4_GROUP), 2)
     weight = dequantize_int4(q, scales_and_zeros.float(), CPU_INT4_GROUP)  # [N, K]
-    prompt, few = torch.randn(int4_prompts.prompt_rows(), width, generator=generator), torch.randn(8, width)
+    prompt, few = torch.randn(int4_prompts.PROMPT_ROWS, width, generator=generator), torch.randn(8, width)
     prompt[:, 5] *= 100
     exact = prompt @ weight.T
     assert (run(prompt) - exact).norm() < (1e-6 if path == "fp32" else 0.01) * exact.norm()
     kernel_error = (run(few) - few @ weight.T).abs().max()
     assert 1e-3 < kernel_error < 0.5, "few rows stay on the int4 kernel, with its bf16 activations"
-
-
-@pytest.mark.skipif(native_kernels() is None, reason="Hearth's kernels are not built here")
-def test_4bit_blocks_dequantize_to_bf16_as_the_exact_weights_round():
-    """The bf16 prompt path's C pass: blocks 1 and 2 of three, each weight its fp32 value rounded once to bf16."""
-    rows, width = 192, 512
-    generator = torch.Generator().manual_seed(3)
-    q, scales_and_zeros = quantize_int4(torch.randn(rows, width, generator=generator), CPU_INT4_GROUP)
-    scales_and_zeros = scales_and_zeros.to(torch.bfloat16)
-    packed = packed_from_codes(q.to(torch.uint8), 1)
-    got = int4_prompts._bf16_weights(packed, scales_and_zeros[:, 64:], CPU_INT4_GROUP, 64, rows)  # [K, 128]
-    exact = dequantize_int4(q, scales_and_zeros.float(), CPU_INT4_GROUP)[64:]  # [128, K] fp32
-    assert torch.equal(got, exact.t().to(torch.bfloat16))
 
 
 def test_an_int4_pair_holds_a_weight_to_a_fifteenth_of_a_4bit_step_in_twice_the_bytes(monkeypatch):
@@ -299,14 +287,3 @@ def test_a_large_prompt_only_fp16_copy_runs_on_onednn_within_fp16_rounding_and_s
     got = loud(huge)
     assert expected.abs().max() > 65504 and torch.isfinite(got).all()
     assert ((got - expected).abs() <= 1e-3 * expected.abs().max()).all()
-
-
-def test_a_prompt_scratch_made_under_inference_mode_serves_a_call_outside_it():
-    """The scratch buffers are shared: one a model's forward pass made (under inference mode) is made again for a
-    call outside it, which could not write it."""
-    scratch = int4_prompts._Scratch(torch.float32)
-    with torch.inference_mode():
-        scratch.take(64).fill_(1.0)
-    outside = scratch.take(64)
-    outside.fill_(2.0)
-    assert not outside.is_inference() and torch.equal(outside, torch.full((64,), 2.0))
