@@ -8,7 +8,10 @@ runs into index tensors once; its ``attend`` runs all of them and every kv head 
 layer in one call, the softmax's running maximum kept per query head (one pass over the
 positions). ``ChunkRuns`` does the same for a short prompt chunk (the tokens a step
 takes beside decoding rows), each row seeing the positions up to its own: there SDPA
-cost 1.05 ms a layer for 16 rows 2 000 positions deep, the kernel 0.66.
+cost 1.05 ms a layer for 16 rows 2 000 positions deep, the kernel 0.66. Where a model's
+prompts already run in bf16 on AMX's tiles (``fast_llama._prompt_attention_dtype``), a
+chunk runs on them too (``on_tiles``): queries, keys, values and weights rounded to bf16,
+sums in fp32.
 """
 
 from __future__ import annotations
@@ -21,6 +24,12 @@ import torch
 from engine.forward.native.build import LANES, address, library
 
 MAX_GROUPS, MAX_HEAD_DIM = 16, 256  # the kernel's per-task arrays (``kernels.c``)
+TILE_DIMS, MAX_TILE_HEAD_DIM = 32, 128  # the tile kernel's head dimensions: whole tile rows, at most its arrays'
+
+
+def tiles_cover(head_dim: int) -> bool:
+    """Whether a chunk of heads of ``head_dim`` may attend on AMX's tiles (``ChunkRuns.on_tiles``)."""
+    return head_dim % TILE_DIMS == 0 and head_dim <= MAX_TILE_HEAD_DIM
 
 
 def covers(heads: int, kv_heads: int, head_dim: int) -> bool:
@@ -74,16 +83,20 @@ class ChunkRuns:
     count: int
     start: int
     bounds: torch.Tensor  # [runs, 2] int32
+    on_tiles: bool = False  # in bf16 on AMX's tiles (only where ``int4_matmul.runs_on_amx`` and ``tiles_cover``)
 
     @staticmethod
-    def of(first_row: int, count: int, start: int, runs: tuple[slice, ...]) -> ChunkRuns:
-        return ChunkRuns(first_row, count, start, _bounds(runs))
+    def of(first_row: int, count: int, start: int, runs: tuple[slice, ...], on_tiles: bool = False) -> ChunkRuns:
+        return ChunkRuns(first_row, count, start, _bounds(runs), on_tiles)
 
     def attend(self, q: torch.Tensor, out: torch.Tensor, layer_kv: torch.Tensor) -> None:
         """``q`` [R, H, hd] (already scaled) over ``layer_kv`` [2, Hkv, P, hd] into ``out`` [R, H, hd] (all
         contiguous), at the chunk's rows only."""
         _, heads, head_dim = q.shape
         kv_heads, positions = layer_kv.shape[1], layer_kv.shape[2]
-        library().chunk_attention(address(q), address(out), address(layer_kv), self.first_row, self.count,
-                                  self.start, self.bounds.data_ptr(), len(self.bounds), heads, kv_heads, head_dim,
-                                  positions)
+        arguments = (address(q), address(out), address(layer_kv), self.first_row, self.count, self.start,
+                     self.bounds.data_ptr(), len(self.bounds), heads, kv_heads, head_dim, positions)
+        if self.on_tiles:
+            library().chunk_attention_amx(*arguments, torch.get_num_threads())
+        else:
+            library().chunk_attention(*arguments)

@@ -386,6 +386,22 @@ void swiglu(const float *gate_up, int rows, int width, float *out) {
 #define KEYS_AT_ONCE 8    /* positions scored together: 16 running sums beside the two query vectors */
 #define DIMS_AT_ONCE 8    /* value dimensions summed together, likewise */
 
+/* The scores of `m` (at most KEYS_AT_ONCE) consecutive keys against a chunk task's queries: sums[p][v]. Inlined
+   with m a constant for whole groups of keys, so that the sums stay in registers. */
+static inline __attribute__((always_inline)) void score_keys(const float *keys, int m, int head_dim,
+                                                             const float (*qt)[CHUNK_QUERIES],
+                                                             __m512 sums[KEYS_AT_ONCE][2]) {
+    for (int p = 0; p < KEYS_AT_ONCE; p++) sums[p][0] = sums[p][1] = _mm512_setzero_ps();
+    for (int d = 0; d < head_dim; d++) {
+        __m512 q0 = _mm512_load_ps(qt[d]), q1 = _mm512_load_ps(qt[d] + 16);
+        for (int p = 0; p < m; p++) {
+            __m512 k = _mm512_set1_ps(keys[p * head_dim + d]);
+            sums[p][0] = _mm512_fmadd_ps(q0, k, sums[p][0]);
+            sums[p][1] = _mm512_fmadd_ps(q1, k, sums[p][1]);
+        }
+    }
+}
+
 /* Runs a chunk task's score and value sums over the positions slot .. slot + n - 1 (logical positions logical ..).
    qt [hd][32]: the task's queries, transposed; acc [hd][32]: its weighted values; best, total: per query. */
 static void chunk_tile(const float *keys, const float *values, int64_t slot, int n, int64_t logical, int head_dim,
@@ -395,15 +411,10 @@ static void chunk_tile(const float *keys, const float *values, int64_t slot, int
     for (int p0 = 0; p0 < n; p0 += KEYS_AT_ONCE) {
         int m = n - p0 < KEYS_AT_ONCE ? n - p0 : KEYS_AT_ONCE;
         __m512 sums[KEYS_AT_ONCE][2];
-        for (int p = 0; p < KEYS_AT_ONCE; p++) sums[p][0] = sums[p][1] = _mm512_setzero_ps();
-        for (int d = 0; d < head_dim; d++) {
-            __m512 q0 = _mm512_load_ps(qt[d]), q1 = _mm512_load_ps(qt[d] + 16);
-            for (int p = 0; p < m; p++) {
-                __m512 k = _mm512_set1_ps(keys[(slot + p0 + p) * head_dim + d]);
-                sums[p][0] = _mm512_fmadd_ps(q0, k, sums[p][0]);
-                sums[p][1] = _mm512_fmadd_ps(q1, k, sums[p][1]);
-            }
-        }
+        if (m == KEYS_AT_ONCE)
+            score_keys(keys + (slot + p0) * head_dim, KEYS_AT_ONCE, head_dim, qt, sums);
+        else
+            score_keys(keys + (slot + p0) * head_dim, m, head_dim, qt, sums);
         for (int p = 0; p < m; p++)
             for (int v = 0; v < 2; v++) {  /* a query sees the positions before its limit */
                 __mmask16 seen = _mm512_cmpgt_epi32_mask(limit[v], _mm512_set1_epi32((int)(logical + p0 + p)));
@@ -669,6 +680,210 @@ static AMX_TARGET void strip_product(const uint16_t *x, int count, int width, co
 }
 #undef STORE_SUMS
 #endif
+
+#ifdef HAS_AMX
+/* rows[i] lane j becomes rows[j] lane i (16 x 16 32-bit lanes): three rounds of interleaving. */
+static inline __attribute__((always_inline)) void transpose_16x16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
+        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
+        r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
+    }
+}
+
+/* Two fp32 vectors as one of bf16 pairs: lane i holds (a[i], b[i]), a in the low half. */
+static inline __attribute__((always_inline)) AMX_TARGET __m512i bf16_pairs(__m512 a, __m512 b) {
+    uint16_t index[32];
+    for (int i = 0; i < 16; i++) index[2 * i] = (uint16_t)i, index[2 * i + 1] = (uint16_t)(16 + i);
+    return _mm512_permutexvar_epi16(_mm512_loadu_si512(index), (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}
+
+#define ATT_BLOCK 32      /* positions a block of the tile attention takes: a tile row of bf16 */
+#define ATT_MAX_TILES 8   /* query tiles (16 queries each) of one kv head a task takes */
+#define ATT_MAX_DIM 128   /* head dimensions the tile attention takes */
+
+/* A task's queries: tile i's lane j is query (tile0 + i) * 16 + j of the kv head, that is query head h * groups +
+   its index % groups of row first_row + its index / groups; a lane past the chunk's queries is zero. */
+typedef struct {
+    uint32_t transposed[ATT_MAX_TILES][ATT_MAX_DIM / 32][16][16];  /* B tiles: (q[2r], q[2r + 1]) at [c][r][lane] */
+    float sums[ATT_MAX_TILES][ATT_MAX_DIM][16];  /* the weighted values, transposed: [dimension][lane] */
+    __m512 best[ATT_MAX_TILES], total[ATT_MAX_TILES];
+    __m512i limit[ATT_MAX_TILES];  /* positions each lane sees */
+} tile_queries;
+
+static AMX_TARGET void load_tile_queries(const float *q, int first_row, int count, int start, int heads, int groups,
+                                         int h, int head_dim, int tile0, int tiles, tile_queries *queries) {
+    for (int i = 0; i < tiles; i++) {
+        int32_t limits[16];
+        for (int c = 0; c < head_dim / 32; c++) {
+            __m512i rows[16];
+            for (int j = 0; j < 16; j++) {
+                const int index = (tile0 + i) * 16 + j, row = index / groups;
+                if (row < count) {
+                    const float *query = q + ((size_t)(first_row + row) * heads + (size_t)h * groups + index % groups)
+                                                 * head_dim + 32 * c;
+                    rows[j] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(query + 16), _mm512_loadu_ps(query));
+                } else {
+                    rows[j] = _mm512_setzero_si512();
+                }
+                limits[j] = row < count ? start + row + 1 : 1 << 30;  /* padding lanes see everything */
+            }
+            transpose_16x16(rows);
+            for (int r = 0; r < 16; r++) _mm512_storeu_si512(queries->transposed[i][c][r], rows[r]);
+        }
+        queries->limit[i] = _mm512_loadu_si512(limits);
+        queries->best[i] = _mm512_set1_ps(-INFINITY);
+        queries->total[i] = _mm512_setzero_ps();
+        memset(queries->sums[i], 0, sizeof queries->sums[i]);
+    }
+}
+
+/* One block of up to 32 positions (slots[p], logical positions logical + p; n of them) for a task's query tiles:
+   its keys as A tiles [16 positions, 32 dims] bf16 and its values transposed, A tiles [16 dims, 32 positions]; then
+   per tile the scores (keys times the transposed queries, [position][lane]), the running softmax, and the weighted
+   values (values transposed times the weights' pairs). */
+static AMX_TARGET void attend_block(const float *keys, const float *values, const int64_t *slots, int n,
+                                    int64_t logical, int head_dim, int tiles, tile_queries *queries) {
+    uint16_t key_rows[ATT_BLOCK][ATT_MAX_DIM] __attribute__((aligned(64)));
+    uint32_t values_t[ATT_MAX_DIM / 16][16][16] __attribute__((aligned(64)));
+    for (int p = 0; p < ATT_BLOCK; p++)
+        for (int c = 0; c < head_dim / 32; c++) {
+            __m512i pairs = _mm512_setzero_si512();
+            if (p < n) {
+                const float *key = keys + slots[p] * head_dim + 32 * c;
+                pairs = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(key + 16), _mm512_loadu_ps(key));
+            }
+            _mm512_store_si512(key_rows[p] + 32 * c, pairs);
+        }
+    for (int d0 = 0; d0 < head_dim / 16; d0++) {
+        __m512i rows[16];
+        for (int k = 0; k < 16; k++) {
+            __m512 even = 2 * k < n ? _mm512_loadu_ps(values + slots[2 * k] * head_dim + 16 * d0) : _mm512_setzero_ps();
+            __m512 odd = 2 * k + 1 < n ? _mm512_loadu_ps(values + slots[2 * k + 1] * head_dim + 16 * d0)
+                                       : _mm512_setzero_ps();
+            rows[k] = bf16_pairs(even, odd);
+        }
+        transpose_16x16(rows);
+        for (int d = 0; d < 16; d++) _mm512_store_si512(values_t[d0][d], rows[d]);
+    }
+    for (int i = 0; i < tiles; i++) {
+        float scores[ATT_BLOCK][16] __attribute__((aligned(64)));
+        for (int half = 0; half < 2; half++) {
+            _tile_zero(1);
+            for (int c = 0; c < head_dim / 32; c++) {
+                _tile_loadd(2, key_rows[16 * half] + 32 * c, ATT_MAX_DIM * 2);
+                _tile_loadd(3, queries->transposed[i][c], 64);
+                _tile_dpbf16ps(1, 2, 3);
+            }
+            _tile_stored(1, scores[16 * half], 64);
+        }
+        __m512 weight[ATT_BLOCK], most = queries->best[i];
+        for (int p = 0; p < ATT_BLOCK; p++) {
+            __mmask16 seen = p < n ? _mm512_cmpgt_epi32_mask(queries->limit[i], _mm512_set1_epi32((int)(logical + p)))
+                                   : 0;
+            weight[p] = _mm512_mask_blend_ps(seen, _mm512_set1_ps(-INFINITY), _mm512_load_ps(scores[p]));
+            most = _mm512_max_ps(most, weight[p]);
+        }
+        __m512 kept = exp_of_negative(_mm512_sub_ps(queries->best[i], most));  /* 0 at the first block */
+        __m512 total = _mm512_mul_ps(queries->total[i], kept);
+        for (int p = 0; p < ATT_BLOCK; p++) {
+            weight[p] = exp_of_negative(_mm512_sub_ps(weight[p], most));
+            total = _mm512_add_ps(total, weight[p]);
+        }
+        queries->best[i] = most;
+        queries->total[i] = total;
+        uint32_t weight_pairs[16][16] __attribute__((aligned(64)));
+        for (int k = 0; k < 16; k++) _mm512_store_si512(weight_pairs[k], bf16_pairs(weight[2 * k], weight[2 * k + 1]));
+        _tile_loadd(7, weight_pairs, 64);
+        for (int d0 = 0; d0 < head_dim / 16; d0++) {
+            float part[16][16] __attribute__((aligned(64)));
+            _tile_zero(0);
+            _tile_loadd(6, values_t[d0], 64);
+            _tile_dpbf16ps(0, 6, 7);
+            _tile_stored(0, part, 64);
+            for (int d = 0; d < 16; d++) {
+                float *sums = queries->sums[i][16 * d0 + d];
+                _mm512_storeu_ps(sums, _mm512_fmadd_ps(_mm512_loadu_ps(sums), kept, _mm512_load_ps(part[d])));
+            }
+        }
+    }
+}
+
+#endif
+
+/* chunk_attention on AMX's bf16 tiles (head_dim a multiple of 32, at most 128): queries, keys, values and the
+   softmax's weights rounded to bf16, sums in fp32. Each task takes one kv head and a few tiles of 16 of its
+   queries (rows times the query heads that share it), whose keys and values are converted once a block of 32
+   positions. Call only where amx_enable() returned 0. */
+AMX_TARGET void chunk_attention_amx(const float *q, float *out, const float *layer, int first_row, int count,
+                                    int start, const int32_t *runs, int run_count, int heads, int kv_heads,
+                                    int head_dim, int64_t positions, int threads) {
+#ifdef HAS_AMX
+    const int groups = heads / kv_heads, tiles = (count * groups + 15) / 16;
+    int per_head = (2 * threads + kv_heads - 1) / kv_heads;  /* tasks a kv head: two a thread or more */
+    int tiles_per_task = (tiles + per_head - 1) / per_head;
+    tiles_per_task = tiles_per_task < ATT_MAX_TILES ? tiles_per_task : ATT_MAX_TILES;
+    per_head = (tiles + tiles_per_task - 1) / tiles_per_task;
+    #pragma omp parallel num_threads(threads)
+    {
+        configure_tiles();
+        #pragma omp for collapse(2) schedule(static)
+        for (int h = 0; h < kv_heads; h++)
+            for (int t = 0; t < per_head; t++) {
+                const int tile0 = t * tiles_per_task;
+                const int task_tiles = tiles - tile0 < tiles_per_task ? tiles - tile0 : tiles_per_task;
+                tile_queries queries;
+                load_tile_queries(q, first_row, count, start, heads, groups, h, head_dim, tile0, task_tiles, &queries);
+                const float *keys = layer + (size_t)h * positions * head_dim;
+                const float *values = layer + ((size_t)kv_heads + h) * positions * head_dim;
+                const int last_row = ((tile0 + task_tiles) * 16 - 1) / groups;
+                const int64_t seen = start + (last_row < count ? last_row : count - 1) + 1;
+                int64_t slots[ATT_BLOCK], logical = 0;
+                int n = 0;
+                for (int j = 0; j < run_count && logical + n < seen; j++)
+                    for (int64_t slot = runs[2 * j]; slot < runs[2 * j + 1] && logical + n < seen; slot++) {
+                        slots[n++] = slot;
+                        if (n == ATT_BLOCK) {
+                            attend_block(keys, values, slots, n, logical, head_dim, task_tiles, &queries);
+                            logical += n;
+                            n = 0;
+                        }
+                    }
+                if (n > 0) attend_block(keys, values, slots, n, logical, head_dim, task_tiles, &queries);
+                for (int i = 0; i < task_tiles; i++) {
+                    float totals[16];
+                    _mm512_storeu_ps(totals, queries.total[i]);
+                    for (int j = 0; j < 16; j++) {
+                        const int index = (tile0 + i) * 16 + j, row = index / groups;
+                        if (row >= count) break;
+                        float *target = out + ((size_t)(first_row + row) * heads + (size_t)h * groups + index % groups)
+                                                  * head_dim;
+                        for (int d = 0; d < head_dim; d++) target[d] = queries.sums[i][d][j] / totals[j];
+                    }
+                }
+            }
+        _tile_release();
+    }
+#endif
+}
 
 /* y [count, N] fp32 = x [count, K] . W^T on AMX's bf16 tiles, W [N, K] in the int4 layout (int4_matmul's
    arguments; group and K multiples of 32). x: bf16, its rows padded with readable ones to a multiple of 32.
