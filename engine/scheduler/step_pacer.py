@@ -23,11 +23,12 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-PACE_RATIO = 3.0
-"""A step with prompt tokens within this many decode-only steps, in forward time alone: the target's own 3 times the
-median inter-token time at the 99th percentile, which each step's sampling and streaming (the same in every step)
-keep a little under. Taking turns, 2.8 gave a p99 of 3.13 and 3.14 times the median with the prompt's first token
-1.82 and 1.95 times later than alone, 3.1 gave 3.35 and 1.82, 2.5 gave 2.86 and 2.79."""
+PACE_RATIO = 2.7
+"""A step with prompt tokens within this many decode-only steps, in forward time alone: under the target's 3 times the
+median inter-token time at the 99th percentile, which is about the slowest step of a join (7 streams' gaps a step).
+The margin is for steps the machine slows. 2-core Sapphire Rapids with AMX tiles, medians of 3 rounds: 3.0 gave a
+p99 of 3.14 times the median (2.90-3.42) with the prompt's first token 1.75 times later than alone; 2.7 gave 2.80
+(2.70-2.84) and 1.65 (1.39-2.15)."""
 AVERAGE = 0.5  # the newest step's weight in the moving averages (a cheaper prompt token's)
 BASELINE_STEPS = 9  # decode-only steps of one size whose median is the baseline
 SMALL_CHUNK_COST = 2.0
