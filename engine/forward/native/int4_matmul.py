@@ -34,10 +34,11 @@ from engine.host.cpu_features import has_bf16_matmul
 CODES_PER_DOT = 4  # activations a 32-bit lane of ``vpdpbusd`` takes
 AMX_DEPTH = 32  # columns one tile product sums: K and a group whole multiples of it
 AMX_ROW_PASS = 32  # activation rows a pass of tile products takes: the rows are padded to a multiple of it
-AMX_ROWS = 12
-"""Rows from which a call takes the tiles: SmolLM2-135M's four matrices of a layer (2-core Sapphire Rapids) took
-0.33 ms at 8 rows on the int4 kernel against 0.50 on the tiles, 0.63 against 0.43 at 12, 1.11 against 0.50 at 32.
-The tiles cost about the same from 1 to 32 rows: dequantizing the strips is most of a small call."""
+AMX_ROWS = 14
+"""Rows from which a call takes the tiles: SmolLM2-135M's 120 matmuls of a step, layer after layer (2-core Sapphire
+Rapids, medians of 8 turns), took 19.2 ms at 8 rows on the int4 kernel against 27.8 on the tiles, 26.5 against 28.7
+at 12, 33.5 against 29.6 at 16, 62.0 against 34.7 at 32. Dequantizing the strips is most of a small call, so the
+tiles cost about the same from 1 row to 32."""
 _AMX_ACTIVATIONS, _AMX_TILES = Scratch(torch.bfloat16), Scratch(torch.bfloat16)
 
 
