@@ -598,32 +598,39 @@ static AMX_TARGET void configure_tiles(void) {
     _tile_loadconfig(&config);
 }
 
-/* One strip of a block, weight rows 32 * half .. + 31 (the low nibbles of its bytes, or the high), as B tiles:
-   tiles [K / 32, 2, 16, 32] bf16, tile c of step t holding rows 16c .. 16c + 15 of the strip at columns
-   32t .. 32t + 31, column pairs (2r, 2r + 1) in row r, a 32-bit lane a weight row. Each weight is
-   (q - 8) * scale + zero in fp32, rounded once to bf16. */
-static AMX_TARGET void strip_to_tiles(const uint8_t *block, const uint16_t *block_pairs, int width, int group,
-                                      int half, uint16_t *tiles) {
+/* Two fp32 vectors as one of bf16 pairs: lane i holds (a[i], b[i]), a in the low half. */
+static inline __attribute__((always_inline)) AMX_TARGET __m512i bf16_pairs(__m512 a, __m512 b) {
     uint16_t index[32];
     for (int i = 0; i < 16; i++) index[2 * i] = (uint16_t)i, index[2 * i + 1] = (uint16_t)(16 + i);
-    const __m512i interleave = _mm512_loadu_si512(index), nibble = _mm512_set1_epi32(0x0F);
-    for (int t = 0; t < width / AMX_DEPTH; t++) {
-        const uint16_t *pairs = block_pairs + (size_t)(t * AMX_DEPTH / group) * BLOCK_ROWS * 2;
-        for (int c = 0; c < 2; c++) {
-            __m512 scale, offset;
-            group_scale_and_offset(pairs, 2 * half + c, &scale, &offset);
-            uint16_t *tile = tiles + ((size_t)t * 2 + c) * TILE_VALUES;
-            for (int r = 0; r < AMX_ROWS; r++) {
-                const uint8_t *column = block + (size_t)(t * AMX_DEPTH + 2 * r) * 32 + 16 * c;
-                __m512i first = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)column));
-                __m512i second = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(column + 32)));
-                first = half ? _mm512_srli_epi32(first, 4) : _mm512_and_si512(first, nibble);
-                second = half ? _mm512_srli_epi32(second, 4) : _mm512_and_si512(second, nibble);
-                __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(first), scale, offset);
-                __m512 b = _mm512_fmadd_ps(_mm512_cvtepi32_ps(second), scale, offset);
-                __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a);  /* a's 16 values, then b's */
-                _mm512_storeu_si512(tile + 32 * r, _mm512_permutexvar_epi16(interleave, both));
-            }
+    return _mm512_permutexvar_epi16(_mm512_loadu_si512(index), (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}
+
+/* The weights of one strip: rows 32 * half .. + 31 of a block (the low nibbles of its bytes, or the high). */
+typedef struct {
+    const uint8_t *block;
+    const uint16_t *block_pairs;
+    int group, half;
+} weight_strip;
+
+/* Columns 32t .. 32t + 31 of a strip as two B tiles, tiles [2, 16, 32] bf16: tile c holds the strip's rows
+   16c .. 16c + 15, column pairs (2r, 2r + 1) in row r, a 32-bit lane a weight row. Each weight is
+   (q - 8) * scale + zero in fp32, rounded once to bf16. */
+static inline __attribute__((always_inline)) AMX_TARGET void step_to_tiles(weight_strip strip, int t,
+                                                                          uint16_t *tiles) {
+    const __m512i nibble = _mm512_set1_epi32(0x0F);
+    const uint16_t *pairs = strip.block_pairs + (size_t)(t * AMX_DEPTH / strip.group) * BLOCK_ROWS * 2;
+    for (int c = 0; c < 2; c++) {
+        __m512 scale, offset;
+        group_scale_and_offset(pairs, 2 * strip.half + c, &scale, &offset);
+        for (int r = 0; r < AMX_ROWS; r++) {
+            const uint8_t *column = strip.block + (size_t)(t * AMX_DEPTH + 2 * r) * 32 + 16 * c;
+            __m512i first = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)column));
+            __m512i second = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(column + 32)));
+            first = strip.half ? _mm512_srli_epi32(first, 4) : _mm512_and_si512(first, nibble);
+            second = strip.half ? _mm512_srli_epi32(second, 4) : _mm512_and_si512(second, nibble);
+            __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(first), scale, offset);
+            __m512 b = _mm512_fmadd_ps(_mm512_cvtepi32_ps(second), scale, offset);
+            _mm512_storeu_si512(tiles + c * TILE_VALUES + 32 * r, bf16_pairs(a, b));
         }
     }
 }
@@ -642,40 +649,39 @@ static AMX_TARGET void strip_to_tiles(const uint8_t *block, const uint16_t *bloc
     } while (0)
 
 /* y [count, rows] columns col0 .. col0 + 31 = x [count, K] (bf16, its rows padded to a multiple of 32 and readable)
-   times one strip's tiles: 32 rows at a time over all of K, or 16 for the last few. */
-static AMX_TARGET void strip_product(const uint16_t *x, int count, int width, const uint16_t *tiles, float *y,
-                                     int rows, int col0) {
+   times one strip: 32 rows at a time over all of K, or 16 for the last few. The first pass dequantizes each step's
+   tiles just before it multiplies them (the vector units' work beside the tiles'), into `tiles` [K / 32, 2, 16, 32],
+   where the later passes find them. */
+static AMX_TARGET void strip_product(const uint16_t *x, int count, int width, weight_strip strip, uint16_t *tiles,
+                                     float *y, int rows, int col0) {
     const size_t stride = (size_t)width * 2;
     for (int m = 0; m < count; m += 2 * AMX_ROWS) {
         const uint16_t *x_rows = x + (size_t)m * width;
+        const int two = count - m > AMX_ROWS;  /* a second tile of rows */
         _tile_zero(0);
         _tile_zero(1);
-        if (count - m > AMX_ROWS) {
-            _tile_zero(2);
-            _tile_zero(3);
-            for (int t = 0; t < width / AMX_DEPTH; t++) {
-                _tile_loadd(4, x_rows + t * AMX_DEPTH, stride);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int t = 0; t < width / AMX_DEPTH; t++) {
+            uint16_t *step = tiles + (size_t)t * 2 * TILE_VALUES;
+            if (m == 0) step_to_tiles(strip, t, step);
+            _tile_loadd(4, x_rows + t * AMX_DEPTH, stride);
+            _tile_loadd(6, step, 64);
+            _tile_loadd(7, step + TILE_VALUES, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            if (two) {
                 _tile_loadd(5, x_rows + AMX_ROWS * width + t * AMX_DEPTH, stride);
-                _tile_loadd(6, tiles + (size_t)t * 2 * TILE_VALUES, 64);
-                _tile_loadd(7, tiles + (size_t)t * 2 * TILE_VALUES + TILE_VALUES, 64);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
                 _tile_dpbf16ps(2, 5, 6);
                 _tile_dpbf16ps(3, 5, 7);
-            }
-            STORE_SUMS(2, m + AMX_ROWS, col0);
-            STORE_SUMS(3, m + AMX_ROWS, col0 + 16);
-        } else {
-            for (int t = 0; t < width / AMX_DEPTH; t++) {
-                _tile_loadd(4, x_rows + t * AMX_DEPTH, stride);
-                _tile_loadd(6, tiles + (size_t)t * 2 * TILE_VALUES, 64);
-                _tile_loadd(7, tiles + (size_t)t * 2 * TILE_VALUES + TILE_VALUES, 64);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
             }
         }
         STORE_SUMS(0, m, col0);
         STORE_SUMS(1, m, col0 + 16);
+        if (two) {
+            STORE_SUMS(2, m + AMX_ROWS, col0);
+            STORE_SUMS(3, m + AMX_ROWS, col0 + 16);
+        }
     }
 }
 #undef STORE_SUMS
@@ -707,13 +713,6 @@ static inline __attribute__((always_inline)) void transpose_16x16(__m512i r[16])
         r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
         r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
     }
-}
-
-/* Two fp32 vectors as one of bf16 pairs: lane i holds (a[i], b[i]), a in the low half. */
-static inline __attribute__((always_inline)) AMX_TARGET __m512i bf16_pairs(__m512 a, __m512 b) {
-    uint16_t index[32];
-    for (int i = 0; i < 16; i++) index[2 * i] = (uint16_t)i, index[2 * i + 1] = (uint16_t)(16 + i);
-    return _mm512_permutexvar_epi16(_mm512_loadu_si512(index), (__m512i)_mm512_cvtne2ps_pbh(b, a));
 }
 
 #define ATT_BLOCK 32      /* positions a block of the tile attention takes: a tile row of bf16 */
@@ -887,11 +886,13 @@ AMX_TARGET void chunk_attention_amx(const float *q, float *out, const float *lay
 
 /* y [count, N] fp32 = x [count, K] . W^T on AMX's bf16 tiles, W [N, K] in the int4 layout (int4_matmul's
    arguments; group and K multiples of 32). x: bf16, its rows padded with readable ones to a multiple of 32.
-   A strip of 32 weight rows at a time is dequantized once into a thread's tiles in cache and meets every
-   activation row there: no weight goes to memory, and nothing needs reordering. scratch: K * 64 bytes for each of
-   `threads` threads. Call only where amx_enable() returned 0. */
-AMX_TARGET void int4_matmul_amx(const uint16_t *x, int count, int width, const uint8_t *packed, const uint16_t *scales_and_zeros,
-                                int rows, int group, int threads, uint16_t *scratch, float *y) {
+   A strip of 32 weight rows at a time is dequantized once into a thread's tiles in cache (a step of 32 columns
+   just before its first tile products) and meets every activation row there: no weight goes to memory, and
+   nothing needs reordering. scratch: K * 64 bytes for each of `threads` threads. Call only where amx_enable()
+   returned 0. */
+AMX_TARGET void int4_matmul_amx(const uint16_t *x, int count, int width, const uint8_t *packed,
+                                const uint16_t *scales_and_zeros, int rows, int group, int threads,
+                                uint16_t *scratch, float *y) {
 #ifdef HAS_AMX
     const int strips = rows / STRIP, groups = width / group;
     #pragma omp parallel num_threads(threads)
@@ -901,9 +902,9 @@ AMX_TARGET void int4_matmul_amx(const uint16_t *x, int count, int width, const u
         #pragma omp for schedule(static)
         for (int s = 0; s < strips; s++) {
             const int b = s / 2;
-            strip_to_tiles(packed + (size_t)b * BLOCK_ROWS * (width / 2),
-                           scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2, width, group, s % 2, tiles);
-            strip_product(x, count, width, tiles, y, rows, s * STRIP);
+            weight_strip strip = {packed + (size_t)b * BLOCK_ROWS * (width / 2),
+                                  scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2, group, s % 2};
+            strip_product(x, count, width, strip, tiles, y, rows, s * STRIP);
         }
         _tile_release();
     }
