@@ -96,7 +96,4 @@ class ChunkRuns:
         kv_heads, positions = layer_kv.shape[1], layer_kv.shape[2]
         arguments = (address(q), address(out), address(layer_kv), self.first_row, self.count, self.start,
                      self.bounds.data_ptr(), len(self.bounds), heads, kv_heads, head_dim, positions)
-        if self.on_tiles:
-            library().chunk_attention_amx(*arguments, torch.get_num_threads())
-        else:
-            library().chunk_attention(*arguments)
+        (library().chunk_attention_amx if self.on_tiles else library().chunk_attention)(*arguments)

@@ -21,9 +21,9 @@ dequantized copy spent most of a small call on.
 
 from __future__ import annotations
 
-import torch
-
 import functools
+
+import torch
 
 from engine.forward.native import activation_codes
 from engine.forward.native.build import activation_scratch, address, library

@@ -685,9 +685,7 @@ static AMX_TARGET void strip_product(const uint16_t *x, int count, int width, we
     }
 }
 #undef STORE_SUMS
-#endif
 
-#ifdef HAS_AMX
 /* rows[i] lane j becomes rows[j] lane i (16 x 16 32-bit lanes): three rounds of interleaving. */
 static inline __attribute__((always_inline)) void transpose_16x16(__m512i r[16]) {
     __m512i t[16];
@@ -715,6 +713,11 @@ static inline __attribute__((always_inline)) void transpose_16x16(__m512i r[16])
     }
 }
 
+/* 32 fp32 values as bf16, in order: one tile row. */
+static inline __attribute__((always_inline)) AMX_TARGET __m512i bf16_row(const float *values) {
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(values + 16), _mm512_loadu_ps(values));
+}
+
 #define ATT_BLOCK 32      /* positions a block of the tile attention takes: a tile row of bf16 */
 #define ATT_MAX_TILES 8   /* query tiles (16 queries each) of one kv head a task takes */
 #define ATT_MAX_DIM 128   /* head dimensions the tile attention takes */
@@ -728,22 +731,27 @@ typedef struct {
     __m512i limit[ATT_MAX_TILES];  /* positions each lane sees */
 } tile_queries;
 
+/* Where query `index` of kv head h lies in q [R, H, hd] and out: row first_row + index / groups, query head
+   h * groups + index % groups. */
+static inline size_t query_at(int index, int first_row, int heads, int groups, int h, int head_dim) {
+    return ((size_t)(first_row + index / groups) * heads + (size_t)h * groups + index % groups) * head_dim;
+}
+
 static AMX_TARGET void load_tile_queries(const float *q, int first_row, int count, int start, int heads, int groups,
                                          int h, int head_dim, int tile0, int tiles, tile_queries *queries) {
     for (int i = 0; i < tiles; i++) {
         int32_t limits[16];
+        for (int j = 0; j < 16; j++) {
+            const int row = ((tile0 + i) * 16 + j) / groups;
+            limits[j] = row < count ? start + row + 1 : 1 << 30;  /* padding lanes see everything */
+        }
         for (int c = 0; c < head_dim / 32; c++) {
             __m512i rows[16];
             for (int j = 0; j < 16; j++) {
-                const int index = (tile0 + i) * 16 + j, row = index / groups;
-                if (row < count) {
-                    const float *query = q + ((size_t)(first_row + row) * heads + (size_t)h * groups + index % groups)
-                                                 * head_dim + 32 * c;
-                    rows[j] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(query + 16), _mm512_loadu_ps(query));
-                } else {
-                    rows[j] = _mm512_setzero_si512();
-                }
-                limits[j] = row < count ? start + row + 1 : 1 << 30;  /* padding lanes see everything */
+                const int index = (tile0 + i) * 16 + j;
+                rows[j] = index / groups < count
+                              ? bf16_row(q + query_at(index, first_row, heads, groups, h, head_dim) + 32 * c)
+                              : _mm512_setzero_si512();
             }
             transpose_16x16(rows);
             for (int r = 0; r < 16; r++) _mm512_storeu_si512(queries->transposed[i][c][r], rows[r]);
@@ -765,12 +773,8 @@ static AMX_TARGET void attend_block(const float *keys, const float *values, cons
     uint32_t values_t[ATT_MAX_DIM / 16][16][16] __attribute__((aligned(64)));
     for (int p = 0; p < ATT_BLOCK; p++)
         for (int c = 0; c < head_dim / 32; c++) {
-            __m512i pairs = _mm512_setzero_si512();
-            if (p < n) {
-                const float *key = keys + slots[p] * head_dim + 32 * c;
-                pairs = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(key + 16), _mm512_loadu_ps(key));
-            }
-            _mm512_store_si512(key_rows[p] + 32 * c, pairs);
+            __m512i row = p < n ? bf16_row(keys + slots[p] * head_dim + 32 * c) : _mm512_setzero_si512();
+            _mm512_store_si512(key_rows[p] + 32 * c, row);
         }
     for (int d0 = 0; d0 < head_dim / 16; d0++) {
         __m512i rows[16];
@@ -834,14 +838,14 @@ static AMX_TARGET void attend_block(const float *keys, const float *values, cons
    positions. Call only where amx_enable() returned 0. */
 AMX_TARGET void chunk_attention_amx(const float *q, float *out, const float *layer, int first_row, int count,
                                     int start, const int32_t *runs, int run_count, int heads, int kv_heads,
-                                    int head_dim, int64_t positions, int threads) {
+                                    int head_dim, int64_t positions) {
 #ifdef HAS_AMX
-    const int groups = heads / kv_heads, tiles = (count * groups + 15) / 16;
+    const int groups = heads / kv_heads, tiles = (count * groups + 15) / 16, threads = omp_get_max_threads();
     int per_head = (2 * threads + kv_heads - 1) / kv_heads;  /* tasks a kv head: two a thread or more */
     int tiles_per_task = (tiles + per_head - 1) / per_head;
     tiles_per_task = tiles_per_task < ATT_MAX_TILES ? tiles_per_task : ATT_MAX_TILES;
     per_head = (tiles + tiles_per_task - 1) / tiles_per_task;
-    #pragma omp parallel num_threads(threads)
+    #pragma omp parallel
     {
         configure_tiles();
         #pragma omp for collapse(2) schedule(static)
@@ -871,10 +875,9 @@ AMX_TARGET void chunk_attention_amx(const float *q, float *out, const float *lay
                     float totals[16];
                     _mm512_storeu_ps(totals, queries.total[i]);
                     for (int j = 0; j < 16; j++) {
-                        const int index = (tile0 + i) * 16 + j, row = index / groups;
-                        if (row >= count) break;
-                        float *target = out + ((size_t)(first_row + row) * heads + (size_t)h * groups + index % groups)
-                                                  * head_dim;
+                        const int index = (tile0 + i) * 16 + j;
+                        if (index / groups >= count) break;
+                        float *target = out + query_at(index, first_row, heads, groups, h, head_dim);
                         for (int d = 0; d < head_dim; d++) target[d] = queries.sums[i][d][j] / totals[j];
                     }
                 }
