@@ -146,7 +146,7 @@ def test_a_4bit_prompt_on_amx_multiplies_and_attends_in_bf16_within_its_rounding
     prompt stays exactly fp32."""
     if not native_int4.runs_on_amx():
         pytest.skip("no AMX bf16 tiles here")
-    prompt = [(7 * i) % 200 + 3 for i in range(300)]  # past the attention kernel's chunk: SDPA under a mask
+    prompt = [(7 * i) % 200 + 3 for i in range(300)]  # past the fp32 chunk kernel: SDPA, or the tiles with AMX
     monkeypatch.setattr(int4_prompts, "has_int8_dot", lambda: False)  # without AMX: exact fp32 sums
 
     def last_logits(precision: str, amx: bool) -> torch.Tensor:
