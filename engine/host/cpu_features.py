@@ -6,13 +6,17 @@ dot products (AVX512-VNNI, AVX-VNNI or AMX), where oneDNN's int8 GEMM runs at ab
 times fp32's rate; on AVX2 alone it was slower than fp32 and saturated its int16 sums (6 %
 relative error, emulated with ``ONEDNN_MAX_CPU_ISA=AVX2``). Elsewhere (other CPUs, or
 systems without ``/proc/cpuinfo``) each is False, and the weights stay on the kernels that
-need neither.
+need neither. ``has_amx_tiles``: the bf16 tiles and Linux's grant of their state to this
+process (``arch_prctl``, Linux 5.16 and later): without it a tile instruction is an illegal
+one, however the CPU's flags read.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
+import platform
 
 FP16_FLAG = "avx512_fp16"
 INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
@@ -20,6 +24,7 @@ FEATURES_ENV = "HEARTH_CPU_FP16"  # "0" turns the fp16 matmul off (to compare, o
 BF16_MATMUL_FLAG = "amx_bf16"
 BF16_ENV = "HEARTH_CPU_BF16"  # "0" turns the AMX tiles of 4-bit prompts and batched steps off, likewise
 INT8_ENV = "HEARTH_CPU_INT8"  # "0" turns the int8 GEMM of 4-bit prompts off, likewise
+SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18  # x86-64 Linux's numbers
 
 
 def has_fp16_math() -> bool:
@@ -30,6 +35,11 @@ def has_bf16_matmul() -> bool:
     return os.environ.get(BF16_ENV, "1") != "0" and BF16_MATMUL_FLAG in _flags()
 
 
+def has_amx_tiles() -> bool:
+    """``has_bf16_matmul`` and the tile state granted to this process (asked once; the grant lasts its life)."""
+    return has_bf16_matmul() and _tiles_granted()
+
+
 def has_int8_dot() -> bool:
     return os.environ.get(INT8_ENV, "1") != "0" and any(flag in _flags() for flag in INT8_DOT_FLAGS)
 
@@ -37,6 +47,17 @@ def has_int8_dot() -> bool:
 def has_flags(flags: tuple[str, ...]) -> bool:
     """Whether the CPU reports every one of ``flags`` (``/proc/cpuinfo``'s names)."""
     return all(flag in _flags() for flag in flags)
+
+
+@functools.cache
+def _tiles_granted() -> bool:
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return False
+    return libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
 
 
 @functools.cache

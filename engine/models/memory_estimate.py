@@ -42,7 +42,7 @@ import psutil
 from engine.forward.fast_scope import config_view, unsupported_reason
 from engine.forward.native.support import may_run
 from engine.forward.weights.packed_sizes import fp16_packed_bytes, int8_bytes, int8_kernel_takes
-from engine.host.cpu_features import has_bf16_matmul, has_fp16_math, has_int8_dot
+from engine.host.cpu_features import has_amx_tiles, has_fp16_math, has_int8_dot
 from engine.models.gguf_check import DIRECT_ARCHITECTURES
 from engine.models.model_source import ModelFileError, ModelSource
 
@@ -196,7 +196,7 @@ def four_bit_prompts_faster(source: ModelSource) -> bool:
     arithmetic."""
     if not source.four_bit_layers:
         return False
-    if has_bf16_matmul() and may_run():
+    if has_amx_tiles() and may_run():
         return True
     return source.n_params >= FOUR_BIT_PROMPT_PARAMS and has_int8_dot() and not has_fp16_math()
 
@@ -333,7 +333,7 @@ def cpu_formats_notice(source: ModelSource, chosen: str, context_length: int, av
     alone = (f"Running from the 4-bit weights alone ({_gib(four_bit)} in all; the output layer in {head}), "
              f"prompts included")
     if four_bit_prompts_faster(source):
-        why = "bf16 matrix tiles" if has_bf16_matmul() else "int8 dot products, no fp16 arithmetic"
+        why = "bf16 matrix tiles" if has_amx_tiles() else "int8 dot products, no fp16 arithmetic"
         return (f"{alone}: on this CPU ({why}) a model this size runs its prompts faster so than from fp16 "
                 f"weights, which would need {_gib(fp16)}.")
     return (f"{alone}, which makes prompts slower: fp16 weights for prompts would need {_gib(fp16)}, more than fits "

@@ -164,4 +164,4 @@ def without_amx(monkeypatch: pytest.MonkeyPatch) -> None:
     """``auto`` as a CPU without AMX's bf16 tiles chooses (with them it keeps a 4-bit file's weights alone)."""
     from engine.models import memory_estimate
 
-    monkeypatch.setattr(memory_estimate, "has_bf16_matmul", lambda: False)
+    monkeypatch.setattr(memory_estimate, "has_amx_tiles", lambda: False)

@@ -29,7 +29,7 @@ from engine.forward.native import activation_codes
 from engine.forward.native.build import activation_scratch, address, library
 from engine.forward.native.scratch import Scratch
 from engine.forward.weights.packed_sizes import CPU_INT4_PACK_ROWS
-from engine.host.cpu_features import has_bf16_matmul
+from engine.host.cpu_features import has_amx_tiles
 
 CODES_PER_DOT = 4  # activations a 32-bit lane of ``vpdpbusd`` takes
 AMX_DEPTH = 32  # columns one tile product sums: K and a group whole multiples of it
@@ -49,14 +49,14 @@ def covers(rows: int, width: int, group: int) -> bool:
 
 
 @functools.cache
-def _tiles_granted() -> bool:
+def _built_with_tiles() -> bool:
     return library().amx_enable() == 0
 
 
 def runs_on_amx() -> bool:
-    """Whether calls of many rows multiply on AMX's bf16 tiles here: the CPU has them, Hearth's kernels are built
-    and Linux grants the tile state."""
-    return has_bf16_matmul() and library() is not None and _tiles_granted()
+    """Whether calls of many rows multiply on AMX's bf16 tiles here: the CPU has them, Linux grants their state
+    and Hearth's kernels are built with them."""
+    return has_amx_tiles() and library() is not None and _built_with_tiles()
 
 
 class Int4Matmul:

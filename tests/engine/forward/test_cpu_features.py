@@ -31,3 +31,15 @@ def test_the_environment_turns_each_off(monkeypatch):
     monkeypatch.setenv(cpu_features.BF16_ENV, "0")
     assert not cpu_features.has_int8_dot() and not cpu_features.has_fp16_math()
     assert not cpu_features.has_bf16_matmul()
+
+
+def test_amx_tiles_need_the_flags_and_linux_s_grant(monkeypatch):
+    """On a kernel that refuses the tile state (older than 5.16) the tiles count as absent, so ``auto`` chooses as
+    on a CPU without them rather than running an instruction Linux would kill the process for."""
+    monkeypatch.setattr(cpu_features, "_flags", lambda: frozenset({"amx_tile", "amx_bf16"}))
+    monkeypatch.setattr(cpu_features, "_tiles_granted", lambda: False)
+    assert cpu_features.has_bf16_matmul() and not cpu_features.has_amx_tiles()
+    monkeypatch.setattr(cpu_features, "_tiles_granted", lambda: True)
+    assert cpu_features.has_amx_tiles()
+    monkeypatch.setattr(cpu_features, "_flags", lambda: frozenset({"avx512f"}))
+    assert not cpu_features.has_amx_tiles()

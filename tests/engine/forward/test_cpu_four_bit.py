@@ -137,7 +137,7 @@ def test_the_window_says_why_auto_ran_4bit_alone(default_model_path: Path, monke
                                                  note: str):
     """With AMX's bf16 tiles auto keeps the 4-bit weights alone for speed; without, only where fp16 would not fit
     comfortably (here: too little free memory), and the precision shown gives the reason that applied."""
-    monkeypatch.setattr(memory_estimate, "has_bf16_matmul", lambda: amx)
+    monkeypatch.setattr(memory_estimate, "has_amx_tiles", lambda: amx)
     monkeypatch.setattr(memory_estimate, "may_run", lambda: True)
     if not amx:
         fp16 = memory_estimate.estimate(inspect_model(default_model_path), "fp16", 8192, "cpu").total_bytes

@@ -227,7 +227,7 @@ def test_a_large_4bit_file_keeps_its_4bit_weights_where_they_run_prompts_faster(
 
     monkeypatch.setattr(memory_estimate, "has_int8_dot", lambda: True)
     monkeypatch.setattr(memory_estimate, "has_fp16_math", lambda: fp16_math)
-    monkeypatch.setattr(memory_estimate, "has_bf16_matmul", lambda: False)
+    monkeypatch.setattr(memory_estimate, "has_amx_tiles", lambda: False)
     large, small = _q4_k_m_file(1_700_000_000, 2048), _q4_k_m_file(135_000_000, 576)
     assert choose_precision(large, "cpu", 4096, available_bytes=64 * GIB) == expected
     assert choose_precision(small, "cpu", 4096, available_bytes=64 * GIB) == "fp16"
@@ -240,7 +240,7 @@ def test_a_4bit_file_of_any_size_keeps_its_4bit_weights_on_amx_bf16_tiles(monkey
     (``int4_prompts``), the 135M one's too; the notice says why, and a file of fp16 weights still runs fp16."""
     from engine.models import memory_estimate
 
-    monkeypatch.setattr(memory_estimate, "has_bf16_matmul", lambda: True)
+    monkeypatch.setattr(memory_estimate, "has_amx_tiles", lambda: True)
     monkeypatch.setattr(memory_estimate, "has_fp16_math", lambda: True)
     monkeypatch.setattr(memory_estimate, "may_run", lambda: True)
     small = _q4_k_m_file(135_000_000, 576)
