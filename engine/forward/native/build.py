@@ -41,7 +41,7 @@ SIGNATURES = {
     "swiglu": (P, I32, I32, P),
     "rotate_and_store": (P, P, I32, I32, I32, I32, P, I64, P),
     "int4_layout_from_nibbles": (P, I32, I32, I32, I64, I64, P),
-    "int4_matmul_amx": (P, I32, I32, P, P, I32, I32, I32, P, P),
+    "int4_matmul_amx": (P, I32, I32, P, P, P, I32, I32, I32, P, P),
     "chunk_attention_amx": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64),
 }
 

@@ -34,11 +34,11 @@ from engine.host.cpu_features import has_amx_tiles
 CODES_PER_DOT = 4  # activations a 32-bit lane of ``vpdpbusd`` takes
 AMX_DEPTH = 32  # columns one tile product sums: K and a group whole multiples of it
 AMX_ROW_PASS = 32  # activation rows a pass of tile products takes: the rows are padded to a multiple of it
-AMX_ROWS = 14
-"""Rows from which a call takes the tiles: SmolLM2-135M's 120 matmuls of a step, layer after layer (2-core Sapphire
-Rapids, medians of 8 turns), took 19.2 ms at 8 rows on the int4 kernel against 27.8 on the tiles, 26.5 against 28.7
-at 12, 33.5 against 29.6 at 16, 62.0 against 34.7 at 32. Dequantizing the strips is most of a small call, so the
-tiles cost about the same from 1 row to 32."""
+AMX_ROWS = 8
+"""Rows from which a call takes the tiles: a step's matmuls layer after layer (2-core Sapphire Rapids, medians of 15
+turns, tiles against the int4 kernel) cost SmolLM2-135M's 120 0.92 times as much at 7 rows and 0.86 at 8, a 1.7B
+shape's 96 1.20 at 6, 0.96 at 8 and 0.81 at 10. Dequantizing the strips is most of a small call, so the tiles cost
+about the same from 1 row to 32."""
 _AMX_ACTIVATIONS, _AMX_TILES = Scratch(torch.bfloat16), Scratch(torch.bfloat16)
 
 
@@ -94,15 +94,16 @@ class Int4Matmul:
         return out
 
     def _on_tiles(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` [M, K] on AMX's tiles (the module docstring): its rows rounded to bf16, padded with zero rows."""
+        """``x`` [M, K] on AMX's tiles (the module docstring): the kernel rounds its rows to bf16, padded with zero
+        rows, into a reused buffer. A call costs about 20 µs beside the kernel (a step of the built-in model makes
+        120), where rounding and padding them in PyTorch and slicing the buffers took 43."""
+        x = x.contiguous()
         length, width = x.shape
         padded = -(-length // AMX_ROW_PASS) * AMX_ROW_PASS
-        activations = _AMX_ACTIVATIONS.take(padded * width).view(padded, width)  # [M', K] bf16
-        activations[:length].copy_(x)
-        activations[length:].zero_()
         threads = torch.get_num_threads()
-        tiles = _AMX_TILES.take(threads * width * AMX_DEPTH)  # a strip's tiles a thread: K * 64 bytes
+        activations = _AMX_ACTIVATIONS.address(padded * width)  # [M', K] bf16
+        tiles = _AMX_TILES.address(threads * width * AMX_DEPTH)  # a strip's tiles a thread: K * 64 bytes
         out = torch.empty(length, self._rows)
-        library().int4_matmul_amx(activations.data_ptr(), length, width, *self._addresses, self._rows, self._group,
-                                  threads, tiles.data_ptr(), out.data_ptr())
+        library().int4_matmul_amx(x.data_ptr(), length, width, activations, *self._addresses, self._rows,
+                                  self._group, threads, tiles, out.data_ptr())
         return out

@@ -17,3 +17,9 @@ class Scratch:
         if self._buffer.numel() < size or (self._buffer.is_inference() and not torch.is_inference_mode_enabled()):
             self._buffer = torch.empty(size, dtype=self._buffer.dtype)
         return self._buffer[:size]
+
+    def address(self, size: int) -> int:
+        """Where a block of ``size`` values starts, for a kernel to write (no tensor made: a slice costs µs)."""
+        if self._buffer.numel() < size:
+            self._buffer = torch.empty(size, dtype=self._buffer.dtype)
+        return self._buffer.data_ptr()
