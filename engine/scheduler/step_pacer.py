@@ -4,17 +4,17 @@ Bookkeeping only, like the scheduler: the batch runner reports each step's forwa
 time, and the pacer keeps two estimates: the time of a decode-only step, per number
 of decoding rows (the median of the latest ``BASELINE_STEPS``, so that one step slowed
 by the machine moves nothing), and what each prompt token added to the steps that had
-some (rising at once to a dearer step, falling halfway to a cheaper one: the bound is on
-the worst steps, so the estimate errs high). A step with ``D`` decoding rows then takes
+some (the median of the latest ``TOKEN_STEPS``: one step the machine slowed no longer
+shrinks the next few, a slowdown that lasts moves it within three). A step with ``D`` decoding rows then takes
 as many prompt tokens as keep its predicted time within ``PACE_RATIO`` decode-only steps
 of ``D`` rows: the running streams' inter-token time while a long prompt joins stays
 bounded by their own, on any machine and model. A prompt's own steps (nothing decoding, big chunks) cost less a
 token, so they only stand in, doubled, until a step beside decoding rows is seen. A
 token's cost grows with the positions it attends to, slowly from one step to the next
-(a chunk is a few dozen of the prompt's positions), so the latest steps' average
+(a chunk is a few dozen of the prompt's positions), so the latest steps' median
 follows it; a fixed budget (40 tokens) let a step late in a 2 000-token
 prompt take 5.9 times a decode step on a 2-core Zen 4, with Hearth's kernels making
-the decode step the faster. Until both averages exist the scheduler's fixed budget
+the decode step the faster. Until both estimates exist the scheduler's fixed budget
 applies.
 """
 
@@ -23,14 +23,16 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-PACE_RATIO = 2.7
+PACE_RATIO = 2.5
 """A step with prompt tokens within this many decode-only steps, in forward time alone: under the target's 3 times the
 median inter-token time at the 99th percentile, which is about the slowest step of a join (7 streams' gaps a step).
-The margin is for steps the machine slows. 2-core Sapphire Rapids with AMX tiles, medians of 3 rounds: 3.0 gave a
-p99 of 3.14 times the median (2.90-3.42) with the prompt's first token 1.75 times later than alone; 2.7 gave 2.80
-(2.70-2.84) and 1.65 (1.39-2.15)."""
-AVERAGE = 0.5  # the newest step's weight in the moving averages (a cheaper prompt token's)
+The margin is for steps the machine slows. 2-core Sapphire Rapids with AMX tiles, 8 joins of each taking turns
+(medians): with the median of the latest token costs at 2.5, the prompt's first token 2.14 times later than alone and
+a p99 of 2.54 times the median; with the former estimate (rising at once to a dearer step, falling halfway) at 2.7,
+2.26 and 2.75; the median at 2.7, 1.71 and 3.12 (against that estimate's 1.90 and 2.88 in the same runs)."""
+AVERAGE = 0.5  # the newest step's weight in the moving average of a prompt's own steps
 BASELINE_STEPS = 9  # decode-only steps of one size whose median is the baseline
+TOKEN_STEPS = 5  # steps beside decoding rows whose median cost a prompt token prices the next step's
 SMALL_CHUNK_COST = 2.0
 """A prompt token in a chunk beside decoding rows against one in a prompt's own steps (big chunks, big matmuls):
 about 2.2 against 1.4 ms for the built-in model, so before any such step is seen the pacer assumes twice the cost."""
@@ -42,7 +44,7 @@ class StepPacer:
     def __init__(self, ratio: float = PACE_RATIO) -> None:
         self.ratio = ratio
         self._decode_ms: dict[int, deque[float]] = {}  # the latest decode-only step times by decoding rows
-        self._token_ms: float | None = None  # what a prompt token adds to a step beside decoding rows
+        self._token_ms: deque[float] = deque(maxlen=TOKEN_STEPS)  # what a prompt token added to the latest such steps
         self._prefill_token_ms: float | None = None  # what one costs in a step without any
 
     def observe(self, decoding: int, prompt_tokens: int, ms: float) -> None:
@@ -53,13 +55,13 @@ class StepPacer:
         if decoding == 0:
             self._prefill_token_ms = _averaged(self._prefill_token_ms, ms / prompt_tokens)
         elif decoding in self._decode_ms:
-            token_ms = max(ms - self._baseline(decoding), 0.0) / prompt_tokens
-            self._token_ms = max(token_ms, _averaged(self._token_ms, token_ms))
+            self._token_ms.append(max(ms - self._baseline(decoding), 0.0) / prompt_tokens)
 
     def prompt_tokens(self, decoding: int) -> int | None:
         """Prompt tokens for a step beside ``decoding`` rows; None until a decode-only step of that many rows and
         a step with prompt tokens have been seen."""
-        baseline, token_ms = self._baseline(decoding), self._token_ms
+        baseline = self._baseline(decoding)
+        token_ms = statistics.median(self._token_ms) if self._token_ms else None
         if token_ms is None and self._prefill_token_ms is not None:
             token_ms = SMALL_CHUNK_COST * self._prefill_token_ms
         if baseline is None or token_ms is None:

@@ -31,18 +31,20 @@ def test_dearer_tokens_make_smaller_chunks_but_a_prompt_always_moves_on():
     assert pacer.prompt_tokens(7) == MIN_PROMPT_TOKENS
 
 
-def test_one_slow_step_moves_no_baseline_and_a_dear_token_shrinks_the_next_chunk_at_once():
-    """The bound is on the worst steps: a decode-only step the machine slowed leaves the median of the latest ones;
-    a dearer prompt token counts at once, a cheaper one halfway."""
+def test_one_slow_step_moves_neither_estimate_but_a_lasting_slowdown_shrinks_the_chunks():
+    """A decode-only step the machine slowed leaves the median of the latest ones; so does one slowed step beside
+    decoding rows, while dearer prompt tokens in most of the latest steps price the next chunk."""
     pacer = StepPacer(ratio=3.0)
     for ms in (20.0, 20.0, 60.0):
         pacer.observe(7, 0, ms)
     pacer.observe(7, 10, 40.0)  # 2 ms a token beside the median's 20 ms
     assert pacer.prompt_tokens(7) == 20
-    pacer.observe(7, 10, 60.0)  # 4 ms a token: taken whole
+    pacer.observe(7, 10, 60.0)  # 4 ms a token once
+    pacer.observe(7, 10, 40.0)
+    assert pacer.prompt_tokens(7) == 20
+    for _ in range(2):
+        pacer.observe(7, 10, 60.0)  # now 3 of the latest 5
     assert pacer.prompt_tokens(7) == 10
-    pacer.observe(7, 10, 40.0)  # 2 ms: halfway, 3 ms a token
-    assert pacer.prompt_tokens(7) == 13
 
 
 def test_a_prompts_own_steps_stand_in_doubled_until_a_step_beside_decoding_rows_is_seen():
