@@ -195,9 +195,13 @@ class BlockPool:
 
     def counts(self) -> tuple[int, int, int]:
         """Blocks in use, shared by several sequences, and cached with no sequence holding them (a scan of all)."""
-        used = sum(1 for b in self.blocks if b.ref_count > 0)
-        shared = sum(1 for b in self.blocks if b.ref_count > 1)
-        cached = sum(1 for b in self.blocks if b.ref_count == 0 and b.indexed)
+        used = shared = cached = 0
+        for block in self.blocks:
+            if block.ref_count:
+                used += 1
+                shared += block.ref_count > 1
+            else:
+                cached += block.indexed
         return used, shared, cached
 
 

@@ -206,6 +206,7 @@ class BatchRunner:
             return
         state = (len(self.scheduler.running), len(self.scheduler.waiting), self.pool_stats())  # scans the pool
         if state == self._last_sample[1]:
+            self._last_sample = (now, state)  # unchanged: the next scan waits its interval too
             return
         while self._sampled_tokens and self._sampled_tokens[0][0] < now - THROUGHPUT_WINDOW_S:
             self._sampled_tokens.popleft()

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch  # first: the library's libgomp.so.1 is PyTorch's
 
+from engine.forward.native.scratch import Scratch
 from engine.forward.native.support import may_run
 from engine.host.paths import cache_dir
 
@@ -46,6 +47,7 @@ SIGNATURES = {
 }
 
 log = logging.getLogger("hearth.kernels")
+_ACTIVATION_CODES = Scratch(torch.uint8)
 
 
 @functools.cache
@@ -105,7 +107,7 @@ def address(tensor: torch.Tensor) -> int:
     return tensor.data_ptr()
 
 
-def activation_scratch(rows: int, width: int, group: int) -> torch.Tensor:
-    """The scratch a matmul kernel quantizes ``rows`` activation rows of ``width`` into (``quantize_activations``):
-    up to two int8 codes a value, then a scale and the codes' sum (fp32) a group of ``group``."""
-    return torch.empty(rows * (2 * width + 8 * (width // group)), dtype=torch.uint8)
+def activation_scratch(rows: int, width: int, group: int) -> int:
+    """Where a matmul kernel quantizes ``rows`` activation rows of ``width`` (``quantize_activations``): up to two
+    int8 codes a value, then a scale and the codes' sum (fp32) a group of ``group``; one reused buffer, by address."""
+    return _ACTIVATION_CODES.address(rows * (2 * width + 8 * (width // group)))

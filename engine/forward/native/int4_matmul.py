@@ -90,7 +90,7 @@ class Int4Matmul:
         scratch = activation_scratch(length, width, self._group)
         out = torch.empty(length, self._rows)
         self._kernel(x.data_ptr(), length, width, *self._addresses, self._rows, self._group,
-                     activation_codes.codes(), scratch.data_ptr(), out.data_ptr())
+                     activation_codes.codes(), scratch, out.data_ptr())
         return out
 
     def _on_tiles(self, x: torch.Tensor) -> torch.Tensor:

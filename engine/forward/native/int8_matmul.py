@@ -73,5 +73,5 @@ class Int8Matmul:
         length, width = x.shape
         scratch = activation_scratch(length, width, GROUP)
         out = torch.empty(length, self._rows)
-        self._kernel(x.data_ptr(), length, width, *self._addresses, self._rows, scratch.data_ptr(), out.data_ptr())
+        self._kernel(x.data_ptr(), length, width, *self._addresses, self._rows, scratch, out.data_ptr())
         return out
