@@ -564,6 +564,7 @@ void int4_layout_from_nibbles(const uint8_t *nibbles, int rows, int runs, int le
 #define AMX_DEPTH 32  /* columns of x one tdpbf16ps sums: a tile row of bf16 */
 #define STRIP 32      /* weight rows (output columns) a pass dequantizes: two B tiles wide */
 #define TILE_VALUES 512  /* bf16 values a tile holds */
+#define TILES_CACHE_BYTES (512 << 10)  /* a strip's dequantized tiles a pass over the strips keeps: 8 192 columns */
 
 #if (defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11) || (defined(__clang__) && __clang_major__ >= 12)
 #define HAS_AMX 1
@@ -671,22 +672,45 @@ static inline __attribute__((always_inline)) AMX_TARGET void step_to_tiles(weigh
         }                                                                                                     \
     } while (0)
 
-/* y [count, rows] columns col0 .. col0 + 31 = x [count, K] (bf16, its rows padded to a multiple of 32 and readable)
-   times one strip: 32 rows at a time over all of K, or 16 for the last few. The first pass dequantizes each step's
-   tiles just before it multiplies them (the vector units' work beside the tiles'), into `tiles` [K / 32, 2, 16, 32],
-   where the later passes find them. */
-static AMX_TARGET void strip_product(const uint16_t *x, int count, int width, weight_strip strip, uint16_t *tiles,
-                                     float *y, int rows, int col0) {
+/* Tile `tile` from what STORE_SUMS left in y (zero rows past `count`). */
+#define LOAD_SUMS(tile, row0, col0)                                                                           \
+    do {                                                                                                      \
+        if ((row0) + AMX_ROWS <= count) {                                                                     \
+            _tile_loadd(tile, y + (size_t)(row0) * rows + (col0), rows * 4);                                  \
+        } else {                                                                                              \
+            float sums[AMX_ROWS * 16] = {0};                                                                  \
+            for (int i = 0; i < count - (row0); i++)                                                          \
+                memcpy(sums + 16 * i, y + (size_t)((row0) + i) * rows + (col0), 64);                          \
+            _tile_loadd(tile, sums, 64);                                                                      \
+        }                                                                                                     \
+    } while (0)
+
+/* y [count, rows] columns col0 .. col0 + 31 (+)= x [count, K] (bf16, its rows padded to a multiple of 32 and
+   readable) times one strip over columns k0 .. k1 - 1 of K: 32 rows at a time, or 16 for the last few; from k0 = 0
+   the sums start at zero, past it from what the previous columns left in y (fp32 both ways: the same sums as one
+   pass). The first pass dequantizes each step's tiles just before it multiplies them (the vector units' work beside
+   the tiles'), into `tiles` [(k1 - k0) / 32, 2, 16, 32], where the later passes find them. */
+static AMX_TARGET void strip_product(const uint16_t *x, int count, int width, int k0, int k1, weight_strip strip,
+                                     uint16_t *tiles, float *y, int rows, int col0) {
     const size_t stride = (size_t)width * 2;
     for (int m = 0; m < count; m += 2 * AMX_ROWS) {
         const uint16_t *x_rows = x + (size_t)m * width;
         const int two = count - m > AMX_ROWS;  /* a second tile of rows */
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int t = 0; t < width / AMX_DEPTH; t++) {
-            uint16_t *step = tiles + (size_t)t * 2 * TILE_VALUES;
+        if (k0 == 0) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+        } else {
+            LOAD_SUMS(0, m, col0);
+            LOAD_SUMS(1, m, col0 + 16);
+            if (two) {
+                LOAD_SUMS(2, m + AMX_ROWS, col0);
+                LOAD_SUMS(3, m + AMX_ROWS, col0 + 16);
+            }
+        }
+        for (int t = k0 / AMX_DEPTH; t < k1 / AMX_DEPTH; t++) {
+            uint16_t *step = tiles + (size_t)(t - k0 / AMX_DEPTH) * 2 * TILE_VALUES;
             if (m == 0) step_to_tiles(strip, t, step);
             _tile_loadd(4, x_rows + t * AMX_DEPTH, stride);
             _tile_loadd(6, step, 64);
@@ -708,6 +732,14 @@ static AMX_TARGET void strip_product(const uint16_t *x, int count, int width, we
     }
 }
 #undef STORE_SUMS
+#undef LOAD_SUMS
+
+/* Columns of K a pass over every strip takes: as many whole steps as keep a strip's dequantized tiles within
+   TILES_CACHE_BYTES (with a pass of activation rows beside them in a core's cache), in equal passes. */
+static int columns_a_pass(int width) {
+    const int most = TILES_CACHE_BYTES / (STRIP * 2), passes = (width + most - 1) / most;
+    return ((width / AMX_DEPTH + passes - 1) / passes) * AMX_DEPTH;
+}
 
 /* rows[i] lane j becomes rows[j] lane i (16 x 16 32-bit lanes): three rounds of interleaving. */
 static inline __attribute__((always_inline)) void transpose_16x16(__m512i r[16]) {
@@ -938,18 +970,21 @@ AMX_TARGET void int4_matmul_amx(const float *x, int count, int width, uint16_t *
                                 const uint16_t *scales_and_zeros, int rows, int group, int threads,
                                 uint16_t *scratch, float *y) {
 #ifdef HAS_AMX
-    const int strips = rows / STRIP, groups = width / group;
+    const int strips = rows / STRIP, groups = width / group, columns = columns_a_pass(width);
     #pragma omp parallel num_threads(threads)
     {
         activations_to_bf16(x, count, width, activations);
         uint16_t *tiles = scratch + (size_t)omp_get_thread_num() * width * STRIP;
         configure_tiles();
-        #pragma omp for schedule(static)
-        for (int s = 0; s < strips; s++) {
-            const int b = s / 2;
-            weight_strip strip = {packed + (size_t)b * BLOCK_ROWS * (width / 2),
-                                  scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2, group, s % 2};
-            strip_product(activations, count, width, strip, tiles, y, rows, s * STRIP);
+        for (int k0 = 0; k0 < width; k0 += columns) {
+            const int k1 = k0 + columns < width ? k0 + columns : width;
+            #pragma omp for schedule(static)
+            for (int s = 0; s < strips; s++) {
+                const int b = s / 2;
+                weight_strip strip = {packed + (size_t)b * BLOCK_ROWS * (width / 2),
+                                      scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2, group, s % 2};
+                strip_product(activations, count, width, k0, k1, strip, tiles, y, rows, s * STRIP);
+            }
         }
         _tile_release();
     }

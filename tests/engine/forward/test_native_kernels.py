@@ -91,6 +91,20 @@ def test_int4_rows_on_amx_tiles_are_their_bf16_rounding_times_each_weight_rounde
     assert not torch.allclose(multiply(fewer).double(), rounded[: len(fewer)], rtol=0, atol=1e-6 * rounded.abs().max())
 
 
+@needs_amx
+@pytest.mark.parametrize("length", [17, 40])
+def test_a_weight_wider_than_one_pass_of_the_tiles_sums_its_passes_exactly(length):
+    """An 8B model's down projection (14 336 columns) takes the tiles in passes of at most 8 192 columns, each
+    adding to the sums the last left in fp32: the same bf16 products as one pass (rows past a tile's 16 included)."""
+    torch.manual_seed(length)
+    groups = int4_groups_of(torch.randn(64, 10_240) * 0.05)
+    multiply = Int4Matmul(groups.cpu_packed(2), groups.scales_and_zeros.to(torch.bfloat16).contiguous(), 32)
+    x = torch.randn(length, 10_240)
+    rounded = x.bfloat16().double() @ _dequantized(groups).bfloat16().double().t()
+    got = multiply(x)
+    assert multiply.on_amx and ((got - rounded).abs().max() / rounded.abs().max()).item() < 1e-5
+
+
 @needs_kernels
 def test_int4_layers_take_the_kernel_for_a_few_rows_and_agree_with_pytorchs():
     torch.manual_seed(0)
