@@ -949,14 +949,8 @@ static AMX_TARGET void activations_to_bf16(const float *x, int count, int width,
     #pragma omp for schedule(static)
     for (int m = 0; m < padded; m++) {
         uint16_t *row = activations + (size_t)m * width;
-        for (int k = 0; k < width; k += 32) {
-            __m512i pair = _mm512_setzero_si512();
-            if (m < count) {
-                const float *from = x + (size_t)m * width + k;
-                pair = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(from + 16), _mm512_loadu_ps(from));
-            }
-            _mm512_storeu_si512(row + k, pair);
-        }
+        for (int k = 0; k < width; k += 32)
+            _mm512_storeu_si512(row + k, m < count ? bf16_row(x + (size_t)m * width + k) : _mm512_setzero_si512());
     }
 }
 
