@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from engine.api.remote_runtime import RemoteRuntime
+from engine.remote.runtime import RemoteRuntime
 from engine.protocol.messages import (
     ChatMessage,
     Generate,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from app.storage.errors import StorageError
-from engine.api.config import ServerConfig
+from engine.server.config import ServerConfig
 from engine.host import paths
 from engine.protocol.messages import SamplingParams
 

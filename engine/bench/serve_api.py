@@ -28,10 +28,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from engine.api.config import ServerConfig
-from engine.api.engine_link import conversation_key
-from engine.api.openai_schema import parse_chat
-from engine.api.server import ApiServer
+from engine.server.config import ServerConfig
+from engine.server.engine_link import conversation_key
+from engine.server.openai_schema import parse_chat
+from engine.server.server import ApiServer
 from engine.bench import serve_clients
 from engine.protocol.messages import (
     DEVICES,

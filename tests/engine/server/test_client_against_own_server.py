@@ -10,8 +10,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from engine.api.config import ServerConfig
-from engine.api.remote_runtime import RemoteRuntime
+from engine.server.config import ServerConfig
+from engine.remote.runtime import RemoteRuntime
 from engine.protocol.messages import (
     Cancel,
     ChatMessage,
@@ -32,7 +32,7 @@ from engine.protocol.messages import (
 from engine.service.client import AsyncEngine
 
 if TYPE_CHECKING:
-    from tests.engine.api.conftest import Served
+    from tests.engine.server.conftest import Served
 
 T = TypeVar("T")
 

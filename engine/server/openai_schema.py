@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from engine.api.errors import ApiError
+from engine.server.errors import ApiError
 from engine.protocol.messages import ChatMessage, FinishReason, PrefillDone, SamplingParams
 
 MAX_STOP_STRINGS = 4

@@ -10,8 +10,8 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 
-from engine.api.config import ServerConfig
-from engine.api.server import ApiServer
+from engine.server.config import ServerConfig
+from engine.server.server import ApiServer
 from engine.protocol.messages import Generate, ModelLoaded, StatusChanged
 from engine.service.fanout import EngineHub
 

@@ -27,12 +27,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from engine.api.access import AccessGuard
-from engine.api.config import ServerConfig
-from engine.api.completions import chat_completions, completions
-from engine.api.engine_link import EngineLink, OnActivity
-from engine.api.errors import HANDLERS
-from engine.api.metrics import ServerMetrics
+from engine.server.access import AccessGuard
+from engine.server.config import ServerConfig
+from engine.server.completions import chat_completions, completions
+from engine.server.engine_link import EngineLink, OnActivity
+from engine.server.errors import HANDLERS
+from engine.server.metrics import ServerMetrics
 from engine.service.fanout import EngineHub
 
 START_TIMEOUT_S = 10.0

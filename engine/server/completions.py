@@ -16,9 +16,9 @@ from typing import AsyncIterator, Awaitable, TypeVar
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from engine.api.engine_link import EngineLink, RequestStream
-from engine.api.errors import ApiError, error_body
-from engine.api.openai_schema import CompletionAsk, choice, envelope, finish_reason, parse_chat, parse_completion, usage
+from engine.server.engine_link import EngineLink, RequestStream
+from engine.server.errors import ApiError, error_body
+from engine.server.openai_schema import CompletionAsk, choice, envelope, finish_reason, parse_chat, parse_completion, usage
 from engine.protocol.messages import Event, PrefillDone, ReplyFailed, ReplyFinished, TokenStreamed
 from engine.service.worker import ENGINE_FAILURE
 

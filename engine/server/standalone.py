@@ -11,8 +11,8 @@ import argparse
 import sys
 import threading
 
-from engine.api.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
-from engine.api.server import ApiServer
+from engine.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
+from engine.server.server import ApiServer
 from engine.protocol.messages import LoadModel, LoadOptions, ModelLoaded
 from engine.service.fanout import EngineHub
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from engine.api.openai_stream import (
+from engine.remote.openai_stream import (
     CHAT_PATH,
     DONE,
     FINISH_REASONS,
@@ -25,7 +25,7 @@ from engine.api.openai_stream import (
     parse_chunk,
     remote_figures,
 )
-from engine.api.remote_http import LineStream, RemoteError, StreamEnded, open_stream
+from engine.remote.http_stream import LineStream, RemoteError, StreamEnded, open_stream
 from engine.protocol.channels import EventSink
 from engine.protocol.messages import (
     FinishReason,

@@ -5,7 +5,7 @@ same requests with the same events as the embedded runtime, so the GUI does not
 care which one answers: ``ListRemoteModels`` asks the server's ``GET /v1/models``;
 ``LoadModel`` with a ``server`` checks that the server still lists the model and
 then emits ``ModelLoaded`` (nothing is loaded here: the server holds the model);
-``Generate`` streams a reply from it (``remote_reply``), and ``Cancel`` closes that
+``Generate`` streams a reply from it (``reply``), and ``Cancel`` closes that
 stream. The server keeps its own caches, so ``ForgetConversation`` has nothing to do.
 """
 
@@ -15,9 +15,9 @@ import time
 from dataclasses import replace
 from urllib.parse import urlsplit
 
-from engine.api.openai_stream import MODELS_PATH, listed_models
-from engine.api.remote_http import RemoteError, get_json, normalize_base_url
-from engine.api.remote_reply import RemoteReply
+from engine.remote.openai_stream import MODELS_PATH, listed_models
+from engine.remote.http_stream import RemoteError, get_json, normalize_base_url
+from engine.remote.reply import RemoteReply
 from engine.protocol.channels import CancelWatch, EventSink
 from engine.protocol.messages import (
     Cancel,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.api.access import host_allowed
-from engine.api.config import ServerConfig
+from engine.server.access import host_allowed
+from engine.server.config import ServerConfig
 
 
 @pytest.mark.parametrize("header, bound, allowed", [

@@ -17,9 +17,9 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from engine.api.errors import ApiError
-from engine.api.metrics import ServerMetrics, ServerRequestInfo
-from engine.api.openai_schema import CompletionAsk
+from engine.server.errors import ApiError
+from engine.server.metrics import ServerMetrics, ServerRequestInfo
+from engine.server.openai_schema import CompletionAsk
 from engine.protocol.messages import (
     BatchSampled,
     Cancel,
