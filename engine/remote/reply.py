@@ -4,7 +4,8 @@
 on the server wakes each ``POLL_S`` (``WatchedSocket``), so a Cancel closes the
 connection within a token, or within ``POLL_S`` while the server is silent or has
 not even sent its headers. A line or an event too large for any reply ends it
-(``Oversized``), so a hostile server cannot fill the memory. It emits
+(``Oversized``), and so does more text than the tokens asked for could make, so a
+hostile server cannot fill the memory. It emits
 ``PrefillDone`` at the first text (time to first token as this client measures
 it, the network included), a ``TokenStreamed`` per piece of text, and at the end
 ``ReplyFinished`` with the client's figures plus the server's own
@@ -40,6 +41,8 @@ from engine.protocol.messages import (
     RequestStats,
     TokenStreamed,
 )
+
+MAX_CHARS_PER_TOKEN = 64  # tokens average a few characters: 64 per token asked for leaves room for any real reply
 
 
 @dataclass
@@ -137,6 +140,12 @@ class RemoteReply:
         progress.timings = chunk.timings or progress.timings
         if not chunk.text:
             return
+        asked = self._request.sampling.max_new_tokens
+        if len(progress.text) + len(chunk.text) > asked * MAX_CHARS_PER_TOKEN:
+            raise RemoteError(
+                f"The server at {self._server.base_url} sent more than the {asked} tokens asked for; the reply was "
+                "stopped. What arrived is kept."
+            )
         now = time.perf_counter()
         if progress.pieces == 0:
             progress.first_at = now

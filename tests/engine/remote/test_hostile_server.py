@@ -52,6 +52,13 @@ def an_event_without_end(sock: socket.socket) -> None:
         sock.sendall(line)
 
 
+def endless_text(sock: socket.socket) -> None:
+    sock.sendall(STREAM_HEAD)
+    event = b'data: {"choices": [{"index": 0, "delta": {"content": "' + b"x" * 1000 + b'"}}]}\n\n'
+    for _ in range(FLOOD_BYTES // len(event)):
+        sock.sendall(event)
+
+
 def redirect(sock: socket.socket) -> None:
     sock.sendall(b"HTTP/1.1 302 Found\r\nLocation: https://llm.example.org/v1/models\r\nContent-Length: 5\r\n\r\nmoved")
 
@@ -110,8 +117,9 @@ def test_cancelling_a_connection_while_the_model_list_dribbles_in(driver) -> Non
 
 
 @pytest.mark.parametrize("answer, said", [
-    (one_endless_line, "sent a line longer than 1 MiB"),
-    (an_event_without_end, "sent an event larger than 1 MiB"),
+    (one_endless_line, "sent a line longer than 1 MiB, more than any reply needs"),
+    (an_event_without_end, "sent an event larger than 1 MiB, more than any reply needs"),
+    (endless_text, "sent more than the 64 tokens asked for"),
 ])
 def test_a_flood_fails_the_reply_with_bounded_memory(driver, answer, said) -> None:
     server = HostileServer(answer)
@@ -128,7 +136,7 @@ def test_a_flood_fails_the_reply_with_bounded_memory(driver, answer, said) -> No
         server.close()
 
     assert isinstance(failed, ReplyFailed)
-    assert f"The server at {server.base_url} {said}, more than any reply needs; the reply was stopped." in failed.message
+    assert f"The server at {server.base_url} {said}; the reply was stopped." in failed.message
     assert peak < MEMORY_BOUND_BYTES
     assert client_left, "the client kept reading the flood"
 
