@@ -25,7 +25,7 @@ import ssl
 import urllib.parse
 from collections.abc import Callable
 
-from engine.remote.watched_socket import Cancelled, TooSlow, WatchedSocket
+from engine.remote.watched_socket import Cancelled, TooSlow, WatchedSocket, connect
 from engine.protocol.messages import RemoteServer
 
 CONNECT_TIMEOUT_S = 10.0
@@ -143,14 +143,17 @@ def _send(
     """Connect, send, and read the status line and headers within ``deadline_s``; an error status or a redirect is
     raised as a ``RemoteError``."""
     parts = urllib.parse.urlsplit(server.base_url)
-    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    connection = kind(parts.hostname, parts.port, timeout=CONNECT_TIMEOUT_S)
+    secure = parts.scheme == "https"
+    host = parts.hostname or ""
     try:
-        connection.connect()
+        sock = connect(host, parts.port or (443 if secure else 80), is_cancelled, CONNECT_TIMEOUT_S)
+        if secure:
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
     except OSError as error:
-        connection.close()
         raise RemoteError(_unreachable_message(server.base_url, error)) from error
-    watched = WatchedSocket(connection.sock, is_cancelled, deadline_s)
+    watched = WatchedSocket(sock, is_cancelled, deadline_s)
+    kind = http.client.HTTPSConnection if secure else http.client.HTTPConnection
+    connection = kind(host, parts.port)  # connected already: it writes the request and parses the answer
     connection.sock = watched  # type: ignore[assignment]
     try:
         connection.request(method, parts.path + path, body=body, headers=_headers(server, body is not None))

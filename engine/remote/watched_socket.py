@@ -6,14 +6,18 @@ on the engine thread, so neither Stop nor a time limit could end the wait.
 ``WatchedSocket`` stands in for the connection's socket (``http.client`` only
 calls ``sendall``, ``makefile`` and ``close`` on it): each wait lasts at most
 ``POLL_S``, after which it raises ``Cancelled`` if ``is_cancelled()`` says so,
-and ``TooSlow`` once its deadline has passed. The deadline is first one for the
+and ``TooSlow`` once its deadline has passed; ``connect`` waits for the
+connection the same way. The deadline is first one for the
 whole exchange (a server dribbling its headers still runs out of time); a
 streamed body switches to a limit on silence with ``allow_silence``.
 """
 
 from __future__ import annotations
 
+import errno
 import io
+import os
+import select
 import socket
 import time
 from collections.abc import Callable
@@ -27,6 +31,45 @@ class Cancelled(Exception):
 
 class TooSlow(TimeoutError):
     """The deadline passed; ``str()`` says what the wait was for, e.g. ``no answer within 30 s``."""
+
+
+def connect(host: str, port: int, is_cancelled: Callable[[], bool], timeout_s: float) -> socket.socket:
+    """A TCP socket connected to ``host:port`` within ``timeout_s``, the wait ending within ``POLL_S`` of a Cancel.
+
+    Raises ``Cancelled``, or the ``OSError`` of the last address tried (``TimeoutError`` when none answered).
+    The socket is left blocking with a timeout of ``timeout_s`` (a TLS handshake may follow).
+    """
+    deadline = time.monotonic() + timeout_s
+    failure: OSError = OSError(f"{host} has no address")
+    for family, kind, proto, _, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            _connect_watched(sock, address, is_cancelled, deadline)
+        except OSError as error:
+            sock.close()
+            failure = error
+            continue
+        except Cancelled:
+            sock.close()
+            raise
+        sock.settimeout(timeout_s)
+        return sock
+    raise failure
+
+
+def _connect_watched(sock: socket.socket, address: tuple, is_cancelled: Callable[[], bool], deadline: float) -> None:
+    sock.setblocking(False)
+    code = sock.connect_ex(address)
+    while code in (errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EALREADY):
+        if is_cancelled():
+            raise Cancelled
+        if time.monotonic() > deadline:
+            raise TimeoutError("no answer")
+        _, writable, _ = select.select([], [sock], [], POLL_S)
+        if writable:
+            code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if code:
+        raise OSError(code, os.strerror(code))  # ConnectionRefusedError and kin, by the code
 
 
 class WatchedSocket:

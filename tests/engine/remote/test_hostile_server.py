@@ -150,3 +150,24 @@ def test_a_redirect_names_the_address_to_use(driver) -> None:
 
     assert isinstance(failed, LoadFailed)
     assert failed.message == f"The server at {server.base_url} redirected to https://llm.example.org; use that address."
+
+
+def test_stop_ends_a_connection_that_is_never_accepted(driver) -> None:
+    with socket.create_server(("127.0.0.1", 0), backlog=0) as full:
+        address = full.getsockname()
+        waiting = [socket.socket() for _ in range(4)]  # fill the accept queue: further SYNs are dropped
+        for sock in waiting:
+            sock.setblocking(False)
+            sock.connect_ex(address)
+        try:
+            driver.thread.submit(LoadModel("load-1", "big-model", server=RemoteServer(f"http://127.0.0.1:{address[1]}")))
+            time.sleep(1.0)
+            stopped_at = time.monotonic()
+            driver.thread.submit(Cancel("load-1"))
+            failed, _ = driver.wait_for(ModelLoaded, LoadFailed, timeout=5)
+        finally:
+            for sock in waiting:
+                sock.close()
+
+    assert isinstance(failed, LoadFailed) and failed.message == "Connecting was cancelled; the model in use stays."
+    assert time.monotonic() - stopped_at < STOP_WITHIN_S
