@@ -118,7 +118,7 @@ class WatchedSocket:
         return io.BufferedReader(_Reader(self))
 
     def close(self) -> None:
-        """Close once no reader is open (``http.client`` closes the connection but reads on when told "Connection: close")."""
+        """Close once no reader is open: told "Connection: close", ``http.client`` closes the connection but reads on."""
         self._closed = True
         if self._readers == 0:
             self._sock.close()

@@ -10,7 +10,16 @@ import tracemalloc
 import pytest
 
 from engine.remote import http_stream
-from engine.protocol.messages import Cancel, Generate, LoadFailed, LoadModel, ModelLoaded, RemoteServer, ReplyFailed, ReplyFinished
+from engine.protocol.messages import (
+    Cancel,
+    Generate,
+    LoadFailed,
+    LoadModel,
+    ModelLoaded,
+    RemoteServer,
+    ReplyFailed,
+    ReplyFinished,
+)
 from tests.openai_fake import QUESTION, HostileServer, RemoteDriver
 
 STOP_WITHIN_S = 0.5
@@ -97,7 +106,9 @@ def test_headers_dribbled_for_longer_than_the_deadline_fail_the_reply(driver, mo
         server.close()
 
     assert isinstance(failed, ReplyFailed)
-    assert failed.message == f"The server at {server.base_url} did not answer /v1/chat/completions in time (no answer within 2 s)."
+    assert failed.message == (
+        f"The server at {server.base_url} did not answer /v1/chat/completions in time (no answer within 2 s)."
+    )
     assert time.monotonic() - started < 4
 
 

@@ -40,7 +40,7 @@ def test_a_null_max_completion_tokens_leaves_max_tokens_in_force(client, served_
     assert _last_generate(served_tiny).sampling.max_new_tokens == 3
 
 
-def test_a_request_without_max_tokens_gets_the_default_the_model_list_states(client, served_tiny) -> None:
+def test_a_request_without_max_tokens_gets_the_default_the_model_list_states(served_tiny) -> None:
     listed = call(served_tiny.root, "GET", "/v1/models")[1]["data"][0]
     served_tiny.hub.forget_submitted()
 
@@ -108,7 +108,8 @@ def test_a_body_a_web_page_could_send_without_preflight_is_a_415(served_tiny, co
 
 
 def test_json_with_a_charset_is_served(served_tiny) -> None:
-    reply = call(served_tiny.root, "POST", CHAT, chat(served_tiny), headers={"Content-Type": "application/json; charset=utf-8"})
+    with_charset = {"Content-Type": "application/json; charset=utf-8"}
+    reply = call(served_tiny.root, "POST", CHAT, chat(served_tiny), headers=with_charset)
 
     assert reply[0] == 200
 
@@ -128,7 +129,9 @@ def test_json_with_a_charset_is_served(served_tiny) -> None:
     ({"n": True}, "n"),
 ])
 def test_fields_hearth_cannot_honour_are_refused_by_name(served_tiny, fields, param) -> None:
-    assert_openai_error(call(served_tiny.root, "POST", CHAT, chat(served_tiny, **fields)), 400, param, "unsupported_parameter")
+    refused = call(served_tiny.root, "POST", CHAT, chat(served_tiny, **fields))
+
+    assert_openai_error(refused, 400, param, "unsupported_parameter")
 
 
 def test_neutral_values_of_unsupported_fields_are_accepted(client, served_tiny) -> None:
