@@ -5,8 +5,10 @@ as chunked server-sent events (``data: {...}``, then ``data: [DONE]``), with the
 chunks carrying ``usage`` and llama.cpp-style ``timings``. ``FakeScript`` says how it
 behaves: the reply's pieces, a required API key, and a way to fail (cut the
 connection, answer HTML, stream an error, lose the model, or stream until the client
-hangs up). Everything it received is kept for the test to check. ``RemoteDriver`` runs
-the real remote runtime on a real engine thread for engine tests.
+hangs up). Everything it received is kept for the test to check. ``HostileServer``
+answers on a raw socket with whatever bytes a test writes (a server that dribbles,
+floods or redirects). ``RemoteDriver`` runs the real remote runtime on a real engine
+thread for engine tests.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -45,6 +48,7 @@ class FakeScript:
     piece_delay_s: float = 0.0
     list_delay_s: float = 0.0
     api_key: str = ""
+    refusal: str = "Invalid API key"  # the message of a 401
     failure: str = ""
     """"" (none), "cut" (after two pieces), "html" (both routes), "html_reply" (only the chat), "stream_error",
     "gone" (404), "endless", "silent" (no text for seconds, as in a long prefill), "no_models"."""
@@ -139,7 +143,7 @@ class _Handler(BaseHTTPRequestHandler):
         header = self.headers.get("Authorization", "")
         script.auth_headers.append(header)
         if script.api_key and header != f"Bearer {script.api_key}":
-            self._send_json(401, {"error": {"message": "Invalid API key", "type": "invalid_request_error"}})
+            self._send_json(401, {"error": {"message": script.refusal, "type": "invalid_request_error"}})
             return False
         return True
 
@@ -174,6 +178,60 @@ class FakeOpenAIServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)
+
+
+Answer = Callable[[socket.socket], None]
+MODEL_LIST = json.dumps({"object": "list", "data": [{"id": "big-model", "object": "model", "max_model_len": 8192}]})
+
+
+def list_models(sock: socket.socket) -> None:
+    """A well-behaved answer to ``GET /v1/models`` that lists ``big-model``."""
+    sock.sendall(f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(MODEL_LIST)}\r\n\r\n"
+                 f"{MODEL_LIST}".encode())
+
+
+class HostileServer:
+    """Answers ``GET /v1/models`` with ``on_list`` and every POST with ``on_chat``, on raw sockets (a thread each).
+
+    ``chat_asked`` is set once a POST has been read, ``client_left`` once writing to a client failed.
+    """
+
+    def __init__(self, on_chat: Answer, on_list: Answer = list_models) -> None:
+        self._answers = {"GET": on_list, "POST": on_chat}
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.base_url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self.chat_asked = threading.Event()
+        self.client_left = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._answer, args=(sock,), daemon=True).start()
+
+    def _answer(self, sock: socket.socket) -> None:
+        with sock:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += sock.recv(65536)
+            headers, _, body = head.partition(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in headers.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            while len(body) < length:
+                body += sock.recv(65536)
+            method = headers.split(b" ")[0].decode()
+            if method == "POST":
+                self.chat_asked.set()
+            try:
+                self._answers[method](sock)
+            except OSError:
+                self.client_left.set()
 
 
 def free_port() -> int:

@@ -93,6 +93,7 @@ class RemoteServerDialog(QDialog):
         self.models.currentItemChanged.connect(lambda *_: self._update_buttons())
         self.models.itemDoubleClicked.connect(lambda *_: self.accept())
         self.message = QLabel("", self, objectName="remoteMessage", wordWrap=True)
+        self.message.setTextFormat(Qt.TextFormat.PlainText)  # it quotes the server, which may send markup
         self.message.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel, self)
         self.buttons.button(QDialogButtonBox.StandardButton.Ok).setText("&Use model")

@@ -1,4 +1,4 @@
-"""HTTP to an OpenAI-compatible server, with the standard library (engine thread; one reader thread per stream).
+"""HTTP to an OpenAI-compatible server, with the standard library (engine thread).
 
 Why ``http.client`` and not an HTTP package: a streamed reply needs a POST whose
 body is read line by line, and a way to drop the connection at once on Cancel;
@@ -8,27 +8,31 @@ as huggingface_hub's dependency, which Hearth does not control.)
 
 ``normalize_base_url`` turns what the user typed into ``scheme://host[:port][/prefix]``
 without the ``/v1``. ``get_json`` does one GET. ``open_stream`` POSTs and returns a
-``LineStream``, whose lines a helper thread reads, so that the engine thread can
-wait for the next line with a timeout and look for a Cancel meanwhile. Every
-failure is a ``RemoteError`` whose message says what happened and what to do.
+``LineStream`` of the answer's lines. Every wait on the server runs on a
+``WatchedSocket``, so it ends within ``POLL_S`` of a Cancel (``Cancelled``) and
+within its time limit however slowly the server sends. Nothing the server sends
+is held whole beyond a limit: a line of ``MAX_LINE_BYTES``, a JSON answer of
+``MAX_JSON_BYTES``. Every failure is a ``RemoteError`` whose message says what
+happened and what to do.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
-import queue
 import socket
 import ssl
-import threading
 import urllib.parse
+from collections.abc import Callable
 
+from engine.remote.watched_socket import Cancelled, TooSlow, WatchedSocket, connect
 from engine.protocol.messages import RemoteServer
 
 CONNECT_TIMEOUT_S = 10.0
 LIST_TIMEOUT_S = 30.0
 STREAM_SILENCE_S = 300.0  # the longest a streamed reply may go without a byte (a long prompt on a busy server)
 MAX_JSON_BYTES = 16 * 1024 * 1024
+MAX_LINE_BYTES = 1024 * 1024  # far beyond any chunk of a reply; a longer line means a broken or hostile server
 SNIPPET_CHARS = 120
 
 
@@ -40,8 +44,16 @@ class RemoteError(Exception):
         self.status = status
 
 
+class Oversized(RemoteError):
+    """The server sent more in one piece than any reply needs; ``str()`` names the piece."""
+
+
 class StreamEnded(Exception):
     """The server closed a streamed body normally."""
+
+
+def never_cancelled() -> bool:
+    return False
 
 
 def normalize_base_url(text: str) -> str:
@@ -73,26 +85,34 @@ def not_json_message(base_url: str, path: str, text: str) -> str:
     )
 
 
-def get_json(server: RemoteServer, path: str) -> object:
-    """``GET {base}{path}`` as parsed JSON."""
-    connection, response, _sock = _send(server, "GET", path, None, LIST_TIMEOUT_S)
+def get_json(server: RemoteServer, path: str, is_cancelled: Callable[[], bool] = never_cancelled) -> object:
+    """``GET {base}{path}`` as parsed JSON, within ``LIST_TIMEOUT_S`` in all; raises ``Cancelled`` on a Cancel."""
+    connection, response, _ = _send(server, "GET", path, None, is_cancelled, LIST_TIMEOUT_S)
     try:
         body = response.read(MAX_JSON_BYTES)
+    except TooSlow as error:
+        raise RemoteError(f"The server at {server.base_url} sent {path} too slowly ({error}).") from error
     except (OSError, http.client.HTTPException) as error:
         raise RemoteError(f"The connection to {server.base_url} broke off while reading {path} ({error}).") from error
     finally:
-        connection.close()
+        _hang_up(connection, response)
     text = body.decode("utf-8", errors="replace")
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise RemoteError(not_json_message(server.base_url, path, text)) from None
 
 
-def open_stream(server: RemoteServer, path: str, payload: dict[str, object]) -> LineStream:
-    """``POST {base}{path}`` with a JSON body; the answer's body comes line by line."""
+def open_stream(
+    server: RemoteServer, path: str, payload: dict[str, object], is_cancelled: Callable[[], bool]
+) -> LineStream:
+    """``POST {base}{path}`` with a JSON body; the answer's body comes line by line. Raises ``Cancelled`` on a Cancel.
+
+    The server has ``STREAM_SILENCE_S`` to start its answer (a long prompt on a busy
+    server), then may pause that long between any two bytes.
+    """
     body = json.dumps(payload).encode("utf-8")
-    connection, response, sock = _send(server, "POST", path, body, STREAM_SILENCE_S)
+    connection, response, watched = _send(server, "POST", path, body, is_cancelled, STREAM_SILENCE_S)
     content_type = response.getheader("Content-Type", "")
     if content_type and "event-stream" not in content_type:
         try:
@@ -100,9 +120,9 @@ def open_stream(server: RemoteServer, path: str, payload: dict[str, object]) -> 
         except (OSError, http.client.HTTPException):
             text = ""
         finally:
-            connection.close()
+            _hang_up(connection, response)
         raise RemoteError(_unstreamed_message(server.base_url, path, text))
-    return LineStream(connection, response, sock)
+    return LineStream(connection, response, watched)
 
 
 def _unstreamed_message(base_url: str, path: str, text: str) -> str:
@@ -118,30 +138,58 @@ def _unstreamed_message(base_url: str, path: str, text: str) -> str:
 
 
 def _send(
-    server: RemoteServer, method: str, path: str, body: bytes | None, read_timeout_s: float
-) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, socket.socket]:
-    """Connect, send, and read the status line; an error status is raised as a ``RemoteError``."""
+    server: RemoteServer, method: str, path: str, body: bytes | None, is_cancelled: Callable[[], bool], deadline_s: float
+) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, WatchedSocket]:
+    """Connect, send, and read the status line and headers within ``deadline_s``; an error status or a redirect is
+    raised as a ``RemoteError``."""
     parts = urllib.parse.urlsplit(server.base_url)
-    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    connection = kind(parts.hostname, parts.port, timeout=CONNECT_TIMEOUT_S)
+    secure = parts.scheme == "https"
+    host = parts.hostname or ""
     try:
-        connection.connect()
+        sock = connect(host, parts.port or (443 if secure else 80), is_cancelled, CONNECT_TIMEOUT_S)
+        if secure:
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
     except OSError as error:
-        connection.close()
         raise RemoteError(_unreachable_message(server.base_url, error)) from error
-    sock = connection.sock  # kept: http.client forgets it when the answer says "Connection: close"
-    sock.settimeout(read_timeout_s)
+    watched = WatchedSocket(sock, is_cancelled, deadline_s)
+    kind = http.client.HTTPSConnection if secure else http.client.HTTPConnection
+    connection = kind(host, parts.port)  # connected already: it writes the request and parses the answer
+    connection.sock = watched  # type: ignore[assignment]
     try:
         connection.request(method, parts.path + path, body=body, headers=_headers(server, body is not None))
         response = connection.getresponse()
+    except Cancelled:
+        connection.close()
+        raise
+    except TooSlow as error:
+        connection.close()
+        raise RemoteError(f"The server at {server.base_url} did not answer {path} in time ({error}).") from error
     except (OSError, http.client.HTTPException) as error:
         connection.close()
         raise RemoteError(f"The server at {server.base_url} closed the connection before answering ({error}).") from error
+    if 300 <= response.status < 400:
+        location = response.getheader("Location", "")
+        _hang_up(connection, response)
+        raise RemoteError(_redirect_message(server.base_url, path, response.status, location), response.status)
     if response.status >= 400:
         detail = _error_detail(response)
-        connection.close()
+        _hang_up(connection, response)
         raise RemoteError(_status_message(server.base_url, path, response.status, detail), response.status)
-    return connection, response, sock
+    watched.allow_silence(deadline_s)
+    return connection, response, watched  # the socket kept: http.client forgets it when told "Connection: close"
+
+
+def _hang_up(connection: http.client.HTTPConnection, response: http.client.HTTPResponse) -> None:
+    response.close()
+    connection.close()
+
+
+def _redirect_message(base_url: str, path: str, status: int, location: str) -> str:
+    """Redirects are not followed: the user learns the address to use instead."""
+    if not location:
+        return f"The server at {base_url} redirected {path} (HTTP {status}) without saying where to."
+    target = urllib.parse.urljoin(f"{base_url}{path}", location.strip())[:SNIPPET_CHARS]
+    return f"The server at {base_url} redirected to {target.removesuffix(path)}; use that address."
 
 
 def _headers(server: RemoteServer, has_body: bool) -> dict[str, str]:
@@ -174,13 +222,13 @@ def _error_detail(response: http.client.HTTPResponse) -> str:
     """The server's own words about an error status: the JSON ``error.message`` or ``message``, or the text."""
     try:
         text = response.read(64 * 1024).decode("utf-8", errors="replace").strip()
-    except (OSError, http.client.HTTPException):
+    except (OSError, http.client.HTTPException):  # TooSlow included: the status says enough
         return ""
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text[:SNIPPET_CHARS]
-    return error_text(data) or text[:SNIPPET_CHARS]
+    return error_text(data)[:SNIPPET_CHARS * 4] or text[:SNIPPET_CHARS]
 
 
 def error_text(data: object) -> str:
@@ -208,66 +256,38 @@ def _status_message(base_url: str, path: str, status: int, detail: str) -> str:
 
 
 class LineStream:
-    """The body of a streamed answer, read line by line on a helper thread.
-
-    ``next_line`` runs on the engine thread; ``close`` may be called from it at any
-    moment and wakes the reader at once by shutting the socket down.
-    """
-
-    _END = object()
+    """The body of a streamed answer, line by line (engine thread)."""
 
     def __init__(
-        self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse, sock: socket.socket
+        self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse, sock: WatchedSocket
     ) -> None:
         self._connection = connection
         self._response = response
         self._sock = sock
-        self._lines: queue.Queue[object] = queue.Queue()
-        self._closed = False
-        threading.Thread(target=self._read, name="hearth-remote-reader", daemon=True).start()
 
-    def next_line(self, timeout_s: float) -> str | None:
-        """The next line without its line ending, or None if none came within ``timeout_s``.
+    def next_line(self) -> str:
+        """The next line without its line ending, once it has arrived.
 
-        Raises ``StreamEnded`` when the server closed the body, ``RemoteError`` when the connection broke.
+        Raises ``StreamEnded`` when the server closed the body, ``Cancelled`` on a Cancel,
+        ``Oversized`` for a line over ``MAX_LINE_BYTES`` and ``RemoteError`` when the connection broke.
         """
         try:
-            item = self._lines.get(timeout=timeout_s)
-        except queue.Empty:
-            return None
-        if item is self._END:
+            line = self._response.readline(MAX_LINE_BYTES + 1)
+        except (OSError, http.client.HTTPException, ValueError) as error:  # TooSlow is an OSError
+            raise RemoteError(_cut_reason(error)) from error
+        if not line:
             raise StreamEnded
-        if isinstance(item, BaseException):
-            raise RemoteError(_cut_reason(item)) from item
-        return str(item).rstrip("\r\n")
+        if len(line) > MAX_LINE_BYTES:
+            raise Oversized(f"a line longer than {MAX_LINE_BYTES // 2**20} MiB")
+        return line.decode("utf-8", errors="replace").rstrip("\r\n")
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass  # already gone
-
-    def _read(self) -> None:
-        try:
-            while not self._closed:
-                line = self._response.readline()
-                if not line:
-                    self._lines.put(self._END)
-                    return
-                self._lines.put(line.decode("utf-8", errors="replace"))
-        except Exception as error:  # any failure of a socket closed under it: OSError, HTTPException, ValueError
-            self._lines.put(error)
-        finally:
-            self._response.close()
-            self._connection.close()
+        """Drop the connection (a cancelled reply: the server sees the client leave)."""
+        self._sock.abort()
+        _hang_up(self._connection, self._response)
 
 
 def _cut_reason(error: BaseException) -> str:
-    if isinstance(error, TimeoutError):
-        return f"nothing arrived for {STREAM_SILENCE_S:.0f} s"
     if isinstance(error, http.client.IncompleteRead):
         return "the server closed the connection in the middle of a chunk"
     return str(error) or type(error).__name__

@@ -15,12 +15,13 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from engine.remote.http_stream import RemoteError, error_text, not_json_message
+from engine.remote.http_stream import Oversized, RemoteError, error_text, not_json_message
 from engine.protocol.messages import ChatMessage, FinishReason, RemoteFigures, SamplingParams
 
 CHAT_PATH = "/v1/chat/completions"
 MODELS_PATH = "/v1/models"
 DONE = "[DONE]"
+MAX_EVENT_CHARS = 1024 * 1024
 FINISH_REASONS: dict[str, FinishReason] = {"stop": "eos", "length": "max_tokens"}
 
 
@@ -43,10 +44,15 @@ def chat_request(model: str, messages: tuple[ChatMessage, ...], sampling: Sampli
 
 
 class SseDecoder:
-    """Server-sent events from lines: ``feed`` returns an event's data once its blank line arrives."""
+    """Server-sent events from lines: ``feed`` returns an event's data once its blank line arrives.
+
+    An event's data beyond ``MAX_EVENT_CHARS`` raises ``Oversized``: no chunk of a reply is that large,
+    and a server that never sends the blank line would otherwise be collected without end.
+    """
 
     def __init__(self) -> None:
         self._data: list[str] = []
+        self._size = 0
 
     def feed(self, line: str) -> str | None:
         if line == "":
@@ -55,14 +61,18 @@ class SseDecoder:
             return None  # a comment, e.g. a keep-alive
         name, _, value = line.partition(":")
         if name == "data":
-            self._data.append(value[1:] if value.startswith(" ") else value)
+            value = value[1:] if value.startswith(" ") else value
+            self._size += len(value) + 1
+            if self._size > MAX_EVENT_CHARS:
+                raise Oversized(f"an event larger than {MAX_EVENT_CHARS // 2**20} MiB")
+            self._data.append(value)
         return None  # event:, id:, retry: and unknown fields carry nothing a reply needs
 
     def flush(self) -> str | None:
         """The data of the event in progress (the stream ended without its blank line)."""
         if not self._data:
             return None
-        data, self._data = "\n".join(self._data), []
+        data, self._data, self._size = "\n".join(self._data), [], 0
         return data
 
 
@@ -80,7 +90,7 @@ def parse_chunk(base_url: str, data: str) -> StreamChunk:
     """One event's data as a chunk; raises ``RemoteError`` for non-JSON and for an error the server streamed."""
     try:
         parsed = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise RemoteError(not_json_message(base_url, CHAT_PATH, data)) from None
     if not isinstance(parsed, dict):
         raise RemoteError(not_json_message(base_url, CHAT_PATH, data))

@@ -1,8 +1,11 @@
 """One reply from a remote server, streamed into Hearth's events (engine thread).
 
-``RemoteReply.run`` POSTs the chat, then reads the server-sent events, waiting
-at most ``POLL_S`` for each line so that a Cancel closes the connection within
-a token (or within ``POLL_S`` while the server is still silent). It emits
+``RemoteReply.run`` POSTs the chat, then reads the server-sent events. Every wait
+on the server wakes each ``POLL_S`` (``WatchedSocket``), so a Cancel closes the
+connection within a token, or within ``POLL_S`` while the server is silent or has
+not even sent its headers. A line or an event too large for any reply ends it
+(``Oversized``), and so does more text than the tokens asked for could make, so a
+hostile server cannot fill the memory. It emits
 ``PrefillDone`` at the first text (time to first token as this client measures
 it, the network included), a ``TokenStreamed`` per piece of text, and at the end
 ``ReplyFinished`` with the client's figures plus the server's own
@@ -25,7 +28,8 @@ from engine.remote.openai_stream import (
     parse_chunk,
     remote_figures,
 )
-from engine.remote.http_stream import LineStream, RemoteError, StreamEnded, open_stream
+from engine.remote.http_stream import LineStream, Oversized, RemoteError, StreamEnded, open_stream
+from engine.remote.watched_socket import Cancelled
 from engine.protocol.channels import EventSink
 from engine.protocol.messages import (
     FinishReason,
@@ -38,7 +42,7 @@ from engine.protocol.messages import (
     TokenStreamed,
 )
 
-POLL_S = 0.05
+MAX_CHARS_PER_TOKEN = 64  # tokens average a few characters: 64 per token asked for leaves room for any real reply
 
 
 @dataclass
@@ -71,10 +75,14 @@ class RemoteReply:
     def run(self, is_cancelled: Callable[[], bool]) -> None:
         self._started = time.perf_counter()
         request = self._request
+        body = chat_request(self._model, request.messages, request.sampling)
         try:
-            stream = open_stream(self._server, CHAT_PATH, chat_request(self._model, request.messages, request.sampling))
+            stream = open_stream(self._server, CHAT_PATH, body, is_cancelled)
         except RemoteError as error:
             self._emit(ReplyFailed(request.request_id, self._explained(error)))
+            return
+        except Cancelled:
+            self._finish("cancelled")
             return
         try:
             cancelled = self._read(stream, is_cancelled)
@@ -97,18 +105,24 @@ class RemoteReply:
         """Read until ``[DONE]`` or the end of the body; True when cancelled first."""
         progress = self._progress
         while not progress.done:
-            if is_cancelled():
+            if is_cancelled():  # also between lines that arrive faster than the socket is asked
                 return True
             try:
-                line = stream.next_line(POLL_S)
+                data = progress.decoder.feed(stream.next_line())
             except StreamEnded:
                 self._take(progress.decoder.flush())
                 self._check_complete()
                 return False
+            except Cancelled:
+                return True
+            except Oversized as error:
+                raise RemoteError(
+                    f"The server at {self._server.base_url} sent {error}, more than any reply needs; the reply was "
+                    "stopped. What arrived is kept."
+                ) from error
             except RemoteError as error:
                 raise RemoteError(self._cut_message(str(error))) from error
-            if line is not None:
-                self._take(progress.decoder.feed(line))
+            self._take(data)
         return False
 
     def _take(self, data: str | None) -> None:
@@ -126,6 +140,12 @@ class RemoteReply:
         progress.timings = chunk.timings or progress.timings
         if not chunk.text:
             return
+        asked = self._request.sampling.max_new_tokens
+        if len(progress.text) + len(chunk.text) > asked * MAX_CHARS_PER_TOKEN:
+            raise RemoteError(
+                f"The server at {self._server.base_url} sent more than the {asked} tokens asked for; the reply was "
+                "stopped. What arrived is kept."
+            )
         now = time.perf_counter()
         if progress.pieces == 0:
             progress.first_at = now

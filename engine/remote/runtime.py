@@ -12,11 +12,13 @@ stream. The server keeps its own caches, so ``ForgetConversation`` has nothing t
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from urllib.parse import urlsplit
 
 from engine.remote.openai_stream import MODELS_PATH, listed_models
-from engine.remote.http_stream import RemoteError, get_json, normalize_base_url
+from engine.remote.http_stream import RemoteError, get_json, never_cancelled, normalize_base_url
+from engine.remote.watched_socket import Cancelled
 from engine.remote.reply import RemoteReply
 from engine.protocol.channels import CancelWatch, EventSink
 from engine.protocol.messages import (
@@ -86,13 +88,16 @@ class RemoteRuntime:
         self._emit(StatusChanged("loading", f"{request.path} on {request.server.base_url}"))
         try:
             server = _normalized(request.server)
-            models = _server_models(server)
+            models = _server_models(server, lambda: self._watch.is_cancelled(request.request_id))
             if request.path not in models:
                 raise RemoteError(_missing_model_message(server.base_url, request.path, models))
         except RemoteError as error:
             self._fail_load(request, str(error))
             return
-        if self._watch.is_cancelled(request.request_id):  # the Cancel came while the server was being asked
+        except Cancelled:
+            self._fail_load(request, CONNECT_CANCELLED)
+            return
+        if self._watch.is_cancelled(request.request_id):  # the Cancel came as the server answered
             self._fail_load(request, CONNECT_CANCELLED)
             return
         self._watch.forget(request.request_id)
@@ -137,8 +142,8 @@ def _normalized(server: RemoteServer) -> RemoteServer:
         raise RemoteError(str(error)) from None
 
 
-def _server_models(server: RemoteServer) -> dict[str, int]:
-    return listed_models(server.base_url, get_json(server, MODELS_PATH))
+def _server_models(server: RemoteServer, is_cancelled: Callable[[], bool] = never_cancelled) -> dict[str, int]:
+    return listed_models(server.base_url, get_json(server, MODELS_PATH, is_cancelled))
 
 
 def _missing_model_message(base_url: str, model: str, models: dict[str, int]) -> str:

@@ -23,6 +23,7 @@ from engine.protocol.messages import Event, PrefillDone, ReplyFailed, ReplyFinis
 from engine.service.worker import ENGINE_FAILURE
 
 T = TypeVar("T")
+BODY_TIMEOUT_S = 60.0  # a slow client may not hold a request open longer while sending its body
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -45,7 +46,28 @@ async def completions(request: Request) -> Response:
 
 
 async def read_json(request: Request) -> object:
-    """The body as JSON, at most ``max_body_bytes`` (413 beyond, 400 for anything that is not JSON)."""
+    """The body as JSON: 415 unless sent as ``application/json``, 413 over ``max_body_bytes``, 408 when it
+    trickles in for longer than ``BODY_TIMEOUT_S``, 400 for anything that is not JSON.
+
+    Requiring the JSON media type keeps web pages out: a browser sends a cross-origin
+    ``text/plain`` POST without asking first (no CORS preflight), but never a JSON one.
+    """
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise ApiError(415, "Send the body as JSON with 'Content-Type: application/json'.", code="unsupported_media_type")
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            body = await _body(request)
+    except TimeoutError:
+        raise ApiError(408, f"The request body did not arrive within {BODY_TIMEOUT_S:.0f} s.", code="body_timeout") from None
+    try:
+        return json.loads(body, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:  # ValueError: also a number of over 4300 digits
+        reason = "it is nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ApiError(400, f"The request body is not valid JSON: {reason}.", code="invalid_json") from None
+
+
+async def _body(request: Request) -> bytes:
     limit = request.app.state.config.max_body_bytes
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
@@ -55,10 +77,12 @@ async def read_json(request: Request) -> object:
         body += chunk
         if len(body) > limit:
             raise ApiError(413, f"The request body is larger than the server's limit of {limit} bytes.", code="body_too_large")
-    try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"The request body is not valid JSON: {exc}.", code="invalid_json") from None
+    return bytes(body)
+
+
+def _refuse_constant(name: str) -> object:
+    """``NaN`` and ``Infinity`` are not JSON, though Python's parser takes them."""
+    raise ValueError(f"{name} is not a JSON number")
 
 
 async def _answer(request: Request, ask: CompletionAsk, chat: bool) -> Response:

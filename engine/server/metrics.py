@@ -64,8 +64,9 @@ class ServerMetrics:
         if isinstance(event, MemorySampled):
             self.kv_bytes = event.memory.kv_bytes_total
         else:
-            self.kv_blocks_used, self.kv_blocks_total = event.pool.blocks_used, event.pool.blocks_total
-            self.kv_bytes = event.pool.blocks_used * event.pool.bytes_per_block
+            pool = event.pool
+            self.kv_blocks_used, self.kv_blocks_total = pool.blocks_used, pool.blocks_total
+            self.kv_bytes = (pool.blocks_used + pool.blocks_cached) * pool.bytes_per_block  # as MemorySampled counts
 
     def render(self) -> str:
         lines: list[str] = []
@@ -81,7 +82,7 @@ class ServerMetrics:
         _header(lines, "hearth_requests_total", "counter", "Finished requests by how they ended.")
         lines += [f'hearth_requests_total{{outcome="{name}"}} {count}' for name, count in sorted(self.outcomes.items())]
         self._render_ttft(lines)
-        _metric(lines, "hearth_kv_cache_bytes", "gauge", "Bytes of KV cache held.", self.kv_bytes)
+        _metric(lines, "hearth_kv_cache_bytes", "gauge", "Bytes of KV cache held: blocks in use and cached prefixes.", self.kv_bytes)
         usage = self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
         _metric(lines, "hearth_kv_cache_usage_ratio", "gauge", "Share of the KV block pool in use (0 without one).", usage)
         return "\n".join(lines) + "\n"

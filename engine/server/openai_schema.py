@@ -1,23 +1,52 @@
 """OpenAI's request bodies in, OpenAI's reply shapes out (server thread).
 
 Validation is strict where a wrong value would silently do something else
-(``max_tokens: -5``, an unknown model, ``n: 3``) and lenient where clients differ
-harmlessly: fields Hearth does not use (``user``, ``presence_penalty`` …) are ignored.
-Sampling follows OpenAI's defaults (temperature 1, top_p 1, no top-k or min-p cut).
+(``max_tokens: -5``, an unknown model, ``n: 3``, ``tools`` Hearth cannot call):
+such a request gets a 400 naming the field. Fields that change nothing Hearth
+does (``user``, ``metadata``, ``store`` …) are ignored, and so are the neutral
+values of unsupported features (``tools: []``, penalties of 0, ``logprobs: false``).
+A ``null`` field means the field is unset. Sampling follows OpenAI's defaults
+(temperature 1, top_p 1, no top-k or min-p cut); a request without ``max_tokens``
+gets ``default_max_tokens``, which ``GET /v1/models`` states.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from engine.server.errors import ApiError
 from engine.protocol.messages import ChatMessage, FinishReason, PrefillDone, SamplingParams
 
 MAX_STOP_STRINGS = 4
+DEFAULT_MAX_TOKENS = 2048
+MODEL_ALIAS = "default"  # what ``serve --model`` calls the built-in model; a request may name it so
+SEED_RANGE = range(-(2**63), 2**63)  # OpenAI's 64-bit seed; torch's generator takes no more
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _FINISH = {"eos": "stop", "stop_string": "stop", "max_tokens": "length", "context_full": "length"}
+
+# Fields of features Hearth lacks, with the values that ask for nothing (accepted); any other value is refused.
+_NEUTRAL_CHAT: dict[str, Callable[[Any], bool]] = {
+    "response_format": lambda v: v == {"type": "text"},
+    "tools": lambda v: v == [],
+    "functions": lambda v: v == [],
+    "tool_choice": lambda v: v in ("none", "auto"),
+    "function_call": lambda v: v in ("none", "auto"),
+    "logprobs": lambda v: v is False,
+    "top_logprobs": lambda v: _is_int(v) and v == 0,
+}
+_NEUTRAL_BOTH: dict[str, Callable[[Any], bool]] = {
+    "frequency_penalty": lambda v: _is_number(v) and v == 0,
+    "presence_penalty": lambda v: _is_number(v) and v == 0,
+    "logit_bias": lambda v: v == {},
+}
+_NEUTRAL_COMPLETION: dict[str, Callable[[Any], bool]] = {
+    "logprobs": lambda v: v is False or (_is_int(v) and v == 0),
+    "echo": lambda v: v is False,
+    "suffix": lambda v: v == "",
+    "best_of": lambda v: _is_int(v) and v == 1,
+}
 
 
 @dataclass(frozen=True)
@@ -32,39 +61,50 @@ class CompletionAsk:
     include_usage: bool
 
 
+def default_max_tokens(context_length: int) -> int:
+    """The reply length of a request that sets none: ``DEFAULT_MAX_TOKENS``, at most half the context."""
+    return max(1, min(DEFAULT_MAX_TOKENS, context_length // 2))
+
+
 def parse_chat(body: Any, model_id: str, context_length: int) -> CompletionAsk:
     body = _object(body)
+    _refuse_unsupported(body, {**_NEUTRAL_CHAT, **_NEUTRAL_BOTH})
     messages = _messages(body.get("messages"))
     return _ask(body, model_id, context_length, messages, None)
 
 
 def parse_completion(body: Any, model_id: str, context_length: int) -> CompletionAsk:
     body = _object(body)
+    _refuse_unsupported(body, {**_NEUTRAL_COMPLETION, **_NEUTRAL_BOTH})
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
         raise ApiError(400, "'prompt' must be a non-empty string (one prompt per request).", "prompt")
-    for unsupported in ("echo", "logprobs", "suffix"):
-        if body.get(unsupported):
-            raise ApiError(400, f"'{unsupported}' is not supported by Hearth.", unsupported, "unsupported_parameter")
-    return _ask(body, model_id, context_length, (), prompt)
+    return _ask(body, model_id, context_length, (), _text(prompt, "prompt"))
+
+
+def _refuse_unsupported(body: dict, neutral: dict[str, Callable[[Any], bool]]) -> None:
+    for name, asks_nothing in neutral.items():
+        value = body.get(name)
+        if value is not None and not asks_nothing(value):
+            raise ApiError(400, f"'{name}' is not supported by Hearth; leave it out.", name, "unsupported_parameter")
 
 
 def _ask(
     body: dict, model_id: str, context_length: int, messages: tuple[ChatMessage, ...], prompt: str | None
 ) -> CompletionAsk:
     _check_model(body.get("model"), model_id)
-    if body.get("n", 1) != 1:
+    if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):
         raise ApiError(400, "Only n = 1 is supported: ask once per reply.", "n", "unsupported_parameter")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
         raise ApiError(400, "'stream' must be true or false.", "stream")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object.", "stream_options")
     include_usage = bool(options.get("include_usage", False))
-    return CompletionAsk(model_id, messages, prompt, _sampling(body, context_length), stream, include_usage)
+    return CompletionAsk(model_id, messages, prompt, _sampling(body, context_length), bool(stream), include_usage)
 
 
 def _object(body: Any) -> dict:
@@ -76,7 +116,7 @@ def _object(body: Any) -> dict:
 def _check_model(model: Any, model_id: str) -> None:
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' is required: use the id that GET /v1/models lists.", "model")
-    if model != model_id:
+    if model not in (model_id, MODEL_ALIAS):
         message = f"The model '{model}' does not exist here; this server serves '{model_id}'."
         raise ApiError(404, message, "model", "model_not_found")
 
@@ -91,31 +131,41 @@ def _message(item: Any, index: int) -> ChatMessage:
     param = f"messages[{index}]"
     if not isinstance(item, dict):
         raise ApiError(400, f"{param} must be an object with 'role' and 'content'.", param)
-    role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]
-    if role is None:
+    role = item.get("role")
+    if not isinstance(role, str) or role not in _ROLES:
         raise ApiError(400, f"{param}.role must be system, developer, user or assistant.", f"{param}.role")
-    return ChatMessage(role, _content(item.get("content"), f"{param}.content"))  # type: ignore[arg-type]
+    return ChatMessage(_ROLES[role], _content(item.get("content"), f"{param}.content"))  # type: ignore[arg-type]
 
 
 def _content(content: Any, param: str) -> str:
     """A string, or a list of text parts (images and audio are refused)."""
     if isinstance(content, str):
-        return content
+        return _text(content, param)
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        return "".join(str(part.get("text", "")) for part in content)
+        if all(isinstance(part.get("text"), str) for part in content):
+            return _text("".join(part["text"] for part in content), param)
     raise ApiError(400, f"{param} must be a string or a list of text parts; Hearth's models read text only.", param)
 
 
+def _text(value: str, param: str) -> str:
+    """``value`` if it is Unicode text that UTF-8 can hold (JSON lets a lone surrogate such as ``\\ud800`` through)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, f"{param} holds an invalid Unicode escape (a lone surrogate such as \\ud800).", param) from None
+    return value
+
+
 def _sampling(body: dict, context_length: int) -> SamplingParams:
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    param = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = body.get(param)
     if max_tokens is None:
-        max_tokens = context_length // 2
+        max_tokens = default_max_tokens(context_length)
     elif not _is_int(max_tokens) or not 1 <= max_tokens <= context_length:
         raise ApiError(400, f"'{param}' must be a whole number from 1 to the model's context of {context_length}.", param)
     seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise ApiError(400, "'seed' must be a whole number.", "seed")
+    if seed is not None and (not _is_int(seed) or seed not in SEED_RANGE):
+        raise ApiError(400, "'seed' must be a whole number from -2^63 to 2^63 - 1.", "seed")
     return SamplingParams(
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_k=0,
@@ -132,11 +182,15 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+    if not _is_number(value) or not low <= value <= high:
         raise ApiError(400, f"'{name}' must be a number from {low:g} to {high:g}.", name)
     return float(value)
 
@@ -147,7 +201,7 @@ def _stop(value: Any) -> tuple[str, ...]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or len(stops) > MAX_STOP_STRINGS or not all(isinstance(s, str) and s for s in stops):
         raise ApiError(400, f"'stop' must be a non-empty string or a list of up to {MAX_STOP_STRINGS} of them.", "stop")
-    return tuple(stops)
+    return tuple(_text(stop, "stop") for stop in stops)
 
 
 # ---------------------------------------------------------------- replies

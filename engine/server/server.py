@@ -33,6 +33,8 @@ from engine.server.completions import chat_completions, completions
 from engine.server.engine_link import EngineLink, OnActivity
 from engine.server.errors import HANDLERS
 from engine.server.metrics import ServerMetrics
+from engine.server.openai_schema import default_max_tokens
+from engine.server.slow_clients import KEEP_ALIVE_S, HeaderDeadlineProtocol
 from engine.service.fanout import EngineHub
 
 START_TIMEOUT_S = 10.0
@@ -53,12 +55,14 @@ async def metrics(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
-    """The model served; ``max_model_len`` (vLLM's field) tells clients its context window."""
+    """The model served; ``max_model_len`` (vLLM's field) tells clients its context window, ``max_tokens_default``
+    how long a reply is when a request sets no ``max_tokens``."""
     link: EngineLink = request.app.state.link
     model = link.model
-    listed = [] if model is None else [
-        {"id": model.name, "object": "model", "created": 0, "owned_by": "hearth", "max_model_len": model.context_length}
-    ]
+    listed = [] if model is None else [{
+        "id": model.name, "object": "model", "created": 0, "owned_by": "hearth", "max_model_len": model.context_length,
+        "max_tokens_default": default_max_tokens(model.context_length),
+    }]
     return JSONResponse({"object": "list", "data": listed})
 
 
@@ -135,6 +139,7 @@ class ApiServer:
         app = build_app(self.config, link, figures)
         settings = uvicorn.Config(
             app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            http=HeaderDeadlineProtocol, timeout_keep_alive=KEEP_ALIVE_S,
         )
         self._uvicorn = uvicorn.Server(settings)
         self._started.set()

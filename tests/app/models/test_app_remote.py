@@ -171,3 +171,18 @@ def test_a_server_that_went_away_is_named_and_the_window_keeps_working(qtbot, ch
     assert reply.error.startswith(f"Could not reach the server at {remote_server.base_url}: the connection was refused.")
     chat.wait_until_ready()
     assert window.input_bar.send_button.isEnabled()
+
+
+def test_the_servers_words_are_shown_as_plain_text(qtbot, chat, window, remote_server, remote_script):
+    remote_script.refusal = '<a href="http://evil.example/">Click <b>here</b></a>'
+    chat.wait_until_ready()
+    dialog = _open_dialog(qtbot, window)
+    dialog.address.setCurrentText(remote_server.base_url)
+    dialog.api_key.setText("sk-wrong")
+
+    qtbot.mouseClick(dialog.list_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: "refused the API key" in dialog.message.text(), timeout=5000)
+
+    assert dialog.message.textFormat() == Qt.TextFormat.PlainText
+    assert '<a href="http://evil.example/">Click <b>here</b></a>' in dialog.message.text()
+    dialog.reject()
