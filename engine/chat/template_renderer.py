@@ -46,22 +46,31 @@ class _RendererProcess:
 
     def __init__(self) -> None:
         package_root = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (package_root, os.environ.get("PYTHONPATH")))))
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", SANDBOX_MODULE],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env=env, encoding="utf-8", bufsize=1,
-        )
+        python_path = os.pathsep.join(filter(None, (package_root, os.environ.get("PYTHONPATH"))))
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", SANDBOX_MODULE],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                env=dict(os.environ, PYTHONPATH=python_path), encoding="utf-8", bufsize=1,
+            )
+        except OSError as error:
+            raise RenderFailure("unavailable", f"the template renderer process could not start ({error})") from None
         self._replies: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read_replies, name="template-renderer-reader", daemon=True).start()
-        if self._next_reply(START_DEADLINE_S) is None:
+        try:
+            ready = self._next_reply(START_DEADLINE_S)
+        except RenderFailure:
+            ready = None
+        if ready is None:
             self.stop()
             raise RenderFailure("unavailable", "the template renderer process did not start")
 
     def _read_replies(self) -> None:
+        """Reader thread: each reply line, then None when the process's output ends (it exited or was killed)."""
         assert self._process.stdout is not None
-        for line in self._process.stdout:
-            self._replies.put(line)
+        with self._process.stdout:
+            for line in self._process.stdout:
+                self._replies.put(line)
         self._replies.put(None)
 
     def _next_reply(self, deadline_s: float) -> dict[str, Any] | None:
@@ -85,13 +94,14 @@ class _RendererProcess:
         return reply
 
     def stop(self) -> None:
+        """Kill the process and wait for it; the reader thread then sees its output end."""
         self._process.kill()
         self._process.wait()
-        for stream in (self._process.stdin, self._process.stdout):
-            try:
-                stream.close() if stream else None
-            except OSError:
-                pass
+        assert self._process.stdin is not None
+        try:
+            self._process.stdin.close()
+        except OSError:  # a write it never read, to a pipe now broken
+            pass
 
 
 class TemplateRenderer:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import resource
+import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from engine.chat.chat_template import SAMPLE_CHAT, ChatTemplate, ChatTemplateError
-from engine.chat.template_renderer import RENDERER
 from engine.chat.template_sandbox import MEMORY_LIMIT_BYTES
 from engine.models.model_files import inspect_model
 from engine.protocol.messages import ChatMessage, LoadFailed, ModelLoaded
@@ -44,10 +45,25 @@ def test_hostile_template_is_stopped_and_the_next_render_works(name: str) -> Non
 
 
 def test_renderer_process_stays_within_its_memory_cap() -> None:
-    with pytest.raises(ChatTemplateError, match=GREEDY):
-        ChatTemplate(HOSTILE["a string doubled with ~"][0]).render(SAMPLE_CHAT)
-    RENDERER.close()  # reaped, so its peak counts in RUSAGE_CHILDREN
-    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 <= MEMORY_LIMIT_BYTES
+    """Run in a fresh process whose only child is the renderer, so RUSAGE_CHILDREN is the renderer's peak."""
+    script = (
+        "import resource\n"
+        "from engine.chat.chat_template import SAMPLE_CHAT, ChatTemplate, ChatTemplateError\n"
+        "from engine.chat.template_renderer import RENDERER\n"
+        f"source = {HOSTILE['a string doubled with ~'][0]!r}\n"
+        "try:\n"
+        "    ChatTemplate(source).render(SAMPLE_CHAT)\n"
+        "except ChatTemplateError as error:\n"
+        "    print(error)\n"
+        "RENDERER.close()\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)\n"
+    )
+    root = str(Path(__file__).resolve().parents[3])
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": root}, check=True)
+    message, peak_bytes = result.stdout.strip().splitlines()
+    assert GREEDY in message
+    assert int(peak_bytes) <= MEMORY_LIMIT_BYTES
 
 
 def test_model_with_hostile_template_is_refused_when_opened(model_with_template) -> None:

@@ -122,7 +122,9 @@ def test_config_vocab_size_against_weights_and_tokenizer(hf_copy: Callable[[], P
     assert f"vocab_size is {vocab_size - 1} but" in refused_quickly(folder)
 
 
-def test_engine_refuses_a_fifo_and_answers_the_next_request(engine_driver, tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_engine_refuses_a_fifo_and_answers_the_next_request(
+    engine_driver, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     fifo = tmp_path / "x.gguf"
     os.mkfifo(fifo)
     engine = engine_driver()
