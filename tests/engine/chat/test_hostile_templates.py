@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine.chat.chat_template import SAMPLE_CHAT, ChatTemplate, ChatTemplateError
-from engine.chat.template_sandbox import MEMORY_LIMIT_BYTES
+from engine.chat.template_sandbox import MEMORY_LIMIT_BYTES, limit_memory
 from engine.models.model_files import inspect_model
 from engine.protocol.messages import ChatMessage, LoadFailed, ModelLoaded
 
@@ -118,3 +118,9 @@ def test_engine_refuses_a_hostile_template_and_answers_the_next_request(engine_d
         assert engine.ask("c1", [ChatMessage("user", "Hello")]).reply.text
     finally:
         engine.thread.stop()
+
+
+def test_without_resource_the_renderer_runs_on_its_deadline_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on Windows: no address-space cap can be set, and that is no error."""
+    monkeypatch.setitem(sys.modules, "resource", None)  # makes ``import resource`` raise ImportError
+    limit_memory(MEMORY_LIMIT_BYTES)
