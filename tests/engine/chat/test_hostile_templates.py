@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,8 +21,10 @@ from engine.protocol.messages import ChatMessage, LoadFailed, ModelLoaded
 GOOD_TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
 SLOW = "took too long to render"
 GREEDY = "took too much memory to render"
+SLOW_OR_GREEDY = "took too (long|much memory) to render"  # which limit comes first depends on the machine
+LOOPS = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
 HOSTILE = {
-    "nested range loops": ("{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}", SLOW),
+    "nested range loops": (LOOPS, SLOW),
     "tojson's huge indent": ("{{ messages|tojson(indent=1000000000) }}", "sandbox blocks"),
     "a %-format width": ("{{ '%2000000000d' % 1 }}", GREEDY),
     "a str.format width": ("{{ '{:>2000000000}'.format('x') }}", GREEDY),
@@ -29,7 +32,7 @@ HOSTILE = {
         "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
         GREEDY,
     ),
-    "lipsum of 10^8 paragraphs": ("{{ lipsum(n=100000000) }}", SLOW),
+    "lipsum of 10^8 paragraphs": ("{{ lipsum(n=100000000) }}", SLOW_OR_GREEDY),
 }
 
 
@@ -100,16 +103,14 @@ def model_with_template(tiny_model_dir: Path, tmp_path: Path) -> Callable[[str],
 
 def test_engine_refuses_a_hostile_template_and_answers_the_next_request(engine_driver, model_with_template) -> None:
     boom_model = model_with_template(  # loops forever only when the last message says "boom"
-        "{% if 'boom' in messages[-1].content %}"
-        "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}"
-        "{% endif %}"
+        "{% if 'boom' in messages[-1].content %}" + LOOPS + "{% endif %}"
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
         "<|im_start|>assistant\n"
     )
     engine = engine_driver()
     try:
         refused = engine.load(str(model_with_template(HOSTILE["lipsum of 10^8 paragraphs"][0])))
-        assert isinstance(refused, LoadFailed) and SLOW in refused.message
+        assert isinstance(refused, LoadFailed) and re.search(SLOW_OR_GREEDY, refused.message)
         assert isinstance(engine.load(str(boom_model)), ModelLoaded)
         started = time.monotonic()
         with pytest.raises(AssertionError, match=SLOW):
