@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from app.storage.errors import (
-    DamagedDatabaseError, ReadOnlyDatabaseError, StorageError, describe, is_damage, is_read_only,
+    DamagedDatabaseError, ReadOnlyDatabaseError, StorageError, describe, is_damage, is_read_only_error,
 )
 from app.storage.schema import check_version, migrate
 from engine.host import paths
@@ -56,7 +56,7 @@ def connect(path: Path) -> sqlite3.Connection:
         connection.close()
         if is_damage(error):
             raise DamagedDatabaseError(path, str(error)) from error
-        if is_read_only(error):
+        if is_read_only_error(error):
             raise ReadOnlyDatabaseError(path) from error
         raise StorageError(f"Could not open the conversation database {path}: {describe(error)}.") from error
     except BaseException:

@@ -67,7 +67,7 @@ def describe(error: sqlite3.Error) -> str:
     return reason if reason else f"{error} ({getattr(error, 'sqlite_errorname', code)})"
 
 
-def is_read_only(error: sqlite3.Error) -> bool:
+def is_read_only_error(error: sqlite3.Error) -> bool:
     """True when the error means the database (its file, folder or disk) cannot be written."""
     return getattr(error, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_READONLY
 
