@@ -1,10 +1,14 @@
 """Hearth's saved data: conversations in SQLite and settings in JSON (GUI thread; no Qt, no torch).
 
 Start-up: ``store, notice = ChatStore.open_or_start_fresh()``, then ``store.recover_interrupted()``,
-and ``load_settings()``. See store.py, recorder.py, settings.py and export.py for the calls.
+and ``load_settings()``; ``store.unsaved.watch`` gives the lasting warning while a finished reply
+is not saved yet (a full disk), and ``store.save_unsaved()`` retries it. See store.py,
+recorder.py, unsaved.py, settings.py and export.py for the calls.
 """
 
-from app.storage.errors import DamagedDatabaseError, NewerDatabaseError, NotFoundError, StorageError
+from app.storage.errors import (
+    DamagedDatabaseError, NewerDatabaseError, NotFoundError, ReadOnlyDatabaseError, StorageError,
+)
 from app.storage.export import export_json, export_markdown
 from app.storage.recorder import ReplyRecorder
 from app.storage.records import Conversation, ConversationSummary, Message
@@ -20,6 +24,7 @@ __all__ = [
     "Message",
     "NewerDatabaseError",
     "NotFoundError",
+    "ReadOnlyDatabaseError",
     "ReplyRecorder",
     "SamplingSettings",
     "Settings",

@@ -29,6 +29,17 @@ class DamagedDatabaseError(StorageError):
         self.reason = reason
 
 
+class ReadOnlyDatabaseError(StorageError):
+    """The database file cannot be written (read-only file, folder or disk). The file is left untouched."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(
+            f"The conversation database {path} is read-only, so Hearth cannot save conversations in it. "
+            f"Make the file and its folder writable, then start Hearth again."
+        )
+        self.path = path
+
+
 class NewerDatabaseError(StorageError):
     """The database was written by a newer Hearth (its schema version is unknown here)."""
 
@@ -54,6 +65,11 @@ def describe(error: sqlite3.Error) -> str:
         return str(error)
     reason = _REASONS.get(code & 0xFF)  # extended codes keep the primary code in the low byte
     return reason if reason else f"{error} ({getattr(error, 'sqlite_errorname', code)})"
+
+
+def is_read_only_error(error: sqlite3.Error) -> bool:
+    """True when the error means the database (its file, folder or disk) cannot be written."""
+    return getattr(error, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_READONLY
 
 
 def is_damage(error: sqlite3.Error) -> bool:

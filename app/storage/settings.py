@@ -2,9 +2,13 @@
 
 A settings file that cannot be read is never overwritten blindly: it is copied aside as
 ``settings.json.damaged-<YYYYmmdd-HHMMSS>``, the values that could be read are kept, the others
-fall back to their defaults, and ``LoadedSettings.notice`` says so. Keys Hearth does not know
-are ignored (and dropped on the next save). The file may hold the API keys of remote servers
-and of Hearth's own API server, so it is written readable by the user alone (mode 0600).
+fall back to their defaults, and ``LoadedSettings.notice`` says so. A file over
+``MAX_SETTINGS_BYTES``, nested too deeply for the JSON parser, or with a field over its bound
+(``MAX_TEXT_CHARS``, ``MAX_SYSTEM_PROMPT_CHARS``) counts as damaged too. Keys Hearth does not
+know are ignored (and dropped on the next save). A file the user made read-only (no owner
+write permission) is never replaced: ``save_settings`` leaves it, and the load notice says so
+once. The file may hold the API keys of remote servers and of Hearth's own API server, so it
+is written readable by the user alone (mode 0600).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -29,6 +34,9 @@ SETTINGS_NAME = "settings.json"
 RECENT_MODELS_LIMIT = 10
 REMOTE_SERVERS_LIMIT = 10
 SETTINGS_MODE = 0o600
+MAX_SETTINGS_BYTES = 1024**2
+MAX_SYSTEM_PROMPT_CHARS = 100_000
+MAX_TEXT_CHARS = 4096  # a path, an address, a model name or an API key
 _DEFAULTS = SamplingParams()
 _SERVER_DEFAULTS = ServerConfig()
 
@@ -90,7 +98,7 @@ class RemoteConnection:
     def from_dict(cls, data: object) -> RemoteConnection:
         if not isinstance(data, dict) or not isinstance(data.get("base_url"), str):
             raise ValueError("expected a server with a base_url")  # not the entry itself: it may hold a key
-        return cls(data["base_url"], _read_text(data.get("api_key", "")), _read_text(data.get("model", "")))
+        return cls(_read_text(data["base_url"]), _read_text(data.get("api_key", "")), _read_text(data.get("model", "")))
 
 
 @dataclass(frozen=True)
@@ -121,7 +129,7 @@ class ServerSettings:
         host, api_key = data.get("host", _SERVER_DEFAULTS.host), data.get("api_key", "")
         if not isinstance(host, str) or not isinstance(api_key, str):
             raise ValueError("the host and the API key must be text")
-        return cls(host, port, api_key)
+        return cls(_read_text(host), port, _read_text(api_key))
 
 
 @dataclass(frozen=True)
@@ -161,19 +169,37 @@ def load_settings(path: Path | None = None) -> LoadedSettings:
     """Read the settings file; a missing file gives the defaults without a notice."""
     path = path or default_settings_path()
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as stream:
+            raw = stream.read(MAX_SETTINGS_BYTES + 1)
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         return LoadedSettings(Settings())
     except (OSError, UnicodeDecodeError) as error:
         return _damaged(path, Settings(), [f"the file could not be read ({error})"])
+    if len(raw) > MAX_SETTINGS_BYTES:
+        return _damaged(path, Settings(), [f"the file is larger than {MAX_SETTINGS_BYTES // 1024**2} MB"])
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return _damaged(path, Settings(), ["the file is not valid JSON"])
     if not isinstance(data, dict):
         return _damaged(path, Settings(), ["the file does not hold a settings object"])
     settings, problems = _settings_from_dict(data)
-    return _damaged(path, settings, problems) if problems else LoadedSettings(settings)
+    loaded = _damaged(path, settings, problems) if problems else LoadedSettings(settings)
+    return _with_read_only_notice(path, loaded) if is_read_only(path) else loaded
+
+
+def is_read_only(path: Path) -> bool:
+    """True when the settings file exists and its owner may not write it (the user's choice to respect)."""
+    try:
+        return not path.stat().st_mode & stat.S_IWUSR
+    except OSError:
+        return False
+
+
+def _with_read_only_notice(path: Path, loaded: LoadedSettings) -> LoadedSettings:
+    read_only = f"{path} is read-only, so Hearth will not save changes to the settings."
+    return replace(loaded, notice=f"{loaded.notice} {read_only}" if loaded.notice else read_only)
 
 
 def _settings_from_dict(data: dict[str, Any]) -> tuple[Settings, list[str]]:
@@ -189,10 +215,21 @@ def _settings_from_dict(data: dict[str, Any]) -> tuple[Settings, list[str]]:
     return Settings(**values), problems
 
 
-def _read_text(value: object) -> str:
+def _read_text(value: object, limit: int = MAX_TEXT_CHARS) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"expected text, not {value!r}")
+        raise ValueError(f"expected text, not {_shortened(value)}")
+    if len(value) > limit:
+        raise ValueError(f"text of {len(value)} characters is longer than the {limit} allowed")
     return value
+
+
+def _shortened(value: object) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 80 else f"{shown[:80]}…"
+
+
+def _read_system_prompt(value: object) -> str:
+    return _read_text(value, MAX_SYSTEM_PROMPT_CHARS)
 
 
 def _read_optional_text(value: object) -> str | None:
@@ -201,24 +238,24 @@ def _read_optional_text(value: object) -> str | None:
 
 def _read_theme(value: object) -> str:
     if value not in THEMES:
-        raise ValueError(f"expected one of {', '.join(THEMES)}, not {value!r}")
+        raise ValueError(f"expected one of {', '.join(THEMES)}, not {_shortened(value)}")
     return str(value)
 
 
 def _read_recent(value: object) -> tuple[str, ...]:
     if not isinstance(value, list):
-        raise ValueError(f"expected a list of paths, not {value!r}")
+        raise ValueError(f"expected a list of paths, not {_shortened(value)}")
     return tuple(_read_text(item) for item in value)[:RECENT_MODELS_LIMIT]
 
 
 def _read_remote_servers(value: object) -> tuple[RemoteConnection, ...]:
     if not isinstance(value, list):
-        raise ValueError(f"expected a list of servers, not {value!r}")
+        raise ValueError(f"expected a list of servers, not {_shortened(value)}")
     return tuple(RemoteConnection.from_dict(item) for item in value)[:REMOTE_SERVERS_LIMIT]
 
 
 _FIELD_READERS = {
-    "system_prompt": _read_text,
+    "system_prompt": _read_system_prompt,
     "sampling": SamplingSettings.from_dict,
     "theme": _read_theme,
     "last_model_path": _read_optional_text,
@@ -242,9 +279,12 @@ def _damaged(path: Path, settings: Settings, problems: list[str]) -> LoadedSetti
 def save_settings(settings: Settings, path: Path | None = None) -> None:
     """Write the settings atomically: a temporary file, fsync, then rename over the old file.
 
-    Raises ``StorageError`` with a clear message when it cannot be written; the old file is then intact.
+    A read-only file (``is_read_only``) is left as it is (``load_settings`` said so). Raises
+    ``StorageError`` with a clear message when it cannot be written; the old file is then intact.
     """
     path = path or default_settings_path()
+    if is_read_only(path):
+        return
     data = asdict(settings)
     data["recent_models"] = list(settings.recent_models)
     text = json.dumps(data, indent=2, ensure_ascii=False)

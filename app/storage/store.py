@@ -3,6 +3,12 @@
 Every write is committed before the call returns, so a crash loses nothing already handed to the
 store; a streamed reply is checkpointed by ``ReplyRecorder`` (recorder.py). Reads and writes
 raise ``StorageError`` with a message for the user; ``NotFoundError`` for an unknown id.
+
+A reply's final save that fails (a full disk) still raises, but the store keeps the reply
+(``unsaved``, unsaved.py) and saves it on ``save_unsaved``: the window retries on a timer,
+and every later finished reply and ``close`` retry too. Each retry first folds the write-ahead
+log back into the database and truncates it (the log is what fills a small disk first; the
+connection also keeps it small, see ``database._configure``).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from app.storage import database
-from app.storage.errors import DamagedDatabaseError, NotFoundError, reading, saving
+from app.storage.errors import DamagedDatabaseError, NotFoundError, StorageError, reading, saving
 from app.storage.records import (
     FINAL_STATES,
     Conversation,
@@ -32,6 +38,7 @@ from app.storage.records import (
     title_from_text,
 )
 from app.storage.settings import SamplingSettings
+from app.storage.unsaved import UnsavedReplies, UnsavedReply
 from engine.protocol.messages import RequestStats, Role
 
 Clock = Callable[[], float]
@@ -45,6 +52,8 @@ class ChatStore:
         connection.row_factory = sqlite3.Row
         self._db = connection
         self._clock = clock
+        self.unsaved = UnsavedReplies()
+        """Finished replies not saved yet; ``unsaved.watch`` gives the lasting warning about them."""
 
     @classmethod
     def open(cls, path: Path | None = None, clock: Clock = time.time) -> ChatStore:
@@ -72,6 +81,9 @@ class ChatStore:
             return cls.open(path, clock), notice
 
     def close(self) -> None:
+        """Save what is unsaved if the disk allows, fold the write-ahead log back, and close."""
+        self.save_unsaved()
+        self._fold_log()
         self._db.close()
 
     @contextmanager
@@ -209,10 +221,41 @@ class ChatStore:
         state: str = "done",
         stats: RequestStats | Mapping[str, Any] | None = None,
     ) -> None:
-        """Save the reply's final text, its state ('done', 'interrupted' or 'error') and its statistics."""
+        """Save the reply's final text, its state ('done', 'interrupted' or 'error') and its statistics.
+
+        When the save fails (other than for an unknown id), even after the write-ahead log is
+        folded back, the reply is kept in ``unsaved`` and ``StorageError`` is raised; a success
+        also retries the replies kept before.
+        """
         if state not in FINAL_STATES:
             raise ValueError(f"A finished reply's state must be one of {sorted(FINAL_STATES)}, not {state!r}.")
         stats_json = None if stats is None else json.dumps(_stats_dict(stats))
+        try:
+            self._save_final(message_id, text, state, stats_json)
+        except NotFoundError:
+            raise
+        except StorageError as error:
+            self.unsaved.keep(UnsavedReply(message_id, text, state, stats_json, str(error)))
+            if not self.save_unsaved():  # folding the write-ahead log back may free the space it needs
+                raise
+            return
+        self.save_unsaved()
+
+    def save_unsaved(self) -> bool:
+        """Try again to save the replies in ``unsaved``, oldest first; True when none is left."""
+        if self.unsaved:
+            self._fold_log()  # a truncated write-ahead log may be the space the retry needs
+        for reply in self.unsaved:
+            try:
+                self._save_final(reply.message_id, reply.text, reply.state, reply.stats_json)
+            except NotFoundError:  # deleted since (the conversation was truncated or purged)
+                pass
+            except StorageError:
+                return False
+            self.unsaved.saved(reply.message_id)
+        return True
+
+    def _save_final(self, message_id: str, text: str, state: str, stats_json: str | None) -> None:
         with self._transaction("the reply") as db:
             row = self._require_message(db, message_id)
             db.execute(
@@ -220,6 +263,13 @@ class ChatStore:
                 (text, state, stats_json, message_id),
             )
             self._touch(db, row["conversation_id"])
+
+    def _fold_log(self) -> None:
+        """Copy the write-ahead log into the database and truncate it; a failure leaves it for the next time."""
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error:
+            pass
 
     def truncate_after(self, conversation_id: str, position: int) -> int:
         """Delete the messages after ``position`` (for edit/regenerate); return how many were deleted.

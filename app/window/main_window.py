@@ -10,9 +10,9 @@ non-blocking dialog.
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QCloseEvent, QKeySequence
-from PySide6.QtWidgets import QMainWindow, QMessageBox, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QVBoxLayout, QWidget
 
 from app.chat.chat_session import ChatSession
 from app.chat.chat_view import ChatView
@@ -30,6 +30,7 @@ from app.window.server_menu import install_server_menu
 from app.window.status_line import StatusLine
 
 PERFORMANCE_DOCK_WIDTH = 380
+UNSAVED_RETRY_MS = 5000
 
 
 class MainWindow(QMainWindow):
@@ -50,6 +51,7 @@ class MainWindow(QMainWindow):
         self.settings_holder = SettingsHolder(parent=self)
         self.journal, startup_notices = open_journal(lambda: self.settings_holder.settings)
         startup_notices += [self.settings_holder.load_notice] if self.settings_holder.load_notice else []
+        self._watch_unsaved_replies()
         self.session = ChatSession(controller, self.chat_view, self.input_bar, self.journal, self)
         self.session.notice.connect(self.status_line.show_notice)
         controller.engine_error.connect(lambda event: self.show_error("The engine reported an error", event.message))
@@ -66,6 +68,23 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event: QCloseEvent) -> None:
         super().closeEvent(event)
         self.closed.emit()
+
+    def _watch_unsaved_replies(self) -> None:
+        """While a finished reply is not saved (a full disk), say so in the status bar and retry every few
+        seconds and at close (``ChatStore.unsaved``)."""
+        store, warning_label, retry = self.journal.store, QLabel(self), QTimer(self)
+        warning_label.setObjectName("unsavedWarning")
+        self.status_line.addPermanentWidget(warning_label)
+        retry.setInterval(UNSAVED_RETRY_MS)
+        retry.timeout.connect(store.save_unsaved)
+
+        def show(warning: str | None) -> None:
+            warning_label.setText(warning or "")
+            warning_label.setVisible(warning is not None)
+            retry.start() if warning else retry.stop()
+
+        store.unsaved.watch(show)
+        self.closed.connect(store.save_unsaved)
 
     def _build_central(self) -> None:
         central = QWidget(self)

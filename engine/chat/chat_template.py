@@ -1,11 +1,13 @@
 """Turn a conversation into the prompt text a model expects (engine thread, or any).
 
 A model's chat template is Jinja code written by whoever published the model, so it
-is untrusted: it runs in Jinja's immutable sandbox (as transformers does), with
-``*`` and ``**`` capped so a template cannot build huge strings or numbers. It can
-call only ``raise_exception``, ``strftime_now`` and the ``tojson`` filter beyond
-Jinja's own safe helpers. Templates come from ``chat_template.jinja`` or
-``tokenizer_config.json`` in a model folder, or from GGUF metadata.
+is untrusted: it is compiled and rendered in Jinja's sandbox inside a separate
+renderer process with a deadline and a memory cap (``template_renderer``,
+``template_sandbox``), so a hostile template costs at most ``RENDER_DEADLINE_S``
+and is refused with a message naming where it came from. Templates come from
+``chat_template.jinja`` or ``tokenizer_config.json`` in a model folder, or from
+GGUF metadata. ``ChatTemplate.for_model`` also renders ``SAMPLE_CHAT`` so a
+template that breaks the limits is refused when the model is opened.
 
 A model without a template gets ``FALLBACK_TEMPLATE``, a plain transcript::
 
@@ -27,17 +29,11 @@ before the model writes the user's next turn.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
-from typing import Any
 
-from jinja2 import TemplateError, TemplateSyntaxError, nodes
-from jinja2.ext import Extension, loopcontrols
-from jinja2.parser import Parser
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
-
+from engine.chat.template_renderer import RENDERER, RenderFailure
+from engine.chat.template_sandbox import MEMORY_LIMIT_BYTES
 from engine.models.model_source import ModelFileError, ModelSource, read_model_json
 from engine.protocol.messages import ChatMessage
 
@@ -52,89 +48,47 @@ FALLBACK_NOTICE = (
     "'User: … / Assistant: …' transcript. Replies may be less reliable than with a chat model."
 )
 FALLBACK_STOP_STRINGS = ("\nUser:",)
-MAX_SEQUENCE_REPEAT_ITEMS = 1_000_000  # largest result of str/list * int a template may build
-MAX_EXPONENT = 1_000
+SAMPLE_CHAT = (
+    ChatMessage("user", "Hello!"),
+    ChatMessage("assistant", "Hi! How can I help?"),
+    ChatMessage("user", "What is the capital of France?"),
+)
+LOAD_REFUSALS = ("timeout", "crashed", "memory", "security")  # sample-render failures that refuse the model
 
 
 class ChatTemplateError(ModelFileError):
-    """A chat template that cannot be compiled or rendered; the message names its source."""
+    """A chat template that cannot be compiled or rendered; the message names its source.
 
+    ``kind`` says why (``template_renderer.RenderFailure.kind``).
+    """
 
-class _TemplateRefusal(TemplateError):
-    """Raised by a template's own ``raise_exception`` call."""
-
-
-class _GenerationTag(Extension):
-    """Accepts ``{% generation %}…{% endgeneration %}`` (marks assistant text) and renders its body."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: Parser) -> nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return nodes.Scope(body).set_lineno(lineno)
-
-
-class _TemplateSandbox(ImmutableSandboxedEnvironment):
-    """The immutable sandbox, with repetition and exponent sizes bounded."""
-
-    intercepted_binops = frozenset({"*", "**"})
-
-    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "**" and isinstance(right, int) and abs(right) > MAX_EXPONENT:
-            raise SecurityError(f"exponent {right} is larger than {MAX_EXPONENT}")
-        if operator == "*":
-            for sequence, times in ((left, right), (right, left)):
-                if isinstance(sequence, (str, list, tuple)) and isinstance(times, int):
-                    if len(sequence) * times > MAX_SEQUENCE_REPEAT_ITEMS:
-                        raise SecurityError("the template tried to build an oversized string or list")
-        return super().call_binop(context, operator, left, right)
-
-
-def _raise_exception(message: str) -> None:
-    raise _TemplateRefusal(message)
-
-
-def _strftime_now(format_string: str) -> str:
-    return datetime.now().strftime(format_string)
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, sort_keys=sort_keys)
-
-
-def _make_environment() -> _TemplateSandbox:
-    environment = _TemplateSandbox(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols]
-    )
-    environment.filters["tojson"] = _tojson
-    environment.globals["raise_exception"] = _raise_exception
-    environment.globals["strftime_now"] = _strftime_now
-    return environment
-
-
-_ENVIRONMENT = _make_environment()
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class ChatTemplate:
     """A compiled chat template; ``notice`` is text for the user when Hearth uses its fallback."""
 
     def __init__(self, source: str | None, origin: str | None = None) -> None:
+        """Compiles ``source`` (in the renderer process); a syntax error raises ``ChatTemplateError``."""
         self.is_fallback = source is None
         self.origin = "Hearth's plain fallback template" if source is None else origin or "the chat template"
         self.notice = FALLBACK_NOTICE if source is None else None
         self.stop_strings: tuple[str, ...] = FALLBACK_STOP_STRINGS if source is None else ()
-        try:
-            self._template = _ENVIRONMENT.from_string(FALLBACK_TEMPLATE if source is None else source)
-        except TemplateSyntaxError as error:
-            raise ChatTemplateError(
-                f"The chat template in {self.origin} has a syntax error on line {error.lineno}: "
-                f"{error.message}. The model's files are broken; pick another copy of the model."
-            ) from None
+        self._source = FALLBACK_TEMPLATE if source is None else source
+        self._run(None)
 
     @classmethod
     def for_model(cls, model: ModelSource) -> ChatTemplate:
-        return cls(model.chat_template_source, model.chat_template_origin)
+        """The model's template, refused if rendering a sample chat breaks the sandbox's limits."""
+        template = cls(model.chat_template_source, model.chat_template_origin)
+        try:
+            template.render(SAMPLE_CHAT)
+        except ChatTemplateError as error:
+            if error.kind in LOAD_REFUSALS:
+                raise
+        return template
 
     def render(
         self,
@@ -145,21 +99,43 @@ class ChatTemplate:
     ) -> str:
         """The prompt text for ``messages``; raises ``ChatTemplateError`` if the template fails."""
         turns = [{"role": message.role, "content": message.content} for message in messages]
+        return self._run(
+            {"messages": turns, "add_generation_prompt": add_generation_prompt,
+             "bos_token": bos_token, "eos_token": eos_token}
+        )
+
+    def _run(self, variables: dict[str, object] | None) -> str:
         try:
-            return self._template.render(
-                messages=turns, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token
+            return RENDERER.render(self._source, variables)
+        except RenderFailure as failure:
+            raise ChatTemplateError(self._explain(failure), failure.kind) from None
+
+    def _explain(self, failure: RenderFailure) -> str:
+        """The user's message for a failed compile or render."""
+        broken = "The template is broken or hostile; pick another copy of the model."
+        if failure.kind == "syntax":
+            return (
+                f"The chat template in {self.origin} has a syntax error on line {failure.line}: "
+                f"{failure.message}. The model's files are broken; pick another copy of the model."
             )
-        except _TemplateRefusal as error:
-            raise ChatTemplateError(f"The chat template in {self.origin} refused this conversation: {error}") from None
-        except SecurityError as error:
-            raise ChatTemplateError(
-                f"The chat template in {self.origin} tried something Hearth's sandbox blocks ({error}). "
-                f"Nothing was run. The template is broken or hostile; pick another copy of the model."
-            ) from None
-        except Exception as error:  # the template is untrusted code: any failure is its failure
-            raise ChatTemplateError(
-                f"The chat template in {self.origin} failed: {type(error).__name__}: {error}"
-            ) from None
+        if failure.kind == "refusal":
+            return f"The chat template in {self.origin} refused this conversation: {failure.message}"
+        if failure.kind == "security":
+            return (
+                f"The chat template in {self.origin} tried something Hearth's sandbox blocks ({failure.message}). "
+                f"Nothing was run. {broken}"
+            )
+        if failure.kind == "timeout":
+            return (
+                f"This model's chat template took too long to render ({failure.message}; {self.origin}), "
+                f"so Hearth stopped it. {broken}"
+            )
+        if failure.kind in ("memory", "crashed"):
+            return (
+                f"This model's chat template took too much memory to render (over "
+                f"{MEMORY_LIMIT_BYTES // 1024**2} MB; {self.origin}), so Hearth stopped it. {broken}"
+            )
+        return f"The chat template in {self.origin} failed: {failure.message}"
 
 
 def find_folder_template(folder: Path) -> tuple[str, str] | None:

@@ -3,8 +3,11 @@
 ``gguf.GGUFReader`` trusts the counts in a file: an array that claims 2**40 items
 in a tiny file makes it loop (and allocate) for hours. So Hearth walks the header,
 the key/value metadata and the tensor table itself, checking each count against
-the bytes left in the file before reading on, and keeps only small values (long
-arrays, such as the vocabulary, are skipped over and only counted). The format's
+the bytes left in the file (and arrays against ``MAX_ARRAY_ITEMS``) before reading
+on, and keeps only small values (long arrays, such as the vocabulary, are skipped
+over and only counted). ``gguf_config`` then checks the shape numbers and that the
+token table has a row for every token, so a broken file is refused with a reason
+rather than failing later with a bare ``ZeroDivisionError`` or ``IndexError``. The format's
 constants (value types, quantization block sizes) come from the ``gguf`` package.
 """
 
@@ -30,6 +33,8 @@ MAX_KEPT_ARRAY = 64  # arrays longer than this are counted, not kept
 HEADER_BYTES = 24  # magic, version, tensor count, key/value count
 MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, smallest value
 MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, dims count, type, offset
+MAX_ARRAY_ITEMS = 1 << 20  # the longest real arrays, a vocabulary and its merges, hold ~262 k and ~500 k
+POSITIVE_KEYS = ("block_count", "embedding_length", "head_count")  # GGUF_CONFIG_KEYS a model cannot do without
 
 SCALAR_FORMATS: dict[GGUFValueType, str] = {
     GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
@@ -142,6 +147,10 @@ def _read_array(cursor: _Cursor, key: str) -> list[Any] | _LongArray:
     smallest_item = struct.calcsize(scalar_format) if scalar_format else 8  # a string's length field
     if count * smallest_item > cursor.remaining:
         raise _error(cursor.path, f"metadata {key!r} claims {count} items, more than the file can hold")
+    if count > MAX_ARRAY_ITEMS:
+        raise _error(
+            cursor.path, f"metadata {key!r} claims {count} items, more than the {MAX_ARRAY_ITEMS} Hearth reads"
+        )
     if count <= MAX_KEPT_ARRAY:
         return [_read_value(cursor, item_type, key) for _ in range(count)]
     if scalar_format:
@@ -330,7 +339,41 @@ def gguf_config(path: Path, contents: GGUFContents) -> dict[str, Any]:
         if value is not None:
             config[name] = value
     config.setdefault("vocab_size", contents.array_lengths.get("tokenizer.ggml.tokens"))
+    _check_shape_numbers(path, config)
+    _check_vocabulary(path, contents, config)
     config["file_type"] = file_type_name(contents.metadata)
     config["model_name"] = contents.metadata.get("general.name")
     config["tied_embeddings"] = all(tensor.name != "output.weight" for tensor in contents.tensors)
     return config
+
+
+def _check_shape_numbers(path: Path, config: dict[str, Any]) -> None:
+    """Layer, width and head counts must be positive, and the heads must split the width and each other."""
+    architecture = config["architecture"]
+    for name in POSITIVE_KEYS:
+        value = config.get(name)
+        if value is not None and (not _is_whole(value) or value <= 0):
+            key = f"{architecture}.{GGUF_CONFIG_KEYS[name]}"
+            raise _error(path, f"its metadata {key} is {value!r}, not a positive number")
+    heads, kv_heads, width = config.get("head_count"), config.get("head_count_kv"), config.get("embedding_length")
+    if kv_heads is not None and _is_whole(heads) and (not _is_whole(kv_heads) or kv_heads <= 0 or heads % kv_heads):
+        raise _error(path, f"its {kv_heads!r} key/value heads do not divide its {heads} attention heads")
+    if config.get("key_length") is None and _is_whole(heads) and _is_whole(width) and width % heads:
+        raise _error(path, f"its width {width} does not split into {heads} attention heads")
+
+
+def _check_vocabulary(path: Path, contents: GGUFContents, config: dict[str, Any]) -> None:
+    """A token table (and ``vocab_size``) with a row for every token of the vocabulary."""
+    tokens = contents.array_lengths.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        return
+    vocab_size = config.get("vocab_size")
+    if vocab_size is not None and (not _is_whole(vocab_size) or vocab_size < tokens):
+        raise _error(path, f"its vocab_size {vocab_size!r} is smaller than its tokenizer's {tokens} tokens")
+    for tensor in contents.tensors:
+        if tensor.name in ("token_embd.weight", "output.weight") and len(tensor.dims) == 2 and tensor.dims[1] < tokens:
+            raise _error(path, f"its {tensor.name} has {tensor.dims[1]} rows for the tokenizer's {tokens} tokens")
+
+
+def _is_whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

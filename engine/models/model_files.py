@@ -9,13 +9,16 @@ file, and what to do. transformers is imported lazily, on the first folder check
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from typing import Any
 
 from engine.chat.chat_template import find_folder_template
 from engine.models.gguf_check import PLAIN_TYPES, GGUFContents, gguf_config, read_gguf, refuse_unreadable_types
 from engine.models.model_source import ModelFileError, ModelSource, read_model_json
-from engine.models.safetensors_check import INDEX_FILE, SafetensorsHeader, read_safetensors_header, read_sharded_headers
+from engine.models.safetensors_check import (
+    INDEX_FILE, SafetensorsHeader, check_config_numbers, read_safetensors_header, read_sharded_headers,
+)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 SINGLE_FILE = "model.safetensors"
@@ -39,13 +42,29 @@ def _inspect_path(path: Path) -> ModelSource:
     if not path.exists():
         raise ModelFileError(f"{path} does not exist. Pick a model folder or a .gguf file that is there.")
     if path.is_dir():
+        for entry in path.iterdir():
+            _refuse_special_file(entry)
         return _inspect_folder(path)
+    _refuse_special_file(path)
     if path.suffix.lower() == ".gguf":
         return _inspect_gguf(path)
     raise ModelFileError(
         f"{path.name} is neither a model folder nor a .gguf file. Pick the folder that holds "
         f"config.json and the .safetensors weights, or a single .gguf file. ({path})"
     )
+
+
+def _refuse_special_file(path: Path) -> None:
+    """Refuse a FIFO, socket or device (opening one can block forever); a broken link is left to whoever opens it."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise ModelFileError(
+            f"{path.name} is not a regular file (it is a pipe, socket or device), so Hearth will not open it. "
+            f"Pick a model folder or a .gguf file saved on disk. ({path})"
+        )
 
 
 # ---------------------------------------------------------------- GGUF files
@@ -102,6 +121,7 @@ def _inspect_folder(folder: Path) -> ModelSource:
     _refuse_remote_code(config_path, config)
     _check_architecture(config_path, config)
     headers, notes = folder_weights(folder)
+    check_config_numbers(config_path, config, headers)
     template = find_folder_template(folder)
     return ModelSource(
         kind="hf_folder",

@@ -18,6 +18,9 @@ from engine.models.model_source import ModelFileError, read_model_json
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 INDEX_FILE = "model.safetensors.index.json"
+TOKENIZER_FILE = "tokenizer.json"
+POSITIVE_CONFIG_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+TOKEN_TABLE_NAMES = ("model.embed_tokens.weight", "lm_head.weight")
 
 # Bits per element of every dtype the safetensors format defines.
 DTYPE_BITS: dict[str, int] = {
@@ -197,3 +200,52 @@ def read_sharded_headers(index_path: Path) -> list[SafetensorsHeader]:
             )
         headers.append(header)
     return headers
+
+
+def check_config_numbers(config_path: Path, config: dict[str, Any], headers: list[SafetensorsHeader]) -> None:
+    """config.json's sizes must be positive and consistent with each other, the weights and the tokenizer.
+
+    Raises ``ModelFileError`` naming the number, where transformers or a reply would fail with a bare
+    ``ZeroDivisionError`` or ``IndexError``.
+    """
+    for key in POSITIVE_CONFIG_KEYS:
+        if key in config and (not _is_count(config[key]) or config[key] == 0):
+            raise _bad_config(config_path, f"{key} is {config[key]!r}, not a positive whole number")
+    heads, width = config.get("num_attention_heads"), config.get("hidden_size")
+    kv_heads = config.get("num_key_value_heads")
+    if _is_count(heads) and kv_heads is not None and (not _is_count(kv_heads) or kv_heads == 0 or heads % kv_heads):
+        raise _bad_config(config_path, f"num_key_value_heads {kv_heads!r} does not divide num_attention_heads {heads}")
+    if config.get("head_dim") is None and _is_count(heads) and _is_count(width) and width % heads:
+        raise _bad_config(config_path, f"hidden_size {width} does not split into {heads} attention heads")
+    vocab_size = config.get("vocab_size")
+    if _is_count(vocab_size):
+        _check_token_rows(config_path, vocab_size, headers)
+        _check_tokenizer_fits(config_path, vocab_size)
+
+
+def _bad_config(config_path: Path, problem: str) -> ModelFileError:
+    return ModelFileError(f"config.json is not usable: {problem}. Download the model again. ({config_path})")
+
+
+def _check_token_rows(config_path: Path, vocab_size: int, headers: list[SafetensorsHeader]) -> None:
+    for tensor in (t for header in headers for t in header.tensors if t.name in TOKEN_TABLE_NAMES):
+        if len(tensor.shape) == 2 and tensor.shape[0] != vocab_size:
+            raise _bad_config(config_path, f"vocab_size is {vocab_size} but {tensor.name} has {tensor.shape[0]} rows")
+
+
+def _check_tokenizer_fits(config_path: Path, vocab_size: int) -> None:
+    """Every id the tokenizer can produce must have a row in the token table."""
+    tokenizer_path = config_path.with_name(TOKENIZER_FILE)
+    if not tokenizer_path.is_file():
+        return
+    tokenizer = read_model_json(tokenizer_path)
+    model = tokenizer.get("model") if isinstance(tokenizer, dict) else None
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    ids = [*vocab.values()] if isinstance(vocab, dict) else [len(vocab) - 1] if isinstance(vocab, list) else []
+    added = tokenizer.get("added_tokens") if isinstance(tokenizer, dict) else None
+    ids += [token.get("id") for token in added or () if isinstance(token, dict)]
+    largest = max((token_id for token_id in ids if _is_count(token_id)), default=-1)
+    if largest >= vocab_size:
+        raise _bad_config(
+            config_path, f"vocab_size is {vocab_size} but {TOKENIZER_FILE} has token ids up to {largest}"
+        )
