@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from engine.forward.fast_scope import config_view, unsupported_reason
 from engine.forward.native.support import may_run
-from engine.forward.weights.packed_sizes import int8_kernel_takes
+from engine.forward.weights.packed_sizes import INT4_PAIR, int8_kernel_takes
 from engine.host.cpu_features import has_amx_tiles, has_fp16_math, has_int8_dot
 from engine.models.gguf_check import DIRECT_ARCHITECTURES
 from engine.models.model_source import ModelSource
@@ -29,7 +29,6 @@ PRECISIONS = tuple(name for name in OPTIONS if name != "auto")
 FAST_LAYERS = {"cpu": ("fp32", "fp16", "int4"), "cuda": PRECISIONS}  # the rest go through transformers
 TRANSFORMERS_LAYERS = {"int4": "nf4"}  # bitsandbytes' NF4; int8 is its LLM.int8, the others plain dtypes
 QUANTIZED = ("int8", "int4")
-INT4_PAIR = "int4x2"  # two planes of 4-bit groups (``quant_int.INT4_PAIR``)
 FOUR_BIT_PROMPT_PARAMS = 1_000_000_000
 """From this many parameters a 4-bit file's prompts run faster from its 4-bit weights (``int4_prompts``: int8 GEMMs)
 than from an fp16 copy, on a CPU with int8 dot products and no fp16 arithmetic, so ``auto`` keeps the 4-bit weights
@@ -38,7 +37,7 @@ Q4_K_M 56.2 tok/s (llama.cpp 62.5) against 40.4 (57.4) with the copy, decode lev
 holding 1.7 GB against 5.2; SmolLM2-135M's prompts 521 against 589, so small models keep the copy."""
 FORMAT_WORDS = {
     "fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "int8": "int8", "int4": "int4",
-    "nf4": "nf4 (bitsandbytes)", INT4_PAIR: "two int4 planes", "file": "the file's blocks",
+    "nf4": "nf4 (bitsandbytes)",
 }
 
 

@@ -47,12 +47,8 @@ from engine.forward.native import int4_matmul as native_int4
 from engine.forward.native import int8_matmul as native_int8
 from engine.forward.weights import int4_prompts, triton_gemv
 from engine.forward.weights.cpu_int4_layout import codes_from_packed, packed_from_codes
+from engine.forward.weights.packed_sizes import INT4_PAIR
 
-INT4_PAIR = "int4x2"
-"""Two planes of 4-bit groups, the second holding what the first's rounding left (``Int4Pair``): about 8 bits'
-precision on the int4 kernel, at twice its bytes. The CPU's output layer beside 4-bit layers: a 4-bit output
-layer cost SmolLM2-135M a fifth of its teacher-forced top-1 next tokens (79 % agreeing with fp32 on the file's
-weights, 95 % with an exact output layer, 98 % with this one and the file's own token table)."""
 QUANT_FORMATS = ("int8", "int4", INT4_PAIR)
 INT4_FORMATS = ("int4", INT4_PAIR)  # formats whose weights stay in their groups: a norm scales the activations
 INT4_GROUPS = (128, 64, 32)

@@ -112,6 +112,13 @@ def test_4bit_alone_holds_everything_in_a_third_of_fp16s_bytes_and_answers_paris
     assert "Paris" in _answer(four_bit)
 
 
+def test_nf4_from_an_earlier_version_loads_the_int4_weights(default_model_path: Path):
+    """A request or command line of an earlier version names the fast path's 4 bits "nf4"."""
+    loaded = _open(default_model_path, "nf4")
+    assert loaded.formats == formats_for_source(inspect_model(default_model_path), "cpu", "int4")
+    assert loaded.precision_label == "int4 weights"
+
+
 def _next_token_picks(loaded, ids: list[int]) -> torch.Tensor:
     """The most likely next token after each of ``ids``, fed one decode step at a time: [len(ids)]."""
     cache = loaded.backend.new_cache()

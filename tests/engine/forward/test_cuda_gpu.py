@@ -22,8 +22,8 @@ from engine.protocol.messages import (
     ReplyFailed,
     SamplingParams,
     TokenStreamed,
-from tests.engine.forward.formats import fast_plan
 )
+from tests.engine.forward.formats import fast_plan
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
