@@ -29,16 +29,14 @@ PRECISIONS = tuple(name for name in OPTIONS if name != "auto")
 FAST_LAYERS = {"cpu": ("fp32", "fp16", "int4"), "cuda": PRECISIONS}  # the rest go through transformers
 TRANSFORMERS_LAYERS = {"int4": "nf4"}  # bitsandbytes' NF4; int8 is its LLM.int8, the others plain dtypes
 QUANTIZED = ("int8", "int4")
+QUANTIZED_LAYERS = (*QUANTIZED, "nf4")
 FOUR_BIT_PROMPT_PARAMS = 1_000_000_000
 """From this many parameters a 4-bit file's prompts run faster from its 4-bit weights (``int4_prompts``: int8 GEMMs)
 than from an fp16 copy, on a CPU with int8 dot products and no fp16 arithmetic, so ``auto`` keeps the 4-bit weights
 alone whatever memory allows. 2-core Zen 4, 512-token prompts against llama.cpp in the same runs: SmolLM2-1.7B's
 Q4_K_M 56.2 tok/s (llama.cpp 62.5) against 40.4 (57.4) with the copy, decode level (61-65 ms a step in both),
 holding 1.7 GB against 5.2; SmolLM2-135M's prompts 521 against 589, so small models keep the copy."""
-FORMAT_WORDS = {
-    "fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "int8": "int8", "int4": "int4",
-    "nf4": "nf4 (bitsandbytes)",
-}
+FORMAT_WORDS = {"nf4": "nf4 (bitsandbytes)"}  # formats the label words otherwise than by their names
 
 
 @dataclass(frozen=True)
@@ -103,14 +101,14 @@ class FormatPlan:
     @property
     def label(self) -> str:
         """The formats as the window and the load line show them, e.g. "fp16 weights, int4 copy for decoding"."""
-        label = f"{FORMAT_WORDS[self.layers]} weights"
+        label = f"{FORMAT_WORDS.get(self.layers, self.layers)} weights"
         if self.decode_copy:
-            label += f", {FORMAT_WORDS[self.decode_copy]} copy for decoding"
+            label += f", {self.decode_copy} copy for decoding"
         return f"{label} ({self.note})" if self.note else label
 
     @property
     def quantized_layers(self) -> bool:
-        return self.layers in (*QUANTIZED, "nf4")
+        return self.layers in QUANTIZED_LAYERS
 
 
 def choose_formats(device: str, precision: str, model: ModelTraits, host: HostFeatures | None = None,
