@@ -26,18 +26,20 @@ from engine.protocol.messages import (
     LoadModel,
     LoadOptions,
     ModelLoaded,
+    PRECISIONS,
     ReplyFailed,
     ReplyFinished,
     SamplingParams,
     StatusChanged,
     TokenStreamed,
+    canonical_precision,
 )
 from engine.service.worker import EngineThread
 
 EXIT_FAILED = 2
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m engine", description="Chat with a local model in the terminal, or serve it.")
     commands = parser.add_subparsers(dest="command", required=True)
     add_serve_command(commands)
@@ -46,7 +48,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     chat.add_argument("--prompt", help="answer this one message and exit")
     chat.add_argument("--system", default="", help="system prompt")
     chat.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    chat.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16", "int8", "nf4"])
+    chat.add_argument("--precision", default="auto", type=canonical_precision, choices=PRECISIONS)
     chat.add_argument("--max-tokens", type=int, default=512)
     chat.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (the default)")
     chat.add_argument("--seed", type=int)
@@ -117,7 +119,7 @@ def _interactive(chat: TerminalChat) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
+    args = parse_args(argv)
     if args.command == "serve":
         return serve(args)
     chat = TerminalChat(args)

@@ -29,8 +29,9 @@ from engine.protocol.messages import InspectFailed, LoadOptions, ModelInspected,
 
 DEVICES = (("Auto", "auto"), ("CUDA", "cuda"), ("CPU", "cpu"))
 PRECISIONS = (
-    ("Auto", "auto"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32"), ("8-bit", "int8"), ("4-bit", "nf4"),
+    ("Auto", "auto"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32"), ("8-bit", "int8"), ("4-bit", "int4"),
 )
+PRECISION_WORDS = {value: text for text, value in PRECISIONS}
 MIN_CONTEXT = 256
 MAX_CONTEXT = 1 << 20
 REINSPECT_DELAY_MS = 300
@@ -190,7 +191,7 @@ class LoadDialog(QDialog):
             self._set_item_enabled(self.precision_box, value, value in estimated)
         if self.precision_box.currentData() not in estimated:
             self.precision_box.setCurrentIndex(0)  # e.g. 8-bit was chosen, then the CPU: it runs on CUDA only
-        auto = found.auto_precision or "none fits"
+        auto = PRECISION_WORDS.get(found.auto_precision, found.auto_precision) if found.auto_precision else "none fits"
         self.precision_box.setItemText(0, f"Auto ({auto} on {found.device.upper()})")
         self._show_context(found)
         self._show_notes(found.notes)

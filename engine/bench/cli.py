@@ -1,12 +1,12 @@
 """``python -m engine.bench``: decode speed, multi-turn reuse and load time, as JSON lines (main thread).
 
     decode --model default|PATH|random:NAME|random-gguf:SHAPE:TYPE --device auto|cpu|cuda
-           --quant none|int8|nf4|auto --prompt-tokens N --new-tokens N
+           --quant none|int8|int4|auto --prompt-tokens N --new-tokens N
            [--baseline [transformers|llama.cpp]] [--rounds N]
     prefill --model … --device … --quant … --prompt-tokens 4096 [--repeats N] [--baseline llama.cpp]
     chat   --model … --device … --quant … --context-tokens 4096 --new-tokens 50 [--repeats N]
     turns  --model default --turns 20 [--repeats N]
-    load   --model PATH|random-hf:SHAPE:DTYPE|… [--quant auto|fp16|nf4|…] [--cycles N] [--loads N]
+    load   --model PATH|random-hf:SHAPE:DTYPE|… [--quant auto|fp16|int4|…] [--cycles N] [--loads N]
            [--memory-limit-gb G]
     batched --model GGUF --sequences 1 8 16 [--prompt-tokens N] [--new-tokens N]
     serve  --model … --concurrency 1,2,4,8,16 [--prompt-tokens N] [--new-tokens N] [--shared-prefix N] [--rounds N]

@@ -62,7 +62,7 @@ FULL_LINES = (
               (("engine_decode_tok_s", ">=", 190), ("peak_over_weights_kv", "<=", 1.10)), 150),
     BenchLine("decode_8b_int8", _decode(EIGHT_B, "int8"),
               (("engine_decode_tok_s", ">=", 250), ("peak_over_weights_kv", "<=", 1.10)), 150),
-    BenchLine("decode_8b_4bit", _decode(EIGHT_B, "nf4"),
+    BenchLine("decode_8b_4bit", _decode(EIGHT_B, "int4"),
               (("engine_decode_tok_s", ">=", 300), ("peak_over_weights_kv", "<=", 1.10)), 150),
     BenchLine("decode_smollm2_bf16", _decode(SMOL, "none"), (("engine_decode_tok_s", ">=", 800),), 90),
     BenchLine("prefill_8b_bf16_4096", ("prefill", "--model", EIGHT_B, "--quant", "none", "--prompt-tokens", "4096"),

@@ -22,7 +22,7 @@ notice says so. ``HEARTH_CUDA_GRAPHS=0`` turns graphs off.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,9 @@ from engine.forward.paged_attention import paged_decode_attention
 from engine.forward.paged_kv import BatchRow, PagedKV
 from engine.forward.weights import triton_gemv
 from engine.host.memory import KV_CACHE_BUDGET_BYTES
+
+if TYPE_CHECKING:
+    from engine.models.format_plan import FormatPlan
 
 PROBE_TOKENS = (0, 1, 2)
 GRAPHS_ENV = "HEARTH_CUDA_GRAPHS"
@@ -154,9 +157,10 @@ def cache_capacity(model: FastLlama, context_length: int, free_bytes: int) -> in
     return max(min(context_length, affordable // FIRST_SPAN * FIRST_SPAN), min(context_length, FIRST_SPAN))
 
 
-def open_gpu_backend(config: Any, state: Any, fmt: str, device: torch.device, context_length: int) -> CudaLlamaBackend:
-    """Weights packed as ``fmt`` on ``device``, a backend sized to free memory, its graphs checked."""
-    model = CudaLlama(config, state, fmt, device)
+def open_gpu_backend(config: Any, state: Any, formats: FormatPlan, device: torch.device,
+                     context_length: int) -> CudaLlamaBackend:
+    """Weights packed in ``formats`` on ``device``, a backend sized to free memory, its graphs checked."""
+    model = CudaLlama(config, state, formats, device)
     free_bytes = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else KV_CACHE_BUDGET_BYTES * 2
     use_graphs = os.environ.get(GRAPHS_ENV, "1") != "0"
     backend = CudaLlamaBackend(model, cache_capacity(model, context_length, free_bytes), use_graphs)

@@ -4,7 +4,7 @@ Covers Llama, Mistral (without a sliding window), Qwen2 and Qwen3: RMSNorm, rota
 positions (including Llama 3 and linear scaling), grouped-query attention, a SiLU
 gated MLP, optional q/k/v biases and Qwen3's RMSNorm of each query and key head. Weights come from a Hugging Face state dict
 (tensors, or ``Int4Groups`` for a GGUF file's 4-bit layers: ``engine.models.gguf_state``)
-and are repacked once into one weight format (``quant``) so that a decode step makes
+and are repacked once into the formats of a ``FormatPlan`` (``quant``, ``format_plan``) so that a decode step makes
 few calls, since at this size each call's fixed cost adds up: q/k/v become one
 matmul and gate/up another; each RMSNorm's weight goes to the matmul after it
 (``Linear``'s ``input_scale``), the attention scale into the query rows, and
@@ -16,7 +16,7 @@ sequences (``forward_batch``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -24,19 +24,18 @@ import torch.nn.functional as F
 from engine.forward.backend import PREFILL_CHUNK
 from engine.forward.native import activation_codes
 from engine.forward.native import decode_attention as native_attention
-from engine.forward.native import int4_matmul as native_int4
-from engine.forward.native import int8_matmul as native_int8
 from engine.forward.native import norm as native_norm
 from engine.forward.native import rotary as native_rotary
 from engine.forward.native.decode_attention import ChunkRuns, DecodeRuns
 from engine.forward.paged_kv import BatchRow, PagedKV, StepLayout
 from engine.forward.static_cache import KVCache
 from engine.forward.weights.pack_worker import PackWorker
-from engine.forward.weights.quant import Linear, compute_dtype, embedding
-from engine.forward.weights.quant_int import (
-    INT4_FORMATS, INT4_PAIR, QUANT_FORMATS, Int4Groups, Int4Pair, as_int4_pair,
-)
+from engine.forward.weights.quant import PLAIN_DTYPES, Linear, embedding
+from engine.forward.weights.quant_int import INT4_PAIR, Int4Groups, Int4Pair, as_int4_pair
 from engine.forward.weights.row_chunks import RowChunks
+
+if TYPE_CHECKING:
+    from engine.models.format_plan import FormatPlan
 
 Weight = torch.Tensor | Int4Groups | Int4Pair | RowChunks  # a state's matmuls may come in 4-bit groups or
 # (an output layer for the int8 kernel) as blocks decoded where packed: GGUF files
@@ -56,61 +55,57 @@ class _Layer:
 class FastLlama:
     """The model's weights in one format, and its forward pass over a ``KVCache``."""
 
-    def __init__(
-        self, config: Any, state: Mapping[str, torch.Tensor], fmt: str, device: torch.device,
-        decode_fmt: str | None = None,
-    ) -> None:
-        """``decode_fmt``: a second copy of the layers' weights for decode steps (``loading.decode_format``)."""
+    def __init__(self, config: Any, state: Mapping[str, torch.Tensor], formats: FormatPlan,
+                 device: torch.device) -> None:
+        """The weights of ``state`` in ``formats`` (``format_plan.choose_formats``) on ``device``."""
         self.config = config
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
         self.device = device
-        self.decode_fmt = decode_fmt
-        self.dtype = compute_dtype(device, fmt)
+        self.formats = formats
+        self.dtype = PLAIN_DTYPES[formats.compute]
         with PackWorker() as worker:  # FBGEMM's packing beside the reads (``pack_worker``)
-            self._build(config, state, fmt, decode_fmt, worker if device.type == "cpu" else None)
+            self._build(config, state, formats, worker if device.type == "cpu" else None)
         self._eps = torch.full((1, 1), self.eps, dtype=self.dtype, device=device)
         self._inv_freq, self._rope_scale = _inverse_frequencies(config, device, state.get(ROPE_FACTORS))
         self._turns = torch.empty(0, 1, self.head_dim // 2, dtype=torch.complex64, device=device)
         self._attention_kernels = device.type == "cpu" and native_attention.covers(self.heads, self.kv_heads,
                                                                                    self.head_dim)
-        self._mask_dtype = _prompt_attention_dtype(fmt, device, self.dtype)
+        self._mask_dtype = PLAIN_DTYPES[formats.prompt_attention]  # bf16 where 4-bit prompts multiply on AMX's tiles
         self._chunk_tiles = self._mask_dtype == torch.bfloat16 and native_attention.tiles_cover(self.head_dim)
 
-    def _build(self, config: Any, state: Mapping[str, Weight], fmt: str, decode_fmt: str | None,
-               worker: PackWorker | None) -> None:
+    def _build(self, config: Any, state: Mapping[str, Weight], formats: FormatPlan, worker: PackWorker | None) -> None:
         """The output layer, the token table and the layers, in that order: the first two's full-size temporaries
         are freed before the layers are held. ``worker`` packs fp16 weights beside the reads."""
         final_norm = _fp32(state["model.norm.weight"], self.device)
         head_name, table_name = _tied_name(config, state, HEAD, TABLE), _tied_name(config, state, TABLE, HEAD)
         head = _fp32(state[head_name], self.device)
-        head_fmt = head_format(fmt, decode_fmt, self.device, *head.shape)
-        if head_fmt == INT4_PAIR:
+        if formats.output_layer == INT4_PAIR:
             head = as_int4_pair(head)  # made once where the table is the same weights
-        self.lm_head = Linear(head, None, head_fmt, final_norm, worker=worker)
+        self.lm_head = Linear(head, None, formats.output_layer, final_norm, worker=worker)
         tied = head if table_name == head_name else None
         del head  # an untied output layer's temporaries go before the table's come
-        self.embed = self._token_table(state, table_name, _table_storage(fmt, head_fmt, self.device, self.dtype), tied)
+        self.embed = self._token_table(state, table_name, PLAIN_DTYPES.get(formats.token_table), tied)
         del tied
         self.layers = [
-            self._layer(state, f"model.layers.{i}.", fmt, decode_fmt, worker) for i in range(config.num_hidden_layers)
+            self._layer(state, f"model.layers.{i}.", formats, worker) for i in range(config.num_hidden_layers)
         ]
 
     def _token_table(self, state: Mapping[str, Weight], name: str, storage: torch.dtype | None,
                      tied: Weight | None) -> Any:
-        """The token table ``name`` in ``storage`` (``quant.embedding``), or on the CPU as the file keeps it where
-        the state can hand its rows so (``kept_rows``: a GGUF file's quantized table, ``gguf_blocks.BlockTable``),
-        decoded exactly when looked up, in a fraction of fp16's bytes. ``tied``: the output layer's weight where it
-        is the same tensor, which is not read again."""
+        """The token table ``name`` in ``storage`` (``quant.embedding``; None: two planes of 4-bit groups), or on
+        the CPU as the file keeps it where the state can hand its rows so (``kept_rows``: a GGUF file's quantized
+        table, ``gguf_blocks.BlockTable``), decoded exactly when looked up, in a fraction of fp16's bytes. ``tied``:
+        the output layer's weight where it is the same tensor, which is not read again."""
         if self.device.type == "cpu" and hasattr(state, "kept_rows"):
             kept = state.kept_rows(name, self.dtype)
             if kept is not None:
                 return kept
         return embedding(tied if tied is not None else _fp32(state[name], self.device), storage, self.dtype)
 
-    def _layer(self, state: Mapping[str, torch.Tensor], prefix: str, fmt: str, decode_fmt: str | None,
+    def _layer(self, state: Mapping[str, torch.Tensor], prefix: str, formats: FormatPlan,
                worker: PackWorker | None) -> _Layer:
         """One layer's matmuls, given its norms' weights; the attention scale and the rotary order are folded in."""
         def weight(name: str) -> Weight:
@@ -132,7 +127,7 @@ class FastLlama:
             return _cat_rows([q, k, v])
 
         def linear(rows: Weight, bias: Weight | None, norm: str | None = None) -> Linear:
-            return Linear(rows, bias, fmt, weight(norm) if norm else None, decode_fmt, worker)
+            return Linear(rows, bias, formats.layers, weight(norm) if norm else None, formats.decode_copy, worker)
 
         qkv = linear(qkv_rows("weight"), qkv_rows("bias"), "input_layernorm.weight")
         gate_up = _cat_rows([weight("mlp.gate_proj.weight"), weight("mlp.up_proj.weight")])
@@ -359,32 +354,6 @@ def _tied_name(config: Any, state: Mapping[str, Weight], name: str, tied_name: s
     raise ValueError("The checkpoint lacks its token embeddings or its output layer (lm_head).")
 
 
-def _table_storage(fmt: str, head_fmt: str, device: torch.device, dtype: torch.dtype) -> torch.dtype | None:
-    """The token table's dtype beside layers in ``fmt`` and an output layer in ``head_fmt``; None: planes of 4-bit
-    groups (the CPU's 4-bit alone)."""
-    if device.type != "cpu":
-        return dtype
-    if fmt == "int4":
-        return None
-    return torch.float16 if head_fmt in ("fp16", "int8") else dtype
-
-
-def head_format(fmt: str, decode_fmt: str | None, device: torch.device, vocab: int, hidden: int) -> str:
-    """The output layer's format (and so the token table's, ``_table_storage``). It multiplies only the rows that
-    are sampled, so on the CPU it is read once a decode step, whatever the prompt: beside 4-bit layers (alone or as a
-    decode copy) int8 on Hearth's kernel where it takes the shape (``native.int8_matmul``: SmolLM2-135M's step 30 MB
-    against FBGEMM's padded fp16 101 MB; SmolLM2-1.7B's 107 MB against 126 MB in two planes of 4-bit groups, read
-    in one pass instead of two), else those two planes (``INT4_PAIR``); fp16 beside int8 layers; elsewhere the
-    layers' format."""
-    if device.type != "cpu":
-        return fmt
-    if "int4" in (fmt, decode_fmt) and native_int8.covers(vocab, hidden):
-        return "int8"
-    if fmt not in QUANT_FORMATS:
-        return fmt
-    return INT4_PAIR if fmt == "int4" else "fp16"
-
-
 def _inverse_frequencies(config: Any, device: torch.device, factors: torch.Tensor | None) -> tuple[torch.Tensor, float]:
     """Each rotary pair's turn per position [hd/2] and the scale of its cos and sin, as Hugging Face's rotary
     embedding computes them for ``config``'s scaling scheme (``transformers.modeling_rope_utils``, which imports
@@ -458,7 +427,7 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """``q`` [S, H, hd] (already scaled) over ``keys``/``values`` [Hkv, T, hd]; query head ``h`` uses kv head
     ``h // (H / Hkv)``. Returns [S, H, hd]. A prompt chunk's attention (SDPA, under ``mask``) runs in the mask's
-    dtype (``_prompt_attention_dtype``)."""
+    dtype (``FormatPlan.prompt_attention``)."""
     if mask is not None:
         dtype = mask.dtype
         attended = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0).to(dtype), keys.unsqueeze(0).to(dtype),
@@ -496,15 +465,6 @@ def attend_runs(queries: torch.Tensor, runs: tuple[tuple[torch.Tensor, torch.Ten
             out.baddbmm_(part, values)
         start += values.shape[1]
     return out
-
-
-def _prompt_attention_dtype(fmt: str, device: torch.device, dtype: torch.dtype) -> torch.dtype:
-    """bf16 for a prompt chunk's attention where its matmuls already multiply in bf16 (4-bit layers on AMX's bf16
-    tiles, ``native.int4_matmul``), else ``dtype``. SmolLM2-1.7B's heads at 512 positions: 12.3 against 19.1 ms a layer
-    with the conversions, relative error 0.3 %; SmolLM2-135M's 512 rows 4 096 deep 17.7 against 43.0 ms."""
-    if device.type == "cpu" and fmt in INT4_FORMATS and native_int4.runs_on_amx():
-        return torch.bfloat16
-    return dtype
 
 
 def _causal_mask(start: int, length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:

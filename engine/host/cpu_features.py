@@ -8,31 +8,28 @@ relative error, emulated with ``ONEDNN_MAX_CPU_ISA=AVX2``). Elsewhere (other CPU
 systems without ``/proc/cpuinfo``) each is False, and the weights stay on the kernels that
 need neither. ``has_amx_tiles``: the bf16 tiles and Linux's grant of their state to this
 process (``arch_prctl``, Linux 5.16 and later): without it a tile instruction is an illegal
-one, however the CPU's flags read.
+one, however the CPU's flags read. The answers are the hardware's: tests that need another CPU's
+answers replace these functions (``docs/development.md``).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import platform
 
 FP16_FLAG = "avx512_fp16"
 INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
-FEATURES_ENV = "HEARTH_CPU_FP16"  # "0" turns the fp16 matmul off (to compare, or where it misbehaves)
 BF16_MATMUL_FLAG = "amx_bf16"
-BF16_ENV = "HEARTH_CPU_BF16"  # "0" turns the AMX tiles of 4-bit prompts and batched steps off, likewise
-INT8_ENV = "HEARTH_CPU_INT8"  # "0" turns the int8 GEMM of 4-bit prompts off, likewise
 SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18  # x86-64 Linux's numbers
 
 
 def has_fp16_math() -> bool:
-    return os.environ.get(FEATURES_ENV, "1") != "0" and FP16_FLAG in _flags()
+    return FP16_FLAG in _flags()
 
 
 def has_bf16_matmul() -> bool:
-    return os.environ.get(BF16_ENV, "1") != "0" and BF16_MATMUL_FLAG in _flags()
+    return BF16_MATMUL_FLAG in _flags()
 
 
 def has_amx_tiles() -> bool:
@@ -41,7 +38,7 @@ def has_amx_tiles() -> bool:
 
 
 def has_int8_dot() -> bool:
-    return os.environ.get(INT8_ENV, "1") != "0" and any(flag in _flags() for flag in INT8_DOT_FLAGS)
+    return any(flag in _flags() for flag in INT8_DOT_FLAGS)
 
 
 def has_flags(flags: tuple[str, ...]) -> bool:

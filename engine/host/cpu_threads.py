@@ -3,7 +3,8 @@
 One per physical core: decoding is bound by memory bandwidth, which more cores
 raise. The GUI thread's share while a reply streams is small (the performance
 panel's refresh costs ~2 % of a core), and ``python -m app.bench.panel`` checks
-that it does not slow decoding. ``HEARTH_THREADS`` overrides the choice.
+that it does not slow decoding. ``HEARTH_THREADS`` (``config.EngineConfig.threads``)
+overrides the choice.
 """
 
 from __future__ import annotations
@@ -12,18 +13,19 @@ import os
 
 import psutil
 
-
-def engine_threads() -> int:
-    override = os.environ.get("HEARTH_THREADS", "")
-    if override.isdigit() and int(override) > 0:
-        return int(override)
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+from engine.host.config import EngineConfig
 
 
-def apply_engine_threads() -> int:
+def engine_threads(config: EngineConfig | None = None) -> int:
+    """``config``'s threads (read from the environment when not given), else one per physical core."""
+    config = config or EngineConfig.from_environment()
+    return config.threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def apply_engine_threads(config: EngineConfig | None = None) -> int:
     """Set torch's intra-op thread count for this process; returns it."""
     import torch
 
-    threads = engine_threads()
+    threads = engine_threads(config)
     torch.set_num_threads(threads)
     return threads

@@ -1,22 +1,23 @@
 """Where Hearth keeps its files on this machine (any thread).
 
-``HEARTH_HOME`` overrides every location at once, which tests use to stay out of
-the user's folders.
+``HEARTH_HOME`` (``config.EngineConfig.home``) overrides every location at once, which
+tests use to stay out of the user's folders. It is read when a location is asked for:
+a test run or a benchmark points it elsewhere after the process started.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import platformdirs
+
+from engine.host.config import EngineConfig
 
 APP_NAME = "hearth"
 
 
 def _root_override() -> Path | None:
-    value = os.environ.get("HEARTH_HOME")
-    return Path(value) if value else None
+    return EngineConfig.from_environment().home
 
 
 def cache_dir() -> Path:

@@ -139,7 +139,7 @@ class GGUFState(LazyTensors):
     ``groups``: 4-bit layer weights come as ``Int4Groups`` (exact, for a format that packs
     4-bit groups), with ``cpu_layout`` already in the CPU kernel's layout. ``all_groups``:
     every matrix does, whatever its type (4-bit alone, with a 4-bit head:
-    ``fast_llama.head_format``), other types quantized a few thousand rows at a time; with
+    ``format_plan``), other types quantized a few thousand rows at a time; with
     ``table_format`` ``INT4_PAIR`` the token table and output layer come as an ``Int4Pair`` instead (two
     planes, about 8 bits), with ``"int8"`` a quantized type's as ``RowChunks`` (decoded a chunk of rows at a time
     where the int8 kernel packs them): the CPU's head beside 4-bit layers. Every other tensor comes as

@@ -6,15 +6,15 @@ path's formats (``gguf_direct``); other GGUF architectures go through transforme
 which dequantizes them into fp32. A safetensors folder of such a model streams the
 same way (``safetensors_state``): one tensor read, converted and packed at a time.
 Llama-family models run on the fast path: on the CPU ``fast_llama`` in fp32, fp16
-(with a 4-bit copy for decode steps when the file is 4-bit) or 4-bit weights, on a
-GPU ``cuda_backend`` in bf16/fp16/fp32, int8 or 4-bit weights (``quant_int``).
+(with an int4 copy for decode steps when the file is 4-bit) or int4 weights, on a
+GPU ``cuda_backend`` in bf16/fp16/fp32, int8 or int4 weights (``quant_int``).
 Everything else runs through transformers (``HFBackend``), with
-bitsandbytes for int8 and nf4.
+bitsandbytes for int8 (LLM.int8) and int4 (NF4). Which formats, exactly, is the
+``LoadPlan``'s ``FormatPlan`` (``format_plan``), decided before any weight is read.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,20 +24,19 @@ import torch
 
 from engine.chat.chat_template import ChatTemplate
 from engine.forward.backend import Backend, HFBackend
-from engine.forward.fast_llama import FastLlama, FastLlamaBackend, head_format
+from engine.forward.fast_llama import FastLlama, FastLlamaBackend
 from engine.forward.fast_scope import unsupported_reason
-from engine.forward.weights.quant_int import fast_format
 from engine.host.allocator import return_freed_memory
 from engine.models import gguf_direct
+from engine.models.format_plan import FormatPlan, ModelTraits, choose_formats
 from engine.models.gguf_check import read_gguf
+from engine.models.model_files import quantized_table_bytes
 from engine.models.safetensors_state import SafetensorsState
 from engine.models.weight_progress import report_tensors
 from engine.protocol.messages import ChatMessage
 
 Progress = Callable[[int, int], None]  # (tensors done, tensors in all)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-QUANTIZED = ("int8", "nf4")
-DECODE_COPY_ENV = "HEARTH_DECODE_COPY"
 
 
 class LoadCancelled(Exception):
@@ -54,14 +53,13 @@ class LoadedModel:
     tokenizer: Any
     backend: Backend
     device: str
-    precision: str
+    formats: FormatPlan
     context_length: int
     weight_bytes: int
     eos_ids: frozenset[int]
     load_s: float
     template: ChatTemplate
     notices: tuple[str, ...] = ()
-    format_note: str = ""  # why these formats, when memory decided (``LoadPlan.format_note``)
 
     def render(self, messages: Sequence[ChatMessage]) -> str:
         """The chat as prompt text, ending where the assistant's reply begins (sandboxed template)."""
@@ -73,11 +71,14 @@ class LoadedModel:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     @property
+    def precision(self) -> str:
+        """The precision's name (``format_plan.PRECISIONS``)."""
+        return self.formats.precision
+
+    @property
     def precision_label(self) -> str:
-        """The precision as the user reads it; fp16 with a 4-bit copy for decode steps says so."""
-        copy = getattr(self.model, "decode_fmt", None)  # only the fast path keeps one (``decode_format``)
-        label = f"{self.precision}, 4-bit decode" if copy == "int4" else self.precision
-        return f"{label} ({self.format_note})" if self.format_note else label
+        """The formats as the user reads them (``FormatPlan.label``), e.g. "fp16 weights, int4 copy for decoding"."""
+        return self.formats.label
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -93,10 +94,10 @@ class LoadPlan:
     """What to load and how, decided before any weight is read.
 
     ``folder``: the Hugging Face folder, or the GGUF file (``is_gguf``).
-    ``precision`` passed the memory check; ``precision_is_auto`` says the user left
-    the choice to Hearth, which then takes fp16 weights over fp32 on the fast path.
-    ``four_bit_source``: the file stores its layers in 4 bits (see ``decode_format``).
-    ``format_note``: why the formats are these, when memory decided (shown with the precision).
+    ``formats``: the plan chosen with the memory estimate (``model_open``); None (random
+    models, tests) lets the loader choose it from ``precision`` (which may be "auto")
+    once it has read the model's config, with ``four_bit_source``: the file stores its
+    layers in 4 bits.
     """
 
     folder: Path
@@ -106,40 +107,12 @@ class LoadPlan:
     context_length: int
     template: ChatTemplate
     notices: tuple[str, ...] = ()
-    precision_is_auto: bool = False
     four_bit_source: bool = False
-    format_note: str = ""
+    formats: FormatPlan | None = None
 
 
 def is_gguf(plan: LoadPlan) -> bool:
     return plan.folder.suffix.lower() == ".gguf" and plan.folder.is_file()
-
-
-def resolve_precision(requested: str, device: torch.device, fast_path: bool) -> str:
-    """``auto`` without a memory estimate (random models): bf16 on a GPU, else fp32, then ``prefer_fast``."""
-    if requested != "auto":
-        return requested
-    return prefer_fast("bf16" if device.type == "cuda" else "fp32", fast_path)
-
-
-def prefer_fast(precision: str, fast_path: bool) -> str:
-    """On the CPU fast path fp16 weights read half the bytes per token with fp32 sums: logits
-    stay within rounding of fp32, so an automatic fp32 becomes fp16 there."""
-    return "fp16" if fast_path and precision == "fp32" else precision
-
-
-def decode_format(fmt: str, plan: LoadPlan) -> str | None:
-    """The format of a second copy of the layers for decode steps, or None.
-
-    fp16 on the CPU keeps one in 4 bits when the file's layers are 4-bit: their blocks
-    come back exactly (``quant_int``) and a decode step reads a third of fp16's bytes,
-    while prompts (many rows at once) still run on fp16's faster kernel. It costs 0.63
-    bytes per layer weight on top of fp16's 2 (``memory_estimate`` counts them).
-    The two paths round differently, so a reply's cached keys and values differ slightly
-    from what a fresh prompt gives; ``HEARTH_DECODE_COPY=0`` turns the copy off.
-    """
-    wanted = os.environ.get(DECODE_COPY_ENV, "1") != "0"
-    return "int4" if wanted and plan.four_bit_source and fmt == "fp16" and plan.device.type == "cpu" else None
 
 
 def fast_path_applies(config: Any, device: torch.device) -> bool:
@@ -147,17 +120,29 @@ def fast_path_applies(config: Any, device: torch.device) -> bool:
     return device.type in ("cpu", "cuda") and unsupported_reason(config) is None
 
 
-def _fast_backend(config: Any, state: Any, fmt: str, plan: LoadPlan) -> tuple[Any, Backend, LoadPlan]:
+def formats_of(plan: LoadPlan, config: Any | None, kept_table: bool = False) -> FormatPlan:
+    """``plan``'s formats: those chosen before the load, else ``choose_formats``' for ``config`` (None: a model
+    the fast path cannot run). A GGUF file whose header promised the fast path but which holds tensors it does
+    not place (``gguf_direct.direct_reason``) goes through transformers at the same precision."""
+    fast = config is not None and fast_path_applies(config, plan.device)
+    if plan.formats is not None and (fast or not plan.formats.fast_path):
+        return plan.formats
+    traits = ModelTraits(fast, getattr(config, "vocab_size", 0), getattr(config, "hidden_size", 0),
+                         plan.four_bit_source, kept_table)
+    return choose_formats(plan.device.type, plan.precision, traits)
+
+
+def _fast_backend(config: Any, state: Any, formats: FormatPlan, plan: LoadPlan) -> tuple[Any, Backend, LoadPlan]:
     """The fast path's model and backend; on a GPU the plan gains its context cap and notices."""
     if plan.device.type != "cuda":
-        model = FastLlama(config, state, fmt, plan.device, decode_format(fmt, plan))
+        model = FastLlama(config, state, formats, plan.device)
         return_freed_memory()  # the last tensors' temporaries
         return model, FastLlamaBackend(model), plan
     from engine.forward.cuda_backend import open_gpu_backend
 
-    backend = open_gpu_backend(config, state, fmt, plan.device, plan.context_length)
+    backend = open_gpu_backend(config, state, formats, plan.device, plan.context_length)
     return_freed_memory()
-    notices = plan.notices + backend.notices(fmt, plan.context_length)
+    notices = plan.notices + backend.notices(formats.layers, plan.context_length)
     return backend.model, backend, replace(plan, context_length=min(plan.context_length, backend.capacity), notices=notices)
 
 
@@ -174,17 +159,15 @@ def load_model(plan: LoadPlan, progress: Progress, is_cancelled: Callable[[], bo
     tokenizer = _load_tokenizer(plan.folder)
     _raise_if_cancelled(is_cancelled)
     config = _load_config(plan.folder)
-    fast = fast_path_applies(config, plan.device)
-    precision = prefer_fast(plan.precision, fast) if plan.precision_is_auto else plan.precision
+    formats = formats_of(plan, config)
     report = cancellable(progress, is_cancelled)
-    fmt = fast_format(precision, plan.device) if fast else None
-    if fmt:
-        model, backend, plan = _fast_backend(config, SafetensorsState(plan.folder, report), fmt, plan)
+    if formats.fast_path:
+        model, backend, plan = _fast_backend(config, SafetensorsState(plan.folder, report), formats, plan)
         eos_ids = _eos_ids(_generation_config(plan.folder), config, tokenizer)
-        return _assemble(model, backend, model.weight_bytes, eos_ids, tokenizer, plan, precision, started)
+        return _assemble(model, backend, model.weight_bytes, eos_ids, tokenizer, plan, formats, started)
     with report_tensors(report):
-        hf_model = _load_weights(plan.folder, plan.device, precision)
-    return wrap_model(hf_model, tokenizer, plan, precision, started)
+        hf_model = _load_weights(plan.folder, plan.device, formats)
+    return wrap_model(hf_model, tokenizer, replace(plan, formats=formats), started)
 
 
 def _load_gguf(plan: LoadPlan, report: Progress, started: float) -> LoadedModel:
@@ -192,37 +175,33 @@ def _load_gguf(plan: LoadPlan, report: Progress, started: float) -> LoadedModel:
     contents = read_gguf(plan.folder)
     tokenizer = gguf_direct.load_tokenizer(plan.folder)
     config = gguf_direct.hf_config(contents) if gguf_direct.direct_reason(contents) is None else None
-    fast = config is not None and fast_path_applies(config, plan.device)
-    precision = prefer_fast(plan.precision, fast) if plan.precision_is_auto else plan.precision
-    fmt = fast_format(precision, plan.device) if fast else None
-    if fmt is None:
+    formats = formats_of(plan, config, kept_table=quantized_table_bytes(contents) is not None)
+    if not formats.fast_path:
         with report_tensors(report):
-            hf_model = _load_weights(plan.folder, plan.device, precision)
-        return wrap_model(hf_model, tokenizer, plan, precision, started)
-    decode_fmt = decode_format(fmt, plan)
-    groups = "int4" in (fmt, decode_fmt)
-    head_fmt = head_format(fmt, decode_fmt, plan.device, config.vocab_size, config.hidden_size)
-    state = gguf_direct.GGUFState(plan.folder, contents, groups, report, all_groups=fmt == "int4",
-                                  table_format=head_fmt if plan.device.type == "cpu" else None,
-                                  cpu_layout=plan.device.type == "cpu")
-    model, backend, plan = _fast_backend(config, state, fmt, plan)
+            hf_model = _load_weights(plan.folder, plan.device, formats)
+        return wrap_model(hf_model, tokenizer, replace(plan, formats=formats), started)
+    on_cpu = plan.device.type == "cpu"
+    state = gguf_direct.GGUFState(plan.folder, contents, "int4" in (formats.layers, formats.decode_copy), report,
+                                  all_groups=formats.layers == "int4",
+                                  table_format=formats.output_layer if on_cpu else None, cpu_layout=on_cpu)
+    model, backend, plan = _fast_backend(config, state, formats, plan)
     eos_ids = gguf_direct.end_token_ids(contents) | _eos_ids(config, tokenizer)
-    return _assemble(model, backend, model.weight_bytes, eos_ids, tokenizer, plan, precision, started)
+    return _assemble(model, backend, model.weight_bytes, eos_ids, tokenizer, plan, formats, started)
 
 
-def wrap_model(model: Any, tokenizer: Any, plan: LoadPlan, precision: str, started: float) -> LoadedModel:
-    """A loaded transformers model as a ``LoadedModel``, repacked for the fast path where it applies."""
+def wrap_model(model: Any, tokenizer: Any, plan: LoadPlan, started: float) -> LoadedModel:
+    """A loaded transformers model as a ``LoadedModel``, repacked for the fast path where its formats say so."""
     eos_ids = _eos_ids(getattr(model, "generation_config", None), model.config, tokenizer)
-    fmt = fast_format(precision, plan.device) if fast_path_applies(model.config, plan.device) else None
-    if fmt:  # the transformers copy is dropped
-        fast, backend, plan = _fast_backend(model.config, model.state_dict(), fmt, plan)
-        return _assemble(fast, backend, fast.weight_bytes, eos_ids, tokenizer, plan, precision, started)
-    return _assemble(model, HFBackend(model), weight_bytes(model), eos_ids, tokenizer, plan, precision, started)
+    formats = formats_of(plan, model.config)
+    if formats.fast_path:  # the transformers copy is dropped
+        fast, backend, plan = _fast_backend(model.config, model.state_dict(), formats, plan)
+        return _assemble(fast, backend, fast.weight_bytes, eos_ids, tokenizer, plan, formats, started)
+    return _assemble(model, HFBackend(model), weight_bytes(model), eos_ids, tokenizer, plan, formats, started)
 
 
 def _assemble(
     model: Any, backend: Backend, n_bytes: int, eos_ids: frozenset[int], tokenizer: Any,
-    plan: LoadPlan, precision: str, started: float,
+    plan: LoadPlan, formats: FormatPlan, started: float,
 ) -> LoadedModel:
     return LoadedModel(
         name=plan.name,
@@ -231,14 +210,13 @@ def _assemble(
         tokenizer=tokenizer,
         backend=backend,
         device=plan.device.type,
-        precision=precision,
+        formats=formats,
         context_length=plan.context_length,
         weight_bytes=n_bytes,
         eos_ids=eos_ids,
         load_s=time.perf_counter() - started,
         template=plan.template,
         notices=plan.notices,
-        format_note=plan.format_note,
     )
 
 
@@ -275,29 +253,29 @@ def _load_config(folder: Path) -> Any:
     return AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
 
 
-def _load_weights(folder: Path, device: torch.device, precision: str) -> Any:
-    """transformers' model of a folder, or of a GGUF file (``folder`` is then the file: it dequantizes to fp32)."""
+def _load_weights(folder: Path, device: torch.device, formats: FormatPlan) -> Any:
+    """transformers' model of a folder, or of a GGUF file (``folder`` is then the file: it dequantizes to fp32),
+    in ``formats``: plain dtypes, or bitsandbytes' int8 or NF4 layers."""
     from transformers import AutoModelForCausalLM
 
     kwargs: dict[str, Any] = {"trust_remote_code": False, "use_safetensors": True}
     if folder.suffix.lower() == ".gguf":
         kwargs, folder = {"gguf_file": folder.name, "trust_remote_code": False}, folder.parent
-    if precision in QUANTIZED:
-        kwargs["quantization_config"] = _bnb_config(precision)
-        kwargs["dtype"] = torch.bfloat16 if device.type == "cuda" else torch.float32
+    kwargs["dtype"] = DTYPES[formats.compute]
+    if formats.quantized_layers:
+        kwargs["quantization_config"] = _bnb_config(formats.layers)
         kwargs["device_map"] = {"": device.index or 0} if device.type == "cuda" else {"": "cpu"}
-    else:
-        kwargs["dtype"] = DTYPES[precision]
     model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
-    if precision not in QUANTIZED:
+    if not formats.quantized_layers:
         model.to(device)
     return model.eval()
 
 
-def _bnb_config(precision: str) -> Any:
+def _bnb_config(layers: str) -> Any:
+    """bitsandbytes' config for ``layers`` "int8" (LLM.int8) or "nf4"."""
     from transformers import BitsAndBytesConfig
 
-    if precision == "int8":
+    if layers == "int8":
         return BitsAndBytesConfig(load_in_8bit=True)
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
 

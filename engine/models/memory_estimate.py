@@ -4,26 +4,24 @@ Estimates are arithmetic on the checked ``ModelSource``: the exact parameter cou
 (from safetensors headers or the GGUF tensor table) and the shape in its config.
 torch is imported only by ``available_memory("cuda")``.
 
-* Weights: parameters × bytes per parameter of the precision. Under int8 and nf4,
-  bitsandbytes quantizes only the linear layers; the token embeddings and the
+Every estimate counts the formats of the ``FormatPlan`` the load would use (``format_plan.choose_formats``,
+the same call the loader's plan comes from), so the two cannot disagree about formats:
+
+* Weights through transformers: parameters × bytes per parameter of the layers' format. Under int8 and
+  NF4, bitsandbytes quantizes only the linear layers; the token embeddings and the
   output head stay in 16-bit, and are counted so.
 * A model the fast path loads into its own formats, a GGUF file it reads directly
   (``gguf_direct``) or a safetensors folder of an architecture it runs (``fast_scope``,
-  streamed by ``safetensors_state``), is counted as ``FastLlama`` holds it: its layers in the precision's format (4-bit: groups of 32,
-  ``DECODE_COPY_BYTES`` per weight; fp16 on the CPU as FBGEMM packs it, ``packed_sizes``), fp16 on the CPU keeping a 4-bit copy of a 4-bit
-  file's layers for decode steps (``loading.decode_format``), and the token table and
-  the output layer apart even when the file ties them (on the CPU fp16, the output
-  layer in int8 groups beside 4-bit layers, alone or a decode copy, where Hearth's kernels
-  run, else two planes of 4-bit groups beside 4-bit layers alone, ``quant_int.INT4_PAIR``). Its tensors
-  are read one at a time, so the load holds no more than that and one tensor on its way.
-  On the CPU ``auto`` picks fp16 (with that copy) where it fits comfortably, else 4-bit alone;
-  a 4-bit file runs 4-bit alone on a CPU with AMX's bf16 tiles, whatever its size, and from
-  1B parameters on one whose int8 dot products beat its fp16 arithmetic
-  (``FOUR_BIT_PROMPT_PARAMS``): there its prompts run faster from the 4-bit weights.
+  streamed by ``safetensors_state``), is counted as ``FastLlama`` holds it: its layers in the plan's format (int4:
+  groups of 32, ``INT4_BYTES`` per weight; fp16 on the CPU as FBGEMM packs it, ``packed_sizes``), the plan's decode
+  copy, and the token table and the output layer apart even when the file ties them, each in the plan's format.
+  Its tensors are read one at a time, so the load holds no more than that and one tensor on its way.
+  On the CPU ``auto`` picks fp16 (with an int4 decode copy of a 4-bit file) where it fits comfortably, else int4
+  alone; a 4-bit file runs int4 alone where its prompts run faster so (``format_plan.four_bit_prompts_faster``).
 * Any other GGUF file goes through transformers, which dequantizes every tensor into
   fp32 before the model takes them: ``FP32_BYTES`` per parameter more while it loads.
-* KV cache: 2 (keys and values) × layers × KV heads × head size × context × bytes (fp32 on the
-  CPU fast path, which computes in fp32 whatever its weights' format).
+* KV cache: 2 (keys and values) × layers × KV heads × head size × context × bytes of the plan's
+  ``kv_cache`` dtype (fp32 on the CPU fast path, which computes in fp32 whatever its weights' format).
 * Overhead: activations, allocator slack and the runtime itself, taken as
   ``OVERHEAD_FIXED_BYTES`` plus ``OVERHEAD_FRACTION`` of weights and KV cache.
 
@@ -39,30 +37,23 @@ from typing import Any, Literal
 
 import psutil
 
-from engine.forward.fast_scope import config_view, unsupported_reason
-from engine.forward.native.support import may_run
-from engine.forward.weights.packed_sizes import fp16_packed_bytes, int8_bytes, int8_kernel_takes
-from engine.host.cpu_features import has_amx_tiles, has_fp16_math, has_int8_dot
-from engine.models.gguf_check import DIRECT_ARCHITECTURES
+from engine.forward.weights.packed_sizes import fp16_packed_bytes, int8_bytes
+from engine.models.format_plan import (
+    INT4_PAIR, FormatPlan, formats_for_source, four_bit_prompts_faster, reads_fast, traits_of,
+)
 from engine.models.model_source import ModelFileError, ModelSource
 
 Verdict = Literal["fits", "tight", "won't fit"]
 
 BYTES_PER_PARAM = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "nf4": 0.5 + 4 / 64}  # nf4: fp32 scale per 64
-QUANTIZED_PRECISIONS = ("int8", "nf4")
-UNQUANTIZED_BYTES = 2.0  # embeddings and output head under int8/nf4 stay in bf16
-DECODE_COPY_BYTES = 0.5 + 4 / 32  # 4 bits, and a bf16 scale and zero point per 32 weights
-PRECISION_ORDER = {"cuda": ("bf16", "int8", "nf4"), "cpu": ("fp32", "bf16", "nf4")}
-FAST_CPU_ORDER = ("fp16", "nf4")  # the fast path's formats: fp16 (+ a 4-bit decode copy), 4-bit alone
-FOUR_BIT_PROMPT_PARAMS = 1_000_000_000
-"""From this many parameters a 4-bit file's prompts run faster from its 4-bit weights (``int4_prompts``: int8 GEMMs)
-than from an fp16 copy, on a CPU with int8 dot products and no fp16 arithmetic (``cpu_features``), so ``auto``
-keeps the 4-bit weights alone whatever memory allows. 2-core Zen 4, 512-token prompts against llama.cpp in the same
-runs: SmolLM2-1.7B's Q4_K_M 56.2 tok/s (llama.cpp 62.5) against 40.4 (57.4) with the copy, decode level (61-65 ms a
-step in both), holding 1.7 GB against 5.2; SmolLM2-135M's prompts 521 against 589, so small models keep the copy."""
-FAST_LAYER_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "nf4": DECODE_COPY_BYTES}
+BNB_QUANTIZED = ("int8", "nf4")  # bitsandbytes' formats, which keep the embeddings and output head in 16 bits
+UNQUANTIZED_BYTES = 2.0  # embeddings and output head under bitsandbytes stay in bf16
+INT4_BYTES = 0.5 + 4 / 32  # the fast path's int4: 4 bits, and a bf16 scale and zero point per 32 weights
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+PRECISION_ORDER = {"cuda": ("bf16", "int8", "int4"), "cpu": ("fp32", "bf16", "int4")}
+FAST_CPU_ORDER = ("fp16", "int4")  # the CPU fast path's: fp16 (+ an int4 decode copy of a 4-bit file), int4 alone
+FAST_LAYER_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": INT4_BYTES}
 FP32_BYTES = 4.0
-FAST_CPU_PRECISIONS = ("fp32", "fp16", "nf4")  # the CPU fast path's (quant_int.CPU_FORMATS); bf16 goes to transformers
 TIGHT_FRACTION = 0.85
 OVERHEAD_FIXED_BYTES = 256 * 1024**2
 OVERHEAD_FRACTION = 0.05
@@ -154,14 +145,15 @@ def params_from_config(config: Mapping[str, Any]) -> int:
     return shape.layers * (attention + mlp + norms) + shape.embedding_params + shape.hidden
 
 
-def estimate_weight_bytes(n_params: int, precision: str, unquantized_params: int = 0) -> int:
-    """Bytes of weights at ``precision``; ``unquantized_params`` stay 16-bit under int8/nf4."""
-    if precision not in BYTES_PER_PARAM:
-        raise ValueError(f"unknown precision {precision!r} (known: {', '.join(BYTES_PER_PARAM)})")
-    if precision not in QUANTIZED_PRECISIONS:
-        return int(n_params * BYTES_PER_PARAM[precision])
+def estimate_weight_bytes(n_params: int, layers: str, unquantized_params: int = 0) -> int:
+    """Bytes of transformers' weights with ``layers`` in that format; ``unquantized_params`` stay 16-bit under
+    bitsandbytes' int8 and nf4."""
+    if layers not in BYTES_PER_PARAM:
+        raise ValueError(f"unknown format {layers!r} (known: {', '.join(BYTES_PER_PARAM)})")
+    if layers not in BNB_QUANTIZED:
+        return int(n_params * BYTES_PER_PARAM[layers])
     quantized = max(n_params - unquantized_params, 0)
-    return int(quantized * BYTES_PER_PARAM[precision] + unquantized_params * UNQUANTIZED_BYTES)
+    return int(quantized * BYTES_PER_PARAM[layers] + unquantized_params * UNQUANTIZED_BYTES)
 
 
 def estimate_kv_bytes(config_like: Mapping[str, Any], context_length: int, dtype_bytes: int) -> int:
@@ -170,101 +162,78 @@ def estimate_kv_bytes(config_like: Mapping[str, Any], context_length: int, dtype
     return 2 * shape.layers * shape.kv_heads * shape.head_dim * context_length * dtype_bytes
 
 
-def is_direct_gguf(source: ModelSource) -> bool:
-    """A GGUF file the fast path reads as it is (``gguf_direct``), not through transformers."""
-    return source.kind == "gguf" and source.config.get("architecture") in DIRECT_ARCHITECTURES
-
-
-def reads_fast(source: ModelSource) -> bool:
-    """Whether the fast path loads ``source`` into its own formats: a GGUF file it reads directly, or a
-    safetensors folder of an architecture it runs."""
-    if source.kind == "gguf":
-        return is_direct_gguf(source)
-    return unsupported_reason(config_view(source.config)) is None
-
-
 def precision_order(source: ModelSource, device: str) -> tuple[str, ...]:
     """The precisions ``auto`` tries on ``device``, best first."""
     if device == "cpu" and reads_fast(source):
-        return ("nf4",) if four_bit_prompts_faster(source) else FAST_CPU_ORDER
+        return ("int4",) if four_bit_prompts_faster(traits_of(source)) else FAST_CPU_ORDER
     return PRECISION_ORDER[device]
 
 
-def four_bit_prompts_faster(source: ModelSource) -> bool:
-    """Whether this CPU runs ``source``'s prompts faster from its 4-bit weights than from an fp16 copy: any size
-    with AMX's bf16 tiles (``native.int4_matmul``), from ``FOUR_BIT_PROMPT_PARAMS`` with int8 dot products and no fp16
-    arithmetic."""
-    if not source.four_bit_layers:
-        return False
-    if has_amx_tiles() and may_run():
-        return True
-    return source.n_params >= FOUR_BIT_PROMPT_PARAMS and has_int8_dot() and not has_fp16_math()
-
-
-def _fast_weight_bytes(source: ModelSource, shape: ModelShape, precision: str, device: str) -> int:
-    """What ``FastLlama`` holds for a model it loads into its own formats (see the module docstring)."""
+def _fast_weight_bytes(source: ModelSource, shape: ModelShape, formats: FormatPlan) -> int:
+    """What ``FastLlama`` holds for a model it loads in ``formats`` (see the module docstring)."""
     layer_params = max(source.n_params - shape.embedding_params, 0)
-    layers = layer_params * FAST_LAYER_BYTES.get(precision, BYTES_PER_PARAM[precision])
-    if device == "cpu" and precision == "fp16":
-        layers += _fp16_packing_bytes(shape, prompts_only=source.four_bit_layers)
-        layers += layer_params * DECODE_COPY_BYTES if source.four_bit_layers else 0
-    head_in_int8 = _head_in_int8(source, shape, precision, device)
-    return int(layers + _table_and_head_bytes(shape, precision, device, source.kept_table_bytes, head_in_int8))
+    layers = layer_params * FAST_LAYER_BYTES[formats.layers]
+    if formats.device == "cpu" and formats.layers == "fp16":
+        layers += _fp16_packing_bytes(shape, formats.decode_copy is not None, formats.host.fp16_math)
+    if formats.decode_copy:
+        layers += layer_params * FAST_LAYER_BYTES[formats.decode_copy]
+    return int(layers + _table_bytes(shape, formats, source.kept_table_bytes) + _output_layer_bytes(shape, formats))
 
 
-def _head_in_int8(source: ModelSource, shape: ModelShape, precision: str, device: str) -> bool:
-    """Whether the output layer runs on Hearth's int8 kernel: on the CPU beside 4-bit layers, alone or a decode copy
-    (``fast_llama.head_format``)."""
-    beside_four_bit = precision == "nf4" or precision == "fp16" and source.four_bit_layers
-    return beside_four_bit and device == "cpu" and may_run() and int8_kernel_takes(shape.vocab, shape.hidden)
-
-
-def _fp16_packing_bytes(shape: ModelShape, prompts_only: bool) -> int:
+def _fp16_packing_bytes(shape: ModelShape, prompts_only: bool, fp16_math: bool) -> int:
     """What the layers' fp16 matrices hold on the CPU beyond 2 bytes a weight (``packed_sizes``: FBGEMM's padding,
     or with ``prompts_only``, beside a 4-bit decode copy, an fp32 tail of columns): q/k/v, the attention output and
     gate/up are as wide as the hidden size or the heads, down as the MLP; 0 when those are multiples of 512."""
     qkv_rows, attention_width = (shape.heads + 2 * shape.kv_heads) * shape.head_dim, shape.heads * shape.head_dim
     matrices = ((qkv_rows, shape.hidden), (shape.hidden, attention_width), (2 * shape.intermediate, shape.hidden),
                 (shape.hidden, shape.intermediate))
-    extra = (fp16_packed_bytes(rows, width, prompts_only, has_fp16_math()) - 2 * rows * width for rows, width in matrices)
+    extra = (fp16_packed_bytes(rows, width, prompts_only, fp16_math) - 2 * rows * width for rows, width in matrices)
     return shape.layers * sum(extra)
 
 
-def _table_and_head_bytes(shape: ModelShape, precision: str, device: str, kept_table: int | None,
-                          head_in_int8: bool) -> float:
-    """``FastLlama`` keeps the token table and the output layer apart, even when the file ties them. On the CPU the
-    output layer in int8 groups beside 4-bit layers (alone or a decode copy) where Hearth's kernels run
-    (``head_in_int8``), else in two planes of 4-bit groups at nf4, fp32 at fp32 and fp16 as FBGEMM packs it at
-    fp16; the table in the file's own blocks where it has quantized ones (``kept_table`` bytes,
-    ``gguf_blocks.BlockTable``), else in two planes at nf4, fp32 at fp32 and fp16 at fp16. On a GPU the table in
-    the compute dtype and the output layer in the layers' format (``fast_llama.head_format``)."""
-    table = shape.vocab * shape.hidden
-    if device != "cpu":
-        table_bytes = UNQUANTIZED_BYTES if precision in QUANTIZED_PRECISIONS else BYTES_PER_PARAM[precision]
-        return table * (table_bytes + FAST_LAYER_BYTES[precision])
-    pair = 2 * table * DECODE_COPY_BYTES
-    own_table = {"nf4": pair, "fp32": BYTES_PER_PARAM["fp32"] * table}.get(precision, table * UNQUANTIZED_BYTES)
-    if head_in_int8:
-        head_bytes = int8_bytes(shape.vocab, shape.hidden)
-    elif precision in ("nf4", "fp32"):
-        head_bytes = own_table  # the same planes, or fp32, as the table's own
-    else:
-        head_bytes = fp16_packed_bytes(shape.vocab, shape.hidden, prompts_only=False, fp16_math=False)
-    return (kept_table or own_table) + head_bytes
+def _table_bytes(shape: ModelShape, formats: FormatPlan, kept_table: int | None) -> float:
+    """``FastLlama``'s token table in the plan's ``token_table`` format: the file's own blocks (``kept_table``
+    bytes), two planes of 4-bit groups, or a dtype."""
+    weights = shape.vocab * shape.hidden
+    if formats.token_table == "file" and kept_table is not None:
+        return kept_table
+    if formats.token_table == INT4_PAIR:
+        return 2 * weights * INT4_BYTES
+    return weights * DTYPE_BYTES[formats.token_table]
+
+
+def _output_layer_bytes(shape: ModelShape, formats: FormatPlan) -> float:
+    """``FastLlama``'s output layer, apart from the table even when the file ties them, in the plan's
+    ``output_layer`` format: on the CPU int8 groups (Hearth's kernel), two planes of 4-bit groups, or fp16 as FBGEMM
+    packs it; on a GPU the layers' format."""
+    weights = shape.vocab * shape.hidden
+    if formats.device != "cpu":
+        return weights * FAST_LAYER_BYTES[formats.output_layer]
+    if formats.output_layer == "int8":
+        return int8_bytes(shape.vocab, shape.hidden)
+    if formats.output_layer == INT4_PAIR:
+        return 2 * weights * INT4_BYTES
+    if formats.output_layer == "fp16":
+        return fp16_packed_bytes(shape.vocab, shape.hidden, prompts_only=False, fp16_math=False)
+    return weights * DTYPE_BYTES[formats.output_layer]
 
 
 def estimate(source: ModelSource, precision: str, context_length: int, device: str) -> MemoryEstimate:
-    """Memory to run ``source`` at ``precision`` on ``device`` with a KV cache of ``context_length`` tokens."""
+    """Memory to run ``source`` at ``precision`` on ``device`` with a KV cache of ``context_length`` tokens, in the
+    formats a load would use (``format_plan.formats_for_source``)."""
+    return estimate_formats(source, formats_for_source(source, device, precision), context_length)
+
+
+def estimate_formats(source: ModelSource, formats: FormatPlan, context_length: int) -> MemoryEstimate:
+    """Memory to run ``source`` in ``formats`` with a KV cache of ``context_length`` tokens."""
     shape = model_shape(source.config)
-    fast = reads_fast(source) and (device == "cuda" or precision in FAST_CPU_PRECISIONS)
-    if fast:
-        weights = _fast_weight_bytes(source, shape, precision, device)
+    if formats.fast_path:
+        weights = _fast_weight_bytes(source, shape, formats)
     else:
-        weights = estimate_weight_bytes(source.n_params, precision, shape.embedding_params)
+        weights = estimate_weight_bytes(source.n_params, formats.layers, shape.embedding_params)
         if source.kind == "gguf":
             weights += int(source.n_params * FP32_BYTES)  # transformers' fp32 copy of the whole file
-    fp32_cache = precision == "fp32" or (fast and device == "cpu")  # the CPU fast path computes in fp32
-    kv = estimate_kv_bytes(source.config, context_length, 4 if fp32_cache else 2)
+    kv = estimate_kv_bytes(source.config, context_length, DTYPE_BYTES[formats.kv_cache])
     overhead = OVERHEAD_FIXED_BYTES + int(OVERHEAD_FRACTION * (weights + kv))
     return MemoryEstimate(weights, kv, overhead, weights + kv + overhead)
 
@@ -292,9 +261,9 @@ def choose_precision(
 ) -> str:
     """The best precision that fits, for ``precision="auto"``.
 
-    On CUDA: bf16, then int8, then nf4 (quality first, quantize only to fit). On CPU, for
+    On CUDA: bf16, then int8, then int4 (quality first, quantize only to fit). On CPU, for
     a model the fast path loads (``reads_fast``): fp16 (fp32 sums, within rounding of fp32),
-    then 4 bits; for any other (transformers): fp32, then bf16, then nf4 — most CPUs run
+    then int4; for any other (transformers): fp32, then bf16, then int4 (NF4) — most CPUs run
     fp32 matrix products fastest and exactly, bf16 halves memory when fp32 would not fit,
     and 4 bits take a quarter. A precision that "fits" wins over
     one that is only "tight". Raises ``NotEnoughMemoryError`` when none fits.
@@ -319,21 +288,20 @@ def choose_precision(
     )
 
 
-def cpu_formats_notice(source: ModelSource, chosen: str, context_length: int, available_bytes: int) -> str | None:
+def cpu_formats_notice(source: ModelSource, chosen: FormatPlan, context_length: int, available_bytes: int) -> str | None:
     """For a model the fast path loads on the CPU under ``auto``: which formats were chosen, and why."""
-    if not reads_fast(source) or chosen not in FAST_CPU_ORDER:
+    if not chosen.fast_path or chosen.device != "cpu" or chosen.precision not in FAST_CPU_ORDER:
         return None
     fp16 = estimate(source, "fp16", context_length, "cpu").total_bytes
-    if chosen == "fp16":
-        copy = " for prompts and a 4-bit copy for decode steps" if source.four_bit_layers else ""
+    if chosen.precision == "fp16":
+        copy = " for prompts and an int4 copy for decode steps" if chosen.decode_copy else ""
         return f"Running fp16 weights{copy}: {_gib(fp16)} in all fits comfortably in the {_gib(available_bytes)} free."
-    four_bit = estimate(source, "nf4", context_length, "cpu").total_bytes
-    in_int8 = _head_in_int8(source, model_shape(source.config), "nf4", "cpu")
-    head = "int8" if in_int8 else "two 4-bit planes, about 8 bits"
-    alone = (f"Running from the 4-bit weights alone ({_gib(four_bit)} in all; the output layer in {head}), "
+    four_bit = estimate_formats(source, chosen, context_length).total_bytes
+    head = "int8" if chosen.output_layer == "int8" else "two int4 planes, about 8 bits"
+    alone = (f"Running from the int4 weights alone ({_gib(four_bit)} in all; the output layer in {head}), "
              f"prompts included")
-    if four_bit_prompts_faster(source):
-        why = "bf16 matrix tiles" if has_amx_tiles() else "int8 dot products, no fp16 arithmetic"
+    if four_bit_prompts_faster(traits_of(source), chosen.host):
+        why = "bf16 matrix tiles" if chosen.host.amx_tiles else "int8 dot products, no fp16 arithmetic"
         return (f"{alone}: on this CPU ({why}) a model this size runs its prompts faster so than from fp16 "
                 f"weights, which would need {_gib(fp16)}.")
     return (f"{alone}, which makes prompts slower: fp16 weights for prompts would need {_gib(fp16)}, more than fits "

@@ -86,11 +86,11 @@ def _inspect_gguf(path: Path) -> ModelSource:
         n_params=sum(tensor.n_elements for tensor in contents.tensors),
         chat_template_source=template if isinstance(template, str) else None,
         chat_template_origin=f"{path.name} (metadata tokenizer.chat_template)" if template else None,
-        kept_table_bytes=_quantized_table_bytes(contents),
+        kept_table_bytes=quantized_table_bytes(contents),
     )
 
 
-def _quantized_table_bytes(contents: GGUFContents) -> int | None:
+def quantized_table_bytes(contents: GGUFContents) -> int | None:
     """The token table's bytes where the file holds it in quantized blocks (the CPU fast path keeps those:
     ``gguf_blocks.BlockTable``); None for F16, BF16 or F32."""
     table = next((tensor for tensor in contents.tensors if tensor.name == "token_embd.weight"), None)

@@ -2,8 +2,9 @@
 
 "default" is fetched first if needed. Every path is inspected before anything is
 allocated (``model_files``): a file Hearth refuses raises ``ModelFileError`` with a
-message for the user. Then the memory estimate picks or checks the precision, and
-the folder or GGUF file is loaded (``loading``). Earlier versions kept a converted
+message for the user. Then the memory estimate picks or checks the precision, its
+``FormatPlan`` is chosen once (``format_plan``), and the folder or GGUF file is loaded
+in it (``loading``). Earlier versions kept a converted
 copy of each GGUF file in the models cache; the first load removes them and says so.
 """
 
@@ -17,6 +18,7 @@ from engine.chat.chat_template import ChatTemplate
 from engine.host import paths
 from engine.models import default_model
 from engine.models.gguf_check import explain_gguf_errors
+from engine.models.format_plan import FormatPlan, formats_for_source, four_bit_prompts_faster, traits_of
 from engine.models.loading import LoadedModel, LoadPlan, Progress, load_model, resolve_device
 from engine.models.memory_estimate import (
     NotEnoughMemoryError,
@@ -25,12 +27,11 @@ from engine.models.memory_estimate import (
     cpu_formats_notice,
     estimate,
     fit_verdict,
-    four_bit_prompts_faster,
 )
 from engine.models.model_files import inspect_model
 from engine.models.model_source import ModelFileError, ModelSource
 from engine.protocol.channels import EventSink
-from engine.protocol.messages import FetchProgress, LoadOptions, StatusChanged
+from engine.protocol.messages import FetchProgress, LoadOptions, StatusChanged, canonical_precision
 
 CONVERTED_FOLDER = "converted"  # under the models cache, where earlier versions kept converted GGUF files
 
@@ -46,15 +47,15 @@ def open_model(
     source = inspect_model(path)
     device = resolve_device(options.device)
     context_length = options.context_length or source.native_context
-    precision = _pick_precision(source, device.type, options.precision, context_length)
-    formats = _formats_notice(source, device.type, options.precision, precision, context_length)
+    requested = canonical_precision(options.precision)
+    formats = _plan_formats(source, device.type, requested, context_length)
+    notice = _formats_notice(source, requested, formats, context_length)
     template = ChatTemplate.for_model(source)
     emit(StatusChanged("loading", f"Loading {source.name} on {device.type}…"))
     plan = LoadPlan(
-        source.path, source.name, device, precision, context_length, template,
-        _notices(source, template) + remove_converted_copies() + formats,
-        precision_is_auto=options.precision == "auto", four_bit_source=source.four_bit_layers,
-        format_note=_format_note(source, precision) if formats else "",
+        source.path, source.name, device, formats.precision, context_length, template,
+        _notices(source, template) + remove_converted_copies() + notice,
+        four_bit_source=source.four_bit_layers, formats=formats,
     )
     if source.kind != "gguf":
         return load_model(plan, progress, is_cancelled)
@@ -62,11 +63,15 @@ def open_model(
         return load_model(plan, progress, is_cancelled)
 
 
-def _format_note(source: ModelSource, precision: str) -> str:
-    """Why ``auto`` ran a 4-bit file from its 4-bit weights alone, shown beside the precision."""
-    if precision != "nf4":
-        return ""
-    return "4-bit prompts run faster here" if four_bit_prompts_faster(source) else "fp16 did not fit"
+def _plan_formats(source: ModelSource, device: str, requested: str, context_length: int) -> FormatPlan:
+    """The load's formats: ``requested``'s, or under ``auto`` the best precision that fits (with the reason, when
+    ``auto`` ran a 4-bit file from its int4 weights alone on the CPU's fast path)."""
+    precision = _pick_precision(source, device, requested, context_length)
+    formats = formats_for_source(source, device, precision)
+    if requested != "auto" or not formats.fast_path or device != "cpu" or precision != "int4":
+        return formats
+    faster = four_bit_prompts_faster(traits_of(source), formats.host)
+    return formats_for_source(source, device, precision, "int4 prompts run faster here" if faster else "fp16 did not fit")
 
 
 def _fetch_if_default(requested: str, emit: EventSink, is_cancelled: Callable[[], bool]) -> Path:
@@ -96,13 +101,11 @@ def _pick_precision(source: ModelSource, device: str, requested: str, context_le
     return requested
 
 
-def _formats_notice(
-    source: ModelSource, device: str, requested: str, precision: str, context_length: int
-) -> tuple[str, ...]:
+def _formats_notice(source: ModelSource, requested: str, formats: FormatPlan, context_length: int) -> tuple[str, ...]:
     """The load notice saying which formats ``auto`` chose on the CPU and why (memory), if it chose."""
-    if requested != "auto" or device != "cpu":
+    if requested != "auto" or formats.device != "cpu":
         return ()
-    notice = cpu_formats_notice(source, precision, context_length, available_memory("cpu"))
+    notice = cpu_formats_notice(source, formats, context_length, available_memory("cpu"))
     return (notice,) if notice else ()
 
 

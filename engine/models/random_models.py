@@ -15,16 +15,8 @@ from typing import Any
 import torch
 
 from engine.chat.chat_template import ChatTemplate
-from engine.models.loading import (
-    DTYPES,
-    LoadedModel,
-    LoadPlan,
-    fast_format,
-    fast_path_applies,
-    resolve_device,
-    resolve_precision,
-    wrap_model,
-)
+from engine.models.format_plan import ModelTraits, choose_formats
+from engine.models.loading import DTYPES, LoadedModel, LoadPlan, fast_path_applies, resolve_device, wrap_model
 
 PREFIX = "random:"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -103,20 +95,21 @@ def load_random(path: str, device_name: str, requested_precision: str, context_l
     started = time.perf_counter()
     name = path[len(PREFIX):]
     device = resolve_device(device_name)
-    fast = fast_path_applies(llama_config(name), device)
-    precision = resolve_precision(requested_precision, device, fast)
-    if precision not in DTYPES and not (fast and fast_format(precision, device)):
+    config = llama_config(name)
+    traits = ModelTraits(fast_path_applies(config, device), config.vocab_size, config.hidden_size)
+    formats = choose_formats(device.type, requested_precision, traits)
+    if not formats.fast_path and formats.quantized_layers:
         raise RandomModelError(
-            f"Random models cannot be built in {precision} on {device.type}; use an unquantized precision "
-            "(int8 and nf4 work on a GPU, where the fast path quantizes them)."
+            f"Random models cannot be built in {formats.precision} on {device.type}; use an unquantized precision "
+            "(int8 and int4 work on a GPU, where the fast path quantizes them)."
         )
-    model = build_hf_model(name, device, torch.float32 if device.type == "cpu" else DTYPES.get(precision, torch.bfloat16))
+    model = build_hf_model(name, device, torch.float32 if device.type == "cpu" else DTYPES[formats.compute])
     tokenizer = byte_tokenizer()
     plan = LoadPlan(
-        Path(path), path, device, precision, context_length or model.config.max_position_embeddings,
-        ChatTemplate(tokenizer.chat_template, "the random model's tokenizer"),
+        Path(path), path, device, formats.precision, context_length or model.config.max_position_embeddings,
+        ChatTemplate(tokenizer.chat_template, "the random model's tokenizer"), formats=formats,
     )
-    return wrap_model(model, tokenizer, plan, precision, started)
+    return wrap_model(model, tokenizer, plan, started)
 
 
 def _check_size(name: str, config: Any, device: torch.device, dtype: torch.dtype) -> None:

@@ -46,12 +46,21 @@ GREEDY = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetiti
 
 
 DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8", "nf4")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8", "int4")
+"""``int4``: 4 bits a weight; on the fast path asymmetric groups (a scale and zero each), through transformers
+bitsandbytes' NF4 (``engine.models.format_plan``)."""
+LEGACY_PRECISIONS = {"nf4": "int4"}  # what earlier versions called the 4-bit precision
+
+
+def canonical_precision(name: str) -> str:
+    """``name`` as ``PRECISIONS`` has it: a command line or request of an earlier version may say ``nf4``."""
+    return LEGACY_PRECISIONS.get(name, name)
 
 
 @dataclass(frozen=True)
 class LoadOptions:
-    """How to load a model: ``device`` one of ``DEVICES``, ``precision`` one of ``PRECISIONS``."""
+    """How to load a model: ``device`` one of ``DEVICES``, ``precision`` one of ``PRECISIONS`` (or a
+    ``LEGACY_PRECISIONS`` name, read as its ``canonical_precision``)."""
 
     device: str = "auto"
     precision: str = "auto"
@@ -186,7 +195,7 @@ class ModelLoaded:
     name: str
     path: str
     device: str
-    precision: str
+    precision: str  # the formats in words (``FormatPlan.label``), e.g. "fp16 weights, int4 copy for decoding"
     context_length: int
     load_s: float
     memory: MemoryStats = MemoryStats()

@@ -13,7 +13,7 @@ import threading
 
 from engine.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
 from engine.server.server import ApiServer
-from engine.protocol.messages import LoadModel, LoadOptions, ModelLoaded
+from engine.protocol.messages import PRECISIONS, LoadModel, LoadOptions, ModelLoaded, canonical_precision
 from engine.service.fanout import EngineHub
 
 EXIT_FAILED = 2
@@ -28,7 +28,7 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--cors-origin", action="append", default=[], help="allow this web origin (repeatable); none by default")
     serve.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     serve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    serve.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16", "int8", "nf4"])
+    serve.add_argument("--precision", default="auto", type=canonical_precision, choices=PRECISIONS)
 
 
 def serve(args: argparse.Namespace, stop: threading.Event | None = None) -> int:

@@ -50,7 +50,7 @@ from engine.service.client import AsyncEngine
 GIB = 1024**3
 FAKE_WEIGHTS_FP32 = 2 * GIB
 FAKE_KV_PER_TOKEN_FP32 = 64 * 1024
-FAKE_SCALES = {"fp32": (1.0, 1.0), "bf16": (0.5, 0.5), "fp16": (0.5, 0.5), "nf4": (0.16, 0.5)}  # (weights, KV cache)
+FAKE_SCALES = {"fp32": (1.0, 1.0), "bf16": (0.5, 0.5), "fp16": (0.5, 0.5), "int4": (0.16, 0.5)}  # (weights, KV cache)
 LOAD_STEPS = 10
 FAKE_POOL_BLOCKS = 64
 FAKE_BLOCK_BYTES = 256 * 1024
@@ -228,7 +228,7 @@ def hearth_home(tmp_path, monkeypatch):
     return home
 
 
-AUTO_ON_CPU = ("fp32", "bf16", "nf4")  # what the engine's automatic choice tries (memory_estimate.PRECISION_ORDER)
+AUTO_ON_CPU = ("fp32", "bf16", "int4")  # what the engine's automatic choice tries (memory_estimate.PRECISION_ORDER)
 
 
 def _fake_estimate(precision: str, scale: tuple[float, float], context: int, free: int) -> PrecisionEstimate:

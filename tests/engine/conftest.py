@@ -160,8 +160,22 @@ def out_of_memory_after(monkeypatch):
 
 
 @pytest.fixture
-def without_amx(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``auto`` as a CPU without AMX's bf16 tiles chooses (with them it keeps a 4-bit file's weights alone)."""
-    from engine.models import memory_estimate
+def host_features(monkeypatch: pytest.MonkeyPatch):
+    """``host_features(**changes)``: formats are then planned for this CPU with ``changes`` to its features
+    (``format_plan.HostFeatures``), e.g. ``amx_tiles=False``; returns the features planned for."""
+    from dataclasses import replace
 
-    monkeypatch.setattr(memory_estimate, "has_amx_tiles", lambda: False)
+    from engine.models import format_plan
+
+    def plan_for(**changes: bool) -> format_plan.HostFeatures:
+        features = replace(format_plan.this_host(), **changes)
+        monkeypatch.setattr(format_plan, "this_host", lambda: features)
+        return features
+
+    return plan_for
+
+
+@pytest.fixture
+def without_amx(host_features) -> None:
+    """``auto`` as a CPU without AMX's bf16 tiles chooses (with them it keeps a 4-bit file's weights alone)."""
+    host_features(amx_tiles=False)

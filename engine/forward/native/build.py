@@ -5,7 +5,7 @@ and the compiler's version, so an edited kernel or a new compiler builds afresh 
 an unchanged one loads in a millisecond. It is built with ``-fopenmp`` and loaded after
 PyTorch, whose ``libgomp.so.1`` it then shares: one pool of threads for both, sized by
 ``torch.set_num_threads``. Nothing here is required: no compiler, a CPU without the
-instructions, a failed build (logged once) or ``HEARTH_NATIVE=0`` leave it None.
+instructions or a failed build (logged once) leave it None.
 """
 
 from __future__ import annotations

@@ -111,9 +111,11 @@ def _scales_activations(fmt: str, device: torch.device) -> bool:
 
 
 def compute_dtype(device: torch.device, fmt: str) -> torch.dtype:
+    """A ``Linear``'s activations' dtype, as ``format_plan.fast_formats`` plans a model's ``compute``: fp32 on the
+    CPU (FBGEMM takes fp32 activations whatever the weight format), else ``fmt``'s or bf16 (quantized formats)."""
     if device.type == "cpu":
-        return torch.float32  # FBGEMM takes fp32 activations whatever the weight format
-    return PLAIN_DTYPES.get(fmt, torch.bfloat16)  # quantized formats compute in bf16 (see quant_int)
+        return torch.float32
+    return PLAIN_DTYPES.get(fmt, torch.bfloat16)
 
 
 def _pack(

@@ -1,6 +1,6 @@
 """Weight-only int8 and 4-bit linear layers for the fast path (engine thread).
 
-Which precision runs on which kernel, and why, on a GPU:
+Which format runs on which kernel, and why, on a GPU (``format_plan`` decides which formats a model uses):
 
 * ``bf16`` / ``fp16``: plain ``F.linear`` (cuBLAS); nothing to unpack.
 * ``int8`` (format ``int8``): one int8 per weight with a bf16 scale per output
@@ -11,16 +11,16 @@ Which precision runs on which kernel, and why, on a GPU:
   kernel (torch 2.9+) takes fp32 activations and gives each thread a whole row,
   far from the bandwidth limit. bitsandbytes int8 is slower still at batch 1 and
   cannot be captured in a CUDA graph.
-* ``nf4`` (format ``int4``): four bits per weight, asymmetric per group of 128
+* ``int4``: four bits per weight, asymmetric per group of 128
   (64 or 32 when the layer's width demands) with a bf16 scale and zero point per
   group, packed for ``torch._weight_int4pack_mm``: PyTorch's tinygemm kernel, the
-  one gpt-fast uses, graph-capturable, about 0.53 bytes per weight. It is not
-  NF4's lookup table: the precision keeps the name users pick ("4-bit"), and
-  bitsandbytes NF4 still serves architectures the fast path does not cover.
+  one gpt-fast uses, graph-capturable, about 0.53 bytes per weight. (bitsandbytes'
+  NF4, a normal-float table, serves the 4-bit precision on architectures the fast
+  path does not cover.)
   A layer the kernel cannot take (rows not a multiple of 8, width not of 32)
   falls back to int8.
 
-On the CPU, ``nf4`` runs on ``_weight_int4pack_mm_for_cpu`` with groups of 32:
+On the CPU, ``int4`` runs on ``_weight_int4pack_mm_for_cpu`` with groups of 32:
 llama.cpp's block size, so the weights of a 4-bit GGUF file (Q4_0, Q4_1, Q4_K
 blocks: ``d * q + m`` per 32 weights) come back exactly, up to the bf16 rounding
 of each group's scale and zero point. A decode step reads ~0.63 bytes per weight
@@ -31,7 +31,7 @@ so calls of many rows go to ``int4_prompts`` (int8 GEMMs), and fewer rows to Hea
 many rows as well. The ``int8`` format has no
 fast CPU kernel in PyTorch (``_weight_int8pack_mm`` is slower than fp32 here): on the
 CPU it runs on Hearth's (``native.int8_matmul``, an fp16 scale per 32 weights), which
-holds the output layer beside 4-bit decode copies (``fast_llama.head_format``), and
+holds the output layer beside 4-bit decode copies (``format_plan``), and
 elsewhere it only serves tests of the quantizer, through the dequantized form.
 """
 
@@ -47,16 +47,10 @@ from engine.forward.native import int4_matmul as native_int4
 from engine.forward.native import int8_matmul as native_int8
 from engine.forward.weights import int4_prompts, triton_gemv
 from engine.forward.weights.cpu_int4_layout import codes_from_packed, packed_from_codes
+from engine.forward.weights.packed_sizes import INT4_PAIR
 
-INT4_PAIR = "int4x2"
-"""Two planes of 4-bit groups, the second holding what the first's rounding left (``Int4Pair``): about 8 bits'
-precision on the int4 kernel, at twice its bytes. The CPU's output layer beside 4-bit layers: a 4-bit output
-layer cost SmolLM2-135M a fifth of its teacher-forced top-1 next tokens (79 % agreeing with fp32 on the file's
-weights, 95 % with an exact output layer, 98 % with this one and the file's own token table)."""
 QUANT_FORMATS = ("int8", "int4", INT4_PAIR)
 INT4_FORMATS = ("int4", INT4_PAIR)  # formats whose weights stay in their groups: a norm scales the activations
-GPU_FORMATS = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "int8": "int8", "nf4": "int4"}  # precision -> format
-CPU_FORMATS = {"fp32": "fp32", "fp16": "fp16", "nf4": "int4"}
 INT4_GROUPS = (128, 64, 32)
 INT4_INNER_K_TILES = (8, 4, 2)
 CPU_INT4_GROUP = 32
@@ -73,11 +67,6 @@ def rows_at_once(width: int) -> int:
     pages from the kernel, and an 8B model's 14336-wide Q6_K layer took 0.42 s into int4 groups, its Q4_K gate
     0.26 s to decode; 0.24 and 0.09 s so."""
     return max(1, WEIGHTS_AT_ONCE // width)
-
-
-def fast_format(precision: str, device: torch.device) -> str | None:
-    """The fast path's weight format for a precision name the loader uses on ``device``; None: not on the fast path."""
-    return (GPU_FORMATS if device.type == "cuda" else CPU_FORMATS).get(precision)
 
 
 def pack_quantized(weight: torch.Tensor | Int4Groups | Int4Pair, bias: torch.Tensor | None,

@@ -153,7 +153,7 @@ def test_the_load_dialog_shows_the_verdict_and_what_auto_picks(qtbot, chat, wind
     assert dialog.estimate_labels["free_gpu"].text() == "no CUDA GPU"
     assert not dialog.device_box.model().item(dialog.device_box.findData("cuda")).isEnabled()
     assert not dialog.precision_box.model().item(dialog.precision_box.findData("int8")).isEnabled()
-    assert dialog.precision_box.model().item(dialog.precision_box.findData("nf4")).isEnabled()
+    assert dialog.precision_box.model().item(dialog.precision_box.findData("int4")).isEnabled()
 
     dialog.precision_box.setCurrentIndex(dialog.precision_box.findData("fp32"))
     assert dialog.verdict_label.text().startswith("Tight")

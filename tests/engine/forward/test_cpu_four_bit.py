@@ -18,8 +18,12 @@ from engine.forward.native import int8_matmul as native_int8
 from engine.models import memory_estimate
 from engine.models.model_files import inspect_model
 from engine.models.model_open import open_model
+from engine.chat.chat_template import ChatTemplate
+from engine.models.format_plan import fast_formats, formats_for_source, this_host, traits_of
+from engine.models.loading import LoadPlan, load_model
 from engine.protocol.messages import ChatMessage, LoadOptions
 
+CPU = torch.device("cpu")
 QUESTION = [ChatMessage("user", "What is the capital of France? Answer in one word.")]
 
 
@@ -77,33 +81,42 @@ def test_auto_keeps_a_4bit_copy_for_decoding_and_answers_as_fp32_does(default_mo
                                                                       without_amx: None):
     auto = _open(default_model_path, "auto")
     config = auto.model.config
-    assert auto.precision == "fp16" and auto.precision_label == "fp16, 4-bit decode"  # what the window shows
+    assert auto.precision == "fp16"
+    assert auto.precision_label == "fp16 weights, int4 copy for decoding"  # what the window shows
     layers = _fp16_layer_bytes(config, beside_a_decode_copy=True) + _layer_weights(config) * FOUR_BIT
     assert auto.weight_bytes == layers + _table_and_head_bytes(config, beside_four_bit=True)
     assert "Paris" in fp32_answer
     assert _answer(auto) == fp32_answer
 
 
-def test_the_decode_copy_can_be_turned_off(default_model_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                           without_amx: None):
-    monkeypatch.setenv("HEARTH_DECODE_COPY", "0")
-    fp16_only = _open(default_model_path, "auto")
+def test_a_plan_without_the_decode_copy_loads_fp16_alone(default_model_path: Path):
+    source = inspect_model(default_model_path)
+    formats = fast_formats("cpu", "fp16", traits_of(source), this_host())
+    plan = LoadPlan(source.path, source.name, CPU, "fp16", 512, ChatTemplate(None, "test"), formats=formats)
+    fp16_only = load_model(plan, lambda *_: None, lambda: False)
     config = fp16_only.model.config
-    assert fp16_only.precision_label == "fp16"
+    assert fp16_only.precision_label == "fp16 weights"
     assert fp16_only.weight_bytes == (_fp16_layer_bytes(config, beside_a_decode_copy=False)
                                       + _table_and_head_bytes(config, beside_four_bit=False))
 
 
 def test_4bit_alone_holds_everything_in_a_third_of_fp16s_bytes_and_answers_paris(default_model_path: Path):
-    four_bit = _open(default_model_path, "nf4")
+    four_bit = _open(default_model_path, "int4")
     config = four_bit.model.config
-    assert four_bit.precision == "nf4"
+    assert four_bit.precision == "int4"
     if native_int8.covers(config.vocab_size, config.hidden_size):
         table_and_head = _table_and_head_bytes(config, beside_four_bit=True)
     else:
         table_and_head = _table_bytes(config) + 2 * config.vocab_size * config.hidden_size * FOUR_BIT  # two planes
     assert four_bit.weight_bytes == _layer_weights(config) * FOUR_BIT + table_and_head
     assert "Paris" in _answer(four_bit)
+
+
+def test_nf4_from_an_earlier_version_loads_the_int4_weights(default_model_path: Path):
+    """A request or command line of an earlier version names the fast path's 4 bits "nf4"."""
+    loaded = _open(default_model_path, "nf4")
+    assert loaded.formats == formats_for_source(inspect_model(default_model_path), "cpu", "int4")
+    assert loaded.precision_label == "int4 weights"
 
 
 def _next_token_picks(loaded, ids: list[int]) -> torch.Tensor:
@@ -116,32 +129,33 @@ def _next_token_picks(loaded, ids: list[int]) -> torch.Tensor:
 def test_4bit_alone_predicts_the_next_tokens_of_a_text_as_fp32_does(default_model_path: Path):
     """Teacher-forced over 256 tokens of English. With the output layer in 4 bits (one plane) 79 % agreed; with
     two planes and the file's token table 97 %."""
-    exact, four_bit = _open(default_model_path, "fp32"), _open(default_model_path, "nf4")
+    exact, four_bit = _open(default_model_path, "fp32"), _open(default_model_path, "int4")
     ids = exact.tokenize(TEXT.read_text())[:256]
     agreement = (_next_token_picks(four_bit, ids) == _next_token_picks(exact, ids)).float().mean().item()
     assert agreement >= 0.95
 
 
-@pytest.mark.parametrize("precision", ["fp16", "nf4", "fp32"])
+@pytest.mark.parametrize("precision", ["fp16", "int4", "fp32"])
 def test_the_estimate_is_what_the_load_holds(default_model_path: Path, precision: str):
+    """The load dialog's estimate counts the formats the load then uses, and the bytes it then holds."""
     from engine.models.memory_estimate import estimate
-    from engine.models.model_files import inspect_model
 
+    source = inspect_model(default_model_path)
     loaded = _open(default_model_path, precision)
-    estimated = estimate(inspect_model(default_model_path), precision, 2048, "cpu").weight_bytes
+    assert loaded.formats == formats_for_source(source, "cpu", precision)
+    estimated = estimate(source, precision, 2048, "cpu").weight_bytes
     assert abs(estimated - loaded.weight_bytes) <= 0.01 * loaded.weight_bytes
 
 
-@pytest.mark.parametrize("amx, note", [(True, "4-bit prompts run faster here"), (False, "fp16 did not fit")])
+@pytest.mark.parametrize("amx, note", [(True, "int4 prompts run faster here"), (False, "fp16 did not fit")])
 def test_the_window_says_why_auto_ran_4bit_alone(default_model_path: Path, monkeypatch: pytest.MonkeyPatch, amx: bool,
-                                                 note: str):
+                                                 note: str, host_features):
     """With AMX's bf16 tiles auto keeps the 4-bit weights alone for speed; without, only where fp16 would not fit
     comfortably (here: too little free memory), and the precision shown gives the reason that applied."""
-    monkeypatch.setattr(memory_estimate, "has_amx_tiles", lambda: amx)
-    monkeypatch.setattr(memory_estimate, "may_run", lambda: True)
+    host_features(amx_tiles=amx, native_kernels=True)
     if not amx:
         fp16 = memory_estimate.estimate(inspect_model(default_model_path), "fp16", 8192, "cpu").total_bytes
         monkeypatch.setattr(memory_estimate, "available_memory", lambda _device: int(fp16 / 0.95))
     loaded = _open(default_model_path, "auto")
-    assert loaded.precision == "nf4"
+    assert loaded.precision == "int4"
     assert loaded.precision_label.endswith(f"({note})")

@@ -19,6 +19,7 @@ from engine.protocol.messages import ReplyFinished, SamplingParams
 from engine.service.batch_runner import BatchRunner
 from engine.service.reply_events import ReplyEvents
 from tests.engine.forward.triton_interpreter import assert_passes_in_the_interpreter
+from tests.engine.forward.formats import fast_plan
 
 CPU = torch.device("cpu")
 BLOCK = 4
@@ -28,7 +29,8 @@ TABLES = ([7, 2, 30, 31, 50, 51], [0, 1, 22, 40, 41, 42], [10, 11, 12, 13, 14, 1
 
 def gpu_style_backend(device: torch.device = CPU, use_graphs: bool = False) -> CudaLlamaBackend:
     hf_model = build_hf_model("tiny", CPU, torch.float32)
-    return CudaLlamaBackend(CudaLlama(hf_model.config, hf_model.state_dict(), "fp32", device), 1024, use_graphs)
+    model = CudaLlama(hf_model.config, hf_model.state_dict(), fast_plan(hf_model.config, "fp32", device), device)
+    return CudaLlamaBackend(model, 1024, use_graphs)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +92,7 @@ def test_the_batch_runner_over_the_gpu_backend_says_what_each_request_says_alone
     from transformers import AutoModelForCausalLM
 
     hf_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    model = CudaLlama(hf_model.config, hf_model.state_dict(), "fp32", CPU)
+    model = CudaLlama(hf_model.config, hf_model.state_dict(), fast_plan(hf_model.config, "fp32", CPU), CPU)
     gpu = replace(tiny_loaded, backend=CudaLlamaBackend(model, 1024, use_graphs=False), eos_ids=frozenset())
     finished: dict[str, ReplyFinished] = {}
 

@@ -23,6 +23,7 @@ from engine.protocol.messages import (
     SamplingParams,
     TokenStreamed,
 )
+from tests.engine.forward.formats import fast_plan
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -50,7 +51,7 @@ def _greedy(backend, prompt, count):
 
 
 def test_captured_graphs_give_the_eager_steps_tokens_across_spans(small_model):
-    model = CudaLlama(small_model.config, small_model.state_dict(), "bf16", CUDA)
+    model = CudaLlama(small_model.config, small_model.state_dict(), fast_plan(small_model.config, "bf16", CUDA), CUDA)
     graphed, eager = CudaLlamaBackend(model, 1024, use_graphs=True), CudaLlamaBackend(model, 1024, use_graphs=False)
     graphed.check_graphs()
     prompt = list(range(5, 60))
@@ -65,8 +66,9 @@ def test_captured_graphs_give_the_eager_steps_tokens_across_spans(small_model):
 @pytest.mark.parametrize("fmt, min_cosine", [("int8", 0.99), ("int4", 0.95)])
 def test_quantized_logits_stay_near_bf16(small_model, fmt, min_cosine):
     state = small_model.state_dict()
-    exact = CudaLlamaBackend(CudaLlama(small_model.config, state, "bf16", CUDA), 1024)
-    quantized = CudaLlamaBackend(CudaLlama(small_model.config, state, fmt, CUDA), 1024)
+    config = small_model.config
+    exact = CudaLlamaBackend(CudaLlama(config, state, fast_plan(config, "bf16", CUDA), CUDA), 1024)
+    quantized = CudaLlamaBackend(CudaLlama(config, state, fast_plan(config, fmt, CUDA), CUDA), 1024)
     quantized.check_graphs()
     assert quantized.runner.disabled_reason is None
     prompt = list(range(5, 100))
@@ -94,7 +96,8 @@ def test_gpu_kernels_compute_with_exactly_the_quantized_weights(rows, width):
 
 def test_prefill_after_cached_positions_matches_plain_attention(small_model):
     state = small_model.state_dict()
-    fused, plain = CudaLlama(small_model.config, state, "fp32", CUDA), FastLlama(small_model.config, state, "fp32", CUDA)
+    formats = fast_plan(small_model.config, "fp32", CUDA)
+    fused, plain = CudaLlama(small_model.config, state, formats, CUDA), FastLlama(small_model.config, state, formats, CUDA)
     first, second = torch.arange(3, 200, device=CUDA), torch.arange(200, 330, device=CUDA)
     fused_cache, plain_cache = fused.new_cache(), plain.new_cache()
     torch.testing.assert_close(fused.forward(first, fused_cache, 0), plain.forward(first, plain_cache, 0), rtol=1e-3, atol=1e-3)
@@ -102,7 +105,7 @@ def test_prefill_after_cached_positions_matches_plain_attention(small_model):
                                rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "int8", "nf4"])
+@pytest.mark.parametrize("precision", ["bf16", "int8", "int4"])
 def test_a_llama_folder_loads_on_the_gpu_fast_path_and_replies(tiny_model_dir, precision):
     from engine.models.model_open import open_model
 

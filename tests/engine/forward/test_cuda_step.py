@@ -17,6 +17,7 @@ from engine.forward.fast_llama import FastLlama
 from engine.models.loading import LoadPlan, wrap_model
 from engine.models.random_models import build_hf_model, byte_tokenizer
 from engine.protocol.messages import GREEDY
+from tests.engine.forward.formats import fast_plan
 
 CPU = torch.device("cpu")
 
@@ -71,7 +72,7 @@ def _prompt(tokenizer, text: str) -> list[int]:
 
 
 def _cuda_llama(hf_model) -> CudaLlama:
-    return CudaLlama(hf_model.config, hf_model.state_dict(), "fp32", CPU)
+    return CudaLlama(hf_model.config, hf_model.state_dict(), fast_plan(hf_model.config, "fp32", CPU), CPU)
 
 
 def test_fixed_shape_step_logits_equal_the_forward_pass(hf_model, tokenizer):
@@ -95,7 +96,7 @@ def test_fixed_shape_step_logits_equal_the_forward_pass(hf_model, tokenizer):
 def _loaded_pair(hf_model, tokenizer):
     """The same weights behind the CPU backend and the GPU backend (graphs off, eager on the CPU)."""
     plan = LoadPlan(Path("random:tiny"), "tiny", CPU, "fp32", 1024, ChatTemplate(tokenizer.chat_template))
-    cpu = wrap_model(hf_model, tokenizer, plan, "fp32", time.perf_counter())
+    cpu = wrap_model(hf_model, tokenizer, plan, time.perf_counter())
     gpu_backend = CudaLlamaBackend(_cuda_llama(hf_model), capacity=1024, use_graphs=False)
     return cpu, replace(cpu, backend=gpu_backend)
 
@@ -151,7 +152,7 @@ def test_cache_capacity_is_the_context_capped_by_memory(hf_model):
 
 def test_fast_llama_attention_hook_keeps_cpu_results(hf_model, tokenizer):
     prompt = torch.tensor(_prompt(tokenizer, "Hello"))
-    plain = FastLlama(hf_model.config, hf_model.state_dict(), "fp32", CPU)
+    plain = FastLlama(hf_model.config, hf_model.state_dict(), fast_plan(hf_model.config, "fp32", CPU), CPU)
     gpu_style = _cuda_llama(hf_model)
     expected = plain.forward(prompt, plain.new_cache(), 0)
     torch.testing.assert_close(gpu_style.forward(prompt, gpu_style.new_cache(), 0), expected, rtol=1e-4, atol=1e-4)

@@ -18,6 +18,7 @@ from engine.forward.weights import int4_prompts
 from engine.models.loading import LoadPlan, wrap_model
 from engine.models.random_models import build_hf_model, byte_tokenizer
 from engine.protocol.messages import GREEDY
+from tests.engine.forward.formats import fast_plan
 
 CPU = torch.device("cpu")
 PROMPT = [{"role": "user", "content": "Tell me a short story about a lighthouse keeper."}]
@@ -50,7 +51,7 @@ def prompt_ids(tokenizer):
 
 def _wrap(model, tokenizer, name, precision):
     plan = LoadPlan(Path(name), name, CPU, precision, 64, ChatTemplate(tokenizer.chat_template))
-    return wrap_model(model, tokenizer, plan, precision, time.perf_counter())
+    return wrap_model(model, tokenizer, plan, time.perf_counter())
 
 
 def _fast(hf_model, tokenizer, precision):
@@ -132,14 +133,15 @@ def test_rotations_equal_transformers_rotary_embedding(hf_model, rope):
 
     config = hf_model.config.__class__.from_dict({**hf_model.config.to_dict(), "rope_parameters": rope})
     fast = FastLlama(config, _randomised(build_hf_model("tiny", CPU, torch.float32), "norm.weight").state_dict(),
-                     "fp32", CPU)
+                     fast_plan(config, "fp32", CPU), CPU)
     cos, sin = LlamaRotaryEmbedding(config)(torch.empty(1), torch.arange(300).unsqueeze(0))  # [1, P, hd] each
     half = fast.head_dim // 2
     expected = torch.complex(cos[0, :, :half], sin[0, :, :half]).unsqueeze(1)  # [P, 1, hd/2]
     assert torch.equal(fast.rotations(0, 300), expected)
 
 
-def test_a_4bit_prompt_on_amx_multiplies_and_attends_in_bf16_within_its_rounding(hf_model, tokenizer, monkeypatch):
+def test_a_4bit_prompt_on_amx_multiplies_and_attends_in_bf16_within_its_rounding(hf_model, tokenizer, monkeypatch,
+                                                                                 host_features):
     """Where 4-bit layers' prompts multiply in bf16 (AMX's tiles, ``native.int4_matmul``), a long prompt's attention runs
     in bf16 too: its last logits move from the exact sums' (the fp32 path) by under a tenth of what the 4-bit weights
     themselves move them from fp32's (this random tiny model is chaotic: 62 % and 3 % measured); an fp32 model's
@@ -151,11 +153,12 @@ def test_a_4bit_prompt_on_amx_multiplies_and_attends_in_bf16_within_its_rounding
 
     def last_logits(precision: str, amx: bool) -> torch.Tensor:
         monkeypatch.setattr(native_int4, "runs_on_amx", lambda: amx)
+        host_features(amx_tiles=amx)  # the plan's prompt attention in bf16 beside int4 layers on the tiles
         backend = _fast(hf_model, tokenizer, precision).backend
         return feed(backend, CachedSequence(backend.new_cache()), prompt)
 
     exact = last_logits("fp32", False)
     assert torch.equal(exact, last_logits("fp32", True))
-    exact_sums, bf16 = last_logits("nf4", False), last_logits("nf4", True)
+    exact_sums, bf16 = last_logits("int4", False), last_logits("int4", True)
     assert not torch.equal(exact_sums, bf16)
     assert (bf16 - exact_sums).norm() < 0.1 * (exact_sums - exact).norm()

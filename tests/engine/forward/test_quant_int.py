@@ -15,22 +15,17 @@ from engine.forward.weights.quant import Linear, few_rows
 from engine.forward.weights import int4_prompts
 from engine.forward.weights.cpu_int4_layout import codes_from_packed, packed_from_codes
 from engine.forward.weights.quant_int import (
-    CPU_INT4_GROUP, INT4_PAIR, Int4Groups, Int4Pair, _int4_packed, as_int4_pair, dequantize_int4, fast_format,
+    CPU_INT4_GROUP, INT4_PAIR, Int4Groups, Int4Pair, _int4_packed, as_int4_pair, dequantize_int4,
     int4_groups_of, int4_layout, pack_quantized, quantize_int4, quantize_int8,
 )
 from engine.host.allocator import return_freed_memory
 from engine.host.cpu_features import has_fp16_math
 from engine.models.random_models import build_hf_model
 from tests.engine.forward.triton_interpreter import assert_passes_in_the_interpreter
+from tests.engine.forward.formats import fast_plan
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")
-
-
-def test_precision_names_map_to_fast_path_formats():
-    assert [fast_format(p, CUDA) for p in ("bf16", "int8", "nf4", "fp16")] == ["bf16", "int8", "int4", "fp16"]
-    cpu_formats = [fast_format(p, CPU) for p in ("fp32", "fp16", "bf16", "int8", "nf4")]
-    assert cpu_formats == ["fp32", "fp16", None, None, "int4"]
 
 
 def test_int8_rows_round_to_within_half_a_step():
@@ -212,8 +207,9 @@ def _layer_bytes(model: FastLlama) -> int:
 def test_quantized_fast_llama_computes_with_exactly_the_quantized_weights(fmt):
     hf_model = build_hf_model("tiny", CPU, torch.float32)
     state = hf_model.state_dict()
-    quantized = FastLlama(hf_model.config, state, fmt, CPU)
-    reference = FastLlama(hf_model.config, _dequantized(state, fmt), "fp32", CPU)
+    quantized = FastLlama(hf_model.config, state, fast_plan(hf_model.config, fmt, CPU), CPU)
+    reference = FastLlama(hf_model.config, _dequantized(state, fmt), fast_plan(hf_model.config, "fp32", CPU),
+                          CPU)
     assert _layer_bytes(quantized) < 0.5 * _layer_bytes(reference)  # int8's output layer is fp16, FBGEMM-padded
     prompt = torch.arange(3, 40)
     expected = reference.forward(prompt, reference.new_cache(), 0)
@@ -223,8 +219,8 @@ def test_quantized_fast_llama_computes_with_exactly_the_quantized_weights(fmt):
 
 def test_int8_fast_llama_logits_stay_close_to_fp32():
     hf_model = build_hf_model("tiny", CPU, torch.float32)
-    exact = FastLlama(hf_model.config, hf_model.state_dict(), "fp32", CPU)
-    int8 = FastLlama(hf_model.config, hf_model.state_dict(), "int8", CPU)
+    exact = FastLlama(hf_model.config, hf_model.state_dict(), fast_plan(hf_model.config, "fp32", CPU), CPU)
+    int8 = FastLlama(hf_model.config, hf_model.state_dict(), fast_plan(hf_model.config, "int8", CPU), CPU)
     prompt = torch.arange(3, 40)
     expected, got = exact.forward(prompt, exact.new_cache(), 0), int8.forward(prompt, int8.new_cache(), 0)
     assert torch.nn.functional.cosine_similarity(got, expected, dim=0) > 0.99

@@ -78,8 +78,8 @@ def test_fp32_from_the_file_as_it_is_matches_transformers(reference, architectur
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
 def test_4bit_groups_packed_as_they_are_stay_close_to_fp32(reference, architecture: str):
     path, hf_model = reference[architecture]
-    four_bit = _load(path, "nf4")
-    assert four_bit.precision == "nf4"
+    four_bit = _load(path, "int4")
+    assert four_bit.precision == "int4"
     expected = _hf_logits(hf_model, PROMPT)
     got = _last_logits(four_bit, PROMPT)
     # bf16 activations and scales in the int4 kernel, and the Q6_K down matrices and first v requantized to 4 bits
@@ -89,7 +89,7 @@ def test_4bit_groups_packed_as_they_are_stay_close_to_fp32(reference, architectu
 def test_auto_on_a_4bit_file_keeps_an_fp16_copy_for_prompts_and_4bit_groups_for_decoding(reference):
     path, hf_model = reference["llama"]
     auto = _load(path, "fp16", four_bit_source=True)
-    assert auto.precision_label == "fp16, 4-bit decode"
+    assert auto.precision_label == "fp16 weights, int4 copy for decoding"
     long_prompt = (PROMPT * 10)[: few_rows() + 1]
     prompt_logits = _last_logits(auto, long_prompt)  # more rows than a decode step's: the fp16 copy
     one_row = _last_logits(auto, PROMPT[:1])  # one row: the 4-bit groups

@@ -31,7 +31,7 @@ def test_a_folder_is_described_with_an_estimate_per_cpu_precision(tiny_model_dir
     assert found.native_context_length == found.context_length == 1024
     assert found.n_params > 0
     estimates = _by_precision(found)
-    assert list(estimates) == ["fp32", "bf16", "fp16", "nf4"]
+    assert list(estimates) == ["fp32", "bf16", "fp16", "int4"]
     assert estimates["fp32"].kv_bytes == KV_BYTES_PER_TOKEN_FP32 * 1024
     assert estimates["bf16"].weight_bytes == found.n_params * 2
     assert {item.verdict for item in found.estimates} == {"fits"}
@@ -49,15 +49,15 @@ def test_the_kv_cache_grows_with_the_chosen_context_length(tiny_model_dir: Path)
 
 def test_auto_takes_the_smaller_precision_when_only_it_fits(tiny_model_dir: Path):
     roomy = inspect_for_dialog(str(tiny_model_dir), LoadOptions(device="cpu"), "r3", _plenty, cuda_available=False)
-    nf4_total = _by_precision(roomy)["nf4"].total_bytes
-    just_enough = math.ceil(nf4_total / 0.85)
+    int4_total = _by_precision(roomy)["int4"].total_bytes
+    just_enough = math.ceil(int4_total / 0.85)
 
     found = inspect_for_dialog(str(tiny_model_dir), LoadOptions(device="cpu"), "r3", lambda _d: just_enough, False)
 
     verdicts = {item.precision: item.verdict for item in found.estimates}
-    assert verdicts["nf4"] == "fits"
+    assert verdicts["int4"] == "fits"
     assert verdicts["fp16"] != "fits"
-    assert found.auto_precision == "nf4"
+    assert found.auto_precision == "int4"
 
 
 def test_nothing_fits_in_a_few_kilobytes(tiny_model_dir: Path):
@@ -72,11 +72,11 @@ def test_on_cuda_the_quantized_precisions_are_estimated_against_gpu_memory(tiny_
     found = inspect_for_dialog(str(tiny_model_dir), LoadOptions(), "r5", free.__getitem__, cuda_available=True)
 
     assert found.device == "cuda"
-    assert [item.precision for item in found.estimates] == ["bf16", "fp16", "fp32", "int8", "nf4"]
+    assert [item.precision for item in found.estimates] == ["bf16", "fp16", "fp32", "int8", "int4"]
     assert found.available_bytes_cuda == 8 * 1024**3
     assert found.auto_precision == "bf16"
     estimates = _by_precision(found)
-    assert estimates["nf4"].weight_bytes < estimates["int8"].weight_bytes < estimates["bf16"].weight_bytes
+    assert estimates["int4"].weight_bytes < estimates["int8"].weight_bytes < estimates["bf16"].weight_bytes
 
 
 def test_a_missing_path_is_refused_with_its_reason(tmp_path: Path):

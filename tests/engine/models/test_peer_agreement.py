@@ -131,7 +131,7 @@ def test_4bit_alone_stays_as_close_to_the_exact_weights_as_llama_cpp(default_mod
     """4 bits alone (what an 8B file gets on a 16 GB machine): the output layer in int8 groups (two planes of 4-bit
     groups without Hearth's kernels), the token table in the file's blocks. With the output layer in one plane of
     4-bit groups it agreed at about 80 %."""
-    four_bit = _hearth_logits(_open(default_model_path, "nf4"), text_ids)  # [T, V]
+    four_bit = _hearth_logits(_open(default_model_path, "int4"), text_ids)  # [T, V]
     _assert_as_close_to_exact_as_llama_cpp(four_bit, exact, reference, "4-bit alone", record_property)
 
 

@@ -122,7 +122,7 @@ def test_a_bf16_folder_loads_one_tensor_at_a_time_without_an_fp32_copy_of_its_st
     assert loaded.precision == "fp16"
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16", "nf4"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int4"])
 def test_the_estimate_is_what_the_cpu_load_holds(tiny_model_dir, precision):
     found = estimate(inspect_model(tiny_model_dir), precision, 256, "cpu")
     loaded = _load(tiny_model_dir, precision)

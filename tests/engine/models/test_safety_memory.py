@@ -9,6 +9,7 @@ import pytest
 
 from engine.forward.native.support import may_run
 from engine.models import memory_estimate
+from engine.models.format_plan import formats_for_source
 from engine.models.memory_estimate import (
     NotEnoughMemoryError,
     available_memory,
@@ -53,8 +54,8 @@ def test_weight_bytes_per_precision() -> None:
     assert estimate_weight_bytes(1000, "bf16") == 2000
     assert estimate_weight_bytes(1000, "int8") == 1000
     assert estimate_weight_bytes(1000, "int8", unquantized_params=100) == 900 + 200
-    assert estimate_weight_bytes(1024, "nf4") == 576
-    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+    assert estimate_weight_bytes(1024, "nf4") == 576  # bitsandbytes' NF4: an fp32 scale per 64
+    with pytest.raises(ValueError, match="unknown format 'fp8'"):
         estimate_weight_bytes(1000, "fp8")
 
 
@@ -63,7 +64,7 @@ def test_estimate_adds_weights_kv_and_overhead() -> None:
     assert found.weight_bytes == 2 * 8_030_261_248
     assert found.kv_bytes == GIB
     assert found.total_bytes == found.weight_bytes + found.kv_bytes + found.overhead_bytes
-    quantized = estimate(llama3_source(), "nf4", 8192, "cuda")
+    quantized = estimate(llama3_source(), "int4", 8192, "cuda")
     assert 5 * GIB < quantized.weight_bytes < 6 * GIB  # 16-bit embeddings and head included
 
 
@@ -80,43 +81,43 @@ def test_cpu_prefers_fp32_then_bf16_then_4bit_for_a_model_transformers_runs() ->
                          weight_files=(), total_weight_bytes=0, n_params=params_from_config(gpt2_like))
     assert choose_precision(source, "cpu", 8192, available_bytes=64 * GIB) == "fp32"
     assert choose_precision(source, "cpu", 8192, available_bytes=24 * GIB) == "bf16"
-    assert choose_precision(source, "cpu", 8192, available_bytes=10 * GIB) == "nf4"
+    assert choose_precision(source, "cpu", 8192, available_bytes=10 * GIB) == "int4"
 
 
 def test_a_llama_folder_on_the_cpu_fast_path_takes_fp16_then_4bit_counted_as_fast_llama_holds_them(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        host_features) -> None:
     source = llama3_source()
     table = 128256 * 4096
     layers = source.n_params - 2 * table
     assert estimate(source, "fp16", 8192, "cpu").weight_bytes == 2 * layers + 2 * 2 * table
     four_bit = 0.5 + 4 / 32  # bytes a weight in 4-bit groups of 32
-    monkeypatch.setattr(memory_estimate, "may_run", lambda: True)  # the output layer on Hearth's int8 kernel
+    host_features(native_kernels=True)  # the output layer on Hearth's int8 kernel
     int8_head = 128256 * (4096 + 4096 // 32 * 2)  # a byte a weight, an fp16 scale per 32
     table_in_two_planes = 2 * table * four_bit
-    assert estimate(source, "nf4", 8192, "cpu").weight_bytes == int(four_bit * layers + table_in_two_planes + int8_head)
-    monkeypatch.setattr(memory_estimate, "may_run", lambda: False)  # no kernels built: both in two planes
-    assert estimate(source, "nf4", 8192, "cpu").weight_bytes == int(four_bit * layers + 2 * table_in_two_planes)
+    assert estimate(source, "int4", 8192, "cpu").weight_bytes == int(four_bit * layers + table_in_two_planes + int8_head)
+    host_features(native_kernels=False)  # no kernels built: both in two planes
+    assert estimate(source, "int4", 8192, "cpu").weight_bytes == int(four_bit * layers + 2 * table_in_two_planes)
     assert choose_precision(source, "cpu", 8192, available_bytes=64 * GIB) == "fp16"
-    assert choose_precision(source, "cpu", 8192, available_bytes=10 * GIB) == "nf4"
+    assert choose_precision(source, "cpu", 8192, available_bytes=10 * GIB) == "int4"
 
 
-def test_cuda_prefers_bf16_then_int8_then_nf4() -> None:
+def test_cuda_prefers_bf16_then_int8_then_int4() -> None:
     source = llama3_source()
     assert choose_precision(source, "cuda", 8192, available_bytes=80 * GIB) == "bf16"
     assert choose_precision(source, "cuda", 8192, available_bytes=14 * GIB) == "int8"
-    assert choose_precision(source, "cuda", 8192, available_bytes=8 * GIB) == "nf4"
+    assert choose_precision(source, "cuda", 8192, available_bytes=8 * GIB) == "int4"
 
 
 def test_tight_fit_is_used_when_nothing_fits_comfortably() -> None:
-    needed = estimate(llama3_source(), "nf4", 8192, "cuda").total_bytes
-    assert choose_precision(llama3_source(), "cuda", 8192, available_bytes=int(needed * 1.05)) == "nf4"
+    needed = estimate(llama3_source(), "int4", 8192, "cuda").total_bytes
+    assert choose_precision(llama3_source(), "cuda", 8192, available_bytes=int(needed * 1.05)) == "int4"
 
 
 def test_nothing_fits_gives_the_estimate() -> None:
     with pytest.raises(NotEnoughMemoryError) as caught:
         choose_precision(llama3_source(), "cuda", 8192, available_bytes=2 * GIB)
     message = str(caught.value)
-    assert "Llama-3-8B needs about" in message and "at nf4" in message
+    assert "Llama-3-8B needs about" in message and "at int4" in message
     assert "1.00 GiB KV cache for 8192 tokens" in message and "2.00 GiB is free" in message
 
 
@@ -168,15 +169,16 @@ def test_a_4bit_file_runs_4bit_alone_where_the_fp16_copy_would_not_fit_comfortab
 
     source = inspect_model(default_model_path)
     fp16 = estimate(source, "fp16", 8192, "cpu").total_bytes
-    four_bit = estimate(source, "nf4", 8192, "cpu").total_bytes
+    four_bit = estimate(source, "int4", 8192, "cpu").total_bytes
     # about a third of fp16 with its decode copy (0.336 beside an int8 output layer, 0.29 beside an fp16 one)
-    assert estimate(source, "nf4", 8192, "cpu").weight_bytes < 0.35 * estimate(source, "fp16", 8192, "cpu").weight_bytes
+    assert estimate(source, "int4", 8192, "cpu").weight_bytes < 0.35 * estimate(source, "fp16", 8192, "cpu").weight_bytes
     roomy, cramped = int(fp16 / 0.8), int(fp16 / 0.95)  # fp16 "fits", or is only "tight"
     assert choose_precision(source, "cpu", 8192, available_bytes=roomy) == "fp16"
-    assert choose_precision(source, "cpu", 8192, available_bytes=cramped) == "nf4"
-    assert "fp16 weights for prompts and a 4-bit copy" in cpu_formats_notice(source, "fp16", 8192, roomy)
-    assert "4-bit weights alone" in cpu_formats_notice(source, "nf4", 8192, cramped)
-    with pytest.raises(NotEnoughMemoryError, match="even at nf4"):
+    assert choose_precision(source, "cpu", 8192, available_bytes=cramped) == "int4"
+    fp16_plan, int4_plan = formats_for_source(source, "cpu", "fp16"), formats_for_source(source, "cpu", "int4")
+    assert "fp16 weights for prompts and an int4 copy" in cpu_formats_notice(source, fp16_plan, 8192, roomy)
+    assert "int4 weights alone" in cpu_formats_notice(source, int4_plan, 8192, cramped)
+    with pytest.raises(NotEnoughMemoryError, match="even at int4"):
         choose_precision(source, "cpu", 8192, available_bytes=four_bit // 2)
 
 
@@ -219,33 +221,30 @@ def _q4_k_m_file(n_params: int, hidden: int) -> ModelSource:
     )
 
 
-@pytest.mark.parametrize(("fp16_math", "expected"), [(False, "nf4"), (True, "fp16")])
-def test_a_large_4bit_file_keeps_its_4bit_weights_where_they_run_prompts_faster(monkeypatch, fp16_math, expected):
+@pytest.mark.parametrize(("fp16_math", "expected"), [(False, "int4"), (True, "fp16")])
+def test_a_large_4bit_file_keeps_its_4bit_weights_where_they_run_prompts_faster(host_features, fp16_math, expected):
     """Plenty of memory: a 1.7B file runs 4-bit alone on a CPU with int8 dot products and no fp16 arithmetic (its
     prompts faster, a third of the memory), with fp16 arithmetic the fp16 copy; a 135M one keeps the copy."""
     from engine.models import memory_estimate
 
-    monkeypatch.setattr(memory_estimate, "has_int8_dot", lambda: True)
-    monkeypatch.setattr(memory_estimate, "has_fp16_math", lambda: fp16_math)
-    monkeypatch.setattr(memory_estimate, "has_amx_tiles", lambda: False)
+    host_features(int8_dot=True, fp16_math=fp16_math, amx_tiles=False)
     large, small = _q4_k_m_file(1_700_000_000, 2048), _q4_k_m_file(135_000_000, 576)
     assert choose_precision(large, "cpu", 4096, available_bytes=64 * GIB) == expected
     assert choose_precision(small, "cpu", 4096, available_bytes=64 * GIB) == "fp16"
-    notice = memory_estimate.cpu_formats_notice(large, expected, 4096, 64 * GIB)
-    assert ("no fp16 arithmetic" in notice) == (expected == "nf4")
+    notice = memory_estimate.cpu_formats_notice(large, formats_for_source(large, "cpu", expected), 4096, 64 * GIB)
+    assert ("no fp16 arithmetic" in notice) == (expected == "int4")
 
 
-def test_a_4bit_file_of_any_size_keeps_its_4bit_weights_on_amx_bf16_tiles(monkeypatch):
+def test_a_4bit_file_of_any_size_keeps_its_4bit_weights_on_amx_bf16_tiles(host_features):
     """With AMX's bf16 tiles a 4-bit file's prompts run faster from its 4-bit weights than from an fp16 copy
     (``int4_prompts``), the 135M one's too; the notice says why, and a file of fp16 weights still runs fp16."""
     from engine.models import memory_estimate
 
-    monkeypatch.setattr(memory_estimate, "has_amx_tiles", lambda: True)
-    monkeypatch.setattr(memory_estimate, "has_fp16_math", lambda: True)
-    monkeypatch.setattr(memory_estimate, "may_run", lambda: True)
+    host_features(amx_tiles=True, fp16_math=True, native_kernels=True)
     small = _q4_k_m_file(135_000_000, 576)
-    assert choose_precision(small, "cpu", 4096, available_bytes=64 * GIB) == "nf4"
-    assert "bf16 matrix tiles" in memory_estimate.cpu_formats_notice(small, "nf4", 4096, 64 * GIB)
+    assert choose_precision(small, "cpu", 4096, available_bytes=64 * GIB) == "int4"
+    notice = memory_estimate.cpu_formats_notice(small, formats_for_source(small, "cpu", "int4"), 4096, 64 * GIB)
+    assert "bf16 matrix tiles" in notice
     fp16_file = replace(small, config={**small.config, "file_type": "MOSTLY_F16"})
     assert not fp16_file.four_bit_layers
     assert choose_precision(fp16_file, "cpu", 4096, available_bytes=64 * GIB) == "fp16"

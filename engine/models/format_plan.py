@@ -1,0 +1,243 @@
+"""Which formats a model's weights, prompts and caches run in: decided once, before a load (any thread; no torch).
+
+``choose_formats`` is the one place these rules live. The loader reads its ``FormatPlan`` (``loading``),
+``FastLlama`` builds its weights from it, the memory estimate counts its bytes (``memory_estimate``) and the
+window shows its ``label``. Its inputs: the device, the precision (the user's, or ``auto``'s pick by memory), what
+the model is (``ModelTraits``: whether the fast path runs it, whether its file stores 4-bit layers) and what the
+CPU offers (``HostFeatures``).
+
+Precisions, as the user picks them: ``fp32``, ``bf16``, ``fp16``, ``int8``, ``int4``. On the fast path ``int4`` is
+asymmetric 4-bit with a bf16 scale and zero per group (``quant_int``); through transformers it is bitsandbytes'
+NF4 (a normal-float table), and the plan's layer format then says ``nf4``. Earlier versions called both ``nf4``;
+``messages.canonical_precision`` maps that name to ``int4``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.forward.fast_scope import config_view, unsupported_reason
+from engine.forward.native.support import may_run
+from engine.forward.weights.packed_sizes import INT4_PAIR, int8_kernel_takes
+from engine.host.cpu_features import has_amx_tiles, has_fp16_math, has_int8_dot
+from engine.models.gguf_check import DIRECT_ARCHITECTURES
+from engine.models.model_source import ModelSource
+from engine.protocol.messages import PRECISIONS as OPTIONS
+from engine.protocol.messages import canonical_precision
+
+PRECISIONS = tuple(name for name in OPTIONS if name != "auto")
+FAST_LAYERS = {"cpu": ("fp32", "fp16", "int4"), "cuda": PRECISIONS}  # the rest go through transformers
+TRANSFORMERS_LAYERS = {"int4": "nf4"}  # bitsandbytes' NF4; int8 is its LLM.int8, the others plain dtypes
+QUANTIZED = ("int8", "int4")
+QUANTIZED_LAYERS = (*QUANTIZED, "nf4")
+FOUR_BIT_PROMPT_PARAMS = 1_000_000_000
+"""From this many parameters a 4-bit file's prompts run faster from its 4-bit weights (``int4_prompts``: int8 GEMMs)
+than from an fp16 copy, on a CPU with int8 dot products and no fp16 arithmetic, so ``auto`` keeps the 4-bit weights
+alone whatever memory allows. 2-core Zen 4, 512-token prompts against llama.cpp in the same runs: SmolLM2-1.7B's
+Q4_K_M 56.2 tok/s (llama.cpp 62.5) against 40.4 (57.4) with the copy, decode level (61-65 ms a step in both),
+holding 1.7 GB against 5.2; SmolLM2-135M's prompts 521 against 589, so small models keep the copy."""
+FORMAT_WORDS = {"nf4": "nf4 (bitsandbytes)"}  # formats the label words otherwise than by their names
+
+
+@dataclass(frozen=True)
+class HostFeatures:
+    """What the CPU offers the formats (``cpu_features``): Hearth's kernels may run (``native.support``), AMX's
+    bf16 tiles (granted to this process), int8 dot products, fp16 arithmetic."""
+
+    native_kernels: bool = False
+    amx_tiles: bool = False
+    int8_dot: bool = False
+    fp16_math: bool = False
+
+
+def this_host() -> HostFeatures:
+    """This machine's ``HostFeatures`` (tests replace it to plan for another CPU)."""
+    native = may_run()
+    return HostFeatures(native, native and has_amx_tiles(), has_int8_dot(), has_fp16_math())
+
+
+@dataclass(frozen=True)
+class ModelTraits:
+    """What the plan needs to know of a model: whether the fast path runs it, whether its file stores its layers
+    in 4-bit blocks (or its token table in quantized ones, ``kept_table``), its vocabulary, width and size."""
+
+    fast_path: bool
+    vocab: int
+    hidden: int
+    four_bit_layers: bool = False
+    kept_table: bool = False
+    n_params: int = 0
+
+
+@dataclass(frozen=True)
+class FormatPlan:
+    """The formats a load uses, decided once (``choose_formats``).
+
+    ``device``: "cpu" or "cuda". ``precision``: the user's name for it. ``fast_path``: ``FastLlama`` runs it (else
+    transformers). ``layers``: the attention and MLP weights' format; ``decode_copy``: a second copy of them for
+    calls of few rows (decode steps), or None. ``output_layer`` and ``token_table``: their formats ("file": the
+    table as the file keeps it, decoded when looked up). ``compute``: the activations' dtype, which the KV cache
+    (``kv_cache``) keeps; ``prompt_attention``: a prompt chunk's attention dtype. ``prompt_path``: which kernel
+    multiplies a prompt's rows, in words. ``note``: why ``auto`` chose these, when not the default.
+    """
+
+    device: str
+    precision: str
+    fast_path: bool
+    layers: str
+    output_layer: str
+    token_table: str
+    compute: str
+    prompt_attention: str
+    prompt_path: str
+    decode_copy: str | None = None
+    host: HostFeatures = HostFeatures()
+    note: str = ""
+
+    @property
+    def kv_cache(self) -> str:
+        return self.compute
+
+    @property
+    def label(self) -> str:
+        """The formats as the window and the load line show them, e.g. "fp16 weights, int4 copy for decoding"."""
+        label = f"{FORMAT_WORDS.get(self.layers, self.layers)} weights"
+        if self.decode_copy:
+            label += f", {self.decode_copy} copy for decoding"
+        return f"{label} ({self.note})" if self.note else label
+
+    @property
+    def quantized_layers(self) -> bool:
+        return self.layers in QUANTIZED_LAYERS
+
+
+def choose_formats(device: str, precision: str, model: ModelTraits, host: HostFeatures | None = None,
+                   note: str = "") -> FormatPlan:
+    """The plan for ``model`` at ``precision`` on ``device`` ("cpu" or "cuda"). ``precision`` "auto" without a
+    memory estimate (random models, tests): bf16 on a GPU; on the CPU fp16 on the fast path (fp32 sums, within
+    rounding of fp32 at half the bytes), else fp32."""
+    host = this_host() if host is None and device == "cpu" else host or HostFeatures()
+    precision = _resolved(canonical_precision(precision), device, model.fast_path)
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
+    if model.fast_path and precision in FAST_LAYERS[device]:
+        decode_copy = "int4" if device == "cpu" and model.four_bit_layers and precision == "fp16" else None
+        return fast_formats(device, precision, model, host, decode_copy, note)
+    return _transformers_formats(device, precision, host, note)
+
+
+def _resolved(precision: str, device: str, fast_path: bool) -> str:
+    if precision != "auto":
+        return precision
+    if device == "cuda":
+        return "bf16"
+    return "fp16" if fast_path else "fp32"
+
+
+def fast_formats(device: str, layers: str, model: ModelTraits, host: HostFeatures, decode_copy: str | None = None,
+                 note: str = "") -> FormatPlan:
+    """``FastLlama``'s plan with its layers in ``layers`` (and ``decode_copy``): ``choose_formats``' rules for the
+    rest. A test may ask for a combination ``choose_formats`` never picks (int8 layers on the CPU)."""
+    compute = "fp32" if device == "cpu" else (layers if layers in ("fp32", "bf16", "fp16") else "bf16")
+    output = _output_layer(device, layers, decode_copy, model, host)
+    amx_prompts = device == "cpu" and layers == "int4" and host.amx_tiles
+    return FormatPlan(
+        device=device, precision=layers, fast_path=True, layers=layers, decode_copy=decode_copy,
+        output_layer=output, token_table=_token_table(device, layers, output, compute, model), compute=compute,
+        prompt_attention="bf16" if amx_prompts else compute, prompt_path=_prompt_path(device, layers, host),
+        host=host, note=note,
+    )
+
+
+def _output_layer(device: str, layers: str, decode_copy: str | None, model: ModelTraits, host: HostFeatures) -> str:
+    """The output layer multiplies only the rows that are sampled, so on the CPU it is read once a decode step,
+    whatever the prompt: beside 4-bit layers (alone or as a decode copy) int8 on Hearth's kernel where it takes the
+    shape (``native.int8_matmul``: SmolLM2-135M's step 30 MB against FBGEMM's padded fp16 101 MB; SmolLM2-1.7B's
+    107 MB against 126 MB in two planes of 4-bit groups, read in one pass instead of two), else those two planes
+    (``INT4_PAIR``); fp16 beside int8 layers; elsewhere the layers' format."""
+    if device != "cpu":
+        return layers
+    if "int4" in (layers, decode_copy) and host.native_kernels and int8_kernel_takes(model.vocab, model.hidden):
+        return "int8"
+    if layers not in QUANTIZED:
+        return layers
+    return INT4_PAIR if layers == "int4" else "fp16"
+
+
+def _token_table(device: str, layers: str, output: str, compute: str, model: ModelTraits) -> str:
+    """On a GPU the compute dtype. On the CPU the file's own quantized blocks where it has them (``kept_table``,
+    ``gguf_blocks.BlockTable``, decoded exactly when looked up, in a fraction of fp16's bytes), else two planes of
+    4-bit groups beside 4-bit layers alone, fp16 beside an fp16 or int8 output layer, else the compute dtype."""
+    if device != "cpu":
+        return compute
+    if model.kept_table:
+        return "file"
+    if layers == "int4":
+        return INT4_PAIR
+    return "fp16" if output in ("fp16", "int8") else compute
+
+
+def _prompt_path(device: str, layers: str, host: HostFeatures) -> str:
+    """Which kernel multiplies a prompt's rows, in words."""
+    if device == "cuda":
+        return {"int8": "bf16 cuBLAS, int8 GEMV for one row", "int4": "PyTorch's int4 kernel"}.get(
+            layers, f"{layers} cuBLAS")
+    if layers == "int4":
+        if host.amx_tiles:
+            return "AMX bf16 tiles"
+        return "int8 GEMM" if host.int8_dot else "fp32 matmul"
+    if layers in ("fp16", "int8"):
+        return "oneDNN fp16" if host.fp16_math else "FBGEMM fp16"
+    return f"{layers} matmul"
+
+
+def _transformers_formats(device: str, precision: str, host: HostFeatures, note: str) -> FormatPlan:
+    """transformers' model: plain dtypes, or bitsandbytes (LLM.int8, NF4) whose other weights, activations and
+    caches stay in bf16 on a GPU and fp32 on the CPU."""
+    layers = TRANSFORMERS_LAYERS.get(precision, precision)
+    compute = ("bf16" if device == "cuda" else "fp32") if precision in QUANTIZED else precision
+    return FormatPlan(
+        device=device, precision=precision, fast_path=False, layers=layers, output_layer=compute,
+        token_table=compute, compute=compute, prompt_attention=compute,
+        prompt_path="transformers with bitsandbytes" if precision in QUANTIZED else "transformers",
+        host=host, note=note,
+    )
+
+
+def four_bit_prompts_faster(model: ModelTraits, host: HostFeatures | None = None) -> bool:
+    """Whether ``host`` (None: this CPU) runs a 4-bit file's prompts faster from its 4-bit weights than from an fp16
+    copy: any size with AMX's bf16 tiles (``native.int4_matmul``), from ``FOUR_BIT_PROMPT_PARAMS`` with int8 dot
+    products and no fp16 arithmetic."""
+    if not model.four_bit_layers:
+        return False
+    host = host or this_host()
+    if host.amx_tiles:
+        return True
+    return model.n_params >= FOUR_BIT_PROMPT_PARAMS and host.int8_dot and not host.fp16_math
+
+
+def is_direct_gguf(source: ModelSource) -> bool:
+    """A GGUF file the fast path reads as it is (``gguf_direct``), not through transformers."""
+    return source.kind == "gguf" and source.config.get("architecture") in DIRECT_ARCHITECTURES
+
+
+def reads_fast(source: ModelSource) -> bool:
+    """Whether the fast path loads ``source`` into its own formats: a GGUF file it reads directly, or a
+    safetensors folder of an architecture it runs."""
+    if source.kind == "gguf":
+        return is_direct_gguf(source)
+    return unsupported_reason(config_view(source.config)) is None
+
+
+def traits_of(source: ModelSource) -> ModelTraits:
+    """``source``'s ``ModelTraits``, from its checked headers."""
+    config = source.config
+    vocab = config.get("vocab_size") or 0
+    hidden = config.get("embedding_length") or (config.get("text_config") or config).get("hidden_size") or 0
+    return ModelTraits(reads_fast(source), vocab, hidden, source.four_bit_layers, source.kept_table_bytes is not None,
+                       source.n_params)
+
+
+def formats_for_source(source: ModelSource, device: str, precision: str, note: str = "") -> FormatPlan:
+    """``choose_formats`` for a checked model file."""
+    return choose_formats(device, precision, traits_of(source), note=note)

@@ -1,0 +1,94 @@
+"""The one place formats are chosen: what each device, precision, file and CPU get, and the names users see."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.models.format_plan import HostFeatures, ModelTraits, choose_formats, four_bit_prompts_faster
+from engine.protocol.messages import PRECISIONS, canonical_precision
+
+SMOLLM2_135M_Q4 = ModelTraits(fast_path=True, vocab=49152, hidden=576, four_bit_layers=True, kept_table=True,
+                              n_params=135_000_000)
+LLAMA_FOLDER = ModelTraits(fast_path=True, vocab=128256, hidden=4096, n_params=8_000_000_000)
+GPT2_FOLDER = ModelTraits(fast_path=False, vocab=50257, hidden=768)
+ZEN4 = HostFeatures(native_kernels=True, amx_tiles=False, int8_dot=True, fp16_math=False)
+SAPPHIRE_RAPIDS = HostFeatures(native_kernels=True, amx_tiles=True, int8_dot=True, fp16_math=True)
+PLAIN_X86 = HostFeatures()  # AVX2 alone: no kernels of Hearth's, no int8 dot products
+
+
+def test_a_4bit_gguf_alone_on_a_cpu_with_amx_prompts_on_the_tiles_and_attends_in_bf16():
+    plan = choose_formats("cpu", "int4", SMOLLM2_135M_Q4, SAPPHIRE_RAPIDS)
+    assert (plan.fast_path, plan.layers, plan.decode_copy) == (True, "int4", None)
+    assert plan.prompt_path == "AMX bf16 tiles" and plan.prompt_attention == "bf16"
+    assert (plan.output_layer, plan.token_table, plan.kv_cache) == ("int8", "file", "fp32")
+
+
+def test_a_4bit_gguf_alone_on_a_cpu_without_amx_prompts_in_int8_and_attends_in_fp32():
+    plan = choose_formats("cpu", "int4", SMOLLM2_135M_Q4, ZEN4)
+    assert plan.prompt_path == "int8 GEMM" and plan.prompt_attention == "fp32"
+    assert choose_formats("cpu", "int4", SMOLLM2_135M_Q4, PLAIN_X86).prompt_path == "fp32 matmul"
+
+
+def test_without_hearths_kernels_the_output_layer_and_table_go_in_two_int4_planes():
+    no_table = ModelTraits(fast_path=True, vocab=49152, hidden=576, four_bit_layers=True)
+    plan = choose_formats("cpu", "int4", no_table, PLAIN_X86)
+    assert (plan.output_layer, plan.token_table) == ("int4x2", "int4x2")
+
+
+def test_fp16_of_a_4bit_file_keeps_an_int4_copy_for_decoding_and_says_so():
+    plan = choose_formats("cpu", "fp16", SMOLLM2_135M_Q4, ZEN4)
+    assert (plan.layers, plan.decode_copy, plan.output_layer) == ("fp16", "int4", "int8")
+    assert plan.prompt_path == "FBGEMM fp16"
+    assert plan.label == "fp16 weights, int4 copy for decoding"
+    assert choose_formats("cpu", "fp16", LLAMA_FOLDER, ZEN4).decode_copy is None  # a file of 16-bit weights
+
+
+def test_auto_without_a_memory_estimate_takes_fp16_on_the_cpu_fast_path_and_bf16_on_a_gpu():
+    assert choose_formats("cpu", "auto", LLAMA_FOLDER, ZEN4).layers == "fp16"
+    assert choose_formats("cpu", "auto", GPT2_FOLDER, ZEN4).layers == "fp32"
+    assert choose_formats("cuda", "auto", LLAMA_FOLDER).layers == "bf16"
+
+
+def test_int8_on_cuda_runs_the_fast_path_computing_in_bf16():
+    plan = choose_formats("cuda", "int8", LLAMA_FOLDER)
+    assert (plan.fast_path, plan.layers, plan.output_layer, plan.compute, plan.kv_cache) == (
+        True, "int8", "int8", "bf16", "bf16")
+    assert plan.label == "int8 weights"
+
+
+def test_int4_through_transformers_is_bitsandbytes_nf4_and_is_named_so():
+    plan = choose_formats("cuda", "int4", GPT2_FOLDER)
+    assert (plan.fast_path, plan.precision, plan.layers, plan.compute) == (False, "int4", "nf4", "bf16")
+    assert plan.label == "nf4 (bitsandbytes) weights"
+    on_cpu = choose_formats("cpu", "int4", GPT2_FOLDER, ZEN4)
+    assert (on_cpu.layers, on_cpu.compute) == ("nf4", "fp32")
+
+
+def test_precisions_the_cpu_fast_path_lacks_go_through_transformers():
+    assert not choose_formats("cpu", "bf16", LLAMA_FOLDER, ZEN4).fast_path
+    assert choose_formats("cpu", "int8", LLAMA_FOLDER, ZEN4).layers == "int8"  # bitsandbytes' LLM.int8
+    assert not choose_formats("cpu", "int8", LLAMA_FOLDER, ZEN4).fast_path
+
+
+def test_nf4_from_an_earlier_version_means_int4():
+    assert canonical_precision("nf4") == "int4"
+    assert "nf4" not in PRECISIONS
+    assert choose_formats("cpu", "nf4", SMOLLM2_135M_Q4, ZEN4).layers == "int4"
+    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+        choose_formats("cpu", "fp8", SMOLLM2_135M_Q4, ZEN4)
+
+
+def test_the_note_says_why_auto_chose_and_shows_in_the_label():
+    plan = choose_formats("cpu", "int4", SMOLLM2_135M_Q4, ZEN4, note="fp16 did not fit")
+    assert plan.label == "int4 weights (fp16 did not fit)"
+
+
+@pytest.mark.parametrize(("host", "n_params", "faster"), [
+    (SAPPHIRE_RAPIDS, 135_000_000, True), (ZEN4, 135_000_000, False), (ZEN4, 1_700_000_000, True),
+    (HostFeatures(native_kernels=True, int8_dot=True, fp16_math=True), 1_700_000_000, False),
+])
+def test_4bit_prompts_run_faster_from_the_int4_weights_on_tiles_or_large_models_with_int8_dots(host, n_params,
+                                                                                               faster):
+    traits = ModelTraits(fast_path=True, vocab=49152, hidden=2048, four_bit_layers=True, n_params=n_params)
+    assert four_bit_prompts_faster(traits, host) is faster
+    assert not four_bit_prompts_faster(LLAMA_FOLDER, SAPPHIRE_RAPIDS)  # not a 4-bit file
