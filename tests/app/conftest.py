@@ -339,3 +339,66 @@ def chat_view(qtbot):
     qtbot.addWidget(view)
     view.show()
     return view
+
+
+class RealApp:
+    """``app.main.run_window`` on ``qasync.run``, as ``app.main`` runs it, with a test scenario beside it.
+
+    The scenario is a coroutine on the same Qt event loop as the window: it acts like
+    a user (menu actions, keys) and awaits what a user would wait for (``until``).
+    Unlike the ``window`` fixture (pytest-qt spinning Qt's loop), the asyncio loop
+    here is qasync's own, with qasync's event-loop policy set for the whole process,
+    so code that starts loops on other threads meets what it meets in the real app.
+    """
+
+    def __init__(self, engine_factory) -> None:
+        self._engine_factory = engine_factory
+        self.window: MainWindow | None = None
+
+    def run(self, scenario, model_path: str = "fake-model", timeout_s: float = 60.0) -> None:
+        """Open the app on ``model_path``, await ``scenario(window)``, close the window, wait for the app to end."""
+        from PySide6.QtWidgets import QApplication
+
+        from app.main import run_window
+
+        before = set(QApplication.topLevelWidgets())
+        QApplication.instance().setQuitOnLastWindowClosed(False)  # as app.main.create_application sets it
+
+        async def with_app() -> None:
+            app_task = asyncio.ensure_future(run_window(model_path, self._engine_factory))
+            await self.until(lambda: app_task.done() or self._new_window(before) is not None)
+            if app_task.done():
+                app_task.result()  # raises what stopped the app from opening
+            self.window = self._new_window(before)
+            try:
+                await asyncio.wait_for(scenario(self.window), timeout_s)
+            finally:
+                self.window.close()
+                await asyncio.wait_for(app_task, 30)
+
+        try:
+            qasync.run(with_app())
+        finally:
+            QApplication.instance().setQuitOnLastWindowClosed(True)
+
+    @staticmethod
+    def _new_window(before: set) -> MainWindow | None:
+        from PySide6.QtWidgets import QApplication
+
+        fresh = [widget for widget in QApplication.topLevelWidgets() if widget not in before]
+        return next((widget for widget in fresh if isinstance(widget, MainWindow) and widget.isVisible()), None)
+
+    @staticmethod
+    async def until(condition, timeout_s: float = 10.0, poll_s: float = 0.02) -> None:
+        """Let the app run until ``condition()`` holds; ``TimeoutError`` after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"still not true after {timeout_s} s: {condition}")
+            await asyncio.sleep(poll_s)
+
+
+@pytest.fixture
+def real_app(qapp, fake_engine_factory) -> RealApp:
+    """The app as ``app.main`` runs it, on the fake engine (``RealApp(AsyncEngine)`` for the real one)."""
+    return RealApp(fake_engine_factory)
