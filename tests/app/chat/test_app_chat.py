@@ -96,11 +96,13 @@ def test_a_stopped_reply_is_part_of_the_next_turns_history(chat, script):
 
 
 def test_enter_before_the_model_is_loaded_keeps_the_text_and_says_why(chat, script, window, qtbot):
-    window.session.load_model("another-model")
+    script.load_delay_s = 0.5
+    window.session.load_model("another-model")  # the fixture's first load is still queued: no model yet
     chat.type_and_press_enter("Too early")
 
     assert chat.prompt.toPlainText() == "Too early"
-    assert "not loaded yet" in window.status_line.currentMessage()
+    assert "No model is loaded yet" in window.status_line.currentMessage()
+    assert "Your message is kept" in window.status_line.currentMessage()
     chat.wait_until_ready()
     chat.qtbot.keyClick(chat.prompt, Qt.Key.Key_Return)
     chat.wait_until_reply_ends()
