@@ -43,6 +43,18 @@ def dropped_model_path(event: QDragEnterEvent | QDropEvent) -> str | None:
     return str(path) if path.is_dir() or path.suffix.lower() == ".gguf" else None
 
 
+FORMATS_NOTICE_START = "Running "
+"""How the engine's notice of the weight formats it chose begins (``memory_estimate.cpu_formats_notice``)."""
+
+
+def loaded_notice(loaded: ModelLoaded) -> str:
+    """The model's notices in the user's words: the formats chosen are summed up, their details left to the tooltip."""
+    said = [notice for notice in loaded.notices if not notice.startswith(FORMATS_NOTICE_START)]
+    if len(said) < len(loaded.notices):
+        said.append("Set up to run fast on this computer (point here for the details).")
+    return f"{loaded.name}: {' '.join(said)}"
+
+
 class ModelLoader(QObject):
     """Turns the user's choice of model into a load, and reports how it went."""
 
@@ -119,7 +131,7 @@ class ModelLoader(QObject):
     def _on_loaded(self, event: ModelLoaded) -> None:
         path = self._paths.pop(event.request_id, None)
         if event.notices:
-            self._status.show_notice(f"{event.name}: {' '.join(event.notices)}")
+            self._status.show_notice(loaded_notice(event), "\n".join(event.notices))
         if path is None or path == DEFAULT_MODEL:
             return
         try:

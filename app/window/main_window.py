@@ -52,6 +52,9 @@ class MainWindow(QMainWindow):
         startup_notices += [self.settings_holder.load_notice] if self.settings_holder.load_notice else []
         self.session = ChatSession(controller, self.chat_view, self.input_bar, self.journal, self)
         self.session.notice.connect(self.status_line.show_notice)
+        self.session.shown.connect(self.status_line.show_conversation)
+        self.session.replies.reply_started.connect(self.status_line.track_reply)
+        self.status_line.show_conversation(self.session.conversation.id)
         controller.engine_error.connect(lambda event: self.show_error("The engine reported an error", event.message))
         self._build_central()
         self._build_menus()

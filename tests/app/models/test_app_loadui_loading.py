@@ -52,8 +52,8 @@ def test_the_notices_of_a_loaded_model_are_shown(qtbot, chat, window):
 
     qtbot.waitUntil(lambda: "no chat template" in window.status_line.currentMessage(), timeout=5000)
     assert window.status_line.currentMessage().startswith("Fake plain-llama:")
-    assert window.status_line.toolTip() == window.status_line.currentMessage(), "read whole where the bar cuts it"
-    assert window.status_line.state_label.toolTip().endswith("\nno chat template: using a plain one")
+    assert window.status_line.currentMessage() in window.status_line.toolTip(), "read whole where the bar cuts it"
+    assert "\nno chat template: using a plain one" in window.status_line.state_label.toolTip()
     window.status_line.clearMessage()
     assert window.status_line.toolTip() == ""
     assert "no chat template" in window.status_line.state_label.toolTip(), "the model's notices stay at hand"
