@@ -81,6 +81,8 @@ class FakeScript:
     loads: list[LoadModel] = field(default_factory=list)
     inspections: list[InspectModel] = field(default_factory=list)
     closed: threading.Event = field(default_factory=threading.Event)
+    emitted: list = field(default_factory=list)
+    """Every event the fake sent, in order (appended on the engine thread)."""
 
     @property
     def full_reply(self) -> str:
@@ -94,7 +96,7 @@ class FakeRuntime:
     """Answers LoadModel, InspectModel and Generate like the real runtime, without a model."""
 
     def __init__(self, emit: EventSink, watch: CancelWatch, script: FakeScript) -> None:
-        self._emit = emit
+        self._emit = lambda event: (script.emitted.append(event), emit(event))
         self._watch = watch
         self._script = script
         self._loaded_name = ""
@@ -181,7 +183,7 @@ class FakeRuntime:
                 break
             time.sleep(self._script.token_delay_s)
             text += token
-            self._emit(TokenStreamed(request.request_id, token, count, 123.4, time.time()))
+            self._emit(TokenStreamed(request.request_id, token, count, 123.4, time.perf_counter()))  # the engine's clock
             if count >= 2 and self._break_off(request, text):
                 return
             yield
@@ -217,7 +219,7 @@ class FakeRuntime:
 def fake_batch_sample(running: int) -> BatchSampled:
     """What the fake reports after a round: 4 blocks a reply, 2 of them shared when several run, 8 cached."""
     pool = KVPoolStats(16, FAKE_POOL_BLOCKS, 4 * running, 2 if running > 1 else 0, 8, FAKE_BLOCK_BYTES)
-    return BatchSampled(running, 0, FAKE_TOK_S * running, pool, time.time())
+    return BatchSampled(running, 0, FAKE_TOK_S * running, pool, time.perf_counter())
 
 
 @pytest.fixture(autouse=True)

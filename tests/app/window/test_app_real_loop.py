@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import math
 import time
 
 import openai
@@ -12,7 +13,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
 
+from app.perf.format import format_bytes, format_count, format_ms, format_tok_s
 from app.window.server_menu import ServerSettingsDialog
+from engine.protocol.messages import ReplyFinished
 from engine.service.client import AsyncEngine
 
 from tests.app.conftest import RealApp
@@ -124,5 +127,33 @@ def test_tab_leaves_the_message_box_for_send_and_stop(real_app):
         assert QApplication.focusWidget() is window.input_bar.send_button
         QTest.keyClick(QApplication.focusWidget(), Qt.Key.Key_Tab, Qt.KeyboardModifier.ShiftModifier)
         assert QApplication.focusWidget() is prompt
+
+    real_app.run(scenario)
+
+
+def test_the_panel_figures_during_and_after_a_reply_agree_with_its_events(real_app, script):
+    script.interleave = True  # the fake then reports BatchSampled like the batching engine
+    script.token_delay_s = 0.03
+    script.reply_tokens = tuple(f" w{index}" for index in range(40))
+
+    async def scenario(window) -> None:
+        window.performance_dock.show()
+        panel = window.performance_dock.panel
+        await real_app.until(window.input_bar.send_button.isEnabled)
+        _type_and_send(window, "Hi")
+        await real_app.until(lambda: panel.state.reply is not None and panel.state.reply.tokens_generated >= 10)
+        panel.refresh()
+
+        assert panel.value_text("ttft") != "—", "the first token came: its time is known"
+        assert panel.value_text("decode_speed") == panel.value_text("batch_throughput"), "one reply: one rate"
+        prompt_and_reply = panel.state.reply.context_in_use
+        assert panel.value_text("kv_conversation") == format_bytes(math.ceil(prompt_and_reply / 16) * 256 * 1024)
+
+        await real_app.until(lambda: not window.session.generating)
+        finished = next(event for event in script.emitted if isinstance(event, ReplyFinished))
+        panel.refresh()
+        assert panel.value_text("ttft") == format_ms(finished.stats.ttft_ms)
+        assert panel.value_text("decode_speed") == format_tok_s(finished.stats.decode_tok_s)
+        assert panel.value_text("tokens_generated") == format_count(finished.stats.tokens_generated)
 
     real_app.run(scenario)
