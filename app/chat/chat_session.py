@@ -54,6 +54,8 @@ class ChatSession(QObject):
         self.replies = ReplyRouter(controller, journal, self)
         self._conversation = journal.new_conversation()
         self._has_model = False
+        self._stopping: set[str] = set()
+        """Ids of the conversations whose reply was asked to stop and has not ended yet."""
         self._reply_bubble: MessageBubble | None = None
         """The card of the reply being written into the conversation on screen, if any."""
         self._connect()
@@ -145,8 +147,12 @@ class ChatSession(QObject):
         self.saved.emit(self._conversation.id)
 
     def stop(self) -> None:
-        """Stop the reply of the conversation on screen; the others go on."""
+        """Stop the reply of the conversation on screen; the others go on. Stop says "Stopping…" until it ends."""
+        if not self.generating:
+            return
+        self._stopping.add(self._conversation.id)
         self.replies.stop(self._conversation.id)
+        self._update_controls()
 
     def _refuse_change(self) -> bool:
         refusal = self._refusal()
@@ -186,7 +192,7 @@ class ChatSession(QObject):
         self.replies.notice.connect(self.notice)
 
     def _update_controls(self) -> None:
-        self._input.set_ready(self._has_model, self.generating)
+        self._input.set_ready(self._has_model, self.generating, self._conversation.id in self._stopping)
 
     def _on_model_loaded(self, _event: ModelLoaded) -> None:
         self._has_model = True
@@ -203,6 +209,7 @@ class ChatSession(QObject):
 
     def _on_reply_ended(self, reply: LiveReply) -> None:
         """Show the end of the reply if it is on screen; either way its conversation moved up the list."""
+        self._stopping.discard(reply.conversation.id)
         if reply.conversation is self._conversation:
             if self._reply_bubble is not None:
                 self._reply_bubble.refresh()

@@ -68,10 +68,11 @@ class InputBar(QWidget):
     def clear(self) -> None:
         self.prompt.clear()
 
-    def set_ready(self, model_ready: bool, generating: bool) -> None:
-        """Send works when a model is loaded and idle; Stop only while a reply is written."""
+    def set_ready(self, model_ready: bool, generating: bool, stopping: bool = False) -> None:
+        """Send works when a model is loaded and idle; Stop only while a reply is written and not yet asked to stop."""
         self.send_button.setEnabled(model_ready and not generating)
-        self.stop_button.setEnabled(generating)
+        self.stop_button.setEnabled(generating and not stopping)
+        self.stop_button.setText("Stopping…" if generating and stopping else "Stop")
 
     def _request_send(self) -> None:
         self.send_requested.emit(self.text())

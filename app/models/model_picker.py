@@ -93,13 +93,18 @@ class ModelLoader(QObject):
         add_action(menu, "Load the &built-in model", None, lambda: self.load(DEFAULT_MODEL))
 
     def open_file(self) -> None:
-        path, _filter = QFileDialog.getOpenFileName(self._window, "Open a model file", "", GGUF_FILTER)
+        path, _filter = QFileDialog.getOpenFileName(
+            self._window, "Open a model file", self._window.start_folders.folder("model"), GGUF_FILTER
+        )
         if path:
+            self._window.start_folders.remember("model", path)
             self.choose(path)
 
     def open_folder(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self._window, "Open a Hugging Face model folder")
+        folder = QFileDialog.getExistingDirectory(self._window, "Open a Hugging Face model folder",
+                                                  self._window.start_folders.folder("model"))
         if folder:
+            self._window.start_folders.remember("model", str(Path(folder).parent))
             self.choose(folder)
 
     def choose(self, path: str) -> LoadDialog:

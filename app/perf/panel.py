@@ -348,6 +348,7 @@ class PerformancePanel(QWidget):
         counts = (pool.blocks_used, pool.blocks_shared, pool.blocks_cached, free)
         for key, count in zip(POOL_KEYS, counts):
             self._set(key, format_blocks(count, pool.bytes_per_block))
+        self._set("kv_total", format_bytes(self.state.kv_total_bytes))
 
     def _show_memory(self, memory: MemoryStats | None) -> None:
         if memory is None:
@@ -359,7 +360,7 @@ class PerformancePanel(QWidget):
         self._name_used_line(f"{device_kind(memory).lower()} memory used")
         self._set("weights", format_bytes(memory.weight_bytes))
         self._show_chat_kv()
-        self._set("kv_total", format_bytes(memory.kv_bytes_total))
+        self._set("kv_total", format_bytes(self.state.kv_total_bytes))
         self._set("device_used", format_bytes(memory.device_used_bytes))
         self._set("device_free", format_bytes(memory.device_free_bytes))
         self._set("device_total", format_bytes(memory.device_total_bytes))

@@ -236,6 +236,14 @@ class PerfState:
         return reply.decode_tok_s if reply.done else reply.recent_tok_s or reply.decode_tok_s
 
     @property
+    def kv_total_bytes(self) -> int | None:
+        """KV cache of all kept chats: the pool's blocks in use and cached when batching, else the engine's figure."""
+        if self.batch is not None:
+            pool = self.batch.pool
+            return (pool.blocks_used + pool.blocks_cached) * pool.bytes_per_block
+        return self.memory.kv_bytes_total if self.memory is not None else None
+
+    @property
     def reply_kv_bytes(self) -> int | None:
         """KV cache the shown reply's conversation holds: the engine's figure, or its tokens' blocks while it runs."""
         reply = self.reply

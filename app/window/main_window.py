@@ -27,6 +27,7 @@ from app.settings.app_settings import SettingsHolder
 from app.settings.theme import STYLE_SHEET
 from app.window.menus import MENU_ORDER, add_action, menu_named
 from app.window.server_menu import install_server_menu
+from app.window.start_folder import StartFolders
 from app.window.status_line import StatusLine
 
 PERFORMANCE_DOCK_WIDTH = 380
@@ -48,6 +49,7 @@ class MainWindow(QMainWindow):
         self.status_line = StatusLine(controller, self)
         self.setStatusBar(self.status_line)
         self.settings_holder = SettingsHolder(parent=self)
+        self.start_folders = StartFolders()
         self.journal, startup_notices = open_journal(lambda: self.settings_holder.settings)
         startup_notices += [self.settings_holder.load_notice] if self.settings_holder.load_notice else []
         self.session = ChatSession(controller, self.chat_view, self.input_bar, self.journal, self)

@@ -130,3 +130,27 @@ def test_a_new_conversation_starts_empty_with_its_own_id(chat, script, window):
     assert script.generates[1].messages == (ChatMessage("user", "Second chat"),)
     assert script.generates[1].conversation_id != script.generates[0].conversation_id
     assert len(window.chat_view.bubbles) == 2
+
+
+def test_stop_says_stopping_until_the_reply_ends(chat, script, window, qtbot):
+    script.interleave = True  # the fake then sees the Cancel only at its next step, as the engine does
+    script.reply_tokens = tuple(f" word{index}" for index in range(400))
+    script.token_delay_s = 0.05
+    chat.wait_until_ready()
+    chat.type_and_press_enter("Tell me a long story")
+    qtbot.waitUntil(lambda: "word2" in chat.last_reply().content, timeout=5000)
+    stop = window.input_bar.stop_button
+
+    qtbot.mouseClick(stop, Qt.MouseButton.LeftButton)
+    assert (stop.text(), stop.isEnabled()) == ("Stopping…", False)
+    chat.wait_until_reply_ends()
+    assert (stop.text(), stop.isEnabled()) == ("Stop", False)
+
+
+def test_copy_says_copied_for_a_moment(chat, window, qtbot):
+    chat.send_and_wait("Hi")
+    card = window.chat_view.bubbles[-1]
+    card.copy_button.click()
+
+    assert card.copy_button.text() == "Copied"
+    qtbot.waitUntil(lambda: card.copy_button.text() == "Copy", timeout=3000)

@@ -188,3 +188,22 @@ def test_the_load_dialog_explains_a_refused_path_and_does_not_load(qtbot, chat, 
 def test_the_load_dialog_offers_every_device_and_precision_the_engine_takes_and_no_other():
     assert sorted(value for _label, value in load_dialog.PRECISIONS) == sorted(messages.PRECISIONS)
     assert sorted(value for _label, value in load_dialog.DEVICES) == sorted(messages.DEVICES)
+
+
+def test_the_open_dialog_starts_in_the_home_folder_then_where_the_last_model_was(
+    qtbot, chat, window, gguf_file, monkeypatch
+):
+    chat.wait_until_ready()
+    opened_in: list[str] = []
+
+    def pick(_parent, _caption, folder, _filter):
+        opened_in.append(folder)
+        return str(gguf_file), ""
+
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", pick)
+    action = _model_action(window, "&Open model file…")
+    action.trigger()
+    _open_load_dialog(qtbot, window).reject()
+    action.trigger()
+
+    assert opened_in == [str(Path.home()), str(gguf_file.parent)]
