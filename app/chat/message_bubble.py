@@ -138,7 +138,8 @@ class MessageBubble(QFrame):
     def _say_copied(self, text: str) -> None:
         """The Copy button says what was copied for a moment, then is Copy again."""
         self.copy_button.setText(text)
-        QTimer.singleShot(COPIED_MS, lambda: self.copy_button.setText("Copy"))
+        button = self.copy_button
+        QTimer.singleShot(COPIED_MS, button, lambda: button.setText("Copy"))  # skipped if the card is gone
 
     def actions_menu(self) -> QMenu:
         """The card's menu: one entry per action allowed for this kind of message."""

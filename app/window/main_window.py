@@ -17,6 +17,7 @@ from PySide6.QtWidgets import QMainWindow, QMessageBox, QVBoxLayout, QWidget
 from app.chat.chat_session import ChatSession
 from app.chat.chat_view import ChatView
 from app.chat.input_box import InputBar
+from app.chat.welcome import WelcomePane
 from app.controller import EngineController
 from app.conversations.conversation_ui import install_conversations
 from app.conversations.persistence import open_journal
@@ -73,13 +74,30 @@ class MainWindow(QMainWindow):
         self.closed.emit()
 
     def _build_central(self) -> None:
+        """The messages (or, for an empty conversation, the welcome pane) above the input bar."""
         central = QWidget(self)
         layout = QVBoxLayout(central)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(0)
+        self.welcome = WelcomePane(central)
+        self.welcome.prompt_chosen.connect(self._start_from)
+        layout.addWidget(self.welcome, 1)
         layout.addWidget(self.chat_view, 1)
         layout.addWidget(self.input_bar)
         self.setCentralWidget(central)
+        self.session.shown.connect(self._show_welcome_if_empty)
+        self.session.saved.connect(self._show_welcome_if_empty)
+        self._show_welcome_if_empty()
+
+    def _show_welcome_if_empty(self) -> None:
+        empty = not self.session.conversation.messages
+        self.welcome.setVisible(empty)
+        self.chat_view.setVisible(not empty)
+
+    def _start_from(self, prompt: str) -> None:
+        """A suggested prompt goes into the message box, to edit or send."""
+        self.input_bar.prompt.setPlainText(prompt)
+        self.input_bar.prompt.setFocus()
 
     def _build_menus(self) -> None:
         """The menus in their order; each part of the window adds its own entries to them."""

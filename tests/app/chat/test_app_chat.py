@@ -154,3 +154,16 @@ def test_copy_says_copied_for_a_moment(chat, window, qtbot):
 
     assert card.copy_button.text() == "Copied"
     qtbot.waitUntil(lambda: card.copy_button.text() == "Copy", timeout=3000)
+
+
+def test_a_new_conversation_offers_prompts_to_start_from(chat, window, qtbot):
+    chat.wait_until_ready()
+    assert window.welcome.isVisible() and not window.chat_view.isVisible()
+
+    qtbot.mouseClick(window.welcome.buttons[1], Qt.MouseButton.LeftButton)
+    assert chat.prompt.toPlainText() == window.welcome.buttons[1].text()
+    qtbot.keyClick(chat.prompt, Qt.Key.Key_Return)
+    chat.wait_until_reply_ends()
+
+    assert window.chat_view.isVisible() and not window.welcome.isVisible()
+    assert chat.shown_texts()[0] == window.welcome.buttons[1].text()
