@@ -26,6 +26,7 @@ from app.models.remote_picker import RemoteModelPicker
 from app.perf.dock import PerformanceDock
 from app.settings.app_settings import SettingsHolder
 from app.settings.theme import STYLE_SHEET
+from app.window.geometry import restore_geometry, save_geometry
 from app.window.menus import MENU_ORDER, add_action, menu_named
 from app.window.server_menu import install_server_menu
 from app.window.start_folder import StartFolders
@@ -44,7 +45,8 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("Hearth")
         self.setObjectName("mainWindow")
         self.setStyleSheet(STYLE_SHEET)
-        self.resize(900, 700)
+        if not restore_geometry(self):
+            self.resize(900, 700)
         self.chat_view = ChatView(self)
         self.input_bar = InputBar(self)
         self.status_line = StatusLine(controller, self)
@@ -70,6 +72,7 @@ class MainWindow(QMainWindow):
         self.input_bar.prompt.setFocus()
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        save_geometry(self)
         super().closeEvent(event)
         self.closed.emit()
 

@@ -136,3 +136,13 @@ def test_the_status_line_speaks_of_the_conversation_on_screen(chat, script, wind
     chat.wait_until_reply_ends()
     assert window.status_line.state_label.text().startswith("Ready")
     assert "123.4 tokens/s" in window.status_line.stats_label.text()
+
+
+def test_the_window_comes_back_at_the_size_it_was_closed_at(chat, window, reopen, qtbot):
+    window.resize(777, 555)  # within the offscreen screen, which restoreGeometry keeps a window on
+    qtbot.waitUntil(lambda: window.width() == 777)
+    window.close()
+
+    reopened = reopen()
+
+    assert (reopened.width(), reopened.height()) == (777, 555)
