@@ -5,6 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont
 
+from app.chat.welcome import SUGGESTED_PROMPTS
 from engine.protocol.messages import ChatMessage
 
 
@@ -161,9 +162,9 @@ def test_a_new_conversation_offers_prompts_to_start_from(chat, window, qtbot):
     assert window.welcome.isVisible() and not window.chat_view.isVisible()
 
     qtbot.mouseClick(window.welcome.buttons[1], Qt.MouseButton.LeftButton)
-    assert chat.prompt.toPlainText() == window.welcome.buttons[1].text()
+    assert chat.prompt.toPlainText() == SUGGESTED_PROMPTS[1]
     qtbot.keyClick(chat.prompt, Qt.Key.Key_Return)
     chat.wait_until_reply_ends()
 
     assert window.chat_view.isVisible() and not window.welcome.isVisible()
-    assert chat.shown_texts()[0] == window.welcome.buttons[1].text()
+    assert chat.shown_texts()[0] == SUGGESTED_PROMPTS[1]
