@@ -221,6 +221,8 @@ class PerfState:
         """Tokens per second of all replies: from their tokens while this window streams every one of them."""
         if self.batch is None:
             return None
+        if self.batch.running == 0:
+            return 0.0  # the engine's figure then is of its last window, when replies still ran
         streaming = [reply for reply in self._live.values() if reply.tokens_generated > 0]
         rates = [reply.recent_tok_s for reply in streaming]
         if self.batch.running == len(streaming) > 0 and None not in rates:
