@@ -51,6 +51,13 @@ def describe_model(found: ModelInspected) -> str:
     return f"{kind} · {size} parameters · trained for {format_count(found.native_context_length)} tokens"
 
 
+def unavailable_reason(text: str, precision: str, found: ModelInspected) -> str:
+    """Why ``precision`` cannot be chosen for ``found`` (the engine gave no estimate for it)."""
+    if precision == "int8":
+        return f"{text} weights run on a CUDA GPU only; this model would run on the {found.device.upper()}."
+    return f"{text} is not offered for this model on the {found.device.upper()}."
+
+
 def free_memory_text(found: ModelInspected) -> tuple[str, str]:
     """(free GPU memory, free system memory) as the dialog words them."""
     gpu = format_bytes(found.available_bytes_cuda) if found.cuda_available else "no CUDA GPU"
@@ -170,9 +177,11 @@ class LoadDialog(QDialog):
         return group
 
     @staticmethod
-    def _set_item_enabled(box: QComboBox, value: str, enabled: bool) -> None:
+    def _set_item_enabled(box: QComboBox, value: str, enabled: bool, why_not: str = "") -> None:
+        """Enable ``value``'s entry; a disabled one says ``why_not`` in its tooltip."""
         item = box.model().item(box.findData(value))
         item.setEnabled(enabled)
+        item.setToolTip("" if enabled else why_not)
 
     def _inspect(self) -> None:
         options = LoadOptions(self.device_box.currentData(), "auto", self.options().context_length)
@@ -184,10 +193,10 @@ class LoadDialog(QDialog):
         self._found = found
         self.name_label.setText(found.name)
         self.summary_label.setText(describe_model(found))
-        self._set_item_enabled(self.device_box, "cuda", found.cuda_available)
+        self._set_item_enabled(self.device_box, "cuda", found.cuda_available, "No CUDA GPU was found on this computer.")
         estimated = {item.precision for item in found.estimates}
-        for _text, value in PRECISIONS[1:]:
-            self._set_item_enabled(self.precision_box, value, value in estimated)
+        for text, value in PRECISIONS[1:]:
+            self._set_item_enabled(self.precision_box, value, value in estimated, unavailable_reason(text, value, found))
         if self.precision_box.currentData() not in estimated:
             self.precision_box.setCurrentIndex(0)  # e.g. 8-bit was chosen, then the CPU: it runs on CUDA only
         auto = found.auto_precision or "none fits"

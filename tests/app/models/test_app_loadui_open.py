@@ -152,7 +152,9 @@ def test_the_load_dialog_shows_the_verdict_and_what_auto_picks(qtbot, chat, wind
     assert dialog.estimate_labels["free_cpu"].text() == "2.50 GiB"
     assert dialog.estimate_labels["free_gpu"].text() == "no CUDA GPU"
     assert not dialog.device_box.model().item(dialog.device_box.findData("cuda")).isEnabled()
-    assert not dialog.precision_box.model().item(dialog.precision_box.findData("int8")).isEnabled()
+    eight_bit = dialog.precision_box.model().item(dialog.precision_box.findData("int8"))
+    assert not eight_bit.isEnabled()
+    assert "CUDA GPU only" in eight_bit.toolTip(), "a greyed-out choice says why"
     assert dialog.precision_box.model().item(dialog.precision_box.findData("nf4")).isEnabled()
 
     dialog.precision_box.setCurrentIndex(dialog.precision_box.findData("fp32"))
