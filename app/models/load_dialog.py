@@ -48,6 +48,7 @@ def describe_model(found: ModelInspected) -> str:
     millions = found.n_params / 1e6
     size = f"{millions / 1000:.1f} B" if millions >= 1000 else f"{millions:.0f} M"
     kind = KIND_WORDS.get(found.kind, found.kind)
+    kind = f"{kind} ({found.file_type})" if found.file_type else kind
     return f"{kind} · {size} parameters · trained for {format_count(found.native_context_length)} tokens"
 
 

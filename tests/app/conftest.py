@@ -161,7 +161,7 @@ class FakeRuntime:
         fitting = [item.precision for item in estimates if item.verdict == "fits" and item.precision in AUTO_ON_CPU]
         return ModelInspected(
             request.request_id, request.path, "Fake inspected", "gguf", 500_000_000, 4096, context, "cpu",
-            estimates, self._script.free_cpu_bytes, 0, False, fitting[0] if fitting else None,
+            estimates, self._script.free_cpu_bytes, 0, False, fitting[0] if fitting else None, file_type="Q4_K_M",
         )
 
     def _break_off(self, request: Generate, text: str) -> bool:
