@@ -81,3 +81,16 @@ def test_the_view_stays_put_when_the_user_scrolled_up(qtbot):
 
     assert bar.value() == 0
     assert not view.following_bottom
+
+
+def test_a_long_code_line_wraps_in_a_narrow_window_instead_of_being_cut(qtbot, chat_view):
+    from app.conversations.conversation import DisplayMessage
+
+    chat_view.resize(400, 400)
+    line = "result = some_function(first_argument, second_argument, third_argument, fourth_argument)"
+    chat_view.show_messages((DisplayMessage("assistant", f"```python\n{line}\n```"),))
+    body = chat_view.bubbles[-1].body
+    qtbot.waitUntil(lambda: body.viewport().width() < 400)
+
+    assert body.document().size().width() <= body.viewport().width()
+    assert line in body.toPlainText()
