@@ -105,3 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     exit_code = qasync.run(run_window(args.model))  # asyncio.run on a qasync.QEventLoop
     app.processEvents()
     return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

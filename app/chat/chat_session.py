@@ -8,8 +8,9 @@ shows its text so far and keeps streaming. Stop stops the reply of the conversat
 screen. It refuses to send (keeping the typed text) while no model is loaded, a reply is
 being written in this conversation, or the message could not be saved. Regenerate, edit
 and delete replace later turns (refused while this conversation is answering); the engine
-reuses its KV cache up to the first changed token. When loading another model fails,
-the engine keeps the previous one, and so does the session: sending works again with it.
+reuses its KV cache up to the first changed token. While another model loads, the engine
+goes on answering with the one it has, and so does the session: replies keep streaming
+and new messages are sent to the loaded model; when the load fails, that model stays.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from app.controller import EngineController
 from app.conversations.conversation import Conversation, DisplayMessage
 from app.conversations.persistence import ConversationJournal
 from app.storage import StorageError
-from engine.protocol.messages import LoadFailed, LoadOptions, ModelLoaded, RemoteServer
+from engine.protocol.messages import LoadOptions, ModelLoaded, RemoteServer
 
 
 class ChatSession(QObject):
@@ -52,8 +53,9 @@ class ChatSession(QObject):
         self._journal = journal
         self.replies = ReplyRouter(controller, journal, self)
         self._conversation = journal.new_conversation()
-        self._model_ready = False
         self._has_model = False
+        self._stopping: set[str] = set()
+        """Ids of the conversations whose reply was asked to stop and has not ended yet."""
         self._reply_bubble: MessageBubble | None = None
         """The card of the reply being written into the conversation on screen, if any."""
         self._connect()
@@ -86,11 +88,10 @@ class ChatSession(QObject):
         self.shown.emit(conversation.id)
 
     def load_model(self, path: str, options: LoadOptions = LoadOptions(), server: RemoteServer | None = None) -> str:
-        """Load another model (with ``server``: use that server's model ``path``) and return the request id;
-        every reply is stopped, sending waits until it is loaded."""
-        self.replies.stop_all()
-        self._model_ready = False
-        self._update_controls()
+        """Load another model (with ``server``: use that server's model ``path``) and return the request id.
+
+        Replies go on, and sending works, with the model loaded now until the new one replaces it.
+        """
         return self._controller.load_model(path, options, server)
 
     def send(self, text: str) -> bool:
@@ -99,7 +100,7 @@ class ChatSession(QObject):
             return False
         refusal = self._refusal()
         if refusal:
-            self.notice.emit(refusal)
+            self.notice.emit(f"{refusal} Your message is kept in the box.")
             return False
         try:
             self._view.add_message(self._journal.add_user_message(self._conversation, text.strip()))
@@ -146,13 +147,17 @@ class ChatSession(QObject):
         self.saved.emit(self._conversation.id)
 
     def stop(self) -> None:
-        """Stop the reply of the conversation on screen; the others go on."""
+        """Stop the reply of the conversation on screen; the others go on. Stop says "Stopping…" until it ends."""
+        if not self.generating:
+            return
+        self._stopping.add(self._conversation.id)
         self.replies.stop(self._conversation.id)
+        self._update_controls()
 
     def _refuse_change(self) -> bool:
         refusal = self._refusal()
         if refusal:
-            self.notice.emit(refusal.replace("your message is kept, send it", "try again"))
+            self.notice.emit(refusal)
         return bool(refusal)
 
     def _replace_from(self, index: int) -> None:
@@ -171,31 +176,26 @@ class ChatSession(QObject):
         self._update_controls()
 
     def _refusal(self) -> str:
-        if not self._model_ready:
-            return "The model is not loaded yet; your message is kept, send it once the model is ready."
+        if not self._has_model:
+            return "No model is loaded yet."
         if self.generating:
-            return "A reply is still being written here; press Stop or wait, your message is kept."
+            return "A reply is still being written here; press Stop or wait."
         return ""
 
     def _connect(self) -> None:
         self._input.send_requested.connect(self.send)
         self._input.stop_requested.connect(self.stop)
         self._controller.model_loaded.connect(self._on_model_loaded)
-        self._controller.load_failed.connect(self._on_load_failed)
         self.replies.text_changed.connect(self._on_reply_text)
         self.replies.turns_marked.connect(self._on_turns_marked)
         self.replies.ended.connect(self._on_reply_ended)
         self.replies.notice.connect(self.notice)
 
     def _update_controls(self) -> None:
-        self._input.set_ready(self._model_ready, self.generating)
+        self._input.set_ready(self._has_model, self.generating, self._conversation.id in self._stopping)
 
     def _on_model_loaded(self, _event: ModelLoaded) -> None:
-        self._model_ready = self._has_model = True
-        self._update_controls()
-
-    def _on_load_failed(self, _event: LoadFailed) -> None:
-        self._model_ready = self._has_model
+        self._has_model = True
         self._update_controls()
 
     def _on_reply_text(self, reply: LiveReply) -> None:
@@ -209,6 +209,7 @@ class ChatSession(QObject):
 
     def _on_reply_ended(self, reply: LiveReply) -> None:
         """Show the end of the reply if it is on screen; either way its conversation moved up the list."""
+        self._stopping.discard(reply.conversation.id)
         if reply.conversation is self._conversation:
             if self._reply_bubble is not None:
                 self._reply_bubble.refresh()

@@ -21,11 +21,12 @@ from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QLabel, QScrollArea, QWidget
 
 from app.chat import code_blocks
-from app.chat.card_column import PAGE_SIZE, CardColumn
+from app.chat.card_column import MARGIN, PAGE_SIZE, CardColumn
 from app.chat.message_bubble import MessageBubble
 from app.conversations.conversation import DisplayMessage
 
 MAX_BUBBLE_WIDTH_FRACTION = 0.8
+MIN_BUBBLE_WIDTH = 240
 FOLLOW_SLACK_PX = 24
 BUDGET_S = 0.010
 SLICE_GAP_MS = 1
@@ -225,7 +226,13 @@ class ChatView(QScrollArea):
         return bubble.mapTo(self._cards, QPoint(0, 0)).y()
 
     def _max_bubble_width(self) -> int:
-        return max(240, int(self.viewport().width() * MAX_BUBBLE_WIDTH_FRACTION))
+        """A fraction of the view, at least ``MIN_BUBBLE_WIDTH``, but never wider than the column holds.
+
+        A card wider than its room would be squeezed below its own height for that width
+        (its height is at most its size hint's), and its last line would run under its note.
+        """
+        room = self.viewport().width() - 2 * MARGIN
+        return max(1, min(room, max(MIN_BUBBLE_WIDTH, int(self.viewport().width() * MAX_BUBBLE_WIDTH_FRACTION))))
 
     def _on_scrolled(self, value: int) -> None:
         self._follow_bottom = value >= self.verticalScrollBar().maximum() - FOLLOW_SLACK_PX

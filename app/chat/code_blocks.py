@@ -92,13 +92,16 @@ def highlighted(block: CodeBlock, colours: CodeColours) -> str:
 
 
 def block_html(block: CodeBlock, index: int, colours: CodeColours) -> str:
-    """One block as a shaded table: language and Copy link on top, the highlighted code below."""
+    """One block as a shaded table: language and Copy link on top, the highlighted code below.
+
+    Long lines wrap: a card has no horizontal scroll bar, and a line cut at its edge could not be read.
+    """
     language = html.escape(block.language or "code")
     header = (
         f'<tr><td style="color: {colours.header}; font-size: small;">{language}</td>'
         f'<td align="right" style="font-size: small;"><a href="{COPY_LINK_PREFIX}{index}">Copy code</a></td></tr>'
     )
-    code = f'<tr><td colspan="2"><pre style="{CODE_FONT} margin: 0;">{highlighted(block, colours)}</pre></td></tr>'
+    code = f'<tr><td colspan="2"><pre style="{CODE_FONT} margin: 0; white-space: pre-wrap;">{highlighted(block, colours)}</pre></td></tr>'
     return (
         f'<table width="100%" cellspacing="0" cellpadding="6" style="background-color: {colours.background};">'
         f"{header}{code}</table>"

@@ -1,6 +1,7 @@
 """Where the user writes: a multi-line prompt with Send and Stop buttons (GUI thread).
 
-Enter sends, Shift+Enter starts a new line, Esc stops the reply being written.
+Enter sends, Shift+Enter starts a new line, Esc stops the reply being written, Tab and
+Shift+Tab move to the next and previous control (Send, Stop, the list), never insert a tab.
 The bar only says what the user asked for (``send_requested``, ``stop_requested``);
 whether that is possible now is decided by whoever listens.
 """
@@ -41,6 +42,7 @@ class InputBar(QWidget):
         self.setObjectName("inputBar")
         self.prompt = PromptEdit(self)
         self.prompt.setObjectName("prompt")
+        self.prompt.setTabChangesFocus(True)
         self.prompt.setAccessibleName("Message")
         self.prompt.setAccessibleDescription("Enter sends, Shift+Enter starts a new line, Esc stops the reply.")
         self.prompt.setPlaceholderText("Write a message… (Enter sends, Shift+Enter for a new line)")
@@ -66,10 +68,11 @@ class InputBar(QWidget):
     def clear(self) -> None:
         self.prompt.clear()
 
-    def set_ready(self, model_ready: bool, generating: bool) -> None:
-        """Send works when a model is loaded and idle; Stop only while a reply is written."""
+    def set_ready(self, model_ready: bool, generating: bool, stopping: bool = False) -> None:
+        """Send works when a model is loaded and idle; Stop only while a reply is written and not yet asked to stop."""
         self.send_button.setEnabled(model_ready and not generating)
-        self.stop_button.setEnabled(generating)
+        self.stop_button.setEnabled(generating and not stopping)
+        self.stop_button.setText("Stopping…" if generating and stopping else "Stop")
 
     def _request_send(self) -> None:
         self.send_requested.emit(self.text())

@@ -29,6 +29,7 @@ from app.chat.reply_view import ReplyView
 from app.conversations.conversation import DisplayMessage
 
 RENDER_INTERVAL_MS = 50
+COPIED_MS = 1500
 FIRST_CHUNKS = 4
 """How many Markdown chunks of a finished reply its card shows when it is made (``grow`` adds the rest)."""
 LONG_CODE_CHARS = 800
@@ -132,6 +133,13 @@ class MessageBubble(QFrame):
 
     def copy_text(self) -> None:
         QGuiApplication.clipboard().setText(self.message.content)
+        self._say_copied("Copied")
+
+    def _say_copied(self, text: str) -> None:
+        """The Copy button says what was copied for a moment, then is Copy again."""
+        self.copy_button.setText(text)
+        button = self.copy_button
+        QTimer.singleShot(COPIED_MS, button, lambda: button.setText("Copy"))  # skipped if the card is gone
 
     def actions_menu(self) -> QMenu:
         """The card's menu: one entry per action allowed for this kind of message."""
@@ -219,6 +227,7 @@ class MessageBubble(QFrame):
         blocks = code_blocks(self.message.content)
         if index < len(blocks):
             QGuiApplication.clipboard().setText(blocks[index].code)
+            self._say_copied("Code copied")
 
     def _tool_button(self, text: str, accessible_name: str, slot: Callable[[], object]) -> QToolButton:
         button = QToolButton(self)

@@ -105,10 +105,6 @@ class ReplyRouter(QObject):
         if reply is not None:
             self._controller.stop(reply.request_id)
 
-    def stop_all(self) -> None:
-        for reply in self._by_request.values():
-            self._controller.stop(reply.request_id)
-
     def _on_prefill_done(self, event: PrefillDone) -> None:
         """Mark the turns the engine left out of the context (indices into the request's messages)."""
         reply = self._by_request.get(event.request_id)

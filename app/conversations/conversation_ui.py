@@ -63,7 +63,7 @@ def _export(window, manager: ConversationManager, sidebar: Sidebar) -> None:
         return
     item = sidebar.item_for(manager.current_id)
     title = item.text() if item is not None else "conversation"
-    message = export_conversation(window, window.journal.store, manager.current_id, title)
+    message = export_conversation(window, window.journal.store, manager.current_id, title, window.start_folders)
     if message:
         window.status_line.show_notice(message)
 

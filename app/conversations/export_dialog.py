@@ -14,6 +14,7 @@ from pathlib import Path
 from PySide6.QtWidgets import QFileDialog, QWidget
 
 from app.storage import ChatStore, StorageError, export_json, export_markdown
+from app.window.start_folder import StartFolders
 
 MARKDOWN_FILTER = "Markdown (*.md)"
 JSON_FILTER = "JSON (*.json)"
@@ -38,14 +39,17 @@ def write_export(path: Path, text: str) -> None:
         raise StorageError(f"Could not export to {path}: {error.strerror or error}.") from error
 
 
-def export_conversation(parent: QWidget, store: ChatStore, conversation_id: str, title: str) -> str | None:
-    """Ask where to save, then export; return a message for the user, or None if cancelled."""
+def export_conversation(parent: QWidget, store: ChatStore, conversation_id: str, title: str,
+                        folders: StartFolders) -> str | None:
+    """Ask where to save (in ``folders``' export folder), then export; a message for the user, or None if cancelled."""
     suggested = "".join(c if c.isalnum() or c in " -_" else "_" for c in title).strip() or "conversation"
     path_text, chosen_filter = QFileDialog.getSaveFileName(
-        parent, "Export conversation", f"{suggested}.md", f"{MARKDOWN_FILTER};;{JSON_FILTER}"
+        parent, "Export conversation", str(Path(folders.folder("export")) / f"{suggested}.md"),
+        f"{MARKDOWN_FILTER};;{JSON_FILTER}",
     )
     if not path_text:
         return None
+    folders.remember("export", path_text)
     path = Path(path_text)
     as_json = path.suffix.lower() == ".json" or (path.suffix.lower() != ".md" and chosen_filter == JSON_FILTER)
     if not path.suffix:

@@ -3,12 +3,16 @@
 The sidebar only shows and asks: it lists ``ConversationSummary`` rows newest first and
 emits what the user wants (``chosen``, ``rename_requested``...). ``ConversationManager``
 does the work. A conversation that is answering carries a dot before its title (and says
-so in its tooltip and to screen readers). Keyboard: Enter opens, F2 renames in place,
-Delete deletes, and the list, search box and buttons are reachable with Tab.
+so in its tooltip and to screen readers). Each tooltip says when the conversation was
+last used, which tells apart conversations of the same title. While the pointer is over
+the list, a new order of the same conversations (a Send or Stop moves one to the top)
+waits until it leaves, so no row moves under the pointer. Keyboard: Enter opens, F2
+renames in place, Delete deletes, and the list, search box and buttons are reachable with Tab.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from PySide6.QtCore import QEvent, QObject, QPoint, Qt, Signal
@@ -30,6 +34,7 @@ from app.storage import ConversationSummary
 
 ID_ROLE = Qt.ItemDataRole.UserRole
 ANSWERING_ROLE = Qt.ItemDataRole.UserRole + 1
+UPDATED_ROLE = Qt.ItemDataRole.UserRole + 2
 ANSWERING_COLOUR = QColor("#c47a3a")
 ANSWERING_DOT_PX = 10
 
@@ -67,6 +72,8 @@ class Sidebar(QWidget):
         self.search_box.setAccessibleName("Search conversations")
         self.search_box.setClearButtonEnabled(True)
         self.new_button = self._button("New", "New conversation", self.new_requested.emit)
+        self._waiting: tuple[list[ConversationSummary], str | None] | None = None
+        """A new order of the listed conversations, shown once the pointer leaves the list."""
         self.list = self._build_list()
         self._answering: frozenset[str] = frozenset()
         self._answering_icon = answering_icon()
@@ -89,13 +96,21 @@ class Sidebar(QWidget):
         self.search_box.textChanged.connect(self.search_changed)
 
     def set_conversations(self, summaries: list[ConversationSummary], current_id: str | None) -> None:
-        """Show ``summaries`` in order and select ``current_id`` if it is among them."""
+        """Show ``summaries`` in order and select ``current_id`` if it is among them.
+
+        Only a new order or new titles of the conversations listed wait while the pointer is over the list.
+        """
+        if self.list.underMouse() and {summary.id for summary in summaries} == self._listed_ids():
+            self._waiting = (summaries, current_id)
+            return
+        self._waiting = None
         self.list.blockSignals(True)
         self.list.clear()
         for summary in summaries:
             item = QListWidgetItem(summary.display_title)
             item.setData(ID_ROLE, summary.id)
-            item.setToolTip(summary.display_title)
+            item.setData(UPDATED_ROLE, summary.updated_at)
+            item.setToolTip(_tooltip(item, answering=False))
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
             self._mark(item)
             self.list.addItem(item)
@@ -110,6 +125,9 @@ class Sidebar(QWidget):
         for row in range(self.list.count()):
             self._mark(self.list.item(row))
         self.list.blockSignals(False)
+
+    def _listed_ids(self) -> set[str]:
+        return {self.list.item(row).data(ID_ROLE) for row in range(self.list.count())}
 
     def answering_titles(self) -> list[str]:
         """The titles of the listed conversations marked as answering, in list order."""
@@ -146,11 +164,13 @@ class Sidebar(QWidget):
             return
         item.setData(ANSWERING_ROLE, answering)
         item.setIcon(self._answering_icon if answering else QIcon())
-        item.setToolTip(f"{item.text()} (answering…)" if answering else item.text())
+        item.setToolTip(_tooltip(item, answering))
         item.setData(Qt.ItemDataRole.AccessibleDescriptionRole, "answering" if answering else "")
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        """Delete and F2 on the list (while no title is being edited)."""
+        """Delete and F2 on the list (while no title is being edited); a waiting new order when the pointer leaves."""
+        if watched is self.list and event.type() == QEvent.Type.Leave and self._waiting is not None:
+            self.set_conversations(*self._waiting)
         if watched is self.list and event.type() == QEvent.Type.KeyPress and isinstance(event, QKeyEvent):
             item = self.list.currentItem()
             if item is not None and self.list.state() != QAbstractItemView.State.EditingState:
@@ -193,3 +213,10 @@ class Sidebar(QWidget):
         button.setAccessibleName(accessible_name)
         button.clicked.connect(slot)
         return button
+
+
+def _tooltip(item: QListWidgetItem, answering: bool) -> str:
+    """The whole title, whether it is answering, and when it was last used (which tells equal titles apart)."""
+    title = f"{item.text()} (answering…)" if answering else item.text()
+    used = time.strftime("%d %b %Y, %H:%M:%S", time.localtime(item.data(UPDATED_ROLE) or 0))
+    return f"{title}\nLast used {used}"

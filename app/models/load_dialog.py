@@ -49,7 +49,15 @@ def describe_model(found: ModelInspected) -> str:
     millions = found.n_params / 1e6
     size = f"{millions / 1000:.1f} B" if millions >= 1000 else f"{millions:.0f} M"
     kind = KIND_WORDS.get(found.kind, found.kind)
+    kind = f"{kind} ({found.file_type})" if found.file_type else kind
     return f"{kind} · {size} parameters · trained for {format_count(found.native_context_length)} tokens"
+
+
+def unavailable_reason(text: str, precision: str, found: ModelInspected) -> str:
+    """Why ``precision`` cannot be chosen for ``found`` (the engine gave no estimate for it)."""
+    if precision == "int8":
+        return f"{text} weights run on a CUDA GPU only; this model would run on the {found.device.upper()}."
+    return f"{text} is not offered for this model on the {found.device.upper()}."
 
 
 def free_memory_text(found: ModelInspected) -> tuple[str, str]:
@@ -171,9 +179,11 @@ class LoadDialog(QDialog):
         return group
 
     @staticmethod
-    def _set_item_enabled(box: QComboBox, value: str, enabled: bool) -> None:
+    def _set_item_enabled(box: QComboBox, value: str, enabled: bool, why_not: str = "") -> None:
+        """Enable ``value``'s entry; a disabled one says ``why_not`` in its tooltip."""
         item = box.model().item(box.findData(value))
         item.setEnabled(enabled)
+        item.setToolTip("" if enabled else why_not)
 
     def _inspect(self) -> None:
         options = LoadOptions(self.device_box.currentData(), "auto", self.options().context_length)
@@ -185,10 +195,10 @@ class LoadDialog(QDialog):
         self._found = found
         self.name_label.setText(found.name)
         self.summary_label.setText(describe_model(found))
-        self._set_item_enabled(self.device_box, "cuda", found.cuda_available)
+        self._set_item_enabled(self.device_box, "cuda", found.cuda_available, "No CUDA GPU was found on this computer.")
         estimated = {item.precision for item in found.estimates}
-        for _text, value in PRECISIONS[1:]:
-            self._set_item_enabled(self.precision_box, value, value in estimated)
+        for text, value in PRECISIONS[1:]:
+            self._set_item_enabled(self.precision_box, value, value in estimated, unavailable_reason(text, value, found))
         if self.precision_box.currentData() not in estimated:
             self.precision_box.setCurrentIndex(0)  # e.g. 8-bit was chosen, then the CPU: it runs on CUDA only
         auto = PRECISION_WORDS.get(found.auto_precision, found.auto_precision) if found.auto_precision else "none fits"

@@ -9,9 +9,10 @@ answers ``LoadFailed``, which hides the bar like a finished load does.
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QProgressBar, QPushButton, QWidget
 
 from app.controller import EngineController
+from app.window.elided_label import ElidedLabel
 from engine.protocol.messages import LoadFailed, LoadProgress, ModelLoaded
 
 
@@ -26,7 +27,7 @@ class LoadProgressBar(QWidget):
         self.setObjectName("loadProgress")
         self._controller = controller
         self._request_id = ""
-        self.label = QLabel("", self)
+        self.label = ElidedLabel("", self)  # a long file name is cut, never widening the window
         self.bar = QProgressBar(self)
         self.bar.setFixedWidth(160)
         self.bar.setAccessibleName("Model loading progress")
@@ -49,7 +50,7 @@ class LoadProgressBar(QWidget):
 
     def track(self, request_id: str, name: str) -> None:
         self._request_id = request_id
-        self.label.setText(f"Loading {name}")
+        self.label.set_text(f"Loading {name}")
         self.bar.setRange(0, 0)  # busy until the first LoadProgress says how many steps
         self.bar.setFormat("")
         self.cancel_button.setEnabled(True)

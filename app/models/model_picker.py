@@ -43,6 +43,18 @@ def dropped_model_path(event: QDragEnterEvent | QDropEvent) -> str | None:
     return str(path) if path.is_dir() or path.suffix.lower() == ".gguf" else None
 
 
+FORMATS_NOTICE_START = "Running "
+"""How the engine's notice of the weight formats it chose begins (``memory_estimate.cpu_formats_notice``)."""
+
+
+def loaded_notice(loaded: ModelLoaded) -> str:
+    """The model's notices in the user's words: the formats chosen are summed up, their details left to the tooltip."""
+    said = [notice for notice in loaded.notices if not notice.startswith(FORMATS_NOTICE_START)]
+    if len(said) < len(loaded.notices):
+        said.append("Set up to run fast on this computer (point here for the details).")
+    return f"{loaded.name}: {' '.join(said)}"
+
+
 class ModelLoader(QObject):
     """Turns the user's choice of model into a load, and reports how it went."""
 
@@ -81,13 +93,18 @@ class ModelLoader(QObject):
         add_action(menu, "Load the &built-in model", None, lambda: self.load(DEFAULT_MODEL))
 
     def open_file(self) -> None:
-        path, _filter = QFileDialog.getOpenFileName(self._window, "Open a model file", "", GGUF_FILTER)
+        path, _filter = QFileDialog.getOpenFileName(
+            self._window, "Open a model file", self._window.start_folders.folder("model"), GGUF_FILTER
+        )
         if path:
+            self._window.start_folders.remember("model", path)
             self.choose(path)
 
     def open_folder(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self._window, "Open a Hugging Face model folder")
+        folder = QFileDialog.getExistingDirectory(self._window, "Open a Hugging Face model folder",
+                                                  self._window.start_folders.folder("model"))
         if folder:
+            self._window.start_folders.remember("model", str(Path(folder).parent))
             self.choose(folder)
 
     def choose(self, path: str) -> LoadDialog:
@@ -119,7 +136,7 @@ class ModelLoader(QObject):
     def _on_loaded(self, event: ModelLoaded) -> None:
         path = self._paths.pop(event.request_id, None)
         if event.notices:
-            self._status.show_notice(f"{event.name}: {' '.join(event.notices)}")
+            self._status.show_notice(loaded_notice(event), "\n".join(event.notices))
         if path is None or path == DEFAULT_MODEL:
             return
         try:

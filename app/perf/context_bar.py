@@ -43,7 +43,7 @@ class ContextBar(QProgressBar):
             return
         self._shown = (in_use, context_length)
         if in_use is None or not context_length:
-            self.setFormat("no conversation yet")
+            self.setFormat("measured at this chat's next reply")  # none yet in this session, or none at all
             self.setValue(0)
             return
         self.setFormat(context_text(in_use, context_length))

@@ -20,6 +20,7 @@ replies running and waiting, the throughput across them, and the KV pool's block
 from __future__ import annotations
 
 import html
+from dataclasses import replace
 
 from PySide6.QtCore import QEvent, QTimer, Signal
 from PySide6.QtGui import QColor, QHideEvent, QShowEvent
@@ -255,7 +256,7 @@ class PerformancePanel(QWidget):
         decode_line = ChartLine("this reply", QColor("#3d85c6"), self.state.decode_speed)
         batch_line = ChartLine("all replies", QColor("#e69138"), self.state.batch_throughput)
         self.decode_chart = LineChart("Decode speed (tok/s)", [decode_line, batch_line], format_number, DECODE_WINDOW_S)
-        used_line = ChartLine("device used", QColor("#6aa84f"), self.state.device_used)
+        used_line = ChartLine("memory used", QColor("#6aa84f"), self.state.device_used)
         rss_line = ChartLine("process RSS", QColor("#c27ba0"), self.state.process_rss)
         self.memory_chart = LineChart("Memory", [used_line, rss_line], format_bytes, MEMORY_WINDOW_S, value_base=1024)
         column.addWidget(self.decode_chart)
@@ -318,8 +319,14 @@ class PerformancePanel(QWidget):
         """What a streamed token changes: the live figures and the timeline."""
         self.timeline.show_reply(reply)
         if reply is not None:
-            self._set("decode_speed", format_tok_s(reply.decode_tok_s))
+            self._set("ttft", format_ms(reply.ttft_ms))
+            self._set("decode_speed", format_tok_s(self.state.reply_decode_tok_s))
             self._set("tokens_generated", format_count(reply.tokens_generated))
+            self._show_chat_kv()
+
+    def _show_chat_kv(self) -> None:
+        kv_conversation = self.state.reply_kv_bytes
+        self._set("kv_conversation", UNKNOWN if kv_conversation is None else format_bytes(kv_conversation))
 
     def _show_session(self) -> None:
         session = self.state.session
@@ -334,13 +341,14 @@ class PerformancePanel(QWidget):
         pool = batch.pool
         self._set("batch_running", format_count(batch.running))
         self._set("batch_waiting", format_count(batch.waiting))
-        self._set("batch_throughput", format_tok_s(batch.throughput_tok_s))
+        self._set("batch_throughput", format_tok_s(self.state.throughput_tok_s))
         size = f"{format_count(pool.blocks_total)} blocks of {format_tokens(pool.block_size)}"
         self._set("pool_size", f"{size} · {format_bytes(pool.blocks_total * pool.bytes_per_block)}")
         free = pool.blocks_total - pool.blocks_used - pool.blocks_cached
         counts = (pool.blocks_used, pool.blocks_shared, pool.blocks_cached, free)
         for key, count in zip(POOL_KEYS, counts):
             self._set(key, format_blocks(count, pool.bytes_per_block))
+        self._set("kv_total", format_bytes(self.state.kv_total_bytes))
 
     def _show_memory(self, memory: MemoryStats | None) -> None:
         if memory is None:
@@ -349,13 +357,21 @@ class PerformancePanel(QWidget):
             return
         for part in ("used", "free", "total"):
             self._captions[f"device_{part}"].setText(f"{device_kind(memory)} memory {part}")
+        self._name_used_line(f"{device_kind(memory).lower()} memory used")
         self._set("weights", format_bytes(memory.weight_bytes))
-        self._set("kv_conversation", format_bytes(memory.kv_bytes_conversation))
-        self._set("kv_total", format_bytes(memory.kv_bytes_total))
+        self._show_chat_kv()
+        self._set("kv_total", format_bytes(self.state.kv_total_bytes))
         self._set("device_used", format_bytes(memory.device_used_bytes))
         self._set("device_free", format_bytes(memory.device_free_bytes))
         self._set("device_total", format_bytes(memory.device_total_bytes))
         self._set("process_rss", format_bytes(memory.process_rss_bytes))
+
+    def _name_used_line(self, name: str) -> None:
+        """The memory chart's first line is what the engine measured: GPU memory, or on a CPU the whole system's."""
+        used_line = self.memory_chart.lines[0]
+        if used_line.name != name:
+            self.memory_chart.lines = [replace(used_line, name=name), *self.memory_chart.lines[1:]]
+            self.memory_chart.update()
 
     def _show_context(self) -> None:
         reply = self.state.reply

@@ -6,6 +6,15 @@ easy to test. It runs on the GUI thread (the events arrive there from the
 engine client). The few derived figures (prefill tokens/s, session throughput,
 context in use) are simple arithmetic on figures the engine sent.
 
+While a reply streams, its figures come from its own events, so they agree with
+each other: time to first token from the request (``track``, on the engine's
+``perf_counter`` clock, which the engine thread in this process shares) to its
+first ``TokenStreamed``; decode speed over the last ``RATE_WINDOW_S`` of its
+tokens; the throughput of all replies is the sum of those rates whenever every
+running reply is one of this window's (else the engine's own figure, e.g. with API
+requests in the batch); the KV bytes of the chat are its tokens' blocks in the
+pool. ``ReplyFinished`` then replaces them with the engine's final figures.
+
 Several replies may stream at once, one per conversation. Each in-flight reply has
 its own ``ReplyPerf``; ``track`` says which conversation a request answers, and
 ``focus`` which conversation is on screen: ``reply`` is that conversation's latest
@@ -15,6 +24,9 @@ chart. ``batch`` is the engine's last ``BatchSampled``: the whole batch and its 
 
 from __future__ import annotations
 
+import collections
+import math
+import time
 from dataclasses import dataclass, field
 
 from app.perf.series import RollingSeries
@@ -35,6 +47,7 @@ from engine.protocol.messages import (
 DECODE_WINDOW_S = 120.0
 MEMORY_WINDOW_S = 300.0
 CHART_POINTS = 400  # about one point per pixel of a docked chart; closer samples merge
+RATE_WINDOW_S = 3.0  # as the batch runner's own throughput window
 
 
 @dataclass
@@ -71,6 +84,29 @@ class ReplyPerf:
     finished_at: float | None = None
     token_times: list[float] = field(default_factory=list)
     remote: RemoteFigures | None = None
+    requested_at: float | None = None
+    """``perf_counter`` when the request was sent (None when not tracked)."""
+    kv_bytes: int | None = None
+    """The KV cache this reply's conversation holds, once the engine said so."""
+    recent: collections.deque[tuple[float, int]] = field(default_factory=collections.deque)
+    """(timestamp, tokens generated) of the tokens of the last ``RATE_WINDOW_S``."""
+
+    @property
+    def recent_tok_s(self) -> float | None:
+        """Tokens per second over the last ``RATE_WINDOW_S`` (None before two tokens)."""
+        if len(self.recent) < 2:
+            return None
+        (first_at, first_count), (last_at, last_count) = self.recent[0], self.recent[-1]
+        return (last_count - first_count) / (last_at - first_at) if last_at > first_at else None
+
+    def add_token(self, timestamp: float, tokens_generated: int) -> None:
+        if self.ttft_ms is None and self.requested_at is not None:
+            self.ttft_ms = max(0.0, (timestamp - self.requested_at) * 1000)
+        self.tokens_generated = tokens_generated
+        self.token_times.append(timestamp)
+        self.recent.append((timestamp, tokens_generated))
+        while self.recent[0][0] < timestamp - RATE_WINDOW_S:
+            self.recent.popleft()
 
     @property
     def new_tokens(self) -> int:
@@ -108,6 +144,7 @@ class ReplyPerf:
         self.started_at = stats.started_at
         self.finished_at = stats.finished_at
         self.remote = stats.remote
+        self.kv_bytes = None if stats.remote else stats.memory.kv_bytes_conversation
 
 
 @dataclass
@@ -176,8 +213,48 @@ class PerfState:
     def track(self, request_id: str, conversation_id: str) -> bool:
         """``request_id`` answers ``conversation_id`` (told before its first event); True if that one is shown."""
         self._conversation_of[request_id] = conversation_id
-        self._begin(ReplyPerf(request_id=request_id, waiting=True))
+        self._begin(ReplyPerf(request_id=request_id, waiting=True, requested_at=time.perf_counter()))
         return self.is_shown(request_id)
+
+    @property
+    def throughput_tok_s(self) -> float | None:
+        """Tokens per second of all replies: from their tokens while this window streams every one of them."""
+        if self.batch is None:
+            return None
+        if self.batch.running == 0:
+            return 0.0  # the engine's figure then is of its last window, when replies still ran
+        streaming = [reply for reply in self._live.values() if reply.tokens_generated > 0]
+        rates = [reply.recent_tok_s for reply in streaming]
+        if self.batch.running == len(streaming) > 0 and None not in rates:
+            return sum(rate for rate in rates if rate is not None)
+        return self.batch.throughput_tok_s
+
+    @property
+    def reply_decode_tok_s(self) -> float | None:
+        """The shown reply's decode speed: over its last tokens while it streams, the engine's figure after."""
+        reply = self.reply
+        if reply is None:
+            return None
+        return reply.decode_tok_s if reply.done else reply.recent_tok_s or reply.decode_tok_s
+
+    @property
+    def kv_total_bytes(self) -> int | None:
+        """KV cache of all kept chats: the pool's blocks in use and cached when batching, else the engine's figure."""
+        if self.batch is not None:
+            pool = self.batch.pool
+            return (pool.blocks_used + pool.blocks_cached) * pool.bytes_per_block
+        return self.memory.kv_bytes_total if self.memory is not None else None
+
+    @property
+    def reply_kv_bytes(self) -> int | None:
+        """KV cache the shown reply's conversation holds: the engine's figure, or its tokens' blocks while it runs."""
+        reply = self.reply
+        if reply is None:
+            return None
+        if reply.kv_bytes is not None or self.batch is None:
+            return reply.kv_bytes
+        pool = self.batch.pool
+        return math.ceil(reply.context_in_use / pool.block_size) * pool.bytes_per_block
 
     def show_conversation(self, conversation_id: str) -> None:
         if conversation_id != self.focus:
@@ -213,9 +290,11 @@ class PerfState:
         self.session = SessionPerf()
 
     def _prefill_done(self, event: PrefillDone) -> None:
+        asked = self._live.get(event.request_id)
         self._begin(
             ReplyPerf(
                 request_id=event.request_id,
+                requested_at=asked.requested_at if asked is not None else None,
                 tokenize_ms=event.tokenize_ms,
                 prompt_tokens=event.prompt_tokens,
                 reused_tokens=event.reused_tokens,
@@ -231,11 +310,11 @@ class PerfState:
         reply = self._live.get(event.request_id)
         if reply is None:
             return
-        reply.tokens_generated = event.tokens_generated
         reply.decode_tok_s = event.decode_tok_s
-        reply.token_times.append(event.timestamp)
-        if reply is self.reply:
-            self.decode_speed.add(event.timestamp, event.decode_tok_s)
+        reply.add_token(event.timestamp, event.tokens_generated)
+        rate = reply.recent_tok_s
+        if reply is self.reply and rate is not None:
+            self.decode_speed.add(event.timestamp, rate)
         self._advance_clock(event.timestamp)
 
     def _reply_finished(self, event: ReplyFinished) -> None:
@@ -260,7 +339,7 @@ class PerfState:
 
     def _batch_sampled(self, event: BatchSampled) -> None:
         self.batch = event
-        self.batch_throughput.add(event.timestamp, event.throughput_tok_s)
+        self.batch_throughput.add(event.timestamp, self.throughput_tok_s or 0.0)
         self._advance_clock(event.timestamp)
 
     def _advance_clock(self, timestamp: float) -> None:

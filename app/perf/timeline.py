@@ -1,12 +1,10 @@
 """The stage timeline of one reply, drawn to scale: tokenize | prefill | decode loop.
 
 ``build_layout`` (pure, no Qt) turns a ``ReplyPerf`` into segments on one axis
-of milliseconds; ``StageTimeline`` paints it on the GUI thread. The part of the
-prompt found in the KV cache is drawn as a hatched "skipped" segment before the
-prefill, as wide as prefilling those tokens would have taken at this reply's
-measured prefill rate, capped at half the bar. It is a picture of work that was
-*not* done, and is labelled so; it never enters any figure. While tokens stream
-only the whole-reply bar changes, so only it is repainted.
+of milliseconds; ``StageTimeline`` paints it on the GUI thread. The bars are time
+to scale, so the part of the prompt found in the KV cache, which took no time,
+takes no width: the legend names it ("cached: N tokens skipped"). While tokens
+stream only the whole-reply bar changes, so only it is repainted.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from PySide6.QtCore import QEvent, QPointF, QRectF, Qt
-from PySide6.QtGui import QBrush, QColor, QPainter, QPaintEvent, QPen, QStaticText
+from PySide6.QtGui import QColor, QPainter, QPaintEvent, QStaticText
 from PySide6.QtWidgets import QLabel, QSizePolicy, QVBoxLayout, QWidget
 
 from app.perf.backdrop import Backdrop
@@ -29,7 +27,6 @@ STAGE_COLORS = {
     "prefill": QColor("#e69138"),
     "decode": QColor("#3d85c6"),
 }
-CACHED_SHARE_WHEN_NO_RATE = 0.25
 
 
 def _with_alpha(color: QColor, alpha: int) -> QColor:
@@ -40,7 +37,6 @@ def _with_alpha(color: QColor, alpha: int) -> QColor:
 
 _LABEL_ON_STAGE = QColor("white")
 _TICK_COLOR = _with_alpha(STAGE_COLORS["decode"], 170)
-_CACHED_FILL = _with_alpha(STAGE_COLORS["cached"], 50)
 _STATIC_TEXTS_KEPT = 32
 
 
@@ -118,26 +114,14 @@ class TimelineLayout:
 def build_layout(reply: ReplyPerf) -> TimelineLayout:
     """Place the stages of ``reply`` one after the other, and its tokens at their times."""
     tokenize = Segment("tokenize", 0.0, reply.tokenize_ms)
-    cached_length = _cached_length(reply)
-    cached = Segment("cached", tokenize.end, cached_length)
-    prefill = Segment("prefill", cached.end, reply.prefill_ms)
-    first_token = prefill.end if reply.ttft_ms is None else reply.ttft_ms + cached_length
+    prefill = Segment("prefill", tokenize.end, reply.prefill_ms)
+    first_token = prefill.end if reply.ttft_ms is None else reply.ttft_ms
     times = reply.token_times
     streamed_ms = (times[-1] - times[0]) * 1000 if times else 0.0
     decode = Segment("decode", first_token, streamed_ms if reply.decode_ms is None else reply.decode_ms)
-    segments = (tokenize, cached, prefill, decode) if cached_length > 0 else (tokenize, prefill, decode)
+    segments = (tokenize, prefill, decode)
     span = max(decode.end, prefill.end, first_token + streamed_ms)
     return TimelineLayout(segments, span, first_token, times)
-
-
-def _cached_length(reply: ReplyPerf) -> float:
-    if reply.reused_tokens <= 0:
-        return 0.0
-    real_work = reply.tokenize_ms + reply.prefill_ms + (reply.decode_ms or 0.0)
-    if reply.prefill_tok_s is None:
-        return CACHED_SHARE_WHEN_NO_RATE * max(real_work, 1.0)
-    at_prefill_rate = reply.reused_tokens / reply.prefill_tok_s * 1000
-    return min(at_prefill_rate, max(real_work, 1.0))
 
 
 def to_pixels(layout: TimelineLayout, width: float, span: float) -> list[tuple[Segment, float, float]]:
@@ -188,10 +172,6 @@ class StageTimeline(QWidget):
             self._stage_key = key
             self.legend.setText(_legend_html(reply) if reply is not None else "No reply yet.")
             self.zoom_bar.update()
-
-    def cached_caption(self) -> str:
-        reused = self.reply.reused_tokens if self.reply is not None else 0
-        return f"cached: {format_tokens(reused)} skipped"
 
     def row_caption(self, zoomed: bool) -> str:
         if not zoomed:
@@ -257,16 +237,8 @@ class _TimelineBar(QWidget):
         painter.end()
 
     def _paint_segment(self, painter: QPainter, segment: Segment, rect: QRectF) -> None:
-        color = STAGE_COLORS[segment.kind]
-        if segment.kind == "cached":
-            painter.fillRect(rect, _CACHED_FILL)
-            painter.fillRect(rect, QBrush(color, Qt.BrushStyle.BDiagPattern))
-            painter.setPen(QPen(color, 1, Qt.PenStyle.DashLine))
-            painter.drawRect(rect.adjusted(0, 0, -1, -1))
-            self._paint_label(painter, rect, self._timeline.cached_caption(), self.palette().text().color())
-        else:
-            painter.fillRect(rect, color)
-            self._paint_label(painter, rect, segment.kind, _LABEL_ON_STAGE)
+        painter.fillRect(rect, STAGE_COLORS[segment.kind])
+        self._paint_label(painter, rect, segment.kind, _LABEL_ON_STAGE)
 
     def _paint_label(self, painter: QPainter, rect: QRectF, text: str, color: QColor) -> None:
         label = self.static_text(text)

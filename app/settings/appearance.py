@@ -18,7 +18,8 @@ from app.storage import Settings, StorageError
 THEME_LABELS = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
 
 DARK_STYLE_SHEET = """
-#chatView, #chatContainer { background: #1f1d1b; border: none; }
+#chatView, #chatContainer, #welcomePane { background: #1f1d1b; border: none; }
+#welcomePane QLabel { color: #ece8e3; }
 #userBubble { background: #5a3d24; border: 1px solid #6e4c2e; border-radius: 10px; }
 #assistantBubble { background: #2b2927; border: 1px solid #3a3734; border-radius: 10px; }
 #bubbleTitle { color: #e0b48a; font-weight: bold; font-size: 11px; background: transparent; border: none; }

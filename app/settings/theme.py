@@ -5,7 +5,8 @@ system palette.
 """
 
 STYLE_SHEET = """
-#chatView, #chatContainer { background: #f6f2ec; border: none; }
+#chatView, #chatContainer, #welcomePane { background: #f6f2ec; border: none; }
+#welcomePane QLabel { color: #1f1f1f; }
 #userBubble {
     background: #f3d9bf; border: 1px solid #e2bf9c; border-radius: 10px;
 }

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QVBoxLayout, QWi
 from app.chat.chat_session import ChatSession
 from app.chat.chat_view import ChatView
 from app.chat.input_box import InputBar
+from app.chat.welcome import WelcomePane
 from app.controller import EngineController
 from app.conversations.conversation_ui import install_conversations
 from app.conversations.persistence import open_journal
@@ -25,8 +26,10 @@ from app.models.remote_picker import RemoteModelPicker
 from app.perf.dock import PerformanceDock
 from app.settings.app_settings import SettingsHolder
 from app.settings.theme import STYLE_SHEET
+from app.window.geometry import restore_geometry, save_geometry
 from app.window.menus import MENU_ORDER, add_action, menu_named
 from app.window.server_menu import install_server_menu
+from app.window.start_folder import StartFolders
 from app.window.status_line import StatusLine
 
 PERFORMANCE_DOCK_WIDTH = 380
@@ -43,17 +46,22 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("Hearth")
         self.setObjectName("mainWindow")
         self.setStyleSheet(STYLE_SHEET)
-        self.resize(900, 700)
+        if not restore_geometry(self):
+            self.resize(900, 700)
         self.chat_view = ChatView(self)
         self.input_bar = InputBar(self)
         self.status_line = StatusLine(controller, self)
         self.setStatusBar(self.status_line)
         self.settings_holder = SettingsHolder(parent=self)
+        self.start_folders = StartFolders()
         self.journal, startup_notices = open_journal(lambda: self.settings_holder.settings)
         startup_notices += [self.settings_holder.load_notice] if self.settings_holder.load_notice else []
         self._watch_unsaved_replies()
         self.session = ChatSession(controller, self.chat_view, self.input_bar, self.journal, self)
         self.session.notice.connect(self.status_line.show_notice)
+        self.session.shown.connect(self.status_line.show_conversation)
+        self.session.replies.reply_started.connect(self.status_line.track_reply)
+        self.status_line.show_conversation(self.session.conversation.id)
         controller.engine_error.connect(lambda event: self.show_error("The engine reported an error", event.message))
         self._build_central()
         self._build_menus()
@@ -66,6 +74,7 @@ class MainWindow(QMainWindow):
         self.input_bar.prompt.setFocus()
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        save_geometry(self)
         super().closeEvent(event)
         self.closed.emit()
 
@@ -87,13 +96,30 @@ class MainWindow(QMainWindow):
         self.closed.connect(store.save_unsaved)
 
     def _build_central(self) -> None:
+        """The messages (or, for an empty conversation, the welcome pane) above the input bar."""
         central = QWidget(self)
         layout = QVBoxLayout(central)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(0)
+        self.welcome = WelcomePane(central)
+        self.welcome.prompt_chosen.connect(self._start_from)
+        layout.addWidget(self.welcome, 1)
         layout.addWidget(self.chat_view, 1)
         layout.addWidget(self.input_bar)
         self.setCentralWidget(central)
+        self.session.shown.connect(self._show_welcome_if_empty)
+        self.session.saved.connect(self._show_welcome_if_empty)
+        self._show_welcome_if_empty()
+
+    def _show_welcome_if_empty(self) -> None:
+        empty = not self.session.conversation.messages
+        self.welcome.setVisible(empty)
+        self.chat_view.setVisible(not empty)
+
+    def _start_from(self, prompt: str) -> None:
+        """A suggested prompt goes into the message box, to edit or send."""
+        self.input_bar.prompt.setPlainText(prompt)
+        self.input_bar.prompt.setFocus()
 
     def _build_menus(self) -> None:
         """The menus in their order; each part of the window adds its own entries to them."""

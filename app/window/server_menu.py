@@ -8,6 +8,11 @@ engine thread with the window through the engine's ``EngineHub``, so its request
 queue with the window's chats and reuse the same loaded model. Its per-request
 figures come from the server thread through a queued Qt signal into the performance
 panel's ``ServerRequestList``.
+
+Starting never blocks the window: the server binds its port at once (a port in use
+is refused there), then says from its own thread, through ``serving_reported``,
+whether it began serving; until then the menu shows "Starting…". Copy URL is
+offered only while a server is serving.
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ class ServerMenu(QObject):
     """Owns the API server while it runs; ``request_seen`` carries each ``ServerRequestInfo`` to the GUI thread."""
 
     request_seen = Signal(object)
+    serving_reported = Signal(object)
+    """(server, None) when that server began serving, else (server, why it could not); from the server thread."""
     running_changed = Signal(bool)
 
     def __init__(self, window: QMainWindow, controller: EngineController, requests: ServerRequestList,
@@ -69,12 +76,14 @@ class ServerMenu(QObject):
         super().__init__(window)
         self.config = holder.settings.server.to_config()
         self.server: "ApiServer | None" = None
+        self.serving = False
         self._window = window
         self._holder = holder
         self._controller = controller
         self._show_error = show_error
         self.requests = requests
         self.request_seen.connect(requests.on_request)
+        self.serving_reported.connect(self._on_serving)
         menu = menu_named(window, "Se&rver")
         self.start_action = add_action(menu, "&Start API server", None, self.start)
         self.stop_action = add_action(menu, "S&top API server", None, self.stop)
@@ -94,9 +103,10 @@ class ServerMenu(QObject):
             return
         from engine.server.server import ApiServer  # starlette and uvicorn load when first needed, not at app start
 
-        try:
-            server = ApiServer(hub, self.config, self.request_seen.emit)  # the callback runs on the server thread
-            server.start()
+        try:  # both callbacks run on the server thread; the signals bring them here
+            server = ApiServer(hub, self.config, self.request_seen.emit,
+                               lambda failure: self.serving_reported.emit((server, failure)))
+            server.launch()
         except (ValueError, OSError) as exc:
             self._show_error("The API server cannot start", str(exc))
             return
@@ -107,6 +117,20 @@ class ServerMenu(QObject):
         if self.server is not None:
             self.server.stop()
             self.server = None
+        self.serving = False
+        self._show_state()
+
+    def _on_serving(self, report: "tuple[ApiServer, str | None]") -> None:
+        """A server's start report; one from a server stopped since is ignored."""
+        server, failure = report
+        if server is not self.server or self.serving:
+            return
+        if failure is not None:
+            self.server = None
+            self._show_state()
+            self._show_error("The API server cannot start", failure)
+            return
+        self.serving = True
         self._show_state()
 
     def copy_url(self) -> None:
@@ -134,12 +158,14 @@ class ServerMenu(QObject):
         self._show_state()
 
     def _show_state(self) -> None:
-        running = self.server is not None
-        self.start_action.setEnabled(not running)
-        self.stop_action.setEnabled(running)
+        starting = self.server is not None and not self.serving
+        self.start_action.setEnabled(self.server is None)
+        self.start_action.setText("Starting the API server…" if starting else "&Start API server")
+        self.stop_action.setEnabled(self.server is not None)
+        self.url_action.setEnabled(self.serving)
         self.url_action.setText(f"&Copy URL ({self.url})")
-        self.url_action.setStatusTip("Running: " + self.url if running else "Not running; starts at " + self.url)
-        self.running_changed.emit(running)
+        self.url_action.setStatusTip("Running: " + self.url if self.serving else "Not running; starts at " + self.url)
+        self.running_changed.emit(self.serving)
 
 
 def install_server_menu(window: QMainWindow, controller: EngineController, panel_column: QWidget,

@@ -1,20 +1,25 @@
 """The status bar: what the engine is doing, and how fast the last reply was (GUI thread).
 
 The left side follows the engine (downloading N%, loading, ready with the model
-and device, generating, errors); the right side keeps the last reply's speed and
-time to first token, and for a remote model what its server reported. A failed load keeps the previous model's name: the engine
-keeps that model. ``show_notice`` covers the left side for a few seconds:
+and device, errors) and the conversation on screen (generating); the right side
+keeps the last reply's speed and time to first token in that conversation, and for
+a remote model what its server reported. A load in the background is shown beside
+the model still answering; a failed load keeps the previous model's name: the
+engine keeps that model. ``show_notice`` covers the left side for a few seconds:
 refused sends and errors that end a reply, so the next state does not hide them.
-A line too long for the bar is cut there, so each is also the bar's tooltip while
-it shows, and a loaded model's notices (the formats chosen and why) stay in the
-ready text's tooltip.
+A line too long for the bar is cut there with "…", so each is also the tooltip
+while it shows, and a loaded model's notices (the formats chosen and why) stay in
+the ready text's tooltip.
 """
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
+from PySide6.QtCore import QRect, Qt
+from PySide6.QtGui import QPainter, QPaintEvent, QPalette
+from PySide6.QtWidgets import QStatusBar, QWidget
 
 from app.controller import EngineController
+from app.window.elided_label import ElidedLabel, plain_tooltip
 from engine.protocol.messages import (
     EngineError,
     FetchProgress,
@@ -29,12 +34,11 @@ from engine.protocol.messages import (
 )
 
 NOTICE_MS = 8000
+NOTICE_MARGIN = 6
 _MB = 1024 * 1024
 _STATE_WORDS = {
     "fetching": "Downloading the model",
     "loading": "Loading the model",
-    "generating": "Generating",
-    "error": "Error",
 }
 
 
@@ -68,30 +72,71 @@ def describe_remote(figures: RemoteFigures) -> str:
 
 
 class StatusLine(QStatusBar):
-    """Listens to the controller and says, in words, what the engine is doing."""
+    """Listens to the controller and says, in words, what the engine is doing for the conversation on screen.
+
+    Replies are followed by conversation (``track_reply``, ``show_conversation``): the
+    line says "Generating" while the conversation on screen is being answered, and
+    shows that conversation's last reply figures, not another's. Every text is plain
+    text, cut with "…" where the bar ends (whole in the tooltip): the bar never asks
+    the window for more width.
+    """
 
     def __init__(self, controller: EngineController, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setAccessibleName("Status")
-        self.state_label = QLabel("Starting the engine…", self)
+        self.state_label = ElidedLabel("Starting the engine…", self)
         self.state_label.setAccessibleName("Engine status")
-        self.stats_label = QLabel("", self)
+        self.stats_label = ElidedLabel("", self)
         self.stats_label.setAccessibleName("Last reply speed")
-        self.addWidget(self.state_label, 1)
-        self.addPermanentWidget(self.stats_label)
+        self.addWidget(self.state_label, 3)
+        self.addPermanentWidget(self.stats_label, 2)
         self._model_text = ""
-        self.messageChanged.connect(self.setToolTip)  # a notice cut at the bar's edge is read whole on hovering
+        self._model_details = ""
+        self._activity = ""
+        """Downloading or loading progress, or an engine error; "" when none."""
+        self._loading = False
+        self._notice_details = ""
+        self._on_screen = ""
+        self._conversation_of: dict[str, str] = {}
+        """Request id of each reply in flight → the id of the conversation it answers."""
+        self._stats_of: dict[str, str] = {}
+        """Conversation id → its last reply's figures, in words."""
+        self.messageChanged.connect(self._on_message_changed)
         self._connect(controller)
 
-    def show_notice(self, text: str) -> None:
+    def show_notice(self, text: str, details: str = "") -> None:
+        """Cover the left side with ``text`` for a while; ``details`` are read in the tooltip."""
+        self._notice_details = details
         self.showMessage(text, NOTICE_MS)
 
-    def show_state(self, text: str) -> None:
-        self.state_label.setText(text)
+    def track_reply(self, request_id: str, conversation_id: str) -> None:
+        self._conversation_of[request_id] = conversation_id
+        self._refresh()
+
+    def show_conversation(self, conversation_id: str) -> None:
+        self._on_screen = conversation_id
+        self.stats_label.set_text(self._stats_of.get(conversation_id, ""))
+        self._refresh()
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        """A notice is drawn cut with "…" before the figures on the right, never under them."""
+        message = self.currentMessage()
+        if not message:
+            super().paintEvent(event)
+            return
+        right = self.stats_label.x() if self.stats_label.isVisible() and self.stats_label.text() else self.width()
+        area = QRect(NOTICE_MARGIN, 0, max(0, right - 2 * NOTICE_MARGIN), self.height())
+        shown = self.fontMetrics().elidedText(message, Qt.TextElideMode.ElideRight, area.width())
+        painter = QPainter(self)
+        painter.setPen(self.palette().color(QPalette.ColorRole.WindowText))
+        painter.drawText(area, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, shown)
+
+    def _on_message_changed(self, message: str) -> None:
+        self.setToolTip(plain_tooltip("\n\n".join(part for part in (message, self._notice_details) if part)) if message else "")
 
     def _connect(self, controller: EngineController) -> None:
         controller.status_changed.connect(self._on_status)
-        controller.fetch_progress.connect(lambda event: self.show_state(describe_fetch(event)))
+        controller.fetch_progress.connect(lambda event: self._show_activity(describe_fetch(event)))
         controller.load_progress.connect(self._on_load_progress)
         controller.model_loaded.connect(self._on_model_loaded)
         controller.load_failed.connect(self._on_load_failed)
@@ -102,31 +147,63 @@ class StatusLine(QStatusBar):
     def _ready_text(self) -> str:
         return f"Ready: {self._model_text}" if self._model_text else "No model loaded"
 
+    def _refresh(self) -> None:
+        """The left side: the conversation on screen being answered, else the model, and any load going on."""
+        if self._on_screen in self._conversation_of.values():
+            main = f"Generating a reply with {self._model_text}" if self._model_text else "Generating…"
+        else:
+            main = self._ready_text()
+        if self._activity:
+            main = f"{main} · {self._activity}" if self._model_text else self._activity
+        self.state_label.set_text(main, self._model_details)
+
+    def _show_activity(self, text: str) -> None:
+        self._activity = text
+        self._refresh()
+
     def _on_status(self, event: StatusChanged) -> None:
-        if event.state in ("idle", "ready"):
-            self.show_state(self._ready_text())
-            return
-        words = _STATE_WORDS[event.state]
-        self.show_state(f"{words}: {event.detail}" if event.detail else f"{words}…")
+        if event.state in ("fetching", "loading"):
+            self._loading = True
+            words = _STATE_WORDS[event.state]
+            self._show_activity(f"{words}: {event.detail}" if event.detail else f"{words}…")
+        elif event.state == "error":
+            self._show_activity(f"Error: {event.detail}" if event.detail else "Error")
+        elif not self._loading:
+            self._show_activity("")
 
     def _on_load_progress(self, event: LoadProgress) -> None:
-        self.show_state(f"Loading the model: {event.done} of {event.total} {event.unit}")
+        self._show_activity(f"Loading the model: {event.done} of {event.total} {event.unit}")
 
     def _on_model_loaded(self, event: ModelLoaded) -> None:
+        self._loading = False
         self._model_text = describe_model(event)
-        self.show_state(f"{self._ready_text()}, loaded in {event.load_s:.1f} s")
-        self.state_label.setToolTip("\n".join((self._model_text, *event.notices)))
+        self._model_details = "\n".join((f"Loaded in {event.load_s:.1f} s.", *event.notices))
+        self._show_activity("")
 
     def _on_load_failed(self, event: LoadFailed) -> None:
-        self.show_state(f"Could not load the model: {event.message}")
+        self._loading = False
+        self._show_activity("")
         self.show_notice(f"Could not load the model: {event.message}")
 
+    def _end_reply(self, request_id: str) -> str | None:
+        """Forget ``request_id``; the id of the conversation it answered, if it was followed."""
+        conversation_id = self._conversation_of.pop(request_id, None)
+        self._refresh()
+        return conversation_id
+
     def _on_reply_finished(self, event: ReplyFinished) -> None:
-        self.stats_label.setText(describe_stats(event.stats))
-        self.show_state(self._ready_text())
+        conversation_id = self._end_reply(event.request_id)
+        if conversation_id is None:
+            return
+        self._stats_of[conversation_id] = describe_stats(event.stats)
+        if conversation_id == self._on_screen:
+            self.stats_label.set_text(self._stats_of[conversation_id])
 
     def _on_reply_failed(self, event: ReplyFailed) -> None:
+        self._end_reply(event.request_id)
         self.show_notice(f"The reply failed: {event.message}")
 
     def _on_engine_error(self, event: EngineError) -> None:
+        self._conversation_of.clear()  # the replies in flight end with it
+        self._refresh()
         self.show_notice(f"Engine error: {event.message}")

@@ -72,6 +72,7 @@ def inspect_for_dialog(
         cuda_available=has_cuda,
         auto_precision=_auto_precision(source, device, context_length, available[device]),
         notes=source.notes,
+        file_type=str(source.config.get("file_type") or "").removeprefix("MOSTLY_"),
     )
 
 

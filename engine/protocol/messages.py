@@ -371,6 +371,7 @@ class ModelInspected:
     cuda_available: bool
     auto_precision: str | None
     notes: tuple[str, ...] = ()
+    file_type: str = ""  # a GGUF file's quantization as llama.cpp names it ("Q4_K_M"); "" when none is stated
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,15 @@ alone is enough here: the request bodies are validated by hand in
 ``openai_schema`` so every refusal gets OpenAI's error shape, which FastAPI's
 automatic 422 replies would not give.
 
-``ApiServer.start``/``stop`` are called from any thread (the CLI's main thread, the
-GUI thread); the routes and ``EngineLink`` run on the server thread. The socket is
-bound in ``start`` itself, so a port in use fails there with a clear message, and
-port 0 picks a free one (``port`` tells which).
+``ApiServer.launch``/``start``/``stop`` are called from any thread (the CLI's main
+thread, the GUI thread); the routes and ``EngineLink`` run on the server thread, on a
+plain asyncio loop of its own: never the policy's loop, which in the window is
+qasync's Qt loop and cannot run off the GUI thread. The socket is bound in
+``launch`` itself, so a port in use fails there with a clear message, and port 0
+picks a free one (``port`` tells which). ``launch`` returns at once and
+``on_serving`` says later whether serving began (the window must not block);
+``start`` waits for that (the CLI). Whatever ends the server thread, the socket is
+closed, so a failed start never leaves the port listening.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 
 import uvicorn
@@ -38,6 +44,7 @@ from engine.server.slow_clients import KEEP_ALIVE_S, HeaderDeadlineProtocol
 from engine.service.fanout import EngineHub
 
 START_TIMEOUT_S = 10.0
+STARTUP_POLL_S = 0.01
 GRACEFUL_SHUTDOWN_S = 2
 BACKLOG = 128
 
@@ -85,25 +92,46 @@ def build_app(config: ServerConfig, link: EngineLink, figures: ServerMetrics) ->
     return app
 
 
+OnServing = Callable[[str | None], None]
+"""Called once on the server thread: None when serving began, else why it could not."""
+
+
 class ApiServer:
     """Serves ``hub``'s engine over HTTP until ``stop``; ``on_activity`` hears of each request (server thread)."""
 
-    def __init__(self, hub: EngineHub, config: ServerConfig, on_activity: OnActivity | None = None) -> None:
+    def __init__(self, hub: EngineHub, config: ServerConfig, on_activity: OnActivity | None = None,
+                 on_serving: OnServing | None = None) -> None:
         config.check()
         self.config = config
         self._hub = hub
         self._on_activity = on_activity
+        self._on_serving = on_serving
         self._socket: socket.socket | None = None
         self._uvicorn: uvicorn.Server | None = None
+        self._stop_requested = False
+        self._start_failure: str | None = None
         self._started = threading.Event()
+        """Set once serving began or could not (``_start_failure`` says why)."""
         self._thread = threading.Thread(target=self._run, name="hearth-api", daemon=True)
 
     @property
     def url(self) -> str:
         return self.config.url
 
-    def start(self) -> None:
-        """Bind and start serving; ``OSError`` (port in use, say) comes from here, before any thread starts."""
+    def start(self, timeout: float = START_TIMEOUT_S) -> None:
+        """``launch``, then wait until serving; ``OSError`` when it cannot bind, fails or takes over ``timeout``."""
+        self.launch()
+        if not self._started.wait(timeout):
+            self.stop()
+            raise OSError("The API server did not start in time.")
+        if self._start_failure is not None:
+            raise OSError(self._start_failure)
+
+    def launch(self) -> None:
+        """Bind and start the server thread without waiting; ``on_serving`` tells how starting went.
+
+        ``OSError`` (port in use, say) comes from here, before any thread starts.
+        """
         family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -116,10 +144,10 @@ class ApiServer:
         self._socket = sock
         self.config = replace(self.config, port=sock.getsockname()[1])
         self._thread.start()
-        if not self._started.wait(START_TIMEOUT_S):
-            raise OSError("The API server did not start in time.")
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Ask the server to finish its requests and end; wait up to ``timeout`` for its thread."""
+        self._stop_requested = True  # read by _serve, for a stop that comes before uvicorn exists
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
         if self._thread.is_alive():
@@ -130,7 +158,26 @@ class ApiServer:
         return self._thread.is_alive()
 
     def _run(self) -> None:
-        asyncio.run(self._serve())
+        """The server thread: serve on a plain asyncio loop; always close the socket and report a failed start."""
+        failure = "The API server stopped before it began serving."
+        try:
+            with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
+                runner.run(self._serve())
+        except BaseException as exc:  # noqa: BLE001 - uvicorn ends a failed startup with SystemExit
+            failure = f"The API server could not start: {exc!r}"
+        finally:
+            assert self._socket is not None
+            self._socket.close()
+            self._report_start(failure)
+
+    def _report_start(self, failure: str | None) -> None:
+        """Tell ``on_serving`` the first time only (server thread)."""
+        if self._started.is_set():
+            return
+        self._start_failure = failure
+        self._started.set()
+        if self._on_serving is not None:
+            self._on_serving(failure)
 
     async def _serve(self) -> None:
         figures = ServerMetrics()
@@ -141,10 +188,15 @@ class ApiServer:
             app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             http=HeaderDeadlineProtocol, timeout_keep_alive=KEEP_ALIVE_S,
         )
-        self._uvicorn = uvicorn.Server(settings)
-        self._started.set()
+        server = uvicorn.Server(settings)
+        self._uvicorn = server
+        server.should_exit = self._stop_requested
+        serving = asyncio.create_task(server.serve(sockets=[self._socket]))
         try:
-            await self._uvicorn.serve(sockets=[self._socket])
+            while not (server.started or serving.done()):
+                await asyncio.sleep(STARTUP_POLL_S)
+            if server.started:
+                self._report_start(None)
+            await serving
         finally:
             link.detach()
-            self._socket.close()

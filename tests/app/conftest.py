@@ -81,6 +81,8 @@ class FakeScript:
     loads: list[LoadModel] = field(default_factory=list)
     inspections: list[InspectModel] = field(default_factory=list)
     closed: threading.Event = field(default_factory=threading.Event)
+    emitted: list = field(default_factory=list)
+    """Every event the fake sent, in order (appended on the engine thread)."""
 
     @property
     def full_reply(self) -> str:
@@ -94,7 +96,7 @@ class FakeRuntime:
     """Answers LoadModel, InspectModel and Generate like the real runtime, without a model."""
 
     def __init__(self, emit: EventSink, watch: CancelWatch, script: FakeScript) -> None:
-        self._emit = emit
+        self._emit = lambda event: (script.emitted.append(event), emit(event))
         self._watch = watch
         self._script = script
         self._loaded_name = ""
@@ -159,7 +161,7 @@ class FakeRuntime:
         fitting = [item.precision for item in estimates if item.verdict == "fits" and item.precision in AUTO_ON_CPU]
         return ModelInspected(
             request.request_id, request.path, "Fake inspected", "gguf", 500_000_000, 4096, context, "cpu",
-            estimates, self._script.free_cpu_bytes, 0, False, fitting[0] if fitting else None,
+            estimates, self._script.free_cpu_bytes, 0, False, fitting[0] if fitting else None, file_type="Q4_K_M",
         )
 
     def _break_off(self, request: Generate, text: str) -> bool:
@@ -181,7 +183,7 @@ class FakeRuntime:
                 break
             time.sleep(self._script.token_delay_s)
             text += token
-            self._emit(TokenStreamed(request.request_id, token, count, 123.4, time.time()))
+            self._emit(TokenStreamed(request.request_id, token, count, 123.4, time.perf_counter()))  # the engine's clock
             if count >= 2 and self._break_off(request, text):
                 return
             yield
@@ -217,7 +219,7 @@ class FakeRuntime:
 def fake_batch_sample(running: int) -> BatchSampled:
     """What the fake reports after a round: 4 blocks a reply, 2 of them shared when several run, 8 cached."""
     pool = KVPoolStats(16, FAKE_POOL_BLOCKS, 4 * running, 2 if running > 1 else 0, 8, FAKE_BLOCK_BYTES)
-    return BatchSampled(running, 0, FAKE_TOK_S * running, pool, time.time())
+    return BatchSampled(running, 0, FAKE_TOK_S * running, pool, time.perf_counter())
 
 
 @pytest.fixture(autouse=True)
@@ -339,3 +341,66 @@ def chat_view(qtbot):
     qtbot.addWidget(view)
     view.show()
     return view
+
+
+class RealApp:
+    """``app.main.run_window`` on ``qasync.run``, as ``app.main`` runs it, with a test scenario beside it.
+
+    The scenario is a coroutine on the same Qt event loop as the window: it acts like
+    a user (menu actions, keys) and awaits what a user would wait for (``until``).
+    Unlike the ``window`` fixture (pytest-qt spinning Qt's loop), the asyncio loop
+    here is qasync's own, with qasync's event-loop policy set for the whole process,
+    so code that starts loops on other threads meets what it meets in the real app.
+    """
+
+    def __init__(self, engine_factory) -> None:
+        self._engine_factory = engine_factory
+        self.window: MainWindow | None = None
+
+    def run(self, scenario, model_path: str = "fake-model", timeout_s: float = 60.0) -> None:
+        """Open the app on ``model_path``, await ``scenario(window)``, close the window, wait for the app to end."""
+        from PySide6.QtWidgets import QApplication
+
+        from app.main import run_window
+
+        before = set(QApplication.topLevelWidgets())
+        QApplication.instance().setQuitOnLastWindowClosed(False)  # as app.main.create_application sets it
+
+        async def with_app() -> None:
+            app_task = asyncio.ensure_future(run_window(model_path, self._engine_factory))
+            await self.until(lambda: app_task.done() or self._new_window(before) is not None)
+            if app_task.done():
+                app_task.result()  # raises what stopped the app from opening
+            self.window = self._new_window(before)
+            try:
+                await asyncio.wait_for(scenario(self.window), timeout_s)
+            finally:
+                self.window.close()
+                await asyncio.wait_for(app_task, 30)
+
+        try:
+            qasync.run(with_app())
+        finally:
+            QApplication.instance().setQuitOnLastWindowClosed(True)
+
+    @staticmethod
+    def _new_window(before: set) -> MainWindow | None:
+        from PySide6.QtWidgets import QApplication
+
+        fresh = [widget for widget in QApplication.topLevelWidgets() if widget not in before]
+        return next((widget for widget in fresh if isinstance(widget, MainWindow) and widget.isVisible()), None)
+
+    @staticmethod
+    async def until(condition, timeout_s: float = 10.0, poll_s: float = 0.02) -> None:
+        """Let the app run until ``condition()`` holds; ``TimeoutError`` after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"still not true after {timeout_s} s: {condition}")
+            await asyncio.sleep(poll_s)
+
+
+@pytest.fixture
+def real_app(qapp, fake_engine_factory) -> RealApp:
+    """The app as ``app.main`` runs it, on the fake engine (``RealApp(AsyncEngine)`` for the real one)."""
+    return RealApp(fake_engine_factory)

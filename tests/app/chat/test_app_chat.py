@@ -5,6 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont
 
+from app.chat.welcome import SUGGESTED_PROMPTS
 from engine.protocol.messages import ChatMessage
 
 
@@ -96,11 +97,13 @@ def test_a_stopped_reply_is_part_of_the_next_turns_history(chat, script):
 
 
 def test_enter_before_the_model_is_loaded_keeps_the_text_and_says_why(chat, script, window, qtbot):
-    window.session.load_model("another-model")
+    script.load_delay_s = 0.5
+    window.session.load_model("another-model")  # the fixture's first load is still queued: no model yet
     chat.type_and_press_enter("Too early")
 
     assert chat.prompt.toPlainText() == "Too early"
-    assert "not loaded yet" in window.status_line.currentMessage()
+    assert "No model is loaded yet" in window.status_line.currentMessage()
+    assert "Your message is kept" in window.status_line.currentMessage()
     chat.wait_until_ready()
     chat.qtbot.keyClick(chat.prompt, Qt.Key.Key_Return)
     chat.wait_until_reply_ends()
@@ -128,3 +131,40 @@ def test_a_new_conversation_starts_empty_with_its_own_id(chat, script, window):
     assert script.generates[1].messages == (ChatMessage("user", "Second chat"),)
     assert script.generates[1].conversation_id != script.generates[0].conversation_id
     assert len(window.chat_view.bubbles) == 2
+
+
+def test_stop_says_stopping_until_the_reply_ends(chat, script, window, qtbot):
+    script.interleave = True  # the fake then sees the Cancel only at its next step, as the engine does
+    script.reply_tokens = tuple(f" word{index}" for index in range(400))
+    script.token_delay_s = 0.05
+    chat.wait_until_ready()
+    chat.type_and_press_enter("Tell me a long story")
+    qtbot.waitUntil(lambda: "word2" in chat.last_reply().content, timeout=5000)
+    stop = window.input_bar.stop_button
+
+    qtbot.mouseClick(stop, Qt.MouseButton.LeftButton)
+    assert (stop.text(), stop.isEnabled()) == ("Stopping…", False)
+    chat.wait_until_reply_ends()
+    assert (stop.text(), stop.isEnabled()) == ("Stop", False)
+
+
+def test_copy_says_copied_for_a_moment(chat, window, qtbot):
+    chat.send_and_wait("Hi")
+    card = window.chat_view.bubbles[-1]
+    card.copy_button.click()
+
+    assert card.copy_button.text() == "Copied"
+    qtbot.waitUntil(lambda: card.copy_button.text() == "Copy", timeout=3000)
+
+
+def test_a_new_conversation_offers_prompts_to_start_from(chat, window, qtbot):
+    chat.wait_until_ready()
+    assert window.welcome.isVisible() and not window.chat_view.isVisible()
+
+    qtbot.mouseClick(window.welcome.buttons[1], Qt.MouseButton.LeftButton)
+    assert chat.prompt.toPlainText() == SUGGESTED_PROMPTS[1]
+    qtbot.keyClick(chat.prompt, Qt.Key.Key_Return)
+    chat.wait_until_reply_ends()
+
+    assert window.chat_view.isVisible() and not window.welcome.isVisible()
+    assert chat.shown_texts()[0] == SUGGESTED_PROMPTS[1]

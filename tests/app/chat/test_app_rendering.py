@@ -81,3 +81,33 @@ def test_the_view_stays_put_when_the_user_scrolled_up(qtbot):
 
     assert bar.value() == 0
     assert not view.following_bottom
+
+
+def test_a_long_code_line_wraps_in_a_narrow_window_instead_of_being_cut(qtbot, chat_view):
+    from app.conversations.conversation import DisplayMessage
+
+    chat_view.resize(400, 400)
+    line = "result = some_function(first_argument, second_argument, third_argument, fourth_argument)"
+    chat_view.show_messages((DisplayMessage("assistant", f"```python\n{line}\n```"),))
+    body = chat_view.bubbles[-1].body
+    qtbot.waitUntil(lambda: body.viewport().width() < 400)
+
+    assert body.document().size().width() <= body.viewport().width()
+    assert line in body.toPlainText()
+
+
+def test_in_a_narrow_view_a_stopped_reply_note_sits_below_its_last_line(qtbot, chat_view):
+    from app.conversations.conversation import DisplayMessage
+
+    chat_view.resize(620, 500)
+    replies = [DisplayMessage("assistant", "Once upon a time, in the sleepy town of Rav", state="interrupted")
+               for _ in range(5)]
+    chat_view.show_messages(tuple(message for reply in replies for message in (DisplayMessage("user", "Go on"), reply)))
+    qtbot.wait(100)
+    chat_view.resize(230, 500)  # the performance panel opened beside a 900 px window
+    qtbot.wait(200)
+
+    cards = [card for card in chat_view.bubbles if card.message.role == "assistant"]
+    assert cards and all(card.note.isVisible() for card in cards)
+    for card in cards:
+        assert card.note.geometry().top() >= card.body.geometry().bottom(), "the note never covers the text"

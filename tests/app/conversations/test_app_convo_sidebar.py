@@ -93,3 +93,17 @@ def test_search_finds_titles_and_message_text(chat, script):
     search_box.clear()
     chat.qtbot.keyClicks(search_box, "plums")
     assert chat.sidebar_titles() == []
+
+
+def test_conversations_of_the_same_title_are_told_apart_by_when_they_were_last_used(chat):
+    chat.send_and_wait("Hi")
+    chat.qtbot.keyClick(chat.window, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+    chat.qtbot.wait(1100)  # the tooltip tells the second
+    chat.send_and_wait("Hi")
+    conversation_list = _sidebar(chat).list
+
+    tips = [conversation_list.item(row).toolTip() for row in range(conversation_list.count())]
+
+    assert chat.sidebar_titles() == ["Hi", "Hi"]
+    assert all("Last used" in tip for tip in tips)
+    assert tips[0] != tips[1]

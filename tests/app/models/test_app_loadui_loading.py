@@ -20,7 +20,7 @@ def test_cancelling_a_slow_load_keeps_the_previous_model(qtbot, chat, window, sc
     qtbot.waitUntil(lambda: progress.bar.value() >= 1, timeout=5000)
     assert progress.isVisible()
     assert progress.bar.maximum() == 10
-    assert not window.input_bar.send_button.isEnabled()
+    assert window.input_bar.send_button.isEnabled(), "the loaded model goes on answering during the load"
 
     qtbot.mouseClick(progress.cancel_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: not progress.isVisible(), timeout=5000)
@@ -52,8 +52,8 @@ def test_the_notices_of_a_loaded_model_are_shown(qtbot, chat, window):
 
     qtbot.waitUntil(lambda: "no chat template" in window.status_line.currentMessage(), timeout=5000)
     assert window.status_line.currentMessage().startswith("Fake plain-llama:")
-    assert window.status_line.toolTip() == window.status_line.currentMessage(), "read whole where the bar cuts it"
-    assert window.status_line.state_label.toolTip().endswith("\nno chat template: using a plain one")
+    assert window.status_line.currentMessage() in window.status_line.toolTip(), "read whole where the bar cuts it"
+    assert "\nno chat template: using a plain one" in window.status_line.state_label.toolTip()
     window.status_line.clearMessage()
     assert window.status_line.toolTip() == ""
     assert "no chat template" in window.status_line.state_label.toolTip(), "the model's notices stay at hand"

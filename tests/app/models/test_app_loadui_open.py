@@ -147,12 +147,15 @@ def test_the_load_dialog_shows_the_verdict_and_what_auto_picks(qtbot, chat, wind
     qtbot.waitUntil(lambda: dialog.inspected is not None, timeout=5000)
 
     assert dialog.precision_box.currentText() == "Auto (bf16 on CPU)"
+    assert "(Q4_K_M)" in dialog.summary_label.text(), "the file's quantization is named"
     assert dialog.verdict_label.text() == "Fits"
     assert dialog.estimate_labels["weights"].text() == "1.00 GiB"
     assert dialog.estimate_labels["free_cpu"].text() == "2.50 GiB"
     assert dialog.estimate_labels["free_gpu"].text() == "no CUDA GPU"
     assert not dialog.device_box.model().item(dialog.device_box.findData("cuda")).isEnabled()
-    assert not dialog.precision_box.model().item(dialog.precision_box.findData("int8")).isEnabled()
+    eight_bit = dialog.precision_box.model().item(dialog.precision_box.findData("int8"))
+    assert not eight_bit.isEnabled()
+    assert "CUDA GPU only" in eight_bit.toolTip(), "a greyed-out choice says why"
     assert dialog.precision_box.model().item(dialog.precision_box.findData("int4")).isEnabled()
 
     dialog.precision_box.setCurrentIndex(dialog.precision_box.findData("fp32"))
@@ -188,3 +191,22 @@ def test_the_load_dialog_explains_a_refused_path_and_does_not_load(qtbot, chat, 
 def test_the_load_dialog_offers_every_device_and_precision_the_engine_takes_and_no_other():
     assert sorted(value for _label, value in load_dialog.PRECISIONS) == sorted(messages.PRECISIONS)
     assert sorted(value for _label, value in load_dialog.DEVICES) == sorted(messages.DEVICES)
+
+
+def test_the_open_dialog_starts_in_the_home_folder_then_where_the_last_model_was(
+    qtbot, chat, window, gguf_file, monkeypatch
+):
+    chat.wait_until_ready()
+    opened_in: list[str] = []
+
+    def pick(_parent, _caption, folder, _filter):
+        opened_in.append(folder)
+        return str(gguf_file), ""
+
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", pick)
+    action = _model_action(window, "&Open model file…")
+    action.trigger()
+    _open_load_dialog(qtbot, window).reject()
+    action.trigger()
+
+    assert opened_in == [str(Path.home()), str(gguf_file.parent)]

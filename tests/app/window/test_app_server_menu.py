@@ -118,3 +118,29 @@ def test_the_port_address_and_key_come_back_after_a_restart_and_the_key_stays_pr
     for path in hearth_home.rglob("*"):
         if path.is_file() and path != default_settings_path():
             assert LOCAL_KEY.encode() not in path.read_bytes(), path
+
+
+def test_a_server_that_fails_to_start_says_why_and_frees_its_port(chat, window, qtbot, monkeypatch):
+    import uvicorn
+
+    async def broken_serve(self, sockets=None):
+        raise RuntimeError("no event loop for you")
+
+    monkeypatch.setattr(uvicorn.Server, "serve", broken_serve)
+    chat.wait_until_ready()
+    _settings_dialog(window, port=0)
+    menu = window.server_menu
+    menu.start_action.trigger()
+    port = menu.server.config.port
+
+    qtbot.waitUntil(lambda: any(box.isVisible() for box in window.findChildren(QMessageBox)), timeout=5000)
+    box = next(box for box in window.findChildren(QMessageBox) if box.isVisible())
+    assert "no event loop for you" in box.text()
+    assert menu.server is None and menu.start_action.isEnabled() and not menu.url_action.isEnabled()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        connection.request("GET", "/health")
+        refused = False
+    except ConnectionRefusedError:
+        refused = True
+    assert refused, "the port is free again"

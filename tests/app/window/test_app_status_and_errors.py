@@ -96,3 +96,53 @@ def test_closing_the_window_while_a_reply_streams_stops_the_engine(qtbot, qasync
     assert script.closed.is_set()
     assert _hearth_engine_threads() == []
     assert len(script.generates) == 1
+
+
+def test_long_status_texts_never_widen_the_window_and_stay_plain_text(chat, window, qtbot):
+    chat.wait_until_ready()
+    window.resize(900, 600)
+    qtbot.wait(50)
+    line = window.status_line
+    long_name = "<b>model</b> " + "very-long-name-" * 40
+
+    line.show_notice("Loaded " + long_name)
+    line.stats_label.set_text("Last reply: " + long_name)
+    window.model_loader.load("/models/" + long_name)
+    qtbot.waitUntil(lambda: "very-long" in line.state_label.text(), timeout=5000)
+    qtbot.wait(50)
+
+    assert window.width() == 900
+    assert window.minimumSizeHint().width() <= 900
+    assert "&lt;b&gt;" in line.toolTip() and "b&gt;" in line.state_label.toolTip()  # shown as typed
+
+
+def test_the_status_line_speaks_of_the_conversation_on_screen(chat, script, window, qtbot):
+    script.interleave = True
+    script.token_delay_s = 0.03
+    script.replies_by_prompt = {"Long": tuple(f" w{index}" for index in range(40))}
+    chat.wait_until_ready()
+    chat.type_and_press_enter("Long")
+    long_conversation = window.session.conversation
+    window.conversations.new_conversation()
+    chat.type_and_press_enter("Short")
+    qtbot.waitUntil(lambda: not window.session.generating, timeout=5000)
+    assert "123.4 tokens/s" in window.status_line.stats_label.text()
+
+    window.session.show_conversation(long_conversation)
+
+    assert window.session.generating, "the long reply is still being written"
+    assert window.status_line.state_label.text().startswith("Generating")
+    assert window.status_line.stats_label.text() == "", "the short reply's figures are not this conversation's"
+    chat.wait_until_reply_ends()
+    assert window.status_line.state_label.text().startswith("Ready")
+    assert "123.4 tokens/s" in window.status_line.stats_label.text()
+
+
+def test_the_window_comes_back_at_the_size_it_was_closed_at(chat, window, reopen, qtbot):
+    window.resize(777, 555)  # within the offscreen screen, which restoreGeometry keeps a window on
+    qtbot.waitUntil(lambda: window.width() == 777)
+    window.close()
+
+    reopened = reopen()
+
+    assert (reopened.width(), reopened.height()) == (777, 555)
