@@ -24,7 +24,9 @@ import torch
 
 from engine.chat.chat_template import ChatTemplate
 from engine.forward.backend import Backend, HFBackend
-from engine.forward.fast_llama import FastLlama, FastLlamaBackend, head_format
+from engine.forward.cpu_backend import FastLlamaBackend
+from engine.forward.llama_forward import FastLlama
+from engine.forward.llama_weights import head_format
 from engine.forward.fast_scope import unsupported_reason
 from engine.forward.weights.quant_int import fast_format
 from engine.host.allocator import return_freed_memory

@@ -9,7 +9,7 @@ layer in one call, the softmax's running maximum kept per query head (one pass o
 positions). ``ChunkRuns`` does the same for a short prompt chunk (the tokens a step
 takes beside decoding rows), each row seeing the positions up to its own: there SDPA
 cost 1.05 ms a layer for 16 rows 2 000 positions deep, the kernel 0.66. Where a model's
-prompts already run in bf16 on AMX's tiles (``fast_llama._prompt_attention_dtype``), a
+prompts already run in bf16 on AMX's tiles (``llama_weights.prompt_attention_dtype``), a
 chunk runs on them too (``on_tiles``): queries, keys, values and weights rounded to bf16,
 sums in fp32.
 """

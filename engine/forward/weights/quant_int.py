@@ -31,7 +31,7 @@ so calls of many rows go to ``int4_prompts`` (int8 GEMMs), and fewer rows to Hea
 many rows as well. The ``int8`` format has no
 fast CPU kernel in PyTorch (``_weight_int8pack_mm`` is slower than fp32 here): on the
 CPU it runs on Hearth's (``native.int8_matmul``, an fp16 scale per 32 weights), which
-holds the output layer beside 4-bit decode copies (``fast_llama.head_format``), and
+holds the output layer beside 4-bit decode copies (``llama_weights.head_format``), and
 elsewhere it only serves tests of the quantizer, through the dequantized form.
 """
 
