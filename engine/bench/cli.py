@@ -14,7 +14,10 @@
     serve-api --model default|PATH --new-tokens N [--rounds N] [--clients N]   (``serve_api``: what the API server adds)
     remote --url URL --model ID [--api-key KEY] [--new-tokens N] [--rounds N]
 
-One JSON object per line on stdout (``--json``; without it, ``key=value`` lines);
+``decode``, ``prefill``, ``chat`` and ``turns`` time replies through the batch runner
+(``runner_replies``), a single reply as a batch of one, as the window and the server
+run them (``"path": "batch"``). One JSON object per line on stdout (``--json``; without
+it, ``key=value`` lines);
 the last line is the summary. Baselines run in the same run, taking turns with
 the engine, so both see the same machine load; the summary gives medians. The
 transformers baseline runs in the same process; llama.cpp (``peer``) in its own,
@@ -144,12 +147,11 @@ def _decode(args: argparse.Namespace, show) -> dict[str, Any]:
     measure.measure_engine_decode(loaded, prompt[:8], WARMUP_TOKENS)
     first = measure.measure_engine_decode(loaded, prompt, args.new_tokens)
     engine_peak = measure.peak_memory_bytes(device)  # before any baseline model exists
-    kv_bytes = measure.cache_bytes_for(loaded, prompt)
+    kv_bytes = first.kv_bytes
     bandwidth = measure.copy_bandwidth(device)
     decode_bytes = getattr(loaded.model, "decode_bytes", loaded.weight_bytes)  # transformers models: all weights
     summary = {
-        "model": args.model, "device": loaded.device, "precision": loaded.precision,
-        "backend": type(loaded.backend).__name__, "prompt_tokens": len(prompt), "new_tokens": args.new_tokens,
+        **_described(args.model, loaded), "prompt_tokens": len(prompt), "new_tokens": args.new_tokens,
         "weight_bytes": loaded.weight_bytes, "decode_bytes": decode_bytes, "copy_bandwidth_bytes_s": round(bandwidth),
         "bandwidth_limit_tok_s": round(bandwidth / decode_bytes, 1),  # each weight read once per token
         "peak_memory_bytes": engine_peak, "engine_threads": threads["engine"], "kv_cache_bytes": kv_bytes,
@@ -267,7 +269,7 @@ def _chat(args: argparse.Namespace, show) -> dict[str, Any]:
 
 def _described(model_path: str, loaded: Any) -> dict[str, Any]:
     return {"model": model_path, "device": loaded.device, "precision": loaded.precision,
-            "backend": type(loaded.backend).__name__}
+            "backend": type(loaded.backend).__name__, "path": "batch"}
 
 
 def _turns(args: argparse.Namespace, show) -> dict[str, Any]:
@@ -281,7 +283,7 @@ def _turns(args: argparse.Namespace, show) -> dict[str, Any]:
         show(row)
         rows.append(row)
     return {
-        "model": args.model, "backend": type(loaded.backend).__name__, "turns": len(rows),
+        "model": args.model, "backend": type(loaded.backend).__name__, "path": "batch", "turns": len(rows),
         "ttft_ratio_last_first": round(rows[-1]["ttft_ms_reuse"] / rows[0]["ttft_ms_reuse"], 3),
         "all_same_text": all(row["same_text"] for row in rows),
     }
@@ -381,11 +383,12 @@ def _median_join(joins: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _serve(args: argparse.Namespace, show) -> dict[str, Any]:
     from engine.bench import serve as serve
+    from engine.forward.backend import HFBackend
     from engine.host.cpu_threads import apply_engine_threads
 
     apply_engine_threads()
     loaded = _open(args.model, args.device, "auto")
-    if not hasattr(loaded.backend, "forward_batch"):
+    if isinstance(loaded.backend, HFBackend):
         raise ValueError(f"{type(loaded.backend).__name__} runs one request at a time: serve needs a fast path.")
     serve.run_level(loaded, 2, 16, 4, 0)  # warm-up
     levels = [int(level) for level in args.concurrency.split(",") if level.strip()]

@@ -1,7 +1,8 @@
 """What the benchmark measures, callable from tests (engine thread, or the bench's main thread).
 
-Every figure comes from the engine's own path: ``DecodeLoop`` over the loaded
-model's backend, prompts planned by ``prompt.plan_prompt``. The baseline is plain
+Every figure of Hearth's comes from the path a user's reply takes: the batch runner
+over the loaded model's block pool (``runner_replies``), a single reply as a batch of
+one, prompts planned by ``prompt.plan_prompt``. The baseline is plain
 ``model.generate()`` on a transformers model, timed through a streamer.
 """
 
@@ -10,15 +11,15 @@ from __future__ import annotations
 import resource
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import torch
 
-from engine.chat.generation import CachedSequence, DecodeLoop, crop_sequence, feed
+from engine.bench.runner_replies import Reply, ReplyDriver
 from engine.chat.prompt import plan_prompt, reply_budget
 from engine.models.loading import LoadedModel
-from engine.protocol.messages import GREEDY, ChatMessage
+from engine.protocol.messages import ChatMessage
 
 TOPICS = (
     "how bread rises", "why the sky is blue", "how a bicycle stays upright", "what a compiler does",
@@ -34,6 +35,7 @@ class DecodeFigures:
     ttft_ms: float
     decode_tok_s: float
     text: str
+    kv_bytes: int = 0  # the KV blocks the reply held at its end (Hearth's replies; generate() keeps its own)
 
 
 def filler_prompt(tokenize: Any, count: int) -> list[int]:
@@ -46,58 +48,34 @@ def filler_prompt(tokenize: Any, count: int) -> list[int]:
 
 
 def measure_engine_decode(loaded: LoadedModel, prompt_ids: Sequence[int], new_tokens: int) -> DecodeFigures:
-    """Greedy ``new_tokens`` tokens through the engine's decode loop, end-of-sequence ignored."""
-    loop = DecodeLoop(
-        loaded.backend, loaded.tokenizer, replace(GREEDY, max_new_tokens=new_tokens), frozenset(),
-        loaded.context_length, is_cancelled=lambda: False, on_prefill=lambda *_: None, on_text=lambda *_: None,
-    )
-    started = time.perf_counter()
-    outcome = loop.run(CachedSequence(loaded.backend.new_cache()), list(prompt_ids))
-    steps = max(outcome.tokens_generated - 1, 1)
-    rate = steps / (outcome.decode_ms / 1000) if outcome.decode_ms > 0 else 0.0
-    return DecodeFigures((outcome.first_token_at - started) * 1000, rate, outcome.text)
+    """Greedy ``new_tokens`` tokens as one reply through the batch runner, end-of-sequence ignored."""
+    driver = ReplyDriver(loaded, len(prompt_ids) + new_tokens, stop_at_eos=False)
+    reply = driver.reply(prompt_ids, new_tokens)
+    return DecodeFigures(reply.stats.ttft_ms, reply.stats.decode_tok_s, reply.text,
+                         reply.stats.memory.kv_bytes_conversation)
 
 
 def measure_prefill_ms(loaded: LoadedModel, prompt_ids: Sequence[int], repeats: int) -> list[float]:
-    """Milliseconds to feed ``prompt_ids`` into an empty cache as the decode loop does, once per repeat."""
-    device = torch.device(loaded.device)
+    """Milliseconds from a reply's arrival to its first token sampled, for ``prompt_ids`` on an empty pool, once
+    per repeat."""
     times = []
     for _ in range(repeats):
-        seq = CachedSequence(loaded.backend.new_cache())
-        _sync(device)
-        started = time.perf_counter()
-        feed(loaded.backend, seq, prompt_ids)
-        _sync(device)
-        times.append((time.perf_counter() - started) * 1000)
+        reply = ReplyDriver(loaded, len(prompt_ids) + 1).reply(prompt_ids, 1)
+        times.append(reply.stats.prefill_ms)
     return times
 
 
 def measure_cached_ttft_ms(loaded: LoadedModel, context_ids: Sequence[int], new_ids: Sequence[int], repeats: int) -> list[float]:
-    """Time to the first token of a reply to ``new_ids`` after ``context_ids``, already cached, once per repeat.
-
-    Each repeat crops the cache back to the context, as a reused conversation does.
-    """
-    seq = CachedSequence(loaded.backend.new_cache())
-    feed(loaded.backend, seq, context_ids)
-    loop = DecodeLoop(
-        loaded.backend, loaded.tokenizer, replace(GREEDY, max_new_tokens=1), frozenset(), loaded.context_length,
-        is_cancelled=lambda: False, on_prefill=lambda *_: None, on_text=lambda *_: None,
-    )
+    """Time to the first token of a reply to ``new_ids`` after ``context_ids``, which an earlier reply of the same
+    conversation left cached, once per repeat (each on a fresh pool holding only the context)."""
     times = []
     for _ in range(repeats):
-        crop_sequence(loaded.backend, seq, len(context_ids))
-        started = time.perf_counter()
-        outcome = loop.run(seq, [*context_ids, *new_ids])
-        assert outcome.reused_tokens == len(context_ids), "the cached context was not reused"
-        times.append((outcome.first_token_at - started) * 1000)
+        driver = ReplyDriver(loaded, len(context_ids) + len(new_ids) + 1)
+        driver.reply(context_ids, 1, "chat")
+        reply = driver.reply([*context_ids, *new_ids], 1, "chat")
+        assert reply.stats.reused_tokens == len(context_ids), "the cached context was not reused"
+        times.append(reply.stats.ttft_ms)
     return times
-
-
-def cache_bytes_for(loaded: LoadedModel, prompt_ids: Sequence[int]) -> int:
-    """Bytes of the KV cache that holds ``prompt_ids`` (a static cache holds its whole capacity)."""
-    seq = CachedSequence(loaded.backend.new_cache())
-    feed(loaded.backend, seq, prompt_ids)
-    return loaded.backend.cache_bytes(seq.kv)
 
 
 class _TokenClock:
@@ -174,18 +152,14 @@ class TurnReply:
     ttft_ms: float
 
 
-def timed_reply(loaded: LoadedModel, seq: CachedSequence, history: Sequence[ChatMessage], max_new_tokens: int) -> TurnReply:
-    """One greedy reply as the runtime makes it: plan the prompt, reuse the cache, decode."""
+def timed_reply(loaded: LoadedModel, driver: ReplyDriver, history: Sequence[ChatMessage], max_new_tokens: int) -> TurnReply:
+    """One greedy reply as the runtime makes it: plan the prompt, reuse what ``driver``'s pool holds, decode."""
     started = time.perf_counter()
-    sampling = replace(GREEDY, max_new_tokens=max_new_tokens)
     budget = reply_budget(max_new_tokens, loaded.context_length)
     plan = plan_prompt(history, loaded.render, loaded.tokenize, loaded.context_length, budget, "drop_oldest")
-    loop = DecodeLoop(
-        loaded.backend, loaded.tokenizer, sampling, loaded.eos_ids, loaded.context_length,
-        is_cancelled=lambda: False, on_prefill=lambda *_: None, on_text=lambda *_: None,
-    )
-    outcome = loop.run(seq, plan.token_ids)
-    return TurnReply(outcome.text, len(plan.token_ids), outcome.reused_tokens, (outcome.first_token_at - started) * 1000)
+    reply: Reply = driver.reply(plan.token_ids, max_new_tokens, "turns")
+    first_token_at = reply.stats.started_at + reply.stats.ttft_ms / 1000
+    return TurnReply(reply.text, len(plan.token_ids), reply.stats.reused_tokens, (first_token_at - started) * 1000)
 
 
 def user_message(turn: int) -> str:
@@ -196,36 +170,24 @@ def user_message(turn: int) -> str:
     )
 
 
-def reused_ttft_ms(
-    loaded: LoadedModel, seq: CachedSequence, history: Sequence[ChatMessage], repeats: int
-) -> list[float]:
-    """Time to first token of the next reply, ``repeats`` times from the same cached prefix: each probe prefills
-    what the cache lacks and takes one token, then the cache goes back to the prefix it shared."""
-    times = []
-    for _ in range(repeats):
-        probe = timed_reply(loaded, seq, history, 1)
-        crop_sequence(loaded.backend, seq, probe.reused_tokens)
-        times.append(probe.ttft_ms)
-    return times
-
-
 def run_turns(loaded: LoadedModel, turns: int, max_new_tokens: int, repeats: int) -> Iterator[dict[str, Any]]:
-    """Per turn: the reply with the conversation's cache reused, and again from a fresh cache.
+    """Per turn: the reply with the conversation's blocks reused, and again on a fresh pool.
 
-    The reused time to first token is the median of the reply's own and ``repeats - 1`` probes before it.
+    The conversation runs in ``repeats`` copies, each its own runner given the same history; the reused time to
+    first token is the median of the copies' replies, and the history goes on with the first copy's reply.
     """
-    timed_reply(loaded, CachedSequence(loaded.backend.new_cache()), [ChatMessage("user", "Hi!")], 4)  # warm-up
+    positions = loaded.context_length
+    timed_reply(loaded, ReplyDriver(loaded, positions), [ChatMessage("user", "Hi!")], 4)  # warm-up
     history: list[ChatMessage] = []
-    conversation = CachedSequence(loaded.backend.new_cache())
+    copies = [ReplyDriver(loaded, positions) for _ in range(max(repeats, 1))]
     for turn in range(1, turns + 1):
         history.append(ChatMessage("user", user_message(turn - 1)))
-        probes = reused_ttft_ms(loaded, conversation, history, repeats - 1)
-        reused = timed_reply(loaded, conversation, history, max_new_tokens)
-        reused_ttft = statistics.median([*probes, reused.ttft_ms])
-        fresh = timed_reply(loaded, CachedSequence(loaded.backend.new_cache()), history, max_new_tokens)
+        replies = [timed_reply(loaded, copy, history, max_new_tokens) for copy in copies]
+        reused = replies[0]
+        fresh = timed_reply(loaded, ReplyDriver(loaded, positions), history, max_new_tokens)
         history.append(ChatMessage("assistant", reused.text))
         yield {
             "turn": turn, "prompt_tokens": reused.prompt_tokens, "reused_tokens": reused.reused_tokens,
-            "ttft_ms_reuse": round(reused_ttft, 2), "ttft_ms_fresh": round(fresh.ttft_ms, 2),
-            "same_text": reused.text == fresh.text,
+            "ttft_ms_reuse": round(statistics.median(reply.ttft_ms for reply in replies), 2),
+            "ttft_ms_fresh": round(fresh.ttft_ms, 2), "same_text": reused.text == fresh.text, "path": "batch",
         }

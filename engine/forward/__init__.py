@@ -1,9 +1,11 @@
-"""Forward passes over a KV cache: the one place that runs the model (engine thread).
+"""Forward passes over a KV store: the one place that runs the model (engine thread).
 
-``backend`` defines the three operations the decode loop uses (feed tokens, crop a
-cache, measure a cache) and runs any transformers model through them;
-``fast_llama`` is Hearth's own compact Llama-family forward on the CPU, and
-``cuda_backend`` with ``cuda_step``, ``cuda_graphs`` and ``static_cache`` is the GPU
-fast path. ``paged_kv`` is the block-wise KV store of a batched step. ``weights`` holds the weight formats and kernels these passes use;
-``native`` Hearth's own CPU kernels in C, where the machine can build them.
+``backend`` declares what the batch runner drives (``BatchBackend``: a block pool, a
+step over many sequences) and runs any other transformers model one request at a time
+(``HFBackend``). The fast path for Llama-family models: ``llama_weights`` builds the
+weights in its formats, ``llama_forward`` is the forward pass over a block pool
+(``paged_kv``), with ``attention`` its torch attention; ``cpu_backend`` runs it on the
+CPU, ``cuda_backend`` with ``cuda_batch``, ``cuda_graphs`` and ``paged_attention`` on a
+GPU. ``weights`` holds the weight formats and kernels these passes use; ``native``
+Hearth's own CPU kernels in C, where the machine can build them.
 """

@@ -1,9 +1,12 @@
-"""Runs the model's forward pass over a KV cache: the one place that calls the model (engine thread).
+"""What runs a model's forward pass: the one place that calls the model (engine thread).
 
-``HFBackend`` drives any transformers causal LM through its own ``DynamicCache``.
-The decode loop sees only three operations: feed tokens and get the logits of the
-last one, crop a cache to a prefix, and measure a cache. Other backends (a
-fixed-shape fast path) offer the same operations.
+``BatchBackend`` is what the batch runner (``engine/service/batch_runner.py``) drives:
+a block pool for the keys and values of every sequence, and a step over several
+sequences' new tokens at once; a single reply is a batch of one. The fast paths
+implement it (``cpu_backend``, ``cuda_backend``). ``HFBackend`` drives any other
+transformers causal LM one request at a time through its own ``DynamicCache``, with
+the three operations of ``Backend``: feed tokens and get the logits of the last one,
+crop a cache to a prefix, and measure a cache.
 """
 
 from __future__ import annotations
@@ -13,12 +16,32 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
+from engine.forward.paged_kv import BatchRow, PagedKV
+
 PREFILL_CHUNK = 512
 """Prompt tokens per forward call: bounds the attention's working memory ([S, T] scores and mask)."""
 
 
+class BatchBackend(Protocol):
+    """What the batch runner needs from a model: a block pool and a step over many sequences."""
+
+    device: torch.device
+    batch_step_tokens: int
+    """Tokens per step while sequences decode, until the scheduler's pacer knows what steps cost."""
+    batch_max_running: int
+    """Sequences in one step at most."""
+
+    def new_pool(self, num_blocks: int, block_size: int) -> PagedKV:
+        """A KV store of ``num_blocks`` blocks of ``block_size`` positions for this model."""
+        ...
+
+    def forward_batch(self, rows: Sequence[BatchRow], kv: PagedKV) -> torch.Tensor:
+        """Each row's tokens appended to its blocks of ``kv``; logits of each row's last token, [B, V] fp32."""
+        ...
+
+
 class Backend(Protocol):
-    """What the decode loop needs from a model."""
+    """What the decode loop needs from a model it runs one request at a time."""
 
     device: torch.device
     prefill_chunk: int

@@ -1,36 +1,32 @@
-"""The fast path on a GPU: eager prefill, graph-captured decode step, static KV caches (engine thread).
+"""The fast path on a GPU: eager prefill chunks, graph-captured decode steps over a block pool (engine thread).
 
-``CudaLlama`` is ``FastLlama`` with prefill attention on SDPA's fused kernels
+``CudaLlama`` is ``FastLlama`` with prompt-chunk attention on SDPA's fused kernels
 (flash attention for a fresh prompt, the memory-efficient kernel with a causal
-mask for a chunk after cached positions). ``CudaLlamaBackend`` is the decode
-loop's ``Backend``: several tokens go through the eager forward pass, one token
-through ``DecodeStep`` via ``GraphRunner``. Each conversation's cache is a
-``StaticKVCache`` of ``capacity`` positions: the model's context, capped so one
-cache fits the cache store's budget and half the free GPU memory.
-
-Batched (``new_pool``, ``forward_batch``, as the batch runner drives them): a step
-whose rows are one token each runs as its batch-size bucket's fixed-shape step over
-a ``DevicePool`` (``cuda_batch``: attention by the Triton kernel straight over the
-block tables, a CUDA graph per bucket); a step with prefill chunks runs eagerly
-through ``FastLlama.forward_batch``, whose chunks attend with SDPA over gathered keys.
+mask for a chunk after cached positions). ``CudaLlamaBackend`` is what the batch
+runner drives (``BatchBackend``): a step whose rows are one token each — a single
+reply's included, as a batch of one — runs as its batch-size bucket's fixed-shape
+step over a ``DevicePool`` (``cuda_batch``: attention by the Triton kernel straight
+over the block tables, a CUDA graph per bucket); a step with prefill chunks runs
+eagerly through ``FastLlama.forward_batch``. A sequence holds up to ``capacity``
+positions: the model's context, capped so the bucket steps' block tables fit the
+cache budget and half the free GPU memory.
 
 ``open_gpu_backend`` checks at load time that a captured step gives the eager
 step's logits; if capture fails or differs, decoding stays eager and the load
-notice says so. ``HEARTH_CUDA_GRAPHS=0`` turns graphs off.
+notice says so.
 """
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from engine.forward.backend import BatchBackend
 from engine.forward.cuda_batch import BUCKETS, DevicePool, decode_attention_for, fits_a_bucket, run_bucket
 from engine.forward.cuda_graphs import GraphRunner
-from engine.forward.cuda_step import FIRST_SPAN, DecodeStep, StaticKVCache
-from engine.forward.fast_llama import FastLlama
+from engine.forward.llama_forward import FastLlama
 from engine.forward.paged_attention import paged_decode_attention
 from engine.forward.paged_kv import BatchRow, PagedKV
 from engine.forward.weights import triton_gemv
@@ -40,17 +36,17 @@ if TYPE_CHECKING:
     from engine.models.format_plan import FormatPlan
 
 PROBE_TOKENS = (0, 1, 2)
-GRAPHS_ENV = "HEARTH_CUDA_GRAPHS"
+MIN_CAPACITY = 256
+"""Positions a sequence may always hold (where the context is as long), whatever the free memory; capacities are
+multiples of it."""
 
 
 class CudaLlama(FastLlama):
-    """``FastLlama`` whose multi-token attention runs on SDPA's fused GPU kernels."""
+    """``FastLlama`` whose prompt chunks attend on SDPA's fused GPU kernels."""
 
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """``q`` [S, H, hd] (scaled) over ``keys``/``values`` [Hkv, T, hd]; ``mask`` [S, T] added to the scores, or None for one
-        query. Returns [S, H, hd]."""
-        if mask is None:
-            return super()._attend(q, keys, values, mask)
+    def attend_chunk(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``q`` [S, H, hd] (scaled) over ``keys``/``values`` [Hkv, T, hd]; ``mask`` [S, T] added to the scores.
+        Returns [S, H, hd]."""
         groups = q.shape[1] // keys.shape[0]
         keys = keys.repeat_interleave(groups, dim=0)  # [H, T, hd]: fused kernels want one kv head per query head
         values = values.repeat_interleave(groups, dim=0)
@@ -62,12 +58,10 @@ class CudaLlama(FastLlama):
         return attended[0].transpose(0, 1)
 
 
-class CudaLlamaBackend:
-    """The decode loop's ``Backend`` for a ``FastLlama`` on a GPU (or, graphs off, eagerly on the CPU for tests)."""
+class CudaLlamaBackend(BatchBackend):
+    """A ``FastLlama`` on a GPU (or, graphs off, eagerly on the CPU for tests) as the batch runner drives it."""
 
-    prefill_chunk = 4096
-    """A long prompt in few calls keeps the GEMMs large; fused attention needs no [S, T] score matrix."""
-    batch_max_running = BUCKETS[-1]  # the batch runner's limit: every decode step fits a captured bucket
+    batch_max_running = BUCKETS[-1]  # every decode step fits a captured bucket
     batch_step_tokens = 256
     """Tokens per batched step while sequences decode (``Scheduler``): a GPU runs a step of 32 rows in about the
     time of one (its weights' reads set the time), so a prompt joins in chunks this long; the CPU's 40 would
@@ -75,25 +69,10 @@ class CudaLlamaBackend:
 
     def __init__(self, model: FastLlama, capacity: int, use_graphs: bool = True) -> None:
         self.model = model
-        self.device = model.device
+        self.device: torch.device = model.device
         self.capacity = capacity
-        self.runner = GraphRunner(DecodeStep(model, capacity), use_graphs)
+        self.runner = GraphRunner(self.device, use_graphs)
         self.decode_attention = decode_attention_for(self.device)
-
-    def new_cache(self, capacity: int | None = None) -> StaticKVCache:
-        model = self.model
-        return StaticKVCache(len(model.layers), model.kv_heads, model.head_dim, model.dtype, self.device,
-                             capacity or self.capacity)
-
-    def forward(self, token_ids: Sequence[int], cache: StaticKVCache, start: int) -> torch.Tensor:
-        """Append ``token_ids`` at ``start``; logits of the last one, [V] fp32."""
-        if len(token_ids) != 1:
-            ids = torch.tensor(list(token_ids), dtype=torch.long, device=self.device)  # [S]
-            return self.model.forward(ids, cache, start)
-        cache.reserve(start + 1)
-        logits = self.runner.run(cache, token_ids[0], start)
-        cache.length = start + 1
-        return logits
 
     def new_pool(self, num_blocks: int, block_size: int) -> DevicePool:
         """``num_blocks`` for the scheduler (and a scratch block); bucket steps take tables up to ``capacity``."""
@@ -107,32 +86,18 @@ class CudaLlamaBackend:
             return run_bucket(self.model, self.runner, self.decode_attention, rows, kv)
         return self.model.forward_batch(rows, kv)
 
-    def crop(self, cache: StaticKVCache, length: int) -> StaticKVCache:
-        cache.crop(length)  # the write position moves; the buffer and its graphs stay
-        return cache
-
-    def cache_bytes(self, cache: StaticKVCache) -> int:
-        return cache.nbytes
-
     def check_graphs(self) -> None:
-        """Capture a step on a small cache, and a batched step on a small pool, and compare their replays with the
-        eager steps; turn graphs off if unequal."""
+        """Capture a single sequence's decode step (bucket 1) on a small pool after a two-token prompt, and compare
+        its replay with the eager step; turn graphs off if unequal."""
         if not self.runner.use_graphs:
             return
-        cache = self.new_cache(min(FIRST_SPAN, self.capacity))
-        self.forward(list(PROBE_TOKENS[:2]), cache, 0)
-        self._compare_replay(lambda: self.forward([PROBE_TOKENS[2]], cache, 2), "step")  # eager, then captured
-        pool, rows = self.new_pool(1, FIRST_SPAN), [BatchRow(PROBE_TOKENS[:1], 0, [0])]
-        self._compare_replay(lambda: self.forward_batch(rows, pool), "batched step")
-
-    def _compare_replay(self, run: Callable[[], torch.Tensor], name: str) -> None:
-        """``run`` twice: eagerly (capturing), then replayed; graphs off if the logits differ."""
-        if not self.runner.use_graphs:
-            return
-        eager = run()
-        replayed = run() if self.runner.use_graphs else eager
+        pool = self.new_pool(1, MIN_CAPACITY)
+        self.forward_batch([BatchRow(PROBE_TOKENS[:2], 0, [0])], pool)  # a prompt chunk: eager
+        step = [BatchRow(PROBE_TOKENS[2:], 2, [0])]
+        eager = self.forward_batch(step, pool)  # runs eagerly, then is captured
+        replayed = self.forward_batch(step, pool) if self.runner.use_graphs else eager
         if not torch.allclose(eager, replayed, rtol=1e-2, atol=1e-2 * float(eager.abs().max())):
-            self.runner.disable(f"the captured {name}'s logits differ from the eager {name}'s")
+            self.runner.disable("the captured step's logits differ from the eager step's")
 
     def notices(self, fmt: str, context_length: int) -> tuple[str, ...]:
         """What the user should know about how this model runs here."""
@@ -151,10 +116,10 @@ class CudaLlamaBackend:
 
 
 def cache_capacity(model: FastLlama, context_length: int, free_bytes: int) -> int:
-    """Positions per conversation cache: the context, capped by the cache budget and half the free memory."""
+    """Positions per sequence: the context, capped by the cache budget and half the free memory."""
     per_position = 2 * len(model.layers) * model.kv_heads * model.head_dim * model.dtype.itemsize
     affordable = min(KV_CACHE_BUDGET_BYTES, free_bytes // 2) // per_position
-    return max(min(context_length, affordable // FIRST_SPAN * FIRST_SPAN), min(context_length, FIRST_SPAN))
+    return max(min(context_length, affordable // MIN_CAPACITY * MIN_CAPACITY), min(context_length, MIN_CAPACITY))
 
 
 def open_gpu_backend(config: Any, state: Any, formats: FormatPlan, device: torch.device,
@@ -162,7 +127,6 @@ def open_gpu_backend(config: Any, state: Any, formats: FormatPlan, device: torch
     """Weights packed in ``formats`` on ``device``, a backend sized to free memory, its graphs checked."""
     model = CudaLlama(config, state, formats, device)
     free_bytes = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else KV_CACHE_BUDGET_BYTES * 2
-    use_graphs = os.environ.get(GRAPHS_ENV, "1") != "0"
-    backend = CudaLlamaBackend(model, cache_capacity(model, context_length, free_bytes), use_graphs)
+    backend = CudaLlamaBackend(model, cache_capacity(model, context_length, free_bytes))
     backend.check_graphs()
     return backend

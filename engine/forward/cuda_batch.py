@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import torch
 
 from engine.forward.cuda_graphs import Captured, GraphRunner, replay
-from engine.forward.fast_llama import FastLlama, swiglu
+from engine.forward.llama_forward import FastLlama, swiglu
 from engine.forward.paged_attention import gathered_decode_attention, paged_decode_attention
 from engine.forward.paged_kv import BatchRow, PagedKV
 from engine.forward.weights import triton_gemv
@@ -89,7 +89,7 @@ class BucketStep:
         x = model.embed(tokens)  # [Bk, D]
         for index, layer in enumerate(model.layers):
             h = model.normalise(x)
-            q, new_keys_values = model._project(layer, h, turns)  # [Bk, H, hd], [2, Hkv, Bk, hd]
+            q, new_keys_values = model.project(layer, h, turns)  # [Bk, H, hd], [2, Hkv, Bk, hd]
             self.pool.write(index, slots, new_keys_values)
             attended = self.attention(q, self.pool.buffer[index], tables, lengths, size)  # [Bk, H, hd]
             x = x + layer.out(attended.reshape(h.shape[0], -1))

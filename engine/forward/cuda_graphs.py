@@ -1,13 +1,12 @@
-"""Runs the fixed-shape decode steps as captured CUDA graphs (engine thread).
+"""Captures fixed-shape decode steps as CUDA graphs and replays them (engine thread).
 
-A graph is captured per cache and attention span, the first time that pair is
-needed: that token runs eagerly, then the capture is stored on the cache (its
-buffer's address is what the graph writes), and later tokens replay it — one
-launch for the whole step instead of hundreds. The batched steps over a block pool
-(``cuda_batch``) are captured the same way through ``capture``, one per batch-size
-bucket. All graphs share one memory pool; only one runs at a time. Before the first
-capture of each kind of step it runs twice on the capture stream, so lazy
-initialisation (cuBLAS workspaces, Triton compiling and tuning) happens outside the capture.
+A batch-size bucket's step over a block pool (``cuda_batch``) is captured the first
+time it runs: that step runs eagerly, then the capture is stored on the pool (its
+buffer's address is what the graph writes), and later steps replay it — one launch
+for the whole step instead of hundreds. All graphs share one memory pool; only one
+runs at a time. Before the first capture of each kind of step it runs twice on the
+capture stream, so lazy initialisation (cuBLAS workspaces, Triton compiling and
+tuning) happens outside the capture.
 
 A capture that fails turns graphs off for good: the step keeps running eagerly
 and ``disabled_reason`` says why (the loader shows it as a notice). Running out of
@@ -20,39 +19,23 @@ from typing import Callable, Hashable
 
 import torch
 
-from engine.forward.cuda_step import DecodeStep, StaticKVCache, span_for
-
 WARMUP_RUNS = 2
-SINGLE = "single"  # the warm-up key of the single-sequence step
 
 Captured = tuple[torch.cuda.CUDAGraph, torch.Tensor]  # a graph and the output tensor it writes
 Step = Callable[[], torch.Tensor]  # a fixed-shape step over inputs already written in place
 
 
 class GraphRunner:
-    """The decode step for one backend: replayed from graphs where it can be, else eager."""
+    """One backend's captures on ``device``: on while ``use_graphs``, off for good once a capture fails."""
 
-    def __init__(self, step: DecodeStep, use_graphs: bool) -> None:
-        self.step = step
-        self.use_graphs = use_graphs and step.device.type == "cuda"
+    def __init__(self, device: torch.device, use_graphs: bool = True) -> None:
+        """``use_graphs``: False keeps every step eager (the CPU always does)."""
+        self.device = device
+        self.use_graphs = use_graphs and device.type == "cuda"
         self.disabled_reason: str | None = None
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
-        self._stream = torch.cuda.Stream(step.device) if self.use_graphs else None
+        self._stream = torch.cuda.Stream(device) if self.use_graphs else None
         self._warmed: set[Hashable] = set()
-
-    def run(self, cache: StaticKVCache, token: int, position: int) -> torch.Tensor:
-        """Logits [V] fp32 after ``token`` at ``position``, whose keys and values land in ``cache``."""
-        self.step.set_input(token, position)
-        span = span_for(position + 1, cache.capacity)
-        captured = cache.graphs.get(span) if self.use_graphs else None
-        if captured is not None:
-            return replay(captured)
-        logits = self.step(cache.buffer, span)
-        if self.use_graphs:
-            captured = self.capture(lambda: self.step(cache.buffer, span), SINGLE)
-            if captured is not None:
-                cache.graphs[span] = captured
-        return logits
 
     def disable(self, reason: str) -> None:
         self.use_graphs = False
@@ -70,14 +53,14 @@ class GraphRunner:
             raise
         except Exception as exc:  # any capture failure: stay correct, only slower
             self.disable(f"{type(exc).__name__}: {exc}")
-            torch.cuda.synchronize(self.step.device)
+            torch.cuda.synchronize(self.device)
             return None
 
     def _record(self, step: Step) -> Captured:
         """Capture on the side stream. ``torch.cuda.graph()`` would also run a full garbage collection
         and empty the allocator's cache before each capture, which costs more than the capture itself."""
         graph = torch.cuda.CUDAGraph()
-        torch.cuda.synchronize(self.step.device)
+        torch.cuda.synchronize(self.device)
         with torch.cuda.stream(self._stream):
             graph.capture_begin(pool=self._pool)
             try:
@@ -88,11 +71,11 @@ class GraphRunner:
 
     def _warm_up(self, step: Step) -> None:
         assert self._stream is not None
-        self._stream.wait_stream(torch.cuda.current_stream(self.step.device))
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._stream):
             for _ in range(WARMUP_RUNS):
                 step()
-        torch.cuda.current_stream(self.step.device).wait_stream(self._stream)
+        torch.cuda.current_stream(self.device).wait_stream(self._stream)
 
 
 def replay(captured: Captured) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Which models the fast path runs, decided from their config alone (any thread; imports no torch).
 
-``fast_llama`` runs these; ``loading`` asks with transformers' config object, and
+``llama_forward`` runs these; ``loading`` asks with transformers' config object, and
 ``memory_estimate`` with the parsed config.json (``config_view``), so that the estimate
 counts the formats the load will hold.
 """

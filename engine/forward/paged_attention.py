@@ -13,7 +13,7 @@ splits' log-sum-exps weighs them into the result (torch ops, a few per layer).
 Shapes never depend on the rows' lengths (they are read from a tensor inside the
 kernel), so a step that calls it can be captured in a CUDA graph. Rows with several
 tokens (prefill chunks) do not come here: they use SDPA over gathered keys
-(``CudaLlama._attend``). ``gathered_decode_attention`` is the same attention in torch
+(``CudaLlama.attend_chunk``). ``gathered_decode_attention`` is the same attention in torch
 ops with fixed shapes, for where Triton is missing and for the CPU in tests.
 """
 

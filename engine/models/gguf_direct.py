@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from gguf.constants import GGML_QUANT_SIZES
 
-from engine.forward.fast_llama import ROPE_FACTORS, Weight
+from engine.forward.llama_weights import ROPE_FACTORS, Weight
 from engine.forward.weights.gguf_blocks import (
     FOUR_BIT_TYPES, BlockTable, dense, int4_groups, requantized_groups, requantized_pair,
 )

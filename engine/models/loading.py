@@ -5,7 +5,7 @@ A GGUF file of a Llama-family model is read as it is, tensor by tensor into the 
 path's formats (``gguf_direct``); other GGUF architectures go through transformers,
 which dequantizes them into fp32. A safetensors folder of such a model streams the
 same way (``safetensors_state``): one tensor read, converted and packed at a time.
-Llama-family models run on the fast path: on the CPU ``fast_llama`` in fp32, fp16
+Llama-family models run on the fast path: on the CPU ``llama_forward`` in fp32, fp16
 (with an int4 copy for decode steps when the file is 4-bit) or int4 weights, on a
 GPU ``cuda_backend`` in bf16/fp16/fp32, int8 or int4 weights (``quant_int``).
 Everything else runs through transformers (``HFBackend``), with
@@ -24,7 +24,8 @@ import torch
 
 from engine.chat.chat_template import ChatTemplate
 from engine.forward.backend import Backend, HFBackend
-from engine.forward.fast_llama import FastLlama, FastLlamaBackend
+from engine.forward.cpu_backend import FastLlamaBackend
+from engine.forward.llama_forward import FastLlama
 from engine.forward.fast_scope import unsupported_reason
 from engine.host.allocator import return_freed_memory
 from engine.models import gguf_direct
@@ -116,7 +117,7 @@ def is_gguf(plan: LoadPlan) -> bool:
 
 
 def fast_path_applies(config: Any, device: torch.device) -> bool:
-    """Whether ``fast_llama`` can run this model here (the CPU or a GPU, a Llama-family architecture)."""
+    """Whether the fast path (``llama_forward``) can run this model here (the CPU or a GPU, a Llama-family architecture)."""
     return device.type in ("cpu", "cuda") and unsupported_reason(config) is None
 
 

@@ -27,7 +27,7 @@ from engine.protocol.channels import EventSink
 from engine.protocol.messages import BatchSampled, FinishReason, KVPoolStats, MemoryStats, ReplyFailed, SamplingParams
 from engine.scheduler.block_pool import BlockPool
 from engine.scheduler.conversation_chains import ConversationChains
-from engine.scheduler.scheduler import DEFAULT_MAX_RUNNING, DEFAULT_STEP_TOKENS, Scheduler, Step
+from engine.scheduler.scheduler import Scheduler, Step
 from engine.scheduler.step_pacer import StepPacer
 from engine.service.reply_events import ReplyEvents
 
@@ -63,11 +63,11 @@ class BatchRunner:
                  max_running: int | None = None) -> None:
         """``budget_bytes``: what the KV pool may take; by default ``kv_pool_budget`` of the model's device.
         ``step_tokens`` and ``max_running`` (``Scheduler``): by default what the backend names for its device
-        (``batch_step_tokens``, ``batch_max_running``), else the scheduler's defaults, sized for the CPU."""
+        (``BatchBackend.batch_step_tokens``, ``batch_max_running``)."""
         self._loaded = loaded
         self._backend = loaded.backend
-        step_tokens = step_tokens or getattr(self._backend, "batch_step_tokens", DEFAULT_STEP_TOKENS)
-        max_running = max_running or getattr(self._backend, "batch_max_running", DEFAULT_MAX_RUNNING)
+        step_tokens = step_tokens or self._backend.batch_step_tokens
+        max_running = max_running or self._backend.batch_max_running
         self._emit = emit
         self._is_cancelled = is_cancelled
         self.bytes_per_block = self._backend.new_pool(1, BLOCK_SIZE).bytes_per_block

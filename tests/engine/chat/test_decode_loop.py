@@ -1,4 +1,7 @@
-"""The decode loop against transformers' own generate(): same tokens, reuse gives the same text."""
+"""The decode loop against transformers' own generate(): same tokens, reuse gives the same text.
+
+The decode loop serves backends without batching (``HFBackend``); the fast path's replies go through the batch
+runner (``tests/engine/forward``, ``tests/engine/service``)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,14 @@ import torch
 from engine.chat.generation import CachedSequence, DecodeLoop
 from engine.forward.backend import HFBackend
 from engine.protocol.messages import GREEDY, ChatMessage, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tiny_loaded(tiny_loaded, tiny_model_dir):
+    """The tiny model as the engine loads it, run by transformers (``HFBackend``)."""
+    from transformers import AutoModelForCausalLM
+
+    return replace(tiny_loaded, backend=HFBackend(AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()))
 
 
 def _loop(loaded, sampling=GREEDY, cancelled=lambda: False, pieces=None, stop_at_eos=True) -> DecodeLoop:
@@ -37,13 +48,8 @@ def _hf_greedy(hf_model, loaded, prompt_ids: list[int], new_tokens: int) -> list
     return out[0, len(prompt_ids):].tolist()
 
 
-@pytest.mark.parametrize("backend", ["fast", "transformers"])
-def test_greedy_tokens_equal_model_generate(tiny_loaded, tiny_model_dir, backend: str) -> None:
-    from transformers import AutoModelForCausalLM
-
-    hf_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-    loaded = tiny_loaded if backend == "fast" else replace(tiny_loaded, backend=HFBackend(hf_model))
-    assert type(loaded.backend).__name__ == {"fast": "FastLlamaBackend", "transformers": "HFBackend"}[backend]
+def test_greedy_tokens_equal_model_generate(tiny_loaded) -> None:
+    loaded, hf_model = tiny_loaded, tiny_loaded.backend.model
     prompt = _prompt(loaded, "Paris is the capital of")
     expected = _hf_greedy(hf_model, loaded, prompt, 24)
     seq = CachedSequence(loaded.backend.new_cache())

@@ -8,16 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.chat.generation import CachedSequence, feed
-from engine.forward.fast_llama import FastLlamaBackend
+from engine.forward.cpu_backend import FastLlamaBackend
 from engine.forward.paged_kv import BatchRow, PagedKV
 from engine.host.allocator import return_freed_memory
+from tests.engine.forward.batch_of_one import prompt_logits
 
 BLOCK = 4
-
-
-def _alone(backend: FastLlamaBackend, token_ids: list[int]) -> torch.Tensor:
-    return feed(backend, CachedSequence(backend.new_cache()), token_ids)  # [V]
 
 
 def test_sequences_of_different_lengths_in_scattered_blocks_match_running_alone(tiny_loaded) -> None:
@@ -30,9 +26,9 @@ def test_sequences_of_different_lengths_in_scattered_blocks_match_running_alone(
     assert first.shape[0] == 3
     last = backend.forward_batch([BatchRow(p[-1:], len(p) - 1, t) for p, t in zip(prompts, tables)], kv)
     for index, prompt in enumerate(prompts):
-        expected = _alone(backend, prompt)
+        expected = prompt_logits(backend, prompt)
         torch.testing.assert_close(last[index], expected, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(first[index], _alone(backend, prompt[:-1]), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(first[index], prompt_logits(backend, prompt[:-1]), atol=1e-4, rtol=1e-4)
 
 
 def test_a_prompt_chunk_after_a_prefix_in_other_blocks_matches_running_alone(tiny_loaded) -> None:
@@ -43,10 +39,10 @@ def test_a_prompt_chunk_after_a_prefix_in_other_blocks_matches_running_alone(tin
     prompt = [5 + i for i in range(15)]
     backend.forward_batch([BatchRow(prompt[:8], 0, [20, 21])], kv)
     after_prefix = backend.forward_batch([BatchRow(prompt[8:], 8, [20, 21, 3, 4, 5])], kv)  # 0-7, then 8-14
-    torch.testing.assert_close(after_prefix[0], _alone(backend, prompt), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(after_prefix[0], prompt_logits(backend, prompt), atol=1e-4, rtol=1e-4)
     backend.forward_batch([BatchRow(prompt[:6], 0, [30, 31])], kv)
     spanning = backend.forward_batch([BatchRow(prompt[6:], 6, [30, 31, 40, 41])], kv)  # 6-7, then 8-14
-    torch.testing.assert_close(spanning[0], _alone(backend, prompt), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(spanning[0], prompt_logits(backend, prompt), atol=1e-4, rtol=1e-4)
 
 
 def test_a_sequence_is_read_from_its_runs_of_blocks_in_place() -> None:
@@ -70,7 +66,7 @@ def test_a_copied_block_carries_the_shared_positions(tiny_loaded) -> None:
     kv.copy_block(1, 5, 1)  # position 4 shared; position 5 differs
     edited = prompt[:5] + [3]
     logits = backend.forward_batch([BatchRow(edited[5:], 5, [0, 5])], kv)[0]
-    torch.testing.assert_close(logits, _alone(backend, edited), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits, prompt_logits(backend, edited), atol=1e-4, rtol=1e-4)
 
 
 def _resident_bytes() -> int:

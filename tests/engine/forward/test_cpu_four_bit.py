@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine.bench.measure import timed_reply
-from engine.chat.generation import CachedSequence
+from engine.bench.runner_replies import ReplyDriver
 from engine.forward.native import int8_matmul as native_int8
 from engine.models import memory_estimate
 from engine.models.model_files import inspect_model
@@ -22,6 +22,7 @@ from engine.chat.chat_template import ChatTemplate
 from engine.models.format_plan import fast_formats, formats_for_source, this_host, traits_of
 from engine.models.loading import LoadPlan, load_model
 from engine.protocol.messages import ChatMessage, LoadOptions
+from tests.engine.forward.batch_of_one import OneSequence
 
 CPU = torch.device("cpu")
 QUESTION = [ChatMessage("user", "What is the capital of France? Answer in one word.")]
@@ -69,7 +70,7 @@ def _fp16_layer_bytes(config, beside_a_decode_copy: bool) -> int:
 
 
 def _answer(loaded) -> str:
-    return timed_reply(loaded, CachedSequence(loaded.backend.new_cache()), QUESTION, 24).text
+    return timed_reply(loaded, ReplyDriver(loaded, 512), QUESTION, 24).text
 
 
 @pytest.fixture(scope="module")
@@ -121,9 +122,8 @@ def test_nf4_from_an_earlier_version_loads_the_int4_weights(default_model_path: 
 
 def _next_token_picks(loaded, ids: list[int]) -> torch.Tensor:
     """The most likely next token after each of ``ids``, fed one decode step at a time: [len(ids)]."""
-    cache = loaded.backend.new_cache()
-    return torch.stack([loaded.backend.forward([token], cache, position).argmax()
-                        for position, token in enumerate(ids)])
+    sequence = OneSequence(loaded.backend, len(ids))
+    return torch.stack([sequence.feed([token]).argmax() for token in ids])
 
 
 def test_4bit_alone_predicts_the_next_tokens_of_a_text_as_fp32_does(default_model_path: Path):

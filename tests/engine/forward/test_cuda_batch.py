@@ -8,9 +8,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine.chat.generation import CachedSequence, DecodeLoop, feed
+from engine.bench.runner_replies import ReplyDriver
 from engine.chat.prompt import PromptPlan
+from engine.forward.cpu_backend import FastLlamaBackend
 from engine.forward.cuda_backend import CudaLlama, CudaLlamaBackend
+from engine.forward.llama_forward import FastLlama
 from engine.forward.cuda_batch import BUCKETS, DevicePool, bucket_for, fits_a_bucket
 from engine.forward.paged_kv import BatchRow
 from engine.host.memory import KV_CACHE_BUDGET_BYTES, kv_pool_budget, read_memory
@@ -18,6 +20,7 @@ from engine.models.random_models import build_hf_model
 from engine.protocol.messages import ReplyFinished, SamplingParams
 from engine.service.batch_runner import BatchRunner
 from engine.service.reply_events import ReplyEvents
+from tests.engine.forward.batch_of_one import greedy_tokens
 from tests.engine.forward.triton_interpreter import assert_passes_in_the_interpreter
 from tests.engine.forward.formats import fast_plan
 
@@ -51,18 +54,10 @@ def greedy_batched(backend: CudaLlamaBackend, count: int) -> list[list[int]]:
     return replies
 
 
-def greedy_alone(backend: CudaLlamaBackend, prompt: list[int], count: int) -> list[int]:
-    seq = CachedSequence(backend.new_cache())
-    logits, reply = feed(backend, seq, prompt), []
-    for _ in range(count):
-        reply.append(int(logits.argmax()))
-        logits = feed(backend, seq, reply[-1:])
-    return reply
-
-
-def test_bucket_steps_give_each_sequence_its_single_stream_greedy_tokens(backend):
-    batched = greedy_batched(backend, 12)
-    assert batched == [greedy_alone(backend, prompt, 12) for prompt in PROMPTS]
+def test_bucket_steps_give_each_sequence_the_cpu_paths_greedy_tokens_alone(backend):
+    hf_model = build_hf_model("tiny", CPU, torch.float32)
+    on_cpu = FastLlamaBackend(FastLlama(hf_model.config, hf_model.state_dict(), fast_plan(hf_model.config, "fp32", CPU), CPU))
+    assert greedy_batched(backend, 12) == [greedy_tokens(on_cpu, prompt, 12) for prompt in PROMPTS]
 
 
 def test_padding_rows_leave_the_real_rows_logits_unchanged(backend):
@@ -111,9 +106,7 @@ def test_the_batch_runner_over_the_gpu_backend_says_what_each_request_says_alone
         runner.step(lambda held: read_memory("cpu", 0, held, 0))
     assert runner.kv.steps, "decode steps ran as bucket steps"
     for index, prompt in enumerate(prompts):
-        loop = DecodeLoop(gpu.backend, gpu.tokenizer, sampling, frozenset(), gpu.context_length, lambda: False,
-                          lambda *_: None, lambda *_: None)
-        assert finished[f"r{index}"].text == loop.run(CachedSequence(gpu.backend.new_cache()), prompt).text
+        assert finished[f"r{index}"].text == ReplyDriver(gpu, 512).reply(prompt, 10).text, "as a batch of one"
 
 
 def test_bucket_steps_with_the_triton_kernel_in_the_interpreter_match_the_torch_attention():

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
-from engine.chat.generation import CachedSequence, DecodeLoop, feed
+from engine.bench.runner_replies import ReplyDriver
+from engine.forward.cpu_backend import FastLlamaBackend
 from engine.forward.cuda_backend import CudaLlama, CudaLlamaBackend
-from engine.forward.fast_llama import FastLlama
+from engine.forward.llama_forward import FastLlama
 from engine.forward.weights.quant import Linear
 from engine.forward.weights.quant_int import dequantize_int4, int4_layout, quantize_int4, quantize_int8
 from engine.protocol.messages import (
-    GREEDY,
     ChatMessage,
     Generate,
     LoadModel,
@@ -23,6 +21,7 @@ from engine.protocol.messages import (
     SamplingParams,
     TokenStreamed,
 )
+from tests.engine.forward.batch_of_one import OneSequence
 from tests.engine.forward.formats import fast_plan
 
 pytestmark = pytest.mark.gpu
@@ -41,24 +40,25 @@ def small_model():
 
 
 def _greedy(backend, prompt, count):
-    seq = CachedSequence(backend.new_cache())
-    logits, tokens, all_logits = feed(backend, seq, prompt), [], []
+    """A reply as a batch of one: the prompt in one chunk, then ``count`` decode steps."""
+    seq = OneSequence(backend, len(prompt) + count)
+    logits, tokens, all_logits = seq.feed(prompt), [], []
     for _ in range(count):
         all_logits.append(logits)
         tokens.append(int(logits.argmax()))
-        logits = feed(backend, seq, [tokens[-1]])
+        logits = seq.feed([tokens[-1]])
     return tokens, torch.stack(all_logits), seq
 
 
-def test_captured_graphs_give_the_eager_steps_tokens_across_spans(small_model):
+def test_captured_graphs_give_the_eager_steps_tokens_across_blocks(small_model):
     model = CudaLlama(small_model.config, small_model.state_dict(), fast_plan(small_model.config, "bf16", CUDA), CUDA)
     graphed, eager = CudaLlamaBackend(model, 1024, use_graphs=True), CudaLlamaBackend(model, 1024, use_graphs=False)
     graphed.check_graphs()
     prompt = list(range(5, 60))
-    tokens, logits, seq = _greedy(graphed, prompt, 300)  # crosses the 256-position span
+    tokens, logits, seq = _greedy(graphed, prompt, 300)
     expected_tokens, expected_logits, _ = _greedy(eager, prompt, 300)
     assert graphed.runner.disabled_reason is None
-    assert set(seq.kv.graphs) == {256, 512}
+    assert set(seq.kv.graphs) == {1}, "a lone reply's decode steps replay bucket 1's graph"
     assert tokens == expected_tokens
     torch.testing.assert_close(logits, expected_logits, rtol=2e-2, atol=2e-2)
 
@@ -97,12 +97,10 @@ def test_gpu_kernels_compute_with_exactly_the_quantized_weights(rows, width):
 def test_prefill_after_cached_positions_matches_plain_attention(small_model):
     state = small_model.state_dict()
     formats = fast_plan(small_model.config, "fp32", CUDA)
-    fused, plain = CudaLlama(small_model.config, state, formats, CUDA), FastLlama(small_model.config, state, formats, CUDA)
-    first, second = torch.arange(3, 200, device=CUDA), torch.arange(200, 330, device=CUDA)
-    fused_cache, plain_cache = fused.new_cache(), plain.new_cache()
-    torch.testing.assert_close(fused.forward(first, fused_cache, 0), plain.forward(first, plain_cache, 0), rtol=1e-3, atol=1e-3)
-    torch.testing.assert_close(fused.forward(second, fused_cache, 197), plain.forward(second, plain_cache, 197),
-                               rtol=1e-3, atol=1e-3)
+    fused = OneSequence(CudaLlamaBackend(CudaLlama(small_model.config, state, formats, CUDA), 1024, use_graphs=False))
+    plain = OneSequence(FastLlamaBackend(FastLlama(small_model.config, state, formats, CUDA)))
+    for chunk in (list(range(3, 200)), list(range(200, 330))):  # a fresh prompt, then a chunk after it
+        torch.testing.assert_close(fused.feed(chunk), plain.feed(chunk), rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8", "int4"])
@@ -112,13 +110,8 @@ def test_a_llama_folder_loads_on_the_gpu_fast_path_and_replies(tiny_model_dir, p
     loaded = open_model(str(tiny_model_dir), LoadOptions("cuda", precision), lambda _: None, lambda *_: None, lambda: False)
     assert isinstance(loaded.backend, CudaLlamaBackend)
     assert not any("graphs are off" in notice for notice in loaded.notices)
-    sampling = replace(GREEDY, temperature=0.8, seed=7, max_new_tokens=16)
-    replies = []
-    for _ in range(2):
-        loop = DecodeLoop(loaded.backend, loaded.tokenizer, sampling, frozenset(), loaded.context_length,
-                          lambda: False, lambda *_: None, lambda *_: None)
-        replies.append(loop.run(CachedSequence(loaded.backend.new_cache()), loaded.tokenize("Hello there")))
-    assert replies[0].tokens_generated == 16 and replies[0].text == replies[1].text, "a seeded draw repeats"
+    replies = [ReplyDriver(loaded, 64, stop_at_eos=False).reply(loaded.tokenize("Hello there"), 16) for _ in range(2)]
+    assert replies[0].stats.tokens_generated == 16 and replies[0].text == replies[1].text
 
 
 def test_out_of_memory_mid_reply_keeps_the_partial_reply(tiny_model_dir, engine_driver, out_of_memory_after):

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.forward.fast_llama import _causal_mask, attend, attend_runs, rotate_pairs_
-from engine.forward.native import activation_codes, build, rotary
+from engine.forward.attention import attend, attend_runs, causal_mask
+from engine.forward.llama_forward import rotate_pairs_
+from engine.forward.native import activation_codes, build, rotary, support
 from engine.forward.native import decode_attention as native_attention
 from engine.forward.native import int4_matmul as native_int4
 from engine.forward.native import int8_matmul as native_int8
@@ -256,7 +257,7 @@ def test_swiglu_matches_pytorchs_over_the_whole_range(length):
     (0, 5, 9, 3, 64), (40, 33, 9, 3, 64), (250, 128, 9, 3, 64),  # 250 + 128: past the first run
     (250, 19, 28, 4, 128), (0, 40, 32, 32, 64),  # Qwen2.5-7B's heads (7 a kv head), SmolLM2-1.7B's (one)
 ])
-def test_chunk_attention_matches_sdpa_with_its_causal_mask(start, length, heads, kv_heads, head_dim):
+def test_chunk_attention_matches_sdpa_with_itscausal_mask(start, length, heads, kv_heads, head_dim):
     _chunk_attended_as_sdpa(start, length, heads, kv_heads, head_dim, on_tiles=False)
 
 
@@ -280,7 +281,7 @@ def _chunk_attended_as_sdpa(start: int, length: int, heads: int, kv_heads: int, 
     out = torch.full_like(q, 7.0)
     ChunkRuns.of(2, length, start, runs, on_tiles).attend(q, out, layer)
     keys, values = (torch.cat([layer[i, :, run] for run in runs], dim=1) for i in (0, 1))  # [Hkv, T, hd]
-    expected = attend(q[2:], keys, values, _causal_mask(start, length, torch.float32, torch.device("cpu")))
+    expected = attend(q[2:], keys, values, causal_mask(start, length, torch.float32, torch.device("cpu")))
     if on_tiles:
         assert ((out[2:] - expected).norm() / expected.norm()).item() < 1e-2
         assert (out[2:] - expected).abs().max().item() < 0.05

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.forward.fast_llama import attend
+from engine.forward.attention import attend
 from engine.forward.paged_attention import gathered_decode_attention, split_count
 from engine.forward.paged_kv import BatchRow, PagedKV
 from tests.engine.forward.triton_interpreter import assert_passes_in_the_interpreter
@@ -27,7 +27,8 @@ def case(kv_heads: int, groups: int, head_dim: int, seed: int = 0):
     for index, table in enumerate(TABLES):
         tables[index, : len(table)] = torch.tensor(table)
     layout = kv.layout([BatchRow([0] * n, 0, table) for n, table in zip(LENGTHS, TABLES)])
-    expected = torch.cat([attend(q[i : i + 1], *kv.read(0, span.runs), None) for i, span in enumerate(layout.spans)])
+    expected = torch.cat([attend(q[i : i + 1], *kv.read(0, span.runs), torch.zeros(1, n))  # [1, n]: sees all n
+                          for i, (span, n) in enumerate(zip(layout.spans, LENGTHS))])
     return q, kv.buffer[0], tables, torch.tensor(LENGTHS), expected
 
 

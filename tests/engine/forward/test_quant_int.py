@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.forward.fast_llama import FastLlama
+from engine.forward.cpu_backend import FastLlamaBackend
+from engine.forward.llama_forward import FastLlama
 from engine.forward.native import int4_matmul as native_int4
 from engine.forward.native import int8_matmul as native_int8
 from engine.forward.weights.quant import Linear, few_rows
@@ -21,6 +22,7 @@ from engine.forward.weights.quant_int import (
 from engine.host.allocator import return_freed_memory
 from engine.host.cpu_features import has_fp16_math
 from engine.models.random_models import build_hf_model
+from tests.engine.forward.batch_of_one import prompt_logits
 from tests.engine.forward.triton_interpreter import assert_passes_in_the_interpreter
 from tests.engine.forward.formats import fast_plan
 
@@ -211,9 +213,9 @@ def test_quantized_fast_llama_computes_with_exactly_the_quantized_weights(fmt):
     reference = FastLlama(hf_model.config, _dequantized(state, fmt), fast_plan(hf_model.config, "fp32", CPU),
                           CPU)
     assert _layer_bytes(quantized) < 0.5 * _layer_bytes(reference)  # int8's output layer is fp16, FBGEMM-padded
-    prompt = torch.arange(3, 40)
-    expected = reference.forward(prompt, reference.new_cache(), 0)
-    got = quantized.forward(prompt, quantized.new_cache(), 0)
+    prompt = list(range(3, 40))
+    expected = prompt_logits(FastLlamaBackend(reference), prompt)
+    got = prompt_logits(FastLlamaBackend(quantized), prompt)
     assert torch.nn.functional.cosine_similarity(got, expected, dim=0) > 0.999  # bf16 activations in the int4 kernel
 
 
@@ -221,8 +223,8 @@ def test_int8_fast_llama_logits_stay_close_to_fp32():
     hf_model = build_hf_model("tiny", CPU, torch.float32)
     exact = FastLlama(hf_model.config, hf_model.state_dict(), fast_plan(hf_model.config, "fp32", CPU), CPU)
     int8 = FastLlama(hf_model.config, hf_model.state_dict(), fast_plan(hf_model.config, "int8", CPU), CPU)
-    prompt = torch.arange(3, 40)
-    expected, got = exact.forward(prompt, exact.new_cache(), 0), int8.forward(prompt, int8.new_cache(), 0)
+    prompt = list(range(3, 40))
+    expected, got = prompt_logits(FastLlamaBackend(exact), prompt), prompt_logits(FastLlamaBackend(int8), prompt)
     assert torch.nn.functional.cosine_similarity(got, expected, dim=0) > 0.99
 
 

@@ -25,6 +25,7 @@ from engine.models.gguf_direct import GGUFState, direct_reason, hf_config
 from engine.models.loading import LoadPlan, load_model
 from engine.models.model_files import inspect_model
 from engine.models.model_source import ModelFileError
+from tests.engine.forward.batch_of_one import prompt_logits
 from tests.engine.models.random_gguf import END_OF_TURN, Shape, write_random_gguf
 
 CPU = torch.device("cpu")
@@ -41,7 +42,7 @@ def _load(path: Path, precision: str, four_bit_source: bool = False):
 
 
 def _last_logits(loaded, ids: list[int]) -> torch.Tensor:
-    return loaded.backend.forward(ids, loaded.backend.new_cache(), 0)  # [V]
+    return prompt_logits(loaded.backend, ids)  # [V]
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +226,8 @@ def test_a_direct_load_imports_none_of_transformers_modelling_code(reference):
         "from pathlib import Path\n"
         "from tests.engine.models.test_gguf_direct import _load\n"
         f"loaded = _load(Path({str(path)!r}), 'fp16', four_bit_source=True)\n"
-        "assert loaded.backend.forward([5, 77], loaded.backend.new_cache(), 0).isfinite().all()\n"
+        "from tests.engine.forward.batch_of_one import prompt_logits\n"
+        "assert prompt_logits(loaded.backend, [5, 77]).isfinite().all()\n"
         "print(sorted(m for m in sys.modules if m == 'transformers.modeling_utils' or m.startswith('transformers.models.')\n"
         "             and m.rsplit('.', 1)[-1].startswith(('modeling_', 'configuration_'))))\n"
     )

@@ -28,12 +28,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from engine.bench.peer import PeerProcess
 from engine.forward.native import activation_codes
 from engine.models.model_open import open_model
 from engine.protocol.messages import LoadOptions
+from tests.engine.forward.batch_of_one import OneSequence
 
 pytestmark = pytest.mark.peer
 TEXT = Path(__file__).resolve().parents[3] / "README.md"
@@ -44,12 +44,8 @@ DECISIVE_LEAD = 0.5  # logits between llama.cpp's first and second choice; the m
 
 def _hearth_logits(loaded, ids: list[int]) -> np.ndarray:
     """Logits after each of ``ids``, fed one decode step at a time: ``[len(ids), V]``."""
-    cache = loaded.backend.new_cache()
-    rows = []
-    with torch.inference_mode():
-        for position, token in enumerate(ids):
-            rows.append(loaded.backend.forward([token], cache, position).float().cpu().numpy())
-    return np.stack(rows)
+    sequence = OneSequence(loaded.backend, len(ids))
+    return np.stack([sequence.feed([token]).float().cpu().numpy() for token in ids])
 
 
 def _mean_kl(reference: np.ndarray, other: np.ndarray) -> float:

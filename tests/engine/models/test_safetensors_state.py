@@ -20,6 +20,7 @@ from engine.models.loading import LoadCancelled, LoadPlan, load_model
 from engine.models.memory_estimate import estimate
 from engine.models.model_files import folder_weights, inspect_model
 from engine.models.safetensors_state import SafetensorsState
+from tests.engine.forward.batch_of_one import greedy_tokens
 
 CPU = torch.device("cpu")
 PROMPT = [5, 77, 140, 3, 200, 18, 96, 41]
@@ -45,13 +46,7 @@ def _load(folder: Path, precision: str, progress=lambda *_: None, is_cancelled=l
 
 
 def _greedy(loaded) -> list[int]:
-    backend = loaded.backend
-    cache = backend.new_cache()
-    logits, tokens = backend.forward(PROMPT, cache, 0), []
-    for _ in range(NEW_TOKENS):
-        tokens.append(int(logits.argmax()))
-        logits = backend.forward([tokens[-1]], cache, len(PROMPT) + len(tokens) - 1)
-    return tokens
+    return greedy_tokens(loaded.backend, PROMPT, NEW_TOKENS)
 
 
 def _hf_greedy(folder: Path) -> list[int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.chat.generation import CachedSequence, DecodeLoop
+from engine.bench.runner_replies import ReplyDriver
 from engine.chat.prompt import PromptPlan
 from engine.protocol.messages import (
     BatchSampled,
@@ -31,9 +31,8 @@ def _messages(index: int) -> tuple[ChatMessage, ...]:
 
 def _alone(tiny_loaded, prompt_ids: list[int], sampling: SamplingParams) -> str:
     sampling = replace(sampling, stop=sampling.stop + tiny_loaded.template.stop_strings)
-    loop = DecodeLoop(tiny_loaded.backend, tiny_loaded.tokenizer, sampling, tiny_loaded.eos_ids,
-                      tiny_loaded.context_length, lambda: False, lambda *_: None, lambda *_: None)
-    return loop.run(CachedSequence(tiny_loaded.backend.new_cache()), prompt_ids).text
+    driver = ReplyDriver(tiny_loaded, len(prompt_ids) + sampling.max_new_tokens)  # a fresh pool: a batch of one
+    return driver.reply(prompt_ids, sampling.max_new_tokens, sampling=sampling).text
 
 
 def _prompt(tiny_loaded, index: int) -> list[int]:

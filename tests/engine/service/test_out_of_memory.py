@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.forward.fast_llama import FastLlamaBackend
+from engine.forward.cpu_backend import FastLlamaBackend
 from engine.protocol.messages import ChatMessage, Generate, ModelLoaded, ReplyFailed, SamplingParams, TokenStreamed
 
 

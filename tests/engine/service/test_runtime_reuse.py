@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.chat.generation import CachedSequence, DecodeLoop, ReplyOutcome, common_prefix_length
+from engine.bench.runner_replies import Reply, ReplyDriver
+from engine.chat.generation import common_prefix_length
 from engine.protocol.messages import (
     BatchSampled,
     Cancel,
@@ -21,15 +22,15 @@ from engine.protocol.messages import (
 SHORT_GREEDY = SamplingParams(temperature=0, max_new_tokens=8)
 
 
-def _fresh(tiny_loaded, messages: list[ChatMessage]) -> ReplyOutcome:
-    """The reply from an empty cache through the single-stream decode loop: what the engine must say too.
+def _fresh(tiny_loaded, messages: list[ChatMessage]) -> Reply:
+    """The reply from an empty pool, a batch of one: what the engine must say too.
 
     (A new conversation in the engine is no longer fresh: it reuses any cached prefix of any conversation.)
     """
     sampling = replace(SHORT_GREEDY, stop=SHORT_GREEDY.stop + tiny_loaded.template.stop_strings)
-    loop = DecodeLoop(tiny_loaded.backend, tiny_loaded.tokenizer, sampling, tiny_loaded.eos_ids,
-                      tiny_loaded.context_length, lambda: False, lambda *_: None, lambda *_: None)
-    return loop.run(CachedSequence(tiny_loaded.backend.new_cache()), _prompt_ids(tiny_loaded, messages))
+    prompt = _prompt_ids(tiny_loaded, messages)
+    return ReplyDriver(tiny_loaded, len(prompt) + sampling.max_new_tokens).reply(prompt, sampling.max_new_tokens,
+                                                                                  sampling=sampling)
 
 
 def _prompt_ids(tiny_loaded, messages: list[ChatMessage]) -> list[int]:
@@ -45,7 +46,7 @@ def test_ten_turns_reuse_the_cache_and_match_a_fresh_cache(engine, tiny_loaded) 
         fresh = _fresh(tiny_loaded, history)
         prompt = _prompt_ids(tiny_loaded, history)
         assert reused.reply.text == fresh.text
-        assert fresh.reused_tokens == 0
+        assert fresh.stats.reused_tokens == 0
         assert reused.prefill.prompt_tokens == len(prompt)
         assert len(previous_prompt) <= reused.prefill.reused_tokens < len(prompt)
         previous_prompt = prompt

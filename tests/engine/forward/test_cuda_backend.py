@@ -1,4 +1,5 @@
-"""The GPU fast path's fixed-shape decode step, run eagerly on the CPU: same logits and text as the normal forward."""
+"""The GPU fast path run eagerly on the CPU (graphs off): a reply as a batch of one, its prompt chunks on the fused
+attention and its decode steps in bucket 1, gives the CPU path's logits and text."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.bench.runner_replies import ReplyDriver
 from engine.chat.chat_template import ChatTemplate
-from engine.chat.generation import CachedSequence, DecodeLoop, crop_sequence, feed
+from engine.forward.cpu_backend import FastLlamaBackend
 from engine.forward.cuda_backend import CudaLlama, CudaLlamaBackend, cache_capacity
-from engine.forward.cuda_step import FIRST_SPAN, CacheFullError, DecodeStep, StaticKVCache, span_for, spans
-from engine.forward.fast_llama import FastLlama
+from engine.forward.llama_forward import FastLlama
 from engine.models.loading import LoadPlan, wrap_model
 from engine.models.random_models import build_hf_model, byte_tokenizer
-from engine.protocol.messages import GREEDY
+from tests.engine.forward.batch_of_one import OneSequence
 from tests.engine.forward.formats import fast_plan
 
 CPU = torch.device("cpu")
@@ -75,71 +76,44 @@ def _cuda_llama(hf_model) -> CudaLlama:
     return CudaLlama(hf_model.config, hf_model.state_dict(), fast_plan(hf_model.config, "fp32", CPU), CPU)
 
 
-def test_fixed_shape_step_logits_equal_the_forward_pass(hf_model, tokenizer):
-    model = _cuda_llama(hf_model)
+def _cpu_backend(hf_model) -> FastLlamaBackend:
+    return FastLlamaBackend(FastLlama(hf_model.config, hf_model.state_dict(), fast_plan(hf_model.config, "fp32", CPU), CPU))
+
+
+def test_bucket_steps_logits_equal_the_cpu_forward_pass(hf_model, tokenizer):
+    gpu_style = CudaLlamaBackend(_cuda_llama(hf_model), capacity=1024, use_graphs=False)
     prompt = _prompt(tokenizer, "Tell me about lighthouses and the keepers who lived in them.")
-    capacity = 2 * FIRST_SPAN
-    reference, static = model.new_cache(), StaticKVCache(2, model.kv_heads, model.head_dim, model.dtype, CPU, capacity)
-    step = DecodeStep(model, capacity)
-    model.forward(torch.tensor(prompt), reference, 0)
-    static.reserve(len(prompt))
-    model.forward(torch.tensor(prompt), static, 0)
-    token, position = 42, len(prompt)
-    for _ in range(FIRST_SPAN):  # crosses from the first span into the second
-        expected = model.forward(torch.tensor([token]), reference, position)
-        step.set_input(token, position)
-        got = step(static.buffer, span_for(position + 1, capacity))
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
-        token, position = int(expected.argmax()), position + 1
+    on_gpu_path, on_cpu_path = OneSequence(gpu_style, 1024), OneSequence(_cpu_backend(hf_model), 1024)
+    torch.testing.assert_close(on_gpu_path.feed(prompt), on_cpu_path.feed(prompt), rtol=1e-4, atol=1e-4)
+    token = 42
+    for _ in range(40):  # across block boundaries
+        expected = on_cpu_path.feed([token])
+        torch.testing.assert_close(on_gpu_path.feed([token]), expected, rtol=1e-4, atol=1e-4)
+        token = int(expected.argmax())
+    assert set(on_gpu_path.kv.steps) == {1}, "every decode step ran as bucket 1's step"
 
 
 def _loaded_pair(hf_model, tokenizer):
     """The same weights behind the CPU backend and the GPU backend (graphs off, eager on the CPU)."""
     plan = LoadPlan(Path("random:tiny"), "tiny", CPU, "fp32", 1024, ChatTemplate(tokenizer.chat_template))
-    cpu = wrap_model(hf_model, tokenizer, plan, time.perf_counter())
+    cpu = replace(wrap_model(hf_model, tokenizer, plan, time.perf_counter()), eos_ids=frozenset())
     gpu_backend = CudaLlamaBackend(_cuda_llama(hf_model), capacity=1024, use_graphs=False)
     return cpu, replace(cpu, backend=gpu_backend)
 
 
-def _reply(loaded, seq, prompt):
-    loop = DecodeLoop(loaded.backend, loaded.tokenizer, replace(GREEDY, max_new_tokens=20), frozenset(),
-                      loaded.context_length, lambda: False, lambda *_: None, lambda *_: None)
-    return loop.run(seq, prompt)
-
-
-def test_multi_turn_greedy_text_with_reuse_equals_fresh_cache_and_cpu_path(hf_model, tokenizer):
+def test_multi_turn_greedy_text_with_reuse_equals_a_fresh_pool_and_the_cpu_path(hf_model, tokenizer):
     cpu, gpu = _loaded_pair(hf_model, tokenizer)
-    conversation = CachedSequence(gpu.backend.new_cache())
+    conversation = ReplyDriver(gpu, 1024)
     history = ""
     for turn, question in enumerate(["Hi there!", "What is a lighthouse?", "And who keeps it?", "Thanks, bye."]):
         history += f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
         prompt = tokenizer(history)["input_ids"]
-        reused = _reply(gpu, conversation, prompt)
-        fresh = _reply(gpu, CachedSequence(gpu.backend.new_cache()), prompt)
-        on_cpu = _reply(cpu, CachedSequence(cpu.backend.new_cache()), prompt)
+        reused = conversation.reply(prompt, 20)
+        fresh = ReplyDriver(gpu, 1024).reply(prompt, 20)
+        on_cpu = ReplyDriver(cpu, 1024).reply(prompt, 20)
         assert reused.text == fresh.text == on_cpu.text
-        assert reused.reused_tokens > 0 or turn == 0
+        assert reused.stats.reused_tokens > 0 or turn == 0
         history += reused.text + "<|im_end|>\n"
-
-
-def test_static_cache_keeps_its_buffer_when_cropped_and_refuses_overflow(hf_model):
-    backend = CudaLlamaBackend(_cuda_llama(hf_model), capacity=FIRST_SPAN, use_graphs=False)
-    seq = CachedSequence(backend.new_cache())
-    assert backend.cache_bytes(seq.kv) == 0, "nothing is allocated before the first token"
-    feed(backend, seq, list(range(10, 40)))
-    address, size = seq.kv.buffer.data_ptr(), backend.cache_bytes(seq.kv)
-    crop_sequence(backend, seq, 5)
-    feed(backend, seq, [7])
-    assert seq.kv.buffer.data_ptr() == address and backend.cache_bytes(seq.kv) == size
-    assert seq.kv.length == 6
-    with pytest.raises(CacheFullError, match=f"holds {FIRST_SPAN}"):
-        feed(backend, seq, list(range(FIRST_SPAN)))
-
-
-def test_spans_double_up_to_the_capacity():
-    assert spans(256) == [256]
-    assert spans(3000) == [256, 512, 1024, 2048, 3000]
-    assert span_for(1, 3000) == 256 and span_for(257, 3000) == 512 and span_for(2049, 3000) == 3000
 
 
 def test_cache_capacity_is_the_context_capped_by_memory(hf_model):
@@ -150,9 +124,10 @@ def test_cache_capacity_is_the_context_capped_by_memory(hf_model):
     assert cache_capacity(model, 100, free_bytes=0) == 100
 
 
-def test_fast_llama_attention_hook_keeps_cpu_results(hf_model, tokenizer):
-    prompt = torch.tensor(_prompt(tokenizer, "Hello"))
-    plain = FastLlama(hf_model.config, hf_model.state_dict(), fast_plan(hf_model.config, "fp32", CPU), CPU)
-    gpu_style = _cuda_llama(hf_model)
-    expected = plain.forward(prompt, plain.new_cache(), 0)
-    torch.testing.assert_close(gpu_style.forward(prompt, gpu_style.new_cache(), 0), expected, rtol=1e-4, atol=1e-4)
+def test_prompt_chunks_on_the_fused_attention_keep_cpu_results(hf_model, tokenizer):
+    """A fresh prompt (causal flash attention) and a chunk after cached positions (masked) give the CPU's logits."""
+    prompt = _prompt(tokenizer, "Hello, lighthouse keeper")
+    gpu_style = OneSequence(CudaLlamaBackend(_cuda_llama(hf_model), capacity=1024, use_graphs=False))
+    plain = OneSequence(_cpu_backend(hf_model))
+    for chunk in (prompt[:10], prompt[10:]):
+        torch.testing.assert_close(gpu_style.feed(chunk), plain.feed(chunk), rtol=1e-4, atol=1e-4)

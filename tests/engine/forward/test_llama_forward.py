@@ -1,4 +1,4 @@
-"""The fast Llama path gives the same replies as transformers, and reuses caches correctly."""
+"""The fast Llama path, a reply as a batch of one, gives the same replies as transformers and reuses prefixes correctly."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.bench.runner_replies import ReplyDriver
 from engine.chat.chat_template import ChatTemplate
-from engine.chat.generation import CachedSequence, DecodeLoop, feed
-from engine.forward.fast_llama import FastLlama, FastLlamaBackend
-from engine.forward.static_cache import GROW_CHUNK
+from engine.forward.cpu_backend import FastLlamaBackend
+from engine.forward.llama_forward import FastLlama
 from engine.forward.native import int4_matmul as native_int4
 from engine.forward.weights import int4_prompts
 from engine.models.loading import LoadPlan, wrap_model
 from engine.models.random_models import build_hf_model, byte_tokenizer
-from engine.protocol.messages import GREEDY
+from tests.engine.forward.batch_of_one import greedy_tokens, prompt_logits
 from tests.engine.forward.formats import fast_plan
 
 CPU = torch.device("cpu")
@@ -58,26 +58,11 @@ def _fast(hf_model, tokenizer, precision):
     return _wrap(hf_model, tokenizer, "random:tiny", precision)
 
 
-def _greedy(backend, prompt, count, seq=None):
-    seq = seq or CachedSequence(backend.new_cache())
-    logits, tokens = feed(backend, seq, prompt), []
-    for _ in range(count):
-        tokens.append(int(logits.argmax()))
-        logits = feed(backend, seq, [tokens[-1]])
-    return tokens
-
-
-def _reply(loaded, seq, prompt):
-    loop = DecodeLoop(loaded.backend, loaded.tokenizer, replace(GREEDY, max_new_tokens=24), frozenset(),
-                      loaded.context_length, lambda: False, lambda *_: None, lambda *_: None)
-    return loop.run(seq, prompt)
-
-
 def test_fp32_greedy_tokens_equal_hf_generate(hf_model, tokenizer, prompt_ids):
     loaded = _fast(hf_model, tokenizer, "fp32")
     assert isinstance(loaded.backend, FastLlamaBackend)
     expected = hf_model.generate(torch.tensor([prompt_ids]), max_new_tokens=40, min_new_tokens=40, do_sample=False)
-    assert _greedy(loaded.backend, prompt_ids, 40) == expected[0, len(prompt_ids):].tolist()
+    assert greedy_tokens(loaded.backend, prompt_ids, 40) == expected[0, len(prompt_ids):].tolist()
 
 
 def test_qwen2_with_biases_greedy_tokens_equal_hf_generate(tokenizer, prompt_ids):
@@ -90,28 +75,26 @@ def test_qwen2_with_biases_greedy_tokens_equal_hf_generate(tokenizer, prompt_ids
     loaded = _wrap(model, tokenizer, "qwen2", "fp32")
     assert isinstance(loaded.backend, FastLlamaBackend)
     expected = model.generate(torch.tensor([prompt_ids]), max_new_tokens=30, min_new_tokens=30, do_sample=False)
-    assert _greedy(loaded.backend, prompt_ids, 30) == expected[0, len(prompt_ids):].tolist()
+    assert greedy_tokens(loaded.backend, prompt_ids, 30) == expected[0, len(prompt_ids):].tolist()
 
 
 def test_fp16_logits_close_to_fp32_and_text_mostly_same(hf_model, tokenizer, prompt_ids):
     exact, half = _fast(hf_model, tokenizer, "fp32"), _fast(hf_model, tokenizer, "fp16")  # fp16's bytes: test_quant_int
-    exact_logits = feed(exact.backend, CachedSequence(exact.backend.new_cache()), prompt_ids)
-    half_logits = feed(half.backend, CachedSequence(half.backend.new_cache()), prompt_ids)
+    exact_logits, half_logits = prompt_logits(exact.backend, prompt_ids), prompt_logits(half.backend, prompt_ids)
     assert torch.nn.functional.cosine_similarity(exact_logits, half_logits, dim=0) > 0.99
-    same = sum(a == b for a, b in zip(_greedy(exact.backend, prompt_ids, 20), _greedy(half.backend, prompt_ids, 20)))
+    same = sum(a == b for a, b in zip(greedy_tokens(exact.backend, prompt_ids, 20), greedy_tokens(half.backend, prompt_ids, 20)))
     assert same >= 16
 
 
-def test_cropped_cache_reply_equals_fresh_cache_reply(hf_model, tokenizer, prompt_ids):
-    loaded = _fast(hf_model, tokenizer, "fp32")
-    conversation = CachedSequence(loaded.backend.new_cache())
-    first = _reply(loaded, conversation, prompt_ids)
+def test_a_reply_reusing_the_conversations_blocks_equals_a_fresh_pools_reply(hf_model, tokenizer, prompt_ids):
+    loaded = replace(_fast(hf_model, tokenizer, "fp32"), eos_ids=frozenset(), context_length=1024)
+    conversation = ReplyDriver(loaded, 512)
+    first = conversation.reply(prompt_ids, 24)
     follow_up = prompt_ids + tokenizer(first.text + "<|im_end|>\n<|im_start|>user\nAnd then?<|im_end|>\n")["input_ids"]
-    reused = _reply(loaded, conversation, follow_up)
-    fresh = _reply(loaded, CachedSequence(loaded.backend.new_cache()), follow_up)
-    assert reused.reused_tokens >= len(prompt_ids)
+    reused = conversation.reply(follow_up, 24)
+    fresh = ReplyDriver(loaded, 512).reply(follow_up, 24)
+    assert reused.stats.reused_tokens >= len(prompt_ids) and fresh.stats.reused_tokens == 0
     assert reused.text == fresh.text
-    assert conversation.kv.capacity % GROW_CHUNK == 0 and conversation.kv.capacity < len(follow_up) + 24 + GROW_CHUNK
 
 
 def test_other_architectures_fall_back_to_transformers(tokenizer):
@@ -154,8 +137,7 @@ def test_a_4bit_prompt_on_amx_multiplies_and_attends_in_bf16_within_its_rounding
     def last_logits(precision: str, amx: bool) -> torch.Tensor:
         monkeypatch.setattr(native_int4, "runs_on_amx", lambda: amx)
         host_features(amx_tiles=amx)  # the plan's prompt attention in bf16 beside int4 layers on the tiles
-        backend = _fast(hf_model, tokenizer, precision).backend
-        return feed(backend, CachedSequence(backend.new_cache()), prompt)
+        return prompt_logits(_fast(hf_model, tokenizer, precision).backend, prompt)
 
     exact = last_logits("fp32", False)
     assert torch.equal(exact, last_logits("fp32", True))

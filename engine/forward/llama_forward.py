@@ -1,0 +1,201 @@
+"""The fast path's forward pass for Llama-family models over a block pool (engine thread).
+
+Covers Llama, Mistral (without a sliding window), Qwen2 and Qwen3: RMSNorm, rotary
+positions (including Llama 3 and linear scaling), grouped-query attention, a SiLU
+gated MLP, optional q/k/v biases and Qwen3's RMSNorm of each query and key head, over
+weights built by ``llama_weights``. Every reply goes through ``forward_batch``: a step
+of one or more sequences' new tokens, their keys and values kept in a ``PagedKV``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from engine.forward.attention import attend, attend_runs, causal_mask
+from engine.forward.llama_weights import LlamaLayer, LlamaWeights
+from engine.forward.native import activation_codes
+from engine.forward.native import decode_attention as native_attention
+from engine.forward.native import norm as native_norm
+from engine.forward.native import rotary as native_rotary
+from engine.forward.native.decode_attention import ChunkRuns, DecodeRuns
+from engine.forward.paged_kv import BatchRow, PagedKV, StepLayout
+from engine.forward.weights.quant import PLAIN_DTYPES
+
+if TYPE_CHECKING:
+    from engine.models.format_plan import FormatPlan
+
+ROPE_TABLE_CHUNK = 4096
+KERNEL_CHUNK_ROWS = 128
+"""Prompt chunks of up to this many rows attend in the CPU kernel (``ChunkRuns``), each row over the positions up to
+its own: the chunks a step takes beside decoding rows. 2 000 positions deep (built-in model's heads): 16 rows 0.66 ms a
+layer against SDPA's 1.05, 64 rows 2.3 against 4.3, 128 rows 3 000 deep 8.0 against 12.6; a whole prompt's chunks of
+512 stay on SDPA's blocked matmuls. On AMX's tiles (``ChunkRuns.on_tiles``) the kernel takes chunks of any size: 512
+rows 1 000 deep 5.5 ms a layer against bf16 SDPA's 8.0 (3 584 deep 15.0 against 20.4), and it reads the pool in place
+where SDPA needs the prefix gathered; 64 rows 1 000 deep 0.65 against the fp32 kernel's 1.46."""
+
+DecodeRowRuns = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # a decode row's keys_t and values, run by run
+
+
+class FastLlama(LlamaWeights):
+    """The model's weights (``LlamaWeights``) and its forward pass over a ``PagedKV``."""
+
+    def __init__(self, config: Any, state: Mapping[str, torch.Tensor], formats: FormatPlan,
+                 device: torch.device) -> None:
+        super().__init__(config, state, formats, device)
+        self._eps = torch.full((1, 1), self.eps, dtype=self.dtype, device=device)
+        self._turns = torch.empty(0, 1, self.head_dim // 2, dtype=torch.complex64, device=device)
+        self._attention_kernels = device.type == "cpu" and native_attention.covers(self.heads, self.kv_heads,
+                                                                                   self.head_dim)
+        self._mask_dtype = PLAIN_DTYPES[formats.prompt_attention]  # bf16 where 4-bit prompts multiply on AMX's tiles
+        self._chunk_tiles = self._mask_dtype == torch.bfloat16 and native_attention.tiles_cover(self.head_dim)
+
+    def normalise(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [S, D] over its root mean square; the norm's own weight goes to the next matmul."""
+        if native_norm.covers(x):
+            return native_norm.rms_norm(x, self.eps)
+        if x.shape[0] == 1 and x.dtype == torch.float32:
+            # One row: its mean square as one tiny matmul costs a fifth of the general kernel's several ops.
+            return x * torch.addmm(self._eps, x, x.t(), alpha=1 / x.shape[1]).rsqrt_()  # [1, D] * [1, 1]
+        return F.rms_norm(x, (x.shape[1],), eps=self.eps)
+
+    def _kernel_takes(self, length: int) -> bool:
+        """Whether ``length`` new tokens of one sequence attend in the CPU kernels (else SDPA, or two bmm a row):
+        any number on AMX's tiles (``KERNEL_CHUNK_ROWS``)."""
+        return self._attention_kernels and (length <= KERNEL_CHUNK_ROWS or self._chunk_tiles)
+
+    def project(self, layer: LlamaLayer, h: torch.Tensor, turns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated queries [S, H, hd] and the new keys and values [2, Hkv, S, hd] of ``h`` [S, D]."""
+        return self._rotated(self._qkv(layer, h), turns)
+
+    def _qkv(self, layer: LlamaLayer, h: torch.Tensor) -> torch.Tensor:
+        """The queries, keys and values of ``h`` [S, D], head norms applied: [S, H + 2Hkv, hd]."""
+        length, heads, kv_heads = h.shape[0], self.heads, self.kv_heads
+        qkv = layer.qkv(h).view(length, heads + 2 * kv_heads, self.head_dim)  # [S, H + 2Hkv, hd]
+        if layer.head_norms is not None:
+            queries_keys = qkv[:, : heads + kv_heads]  # [S, H + Hkv, hd]
+            queries_keys.copy_(F.rms_norm(queries_keys, (self.head_dim,), eps=self.eps).mul_(layer.head_norms))
+        return qkv
+
+    def _rotated(self, qkv: torch.Tensor, turns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``qkv`` [S, H + 2Hkv, hd] as rotated queries [S, H, hd] and keys with values [2, Hkv, S, hd]."""
+        heads, kv_heads = self.heads, self.kv_heads
+        rotate_pairs_(qkv[:, : heads + kv_heads], turns)  # queries and keys rotated together
+        return qkv[:, :heads], qkv[:, heads:].transpose(0, 1).unflatten(0, (2, kv_heads))
+
+    @torch.inference_mode()
+    def forward_batch(self, rows: Sequence[BatchRow], kv: PagedKV) -> torch.Tensor:
+        """Several sequences' new tokens in one pass: every ``Linear`` sees all R rows at once (one read of the
+        weights serves them all); attention is per sequence over its blocks. With several sequences the CPU kernels
+        round activations to 8 bits (``activation_codes``). Logits of each row's last token, [B, V]."""
+        layout = kv.layout(rows)
+        ids = torch.tensor([t for row in rows for t in row.token_ids], dtype=torch.long, device=self.device)  # [R]
+        self.rotations(0, max(span.start + span.length for span in layout.spans))
+        turns = self._turns[layout.positions]  # [R, 1, hd/2]
+        kernels = self._kernel_attention(layout)
+        masks = [None if self._kernel_takes(span.length) else causal_mask(span.start, span.length, self._mask_dtype,
+                                                                           self.device) for span in layout.spans]
+        runs = [kv.layer_runs(span.runs) if span.length == 1 and kernels is None else None for span in layout.spans]
+        slots = _slots(layout.write)  # [R]: where the rows' keys and values go in the pool
+        x = self.embed(ids)  # [R, D]
+        with activation_codes.for_step(len(rows)):
+            for index, layer in enumerate(self.layers):
+                x += self._paged_attention(layer, index, self.normalise(x), kv, layout, slots, turns, masks, runs,
+                                           kernels)
+                x += layer.down(swiglu(layer.gate_up(self.normalise(x))))
+            return self.lm_head(self.normalise(x[layout.last_rows])).float()  # [B, V]
+
+    def _kernel_attention(self, layout: StepLayout) -> list[DecodeRuns | ChunkRuns] | None:
+        """The step's attention in the CPU kernels (``native.decode_attention``): its decode rows at once, and each
+        prompt chunk of up to ``KERNEL_CHUNK_ROWS`` rows; None where the kernels are not here."""
+        if not self._attention_kernels:
+            return None
+        decoding = [span for span in layout.spans if span.length == 1]
+        kernels: list[DecodeRuns | ChunkRuns] = [
+            ChunkRuns.of(span.rows.start, span.length, span.start, span.runs, self._chunk_tiles)
+            for span in layout.spans if span.length > 1 and self._kernel_takes(span.length)
+        ]
+        if decoding:
+            kernels.append(DecodeRuns.of([span.rows.start for span in decoding], [span.runs for span in decoding]))
+        return kernels
+
+    def _paged_attention(self, layer: LlamaLayer, index: int, h: torch.Tensor, kv: PagedKV, layout: StepLayout,
+                         slots: torch.Tensor, turns: torch.Tensor, masks: list[torch.Tensor | None],
+                         runs: list[list[DecodeRowRuns] | None],
+                         kernels: list[DecodeRuns | ChunkRuns] | None) -> torch.Tensor:
+        """``runs``: each decode row's keys and values by layer and run (``PagedKV.layer_runs``), None for a prompt
+        chunk and for every row where ``kernels`` run the attention; ``masks``: a prompt chunk's causal mask for
+        SDPA, None where a kernel (or a decode row's two bmm) takes it."""
+        qkv, layer_kv = self._qkv(layer, h), kv.buffer[index]  # [R, H + 2Hkv, hd], [2, Hkv, P, hd]
+        if native_rotary.covers(qkv, layer_kv):
+            native_rotary.rotate_and_store(qkv, turns, layer_kv, slots, self.heads)
+            q = qkv[:, : self.heads]  # [R, H, hd]
+        else:
+            q, new_keys_values = self._rotated(qkv, turns)  # [R, H, hd], [2, Hkv, R, hd]
+            kv.write(index, layout.write, new_keys_values)
+        attended = torch.empty_like(q)  # [R, H, hd]: each sequence's rows written in place
+        if kernels is not None:
+            q = q.contiguous()  # a view of the step's q, k, v projections
+            for kernel in kernels:
+                kernel.attend(q, attended, kv.buffer[index])
+        else:
+            self._attend_decode_rows(q, attended, layout, [run[index] if run is not None else None for run in runs])
+        for span, mask in zip(layout.spans, masks):
+            if mask is not None:
+                attended[span.rows] = self.attend_chunk(q[span.rows], *kv.read(index, span.runs), mask)
+        rows, heads, hd = q.shape
+        return layer.out(attended.view(rows, heads * hd))  # [R, D]
+
+    def _attend_decode_rows(self, q: torch.Tensor, attended: torch.Tensor, layout: StepLayout,
+                            runs: list[DecodeRowRuns | None]) -> None:
+        """Each decode row's attention over its runs of this layer (None: a prompt chunk's span), into ``attended``.
+        Two bmm a row over views made once per step: a batch of 8 makes 240 such calls a step, and at this size
+        each op's dispatch costs about what its arithmetic does (``native.decode_attention`` makes them one)."""
+        rows, _, hd = q.shape
+        queries, out = q.view(rows, self.kv_heads, -1, hd), attended.view(rows, self.kv_heads, -1, hd)  # [R, Hkv, G, hd]
+        if rows == len(layout.spans):  # decode rows alone: every row's view at once
+            queries, out = queries.unbind(0), out.unbind(0)
+        for span, run in zip(layout.spans, runs):
+            if run is not None:
+                attend_runs(queries[span.rows.start], run, out[span.rows.start])
+
+    def attend_chunk(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """A prompt chunk's attention, ``q`` [S, H, hd] over its sequence's ``keys``/``values`` [Hkv, T, hd] under
+        ``mask`` [S, T] (``attention.attend``); ``cuda_backend`` overrides it with fused GPU kernels."""
+        return attend(q, keys, values, mask)
+
+    def rotations(self, start: int, end: int) -> torch.Tensor:
+        """Unit complex numbers that turn each (even, odd) pair of a head at positions ``start``…``end``."""
+        if end > self._turns.shape[0]:
+            size = -(-end // ROPE_TABLE_CHUNK) * ROPE_TABLE_CHUNK
+            angles = torch.arange(size, device=self.device).float().unsqueeze(1) * self.inv_freq  # [P, hd/2]
+            cos, sin = angles.cos() * self.rope_scale, angles.sin() * self.rope_scale
+            self._turns = torch.complex(cos, sin).unsqueeze(1)  # [P, 1, hd/2]
+        return self._turns[start:end]
+
+
+def _slots(where: slice | torch.Tensor) -> torch.Tensor:
+    """A step's new positions as int64 [R]: a run of them, or the positions themselves."""
+    if isinstance(where, slice):
+        return torch.arange(where.start, where.stop)
+    return where.to(torch.int64)
+
+
+def rotate_pairs_(x: torch.Tensor, turns: torch.Tensor) -> None:
+    """Rotary positions in place: ``x`` [S, N, hd] as hd/2 complex numbers, each times its ``turns`` [S, 1, hd/2]."""
+    if x.dtype == torch.float32:
+        torch.view_as_complex(x.unflatten(-1, (-1, 2))).mul_(turns)
+        return
+    turned = torch.view_as_complex(x.float().unflatten(-1, (-1, 2))) * turns  # [S, N, hd/2]
+    x.copy_(torch.view_as_real(turned).flatten(-2))
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up from ``gate_up`` [S, 2F]: [S, F], in Hearth's CPU kernel or in place in its gate half."""
+    if native_norm.swiglu_covers(gate_up):
+        return native_norm.swiglu(gate_up)
+    width = gate_up.shape[1] // 2
+    gate = F.silu(gate_up[:, :width], inplace=True)  # [S, F]
+    return gate.mul_(gate_up[:, width:])
