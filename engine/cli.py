@@ -15,7 +15,7 @@ import queue
 import sys
 import uuid
 
-from engine.server.standalone import add_serve_command, serve
+from engine.server.standalone import add_context_option, add_serve_command, load_line, load_options, serve
 from engine.protocol.messages import (
     ChatMessage,
     EngineError,
@@ -49,6 +49,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     chat.add_argument("--system", default="", help="system prompt")
     chat.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     chat.add_argument("--precision", default="auto", type=canonical_precision, choices=PRECISIONS)
+    add_context_option(chat)
     chat.add_argument("--max-tokens", type=int, default=512)
     chat.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (the default)")
     chat.add_argument("--seed", type=int)
@@ -71,7 +72,9 @@ class TerminalChat:
         while True:
             event = self._events.get()
             if isinstance(event, ModelLoaded):
-                print(f"[{event.name} on {event.device}, {event.precision}, loaded in {event.load_s:.1f} s]", file=sys.stderr)
+                for notice in event.notices:
+                    print(f"[{notice}]", file=sys.stderr)
+                print(f"[{load_line(event)}, loaded in {event.load_s:.1f} s]", file=sys.stderr)
                 return True
             if isinstance(event, (LoadFailed, EngineError)):
                 print(f"error: {event.message}", file=sys.stderr)
@@ -124,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve(args)
     chat = TerminalChat(args)
     try:
-        if not chat.load(args.model, LoadOptions(device=args.device, precision=args.precision)):
+        if not chat.load(args.model, load_options(args)):
             return EXIT_FAILED
         if args.prompt is not None:
             return 0 if chat.ask(args.prompt) else EXIT_FAILED

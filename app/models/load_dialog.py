@@ -4,7 +4,8 @@ It asks the engine to inspect the model (``InspectModel``; the engine thread rea
 the file headers, the GUI never imports torch) and shows, for the chosen
 precision, the weights plus the KV cache for the chosen context length against
 the free GPU and system memory, with a verdict: fits, tight or won't fit.
-Changing the device or the context length asks again (debounced); changing the
+The engine proposes the context (what fits, up to 32 768 tokens) and says why under
+the box. Changing the device or the context length asks again (debounced); changing the
 precision only redraws. "Load" is refused while the choice cannot fit.
 """
 
@@ -151,6 +152,9 @@ class LoadDialog(QDialog):
         form.addRow("Device", self.device_box)
         form.addRow("Precision", self.precision_box)
         form.addRow("Context length", self.context_box)
+        self.context_reason_label = self._wrapping_label("", "color: #6b6259;")
+        self.context_reason_label.setObjectName("loadDialogContextReason")
+        form.addRow("", self.context_reason_label)
         self.device_box.currentIndexChanged.connect(self._reinspect_timer.start)
         self.context_box.valueChanged.connect(self._reinspect_timer.start)
         self.precision_box.currentIndexChanged.connect(self._show_estimate)
@@ -213,6 +217,7 @@ class LoadDialog(QDialog):
         self.context_box.setValue(found.context_length)
         self.context_box.setEnabled(True)
         self.context_box.blockSignals(False)
+        self.context_reason_label.setText(found.context_reason)
 
     def _show_notes(self, notes: tuple[str, ...]) -> None:
         self.message_label.setStyleSheet("color: #6b6259; font-style: italic;")

@@ -2,7 +2,8 @@
 
 ``random-gguf:SHAPE:TYPE`` names one, e.g. ``random-gguf:llama3-8b:q4_k_m``; it is
 written once into Hearth's cache folder (``random-gguf/``, never committed) and
-reused. Shapes: ``llama3-8b``, ``qwen2.5-7b``, ``smollm2-1.7b``, ``smollm2-135m``;
+reused. Shapes: ``llama3-8b``, ``llama3.1-8b`` (the same, stating Llama 3.1's
+131 072-token context), ``qwen2.5-7b``, ``smollm2-1.7b``, ``smollm2-135m``;
 types ``q4_k_m``, ``q4_0``, ``q4_1``, ``q8_0``, each with llama.cpp's own choice of
 block type per tensor (``tensor_type``): Q4_K_M keeps ``output`` (or a tied
 ``token_embd``) and the ``attn_v`` and ``ffn_down`` of the layers ``use_more_bits``
@@ -59,6 +60,7 @@ class Shape:
 
 SHAPES = {
     "llama3-8b": Shape("llama", 4096, 14336, 32, 32, 8, 500000.0, 8192, tied=False),
+    "llama3.1-8b": Shape("llama", 4096, 14336, 32, 32, 8, 500000.0, 131072, tied=False),
     "qwen2.5-7b": Shape("qwen2", 3584, 18944, 28, 28, 4, 1000000.0, 32768, tied=False, qkv_bias=True),
     "smollm2-1.7b": Shape("llama", 2048, 8192, 24, 32, 32, 130000.0, 8192, tied=True),
     "smollm2-135m": Shape("llama", 576, 1536, 30, 9, 3, 100000.0, 8192, tied=True),

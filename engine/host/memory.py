@@ -10,7 +10,8 @@ import psutil
 from engine.protocol.messages import MemoryStats
 
 KV_CACHE_BUDGET_BYTES = 2 * 1024**3
-"""What the KV caches of kept conversations may hold in all, before the least recently used go."""
+"""What the KV caches of kept conversations may hold in all, before the least recently used go, when no context
+was planned at load (the single-stream cache store; random models)."""
 
 
 def device_memory(device: str) -> tuple[int, int, int]:
@@ -24,16 +25,18 @@ def device_memory(device: str) -> tuple[int, int, int]:
     return system.total - system.available, system.available, system.total
 
 
-def kv_pool_budget(device: str) -> int:
-    """Bytes the batch runner's KV pool may take. On a GPU half of what is free once the weights are in (the free
-    device memory and what the allocator holds unused; the other half is left for activations and CUDA graphs);
-    elsewhere ``KV_CACHE_BUDGET_BYTES``, since system memory is shared with everything else."""
+def kv_pool_budget(device: str, planned_bytes: int | None = None) -> int:
+    """Bytes the batch runner's KV pool may take. ``planned_bytes``: the KV cache of the context chosen at load
+    (``LoadedModel.kv_budget_bytes``, ``context_choice``), which the memory estimate counted, so one conversation
+    can fill the whole context and several share it. On a GPU at least that, or half of what is free once the
+    weights are in if more (the free device memory and what the allocator holds unused; the other half is left for
+    activations and CUDA graphs). Without a plan (random models, tests) ``KV_CACHE_BUDGET_BYTES`` on the CPU."""
     if device != "cuda":
-        return KV_CACHE_BUDGET_BYTES
+        return KV_CACHE_BUDGET_BYTES if planned_bytes is None else planned_bytes
     import torch
 
     held_unused = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
-    return (device_memory(device)[1] + held_unused) // 2
+    return max(planned_bytes or 0, (device_memory(device)[1] + held_unused) // 2)
 
 
 def read_memory(device: str, weight_bytes: int, kv_conversation: int, kv_total: int) -> MemoryStats:

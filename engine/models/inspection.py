@@ -3,7 +3,8 @@
 The load dialog asks before loading. This module checks the path the way loading
 does (``inspect_model``: metadata only, nothing executed or allocated), then
 estimates memory for every precision the device can run, against the memory free
-now, and says which precision ``auto`` would pick.
+now, and says which precision ``auto`` would pick and the context a load would take
+(``context_choice``: the one asked for, or the longest that fits up to 32 768 tokens).
 """
 
 from __future__ import annotations
@@ -14,13 +15,8 @@ from typing import Callable
 import torch
 
 from engine.models import default_model
-from engine.models.memory_estimate import (
-    NotEnoughMemoryError,
-    available_memory,
-    choose_precision,
-    estimate,
-    fit_verdict,
-)
+from engine.models.context_choice import DEFAULT_CONTEXT_CAP, ContextChoice, choose_load
+from engine.models.memory_estimate import NotEnoughMemoryError, available_memory, estimate, fit_verdict
 from engine.models.model_files import inspect_model
 from engine.models.model_source import ModelFileError, ModelSource
 from engine.protocol.messages import InspectFailed, InspectModel, LoadOptions, ModelInspected, PrecisionEstimate
@@ -54,26 +50,37 @@ def inspect_for_dialog(
     has_cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
     device = _device(options.device, has_cuda)
     source = inspect_model(_model_path(path))
-    native = source.native_context
-    context_length = options.context_length or native
     available = {"cpu": free_memory("cpu"), "cuda": free_memory("cuda") if has_cuda else 0}
+    auto_precision, context = _auto_choice(source, device, options.context_length, available[device])
     return ModelInspected(
         request_id=request_id,
         path=path,
         name=source.name,
         kind=source.kind,
         n_params=source.n_params,
-        native_context_length=native,
-        context_length=context_length,
+        native_context_length=source.native_context,
+        context_length=context.tokens,
         device=device,
-        estimates=_estimates(source, device, context_length, available[device]),
+        estimates=_estimates(source, device, context.tokens, available[device]),
         available_bytes_cpu=available["cpu"],
         available_bytes_cuda=available["cuda"],
         cuda_available=has_cuda,
-        auto_precision=_auto_precision(source, device, context_length, available[device]),
+        auto_precision=auto_precision,
         notes=source.notes,
         file_type=str(source.config.get("file_type") or "").removeprefix("MOSTLY_"),
+        context_reason=context.reason if auto_precision else "",
     )
+
+
+def _auto_choice(source: ModelSource, device: str, context: int | None, available: int) -> tuple[str | None,
+                                                                                                  ContextChoice]:
+    """What ``auto`` would load: its precision and context, or None and the context asked (else the default's)
+    when nothing fits."""
+    try:
+        return choose_load(source, device, "auto", context, available)
+    except NotEnoughMemoryError:
+        tokens = context or min(DEFAULT_CONTEXT_CAP, source.native_context)
+        return None, ContextChoice(tokens, source.native_context, available, asked=context is not None)
 
 
 def _device(requested: str, has_cuda: bool) -> str:
@@ -101,10 +108,3 @@ def _estimates(source: ModelSource, device: str, context_length: int, available:
         verdict = fit_verdict(needed.total_bytes, available)
         found.append(PrecisionEstimate(precision, needed.weight_bytes, needed.kv_bytes, needed.total_bytes, verdict))
     return tuple(found)
-
-
-def _auto_precision(source: ModelSource, device: str, context_length: int, available: int) -> str | None:
-    try:
-        return choose_precision(source, device, context_length, available)
-    except NotEnoughMemoryError:
-        return None

@@ -61,6 +61,7 @@ class LoadedModel:
     load_s: float
     template: ChatTemplate
     notices: tuple[str, ...] = ()
+    kv_budget_bytes: int | None = None  # what the KV block pool may take (``context_choice``); None: not planned
 
     def render(self, messages: Sequence[ChatMessage]) -> str:
         """The chat as prompt text, ending where the assistant's reply begins (sandboxed template)."""
@@ -98,7 +99,8 @@ class LoadPlan:
     ``formats``: the plan chosen with the memory estimate (``model_open``); None (random
     models, tests) lets the loader choose it from ``precision`` (which may be "auto")
     once it has read the model's config, with ``four_bit_source``: the file stores its
-    layers in 4 bits.
+    layers in 4 bits. ``kv_budget_bytes``: the KV cache the estimate counted for ``context_length``, which the
+    block pool may take (None: not planned, ``kv_pool_budget``'s default).
     """
 
     folder: Path
@@ -110,6 +112,7 @@ class LoadPlan:
     notices: tuple[str, ...] = ()
     four_bit_source: bool = False
     formats: FormatPlan | None = None
+    kv_budget_bytes: int | None = None
 
 
 def is_gguf(plan: LoadPlan) -> bool:
@@ -218,6 +221,7 @@ def _assemble(
         load_s=time.perf_counter() - started,
         template=plan.template,
         notices=plan.notices,
+        kv_budget_bytes=plan.kv_budget_bytes,
     )
 
 

@@ -21,7 +21,8 @@ the same call the loader's plan comes from), so the two cannot disagree about fo
 * Any other GGUF file goes through transformers, which dequantizes every tensor into
   fp32 before the model takes them: ``FP32_BYTES`` per parameter more while it loads.
 * KV cache: 2 (keys and values) × layers × KV heads × head size × context × bytes of the plan's
-  ``kv_cache`` dtype (fp32 on the CPU fast path, which computes in fp32 whatever its weights' format).
+  ``kv_cache`` dtype (fp32 on the CPU fast path, which computes in fp32 whatever its weights' format), the context
+  rounded up to ``KV_POOL_TOKENS``: what the block pool sized from it holds (``context_choice.kv_budget_bytes``).
 * Overhead: activations, allocator slack and the runtime itself, taken as
   ``OVERHEAD_FIXED_BYTES`` plus ``OVERHEAD_FRACTION`` of weights and KV cache.
 
@@ -54,6 +55,9 @@ PRECISION_ORDER = {"cuda": ("bf16", "int8", "int4"), "cpu": ("fp32", "bf16", "in
 FAST_CPU_ORDER = ("fp16", "int4")  # the CPU fast path's: fp16 (+ an int4 decode copy of a 4-bit file), int4 alone
 FAST_LAYER_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": INT4_BYTES}
 FP32_BYTES = 4.0
+KV_POOL_TOKENS = 256
+"""The KV block pool holds whole blocks (16 tokens); a context is counted in whole multiples of this, which any
+block size up to it divides."""
 TIGHT_FRACTION = 0.85
 OVERHEAD_FIXED_BYTES = 256 * 1024**2
 OVERHEAD_FRACTION = 0.05
@@ -233,7 +237,8 @@ def estimate_formats(source: ModelSource, formats: FormatPlan, context_length: i
         weights = estimate_weight_bytes(source.n_params, formats.layers, shape.embedding_params)
         if source.kind == "gguf":
             weights += int(source.n_params * FP32_BYTES)  # transformers' fp32 copy of the whole file
-    kv = estimate_kv_bytes(source.config, context_length, DTYPE_BYTES[formats.kv_cache])
+    pool_tokens = -(-context_length // KV_POOL_TOKENS) * KV_POOL_TOKENS
+    kv = estimate_kv_bytes(source.config, pool_tokens, DTYPE_BYTES[formats.kv_cache])
     overhead = OVERHEAD_FIXED_BYTES + int(OVERHEAD_FRACTION * (weights + kv))
     return MemoryEstimate(weights, kv, overhead, weights + kv + overhead)
 
@@ -280,11 +285,18 @@ def choose_precision(
                 return precision
     smallest_precision = order[-1]
     smallest = estimates[smallest_precision]
-    raise NotEnoughMemoryError(
-        f"{source.name} needs about {_gib(smallest.total_bytes)} on {device} even at {smallest_precision} "
-        f"({_gib(smallest.weight_bytes)} weights + {_gib(smallest.kv_bytes)} KV cache for "
-        f"{context_length} tokens + {_gib(smallest.overhead_bytes)} overhead), but only "
-        f"{_gib(available)} is free. Pick a smaller model, a shorter context, or close other programs."
+    raise not_enough_memory(source, smallest_precision, smallest, context_length, device, available)
+
+
+def not_enough_memory(source: ModelSource, precision: str, needed: MemoryEstimate, context_length: int, device: str,
+                      available_bytes: int) -> NotEnoughMemoryError:
+    """The refusal of ``source`` at ``precision`` (its smallest, under ``auto``) with the figures of ``needed``."""
+    even = "even " if precision == precision_order(source, device)[-1] else ""
+    return NotEnoughMemoryError(
+        f"{source.name} needs about {gib_text(needed.total_bytes)} on {device} {even}at {precision} "
+        f"({gib_text(needed.weight_bytes)} weights + {gib_text(needed.kv_bytes)} KV cache for "
+        f"{context_length} tokens + {gib_text(needed.overhead_bytes)} overhead), but only "
+        f"{gib_text(available_bytes)} is free. Pick a smaller model, a shorter context, or close other programs."
     )
 
 
@@ -295,18 +307,20 @@ def cpu_formats_notice(source: ModelSource, chosen: FormatPlan, context_length: 
     fp16 = estimate(source, "fp16", context_length, "cpu").total_bytes
     if chosen.precision == "fp16":
         copy = " for prompts and an int4 copy for decode steps" if chosen.decode_copy else ""
-        return f"Running fp16 weights{copy}: {_gib(fp16)} in all fits comfortably in the {_gib(available_bytes)} free."
+        return (f"Running fp16 weights{copy}: {gib_text(fp16)} in all fits comfortably in the "
+                f"{gib_text(available_bytes)} free.")
     four_bit = estimate_formats(source, chosen, context_length).total_bytes
     head = "int8" if chosen.output_layer == "int8" else "two int4 planes, about 8 bits"
-    alone = (f"Running from the int4 weights alone ({_gib(four_bit)} in all; the output layer in {head}), "
+    alone = (f"Running from the int4 weights alone ({gib_text(four_bit)} in all; the output layer in {head}), "
              f"prompts included")
     if four_bit_prompts_faster(traits_of(source), chosen.host):
         why = "bf16 matrix tiles" if chosen.host.amx_tiles else "int8 dot products, no fp16 arithmetic"
         return (f"{alone}: on this CPU ({why}) a model this size runs its prompts faster so than from fp16 "
-                f"weights, which would need {_gib(fp16)}.")
-    return (f"{alone}, which makes prompts slower: fp16 weights for prompts would need {_gib(fp16)}, more than fits "
-            f"comfortably in the {_gib(available_bytes)} free.")
+                f"weights, which would need {gib_text(fp16)}.")
+    return (f"{alone}, which makes prompts slower: fp16 weights for prompts would need {gib_text(fp16)}, more than "
+            f"fits comfortably in the {gib_text(available_bytes)} free.")
 
 
-def _gib(n_bytes: int) -> str:
+def gib_text(n_bytes: int) -> str:
+    """``n_bytes`` as the messages word it, e.g. "4.46 GiB"."""
     return f"{n_bytes / 1024**3:.2f} GiB"

@@ -2,10 +2,12 @@
 
 "default" is fetched first if needed. Every path is inspected before anything is
 allocated (``model_files``): a file Hearth refuses raises ``ModelFileError`` with a
-message for the user. Then the memory estimate picks or checks the precision, its
+message for the user. Then ``context_choice`` picks or checks the precision and the
+context together (the user's, or the longest that fits comfortably up to 32 768
+tokens, never past the trained length; the KV pool is sized from it), its
 ``FormatPlan`` is chosen once (``format_plan``), and the folder or GGUF file is loaded
-in it (``loading``). Earlier versions kept a converted
-copy of each GGUF file in the models cache; the first load removes them and says so.
+in it (``loading``). Earlier versions kept a converted copy of each GGUF file in the
+models cache; the first load removes them and says so.
 """
 
 from __future__ import annotations
@@ -16,18 +18,12 @@ from typing import Callable
 
 from engine.chat.chat_template import ChatTemplate
 from engine.host import paths
-from engine.models import default_model
+from engine.models import default_model, memory_estimate
 from engine.models.gguf_check import explain_gguf_errors
 from engine.models.format_plan import FormatPlan, formats_for_source, four_bit_prompts_faster, traits_of
+from engine.models.context_choice import ContextChoice, choose_load, kv_budget_bytes
 from engine.models.loading import LoadedModel, LoadPlan, Progress, load_model, resolve_device
-from engine.models.memory_estimate import (
-    NotEnoughMemoryError,
-    available_memory,
-    choose_precision,
-    cpu_formats_notice,
-    estimate,
-    fit_verdict,
-)
+from engine.models.memory_estimate import cpu_formats_notice
 from engine.models.model_files import inspect_model
 from engine.models.model_source import ModelFileError, ModelSource
 from engine.protocol.channels import EventSink
@@ -46,16 +42,18 @@ def open_model(
     path = _fetch_if_default(requested, emit, is_cancelled)
     source = inspect_model(path)
     device = resolve_device(options.device)
-    context_length = options.context_length or source.native_context
     requested = canonical_precision(options.precision)
-    formats = _plan_formats(source, device.type, requested, context_length)
-    notice = _formats_notice(source, requested, formats, context_length)
+    available = memory_estimate.available_memory(device.type)  # one reading for the precision and the context
+    precision, context = choose_load(source, device.type, requested, options.context_length, available)
+    formats = _plan_formats(source, device.type, requested, precision)
+    notice = _formats_notice(source, requested, formats, context.tokens, available)
     template = ChatTemplate.for_model(source)
     emit(StatusChanged("loading", f"Loading {source.name} on {device.type}…"))
     plan = LoadPlan(
-        source.path, source.name, device, formats.precision, context_length, template,
-        _notices(source, template) + remove_converted_copies() + notice,
+        source.path, source.name, device, formats.precision, context.tokens, template,
+        _notices(source, template) + remove_converted_copies() + notice + _context_notice(context),
         four_bit_source=source.four_bit_layers, formats=formats,
+        kv_budget_bytes=kv_budget_bytes(source, formats, context.tokens),
     )
     if source.kind != "gguf":
         return load_model(plan, progress, is_cancelled)
@@ -63,10 +61,9 @@ def open_model(
         return load_model(plan, progress, is_cancelled)
 
 
-def _plan_formats(source: ModelSource, device: str, requested: str, context_length: int) -> FormatPlan:
-    """The load's formats: ``requested``'s, or under ``auto`` the best precision that fits (with the reason, when
-    ``auto`` ran a 4-bit file from its int4 weights alone on the CPU's fast path)."""
-    precision = _pick_precision(source, device, requested, context_length)
+def _plan_formats(source: ModelSource, device: str, requested: str, precision: str) -> FormatPlan:
+    """The load's formats at ``precision`` (with the reason, when ``auto`` ran a 4-bit file from its int4 weights
+    alone on the CPU's fast path)."""
     formats = formats_for_source(source, device, precision)
     if requested != "auto" or not formats.fast_path or device != "cpu" or precision != "int4":
         return formats
@@ -86,27 +83,18 @@ def _fetch_if_default(requested: str, emit: EventSink, is_cancelled: Callable[[]
         raise ModelFileError(str(exc)) from exc
 
 
-def _pick_precision(source: ModelSource, device: str, requested: str, context_length: int) -> str:
-    """``auto`` takes the best precision that fits; an explicit one is refused if it cannot fit."""
-    if requested == "auto":
-        return choose_precision(source, device, context_length)
-    needed = estimate(source, requested, context_length, device)
-    available = available_memory(device)
-    if fit_verdict(needed.total_bytes, available) == "won't fit":
-        raise NotEnoughMemoryError(
-            f"{source.name} at {requested} needs about {needed.total_bytes / 1024**3:.2f} GiB on {device} "
-            f"(weights and a {context_length}-token KV cache), but only {available / 1024**3:.2f} GiB is free. "
-            "Pick a smaller precision, a shorter context, or close other programs."
-        )
-    return requested
-
-
-def _formats_notice(source: ModelSource, requested: str, formats: FormatPlan, context_length: int) -> tuple[str, ...]:
+def _formats_notice(source: ModelSource, requested: str, formats: FormatPlan, context_length: int,
+                    available: int) -> tuple[str, ...]:
     """The load notice saying which formats ``auto`` chose on the CPU and why (memory), if it chose."""
     if requested != "auto" or formats.device != "cpu":
         return ()
-    notice = cpu_formats_notice(source, formats, context_length, available_memory("cpu"))
+    notice = cpu_formats_notice(source, formats, context_length, available)
     return (notice,) if notice else ()
+
+
+def _context_notice(context: ContextChoice) -> tuple[str, ...]:
+    """The load notice saying which context was chosen and why, when it is shorter than the trained one."""
+    return (f"Context: {context.reason}.",) if context.tokens < context.trained else ()
 
 
 def remove_converted_copies() -> tuple[str, ...]:

@@ -354,7 +354,9 @@ class PrecisionEstimate:
 class ModelInspected:
     """What ``InspectModel`` found: the model, and its estimates on ``device`` for ``context_length`` tokens.
 
-    ``auto_precision`` is what ``precision="auto"`` would pick, or None when nothing fits.
+    ``auto_precision`` is what ``precision="auto"`` would pick, or None when nothing fits. ``context_length`` is
+    the context a load would take (the one asked for, or what fits up to 32 768 tokens), ``context_reason`` that
+    choice in words ("32 768 of 131 072 tokens: what fits in 20.00 GiB free"; "" when nothing fits).
     """
 
     request_id: str
@@ -372,6 +374,7 @@ class ModelInspected:
     auto_precision: str | None
     notes: tuple[str, ...] = ()
     file_type: str = ""  # a GGUF file's quantization as llama.cpp names it ("Q4_K_M"); "" when none is stated
+    context_reason: str = ""
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,35 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     serve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     serve.add_argument("--precision", default="auto", type=canonical_precision, choices=PRECISIONS)
+    add_context_option(serve)
+
+
+def add_context_option(command: argparse.ArgumentParser) -> None:
+    """``--context N``: the context length to load with (at most the trained one; it must fit). Without it, the
+    longest that fits comfortably, up to 32 768 tokens (``context_choice``)."""
+    command.add_argument("--context", type=context_tokens, metavar="TOKENS",
+                         help="context length in tokens (default: what fits, up to 32768; at most the trained length)")
+
+
+def context_tokens(text: str) -> int:
+    """A ``--context`` value: a whole number of tokens, at least 1."""
+    try:
+        tokens = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens") from None
+    if tokens < 1:
+        raise argparse.ArgumentTypeError("the context must be at least 1 token")
+    return tokens
+
+
+def load_options(args: argparse.Namespace) -> LoadOptions:
+    """The ``LoadOptions`` that ``chat`` and ``serve``'s ``--device``, ``--precision`` and ``--context`` ask for."""
+    return LoadOptions(device=args.device, precision=args.precision, context_length=args.context)
+
+
+def load_line(loaded: ModelLoaded) -> str:
+    """The loaded model in one line for the terminal: name, device, formats and context."""
+    return f"{loaded.name} on {loaded.device}, {loaded.precision}, {loaded.context_length}-token context"
 
 
 def serve(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
@@ -41,7 +70,7 @@ def serve(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     hub = EngineHub()
     hub.start()
     try:
-        return _serve_loaded(hub, config, LoadOptions(device=args.device, precision=args.precision), args.model, stop)
+        return _serve_loaded(hub, config, load_options(args), args.model, stop)
     except KeyboardInterrupt:
         return 0
     finally:
@@ -61,7 +90,9 @@ def _serve_loaded(hub: EngineHub, config: ServerConfig, options: LoadOptions, mo
         if not isinstance(loaded, ModelLoaded):
             print(f"error: {loaded.message}", file=sys.stderr)
             return EXIT_FAILED
-        print(f"[{loaded.name} on {loaded.device}, {loaded.precision}; model id '{loaded.name}' at {server.url}]", file=sys.stderr)
+        for notice in loaded.notices:
+            print(f"[{notice}]", file=sys.stderr)
+        print(f"[{load_line(loaded)}; model id '{loaded.name}' at {server.url}]", file=sys.stderr)
         (stop or threading.Event()).wait()
         return 0
     finally:

@@ -162,6 +162,7 @@ class FakeRuntime:
         return ModelInspected(
             request.request_id, request.path, "Fake inspected", "gguf", 500_000_000, 4096, context, "cpu",
             estimates, self._script.free_cpu_bytes, 0, False, fitting[0] if fitting else None, file_type="Q4_K_M",
+            context_reason="" if request.options.context_length else "4 096 tokens: the model's full context",
         )
 
     def _break_off(self, request: Generate, text: str) -> bool:

@@ -18,3 +18,18 @@ def test_an_unknown_precision_is_refused_with_the_choices(capsys: pytest.Capture
     with pytest.raises(SystemExit):
         parse_args(["chat", "--precision", "fp8"])
     assert "int4" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["chat", "serve"])
+def test_the_context_is_asked_for_on_the_command_line(command: str):
+    from engine.server.standalone import load_options
+
+    assert load_options(parse_args([command, "--context", "8192"])).context_length == 8192
+    assert load_options(parse_args([command])).context_length is None  # what fits, up to 32 768
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "32k"])
+def test_a_context_that_is_not_a_positive_number_is_refused(value: str, capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit):
+        parse_args(["serve", "--context", value])
+    assert "--context" in capsys.readouterr().err

@@ -148,6 +148,8 @@ def test_the_load_dialog_shows_the_verdict_and_what_auto_picks(qtbot, chat, wind
 
     assert dialog.precision_box.currentText() == "Auto (bf16 on CPU)"
     assert "(Q4_K_M)" in dialog.summary_label.text(), "the file's quantization is named"
+    assert dialog.context_box.value() == 4096
+    assert dialog.context_reason_label.text() == "4 096 tokens: the model's full context"
     assert dialog.verdict_label.text() == "Fits"
     assert dialog.estimate_labels["weights"].text() == "1.00 GiB"
     assert dialog.estimate_labels["free_cpu"].text() == "2.50 GiB"

@@ -28,6 +28,7 @@ class Shape:
     kv_heads: int = 2
     ffn: int = 512
     extra_vocab: int = 0  # token ids past the byte-level ones (a real-sized table)
+    context: int = 512  # the trained context the file states
 
     @property
     def head_dim(self) -> int:
@@ -78,7 +79,7 @@ def write_random_gguf(path: Path, architecture: str = "llama", layer_type: Q = Q
 
 def _write_metadata(writer: gguf.GGUFWriter, shape: Shape, tokens: list[str]) -> None:
     writer.add_block_count(shape.layers)
-    writer.add_context_length(512)
+    writer.add_context_length(shape.context)
     writer.add_embedding_length(shape.hidden)
     writer.add_feed_forward_length(shape.ffn)
     writer.add_head_count(shape.heads)
@@ -93,6 +94,44 @@ def _write_metadata(writer: gguf.GGUFWriter, shape: Shape, tokens: list[str]) ->
     writer.add_token_merges(["Ġ t"])
     writer.add_eos_token_id(len(tokens) - 1)
     writer.add_bos_token_id(len(tokens) - 1)
+
+
+def write_hollow_gguf(path: Path, shape: Shape, layer_type: Q = Q.Q4_K) -> Path:
+    """A file of ``shape`` whose tensor data is a hole (a sparse file: its headers in a few hundred kilobytes,
+    whatever its size), for what reads only headers (inspection, estimates); never load it. The layers in
+    ``layer_type``, the MLP's down matrices and an untied output layer in Q6_K, as a Q4_K_M file has them."""
+    tokens = byte_tokens() + [f"<extra{i}>" for i in range(shape.extra_vocab)] + ["Ġt", END_OF_TURN]
+    writer = gguf.GGUFWriter(str(path), "llama")
+    _write_metadata(writer, shape, tokens)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    data_bytes = 0
+
+    def matrix(name: str, rows: int, width: int, quant_type: Q = layer_type) -> None:
+        nonlocal data_bytes
+        block, block_bytes = gguf.GGML_QUANT_SIZES[quant_type]
+        row_bytes = width // block * block_bytes
+        writer.add_tensor_info(name, (rows, row_bytes), np.dtype(np.uint8), rows * row_bytes, raw_dtype=quant_type)
+        data_bytes += -(-rows * row_bytes // writer.data_alignment) * writer.data_alignment
+
+    def vector(name: str, size: int, around: float = 1.0) -> None:
+        nonlocal data_bytes
+        writer.add_tensor_info(name, (size,), np.dtype(np.float32), size * 4)
+        data_bytes += -(-size * 4 // writer.data_alignment) * writer.data_alignment
+
+    matrix("token_embd.weight", len(tokens), shape.hidden)
+    matrix("output.weight", len(tokens), shape.hidden, Q.Q6_K)
+    vector("output_norm.weight", shape.hidden)
+    for i in range(shape.layers):
+        _write_layer(f"blk.{i}.", "llama", shape, matrix, vector, six_bit_down=True, six_bit_v=False)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+    headers = path.stat().st_size
+    start = -(-headers // writer.data_alignment) * writer.data_alignment
+    with path.open("r+b") as file:
+        file.truncate(start + data_bytes)
+    return path
 
 
 def _write_layer(prefix: str, architecture: str, shape: Shape, matrix, vector, six_bit_down: bool,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 
 import openai
@@ -42,9 +44,12 @@ def test_serve_answers_and_stops_on_ctrl_c(tiny_model_dir) -> None:
     with socket.socket() as probe:  # a port that is free now
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    process, lines = _start("--model", str(tiny_model_dir), "--port", str(port), "--device", "cpu")
+    process, lines = _start("--model", str(tiny_model_dir), "--port", str(port), "--device", "cpu", "--context", "512")
     try:
-        model_id = _line_matching(lines, r"model id '([^']+)'").group(1)
+        loaded = _line_matching(lines, r"(\d+)-token context; model id '([^']+)'")
+        model_id = loaded.group(2)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=60) as answer:
+            listed = json.load(answer)["data"][0]
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
         # Greedy: sampled at the API's default temperature, the random model's four tokens were once all blank.
         reply = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "Paris"}],
@@ -56,6 +61,15 @@ def test_serve_answers_and_stops_on_ctrl_c(tiny_model_dir) -> None:
 
     assert reply.choices[0].message.content
     assert code == 0
+    assert loaded.group(1) == "512"  # of the 1 024 it was trained for
+    assert (listed["context_length"], listed["max_model_len"]) == (512, 512)
+
+
+def test_serve_refuses_a_context_past_the_trained_one(tiny_model_dir) -> None:
+    process, lines = _start("--model", str(tiny_model_dir), "--device", "cpu", "--context", "4096")
+
+    assert process.wait(timeout=120) == 2
+    assert _line_matching(lines, r"trained for 1 024 tokens of context; a context of 4 096 cannot be used", timeout=10)
 
 
 def test_serve_refuses_other_machines_without_a_key_and_a_taken_port(tiny_model_dir) -> None:

@@ -1,0 +1,116 @@
+"""The context a load takes: what fits up to 32 768 tokens of a Llama 3.1 file stating 131 072, or the one asked
+for; and the KV pool sized from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.forward.paged_kv import PagedKV
+from engine.host.memory import kv_pool_budget
+from engine.models.context_choice import choose_load, kv_budget_bytes
+from engine.models.format_plan import formats_for_source
+from engine.models.inspection import inspect_for_dialog
+from engine.models.memory_estimate import NotEnoughMemoryError
+from engine.models.model_files import inspect_model
+from engine.models.model_source import ModelFileError
+from engine.protocol.messages import LoadOptions, ModelInspected
+from engine.service.batch_runner import BLOCK_SIZE, pool_blocks
+from tests.engine.models.random_gguf import Shape, write_hollow_gguf, write_random_gguf
+
+GIB = 1024**3
+TRAINED = 131_072
+LLAMA31_8B = Shape(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, extra_vocab=128_000, context=TRAINED)
+KV_FP32_PER_TOKEN = 2 * 32 * 8 * 128 * 4  # the CPU fast path keeps keys and values in fp32: 256 KiB a token
+
+
+@pytest.fixture(scope="module")
+def llama31_8b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Q4_K_M file in Llama 3.1 8B's shape (8.03 B parameters) stating 131 072 tokens; its data a hole."""
+    return write_hollow_gguf(tmp_path_factory.mktemp("llama31") / "Llama-3.1-8B-Q4_K_M.gguf", LLAMA31_8B)
+
+
+def _inspect(path: Path, free_bytes: int, context: int | None = None) -> ModelInspected:
+    options = LoadOptions(device="cpu", context_length=context)
+    return inspect_for_dialog(str(path), options, "r", lambda _device: free_bytes, cuda_available=False)
+
+
+def _chosen(found: ModelInspected):
+    return next(item for item in found.estimates if item.precision == found.auto_precision)
+
+
+def test_a_131k_file_opens_on_24_gib_with_32k_tokens_and_says_why(llama31_8b: Path):
+    found = _inspect(llama31_8b, 24 * GIB)
+
+    assert found.n_params > 8_000_000_000
+    assert (found.native_context_length, found.context_length) == (TRAINED, 32_768)
+    assert found.auto_precision == "int4"
+    assert _chosen(found).verdict == "fits"
+    assert _chosen(found).kv_bytes == 32_768 * KV_FP32_PER_TOKEN  # 8 GiB, where 131 072 tokens would take 32
+    assert found.context_reason.startswith("32 768 of 131 072 tokens: the default for chat")
+
+
+def test_on_16_gib_it_opens_with_what_fits_comfortably(llama31_8b: Path):
+    found = _inspect(llama31_8b, 16 * GIB)
+
+    assert 2_048 <= found.context_length < 32_768 and found.context_length % 1_024 == 0
+    assert _chosen(found).verdict == "fits"
+    assert _chosen(found).total_bytes + 1_024 * KV_FP32_PER_TOKEN * 1.05 > 0.85 * 16 * GIB, "the longest that fits"
+    assert found.context_reason == f"{found.context_length:,} of 131,072 tokens: what fits in 16.00 GiB free".replace(
+        ",", " ")
+
+
+def test_a_model_is_refused_only_when_2048_tokens_do_not_fit_beside_its_weights(llama31_8b: Path):
+    source = inspect_model(llama31_8b)
+
+    precision, context = choose_load(source, "cpu", "auto", None, 6 * GIB)
+    assert (precision, context.tokens) == ("int4", 2_048)
+    with pytest.raises(NotEnoughMemoryError, match=r"GiB weights \+ 0.50 GiB KV cache for 2048 tokens"):
+        choose_load(source, "cpu", "auto", None, 5 * GIB)
+    assert _inspect(llama31_8b, 5 * GIB).auto_precision is None
+
+
+def test_a_context_asked_for_is_taken_and_checked(llama31_8b: Path):
+    source = inspect_model(llama31_8b)
+
+    assert choose_load(source, "cpu", "auto", 65_536, 64 * GIB)[1].tokens == 65_536  # past the default cap
+    assert _inspect(llama31_8b, 24 * GIB, context=8_192).context_length == 8_192
+    with pytest.raises(ModelFileError, match="trained for 131 072 tokens"):
+        choose_load(source, "cpu", "auto", TRAINED + 1, 64 * GIB)
+    with pytest.raises(NotEnoughMemoryError, match=r"32.00 GiB KV cache for 131072 tokens.*only 24.00 GiB is free"):
+        choose_load(source, "cpu", "auto", TRAINED, 24 * GIB)
+
+
+def test_the_kv_pool_holds_the_chosen_context_and_the_estimate_counts_it(llama31_8b: Path):
+    source = inspect_model(llama31_8b)
+    precision, context = choose_load(source, "cpu", "auto", None, 16 * GIB)
+    formats = formats_for_source(source, "cpu", precision)
+    one_block = PagedKV(32, 8, 128, 1, BLOCK_SIZE, torch.float32, torch.device("cpu")).bytes_per_block
+
+    budget = kv_pool_budget("cpu", kv_budget_bytes(source, formats, context.tokens))
+
+    assert budget == _chosen(_inspect(llama31_8b, 16 * GIB)).kv_bytes
+    assert pool_blocks(budget, one_block, context.tokens, max_running=4) * BLOCK_SIZE == context.tokens
+    assert kv_pool_budget("cpu", kv_budget_bytes(source, formats, 4_096)) == 4_096 * KV_FP32_PER_TOKEN
+    odd = kv_pool_budget("cpu", kv_budget_bytes(source, formats, 4_001))
+    assert pool_blocks(odd, one_block, 4_001, max_running=4) * BLOCK_SIZE >= 4_001, "a whole context's blocks"
+
+
+def test_a_loaded_131k_file_takes_32k_tokens_and_a_pool_budget_for_them(tmp_path: Path, monkeypatch):
+    from engine.models import memory_estimate, model_open
+
+    path = write_random_gguf(tmp_path / "tiny-131k.gguf", shape=Shape(context=TRAINED))
+    monkeypatch.setattr(memory_estimate, "available_memory", lambda _device: 24 * GIB)
+    per_token = 2 * 2 * 2 * 64 * 4  # 2 layers × 2 KV heads × head size 64, fp32
+
+    def open_with(context: int | None):
+        return model_open.open_model(str(path), LoadOptions(device="cpu", context_length=context), lambda _e: None,
+                                     lambda *_: None, lambda: False)
+
+    loaded = open_with(None)
+    assert (loaded.context_length, loaded.kv_budget_bytes) == (32_768, 32_768 * per_token)
+    assert "Context: 32 768 of 131 072 tokens: the default for chat" in " ".join(loaded.notices)
+    asked = open_with(4_000)
+    assert (asked.context_length, asked.kv_budget_bytes) == (4_000, 4_096 * per_token), "whole blocks"
