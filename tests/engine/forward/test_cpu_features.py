@@ -1,14 +1,25 @@
-"""Which CPU kernels the weight formats use follows the CPU's flags (``cpu_features``), and can be turned off."""
+"""Which CPU kernels the weight formats use follows the CPU's flags (``cpu_features``), within the vector width
+PyTorch runs at, on any system: an AVX2-only CPU (emulated with ``ATEN_CPU_CAPABILITY=avx2``) runs no AVX-512 code."""
 
 from __future__ import annotations
 
-import pytest
+import builtins
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
+import torch
+
+from engine.forward.native.support import CPU_FLAGS
 from engine.host import cpu_features
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("flags, int8_dot", [
-    ({"avx2", "fma"}, False), ({"avx2", "avx_vnni"}, True), ({"avx512f", "avx512_vnni"}, True), ({"amx_int8"}, True),
+    ({"avx2", "fma"}, False), ({"avx2", "avx_vnni"}, True), ({"avx512_f", "avx512_vnni"}, True), ({"amx_int8"}, True),
 ])
 def test_int8_gemms_need_vnni_and_fp16_math_needs_avx512_fp16(flags, int8_dot, monkeypatch):
     monkeypatch.setattr(cpu_features, "_flags", lambda: frozenset(flags))
@@ -17,7 +28,7 @@ def test_int8_gemms_need_vnni_and_fp16_math_needs_avx512_fp16(flags, int8_dot, m
 
 
 def test_bf16_gemms_need_amx_bf16_tiles(monkeypatch):
-    monkeypatch.setattr(cpu_features, "_flags", lambda: frozenset({"avx512f", "avx512_bf16", "amx_int8"}))
+    monkeypatch.setattr(cpu_features, "_flags", lambda: frozenset({"avx512_f", "avx512_bf16", "amx_int8"}))
     assert cpu_features.has_bf16_matmul() is False
     monkeypatch.setattr(cpu_features, "_flags", lambda: frozenset({"amx_tile", "amx_bf16"}))
     assert cpu_features.has_bf16_matmul() is True
@@ -39,5 +50,59 @@ def test_amx_tiles_need_the_flags_and_linux_s_grant(monkeypatch):
     assert cpu_features.has_bf16_matmul() and not cpu_features.has_amx_tiles()
     monkeypatch.setattr(cpu_features, "_tiles_granted", lambda: True)
     assert cpu_features.has_amx_tiles()
-    monkeypatch.setattr(cpu_features, "_flags", lambda: frozenset({"avx512f"}))
+    monkeypatch.setattr(cpu_features, "_flags", lambda: frozenset({"avx512_f"}))
     assert not cpu_features.has_amx_tiles()
+
+
+@pytest.fixture
+def cpu(monkeypatch):
+    """Stands in for PyTorch's view of the CPU: ``cpu(capability, flags)``; the flags are read afresh."""
+
+    def answering(capability: str, flags: set[str]) -> None:
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+        monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {**dict.fromkeys(flags, True), "l1d_cache_size": 1})
+        cpu_features._flags.cache_clear()
+
+    yield answering
+    cpu_features._flags.cache_clear()
+
+
+def test_an_avx2_capability_hides_the_avx512_and_amx_flags_the_cpu_has(cpu):
+    """A laptop's width: the flags beyond it do not count, those within it (AVX-VNNI's int8 dots) still do."""
+    every = {"avx2", "fma3", "avx_vnni", *CPU_FLAGS, "avx512_fp16", "amx_bf16"}
+    cpu("AVX512", every)
+    assert cpu_features.has_flags(CPU_FLAGS) and cpu_features.has_fp16_math() and cpu_features.has_bf16_matmul()
+    cpu("AVX2", every)
+    assert not cpu_features.has_flags(("avx512_f",)) and not cpu_features.has_fp16_math()
+    assert not cpu_features.has_bf16_matmul() and cpu_features.has_int8_dot() and cpu_features.has_flags(("avx2",))
+    cpu("DEFAULT", every)
+    assert not cpu_features.has_int8_dot() and not cpu_features.has_flags(("avx2",))
+
+
+def test_the_flags_need_no_proc_cpuinfo(monkeypatch):
+    """Windows and macOS have no ``/proc``: the flags come from PyTorch's cpuid reading all the same."""
+    opened = builtins.open
+
+    def no_proc(file, *args, **kwargs):
+        if str(file).startswith("/proc"):
+            raise FileNotFoundError(file)
+        return opened(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", no_proc)
+    cpu_features._flags.cache_clear()
+    try:
+        offered = {name for name, on in torch.cpu.get_capabilities().items() if on is True}
+        wide = torch.backends.cpu.get_cpu_capability() == "AVX512"
+        assert cpu_features.has_flags(CPU_FLAGS) is (wide and offered.issuperset(CPU_FLAGS))
+        assert cpu_features.has_flags(("sse2",)) is ("sse2" in offered)
+    finally:
+        cpu_features._flags.cache_clear()
+
+
+def test_an_avx2_only_cpu_runs_none_of_hearths_avx512_kernels():
+    asks = ("from engine.forward.native import build, support; from engine.host import cpu_features; "
+            "print(support.may_run(), cpu_features.has_flags(('avx512_f',)), build.library() is None)")
+    environment = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", asks], capture_output=True, text=True, timeout=300, cwd=REPO,
+                            env=environment, check=True)
+    assert result.stdout.split() == ["False", "False", "True"]
