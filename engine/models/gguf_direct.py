@@ -6,7 +6,7 @@ alone (it reads no tensor), and ``GGUFState`` hands ``FastLlama`` the tensors un
 Face's names, each read from the file and decoded when it is asked for
 (``engine.forward.weights.gguf_blocks``): a load holds the packed weights and one layer's
 tensors on their way there, never the whole file decoded. Each tensor's bytes are read
-(``os.pread``) rather than mapped, so the pages of tensors already packed do not stay in
+(``tensor_reads.read_exactly``) rather than mapped, so the pages of tensors already packed do not stay in
 the process's resident memory beside their packed form; a layer's tensor is read into one
 buffer the state keeps (``REUSED_READ_BYTES``), since reading each into fresh memory cost a
 page fault per 4 KiB: 1.8 s of an 8B model's load.

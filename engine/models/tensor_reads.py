@@ -1,13 +1,14 @@
 """What the lazy weight mappings of model files share: the mapping's frame and exact reads (engine thread).
 
 ``GGUFState`` and ``SafetensorsState`` each hand ``FastLlama`` one tensor when it asks,
-read with ``os.preadv`` into a buffer of its own (their module docstrings say why not
-a memory map).
+read into a buffer of its own (their module docstrings say why not a memory map) through
+an unbuffered file's ``readinto``: one ``read`` call a chunk straight into the buffer, on
+Linux, macOS and Windows alike (Windows has no ``os.pread``/``os.preadv``; on Linux a 256 MiB
+read took the same 0.02 s either way).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,14 +30,13 @@ class LazyTensors(Mapping[str, Any]):
 
 
 def read_exactly(path: Path, buffer: memoryview, start: int) -> None:
-    """Fill ``buffer`` from ``path`` at ``start`` (a single read returns at most ~2 GiB on Linux)."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
+    """Fill ``buffer`` from ``path`` at ``start``; OSError where the file ends first. A file of its own each call, so
+    threads never share a position (a single read returns at most ~2 GiB on Linux, so it loops)."""
+    with open(path, "rb", buffering=0) as file:
+        file.seek(start)
         done = 0
         while done < len(buffer):
-            got = os.preadv(descriptor, [buffer[done:]], start + done)
-            if got == 0:
+            got = file.readinto(buffer[done:])
+            if not got:
                 raise OSError(f"{path.name} ended while reading a tensor (it changed since it was checked)")
             done += got
-    finally:
-        os.close(descriptor)
