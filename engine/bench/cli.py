@@ -268,8 +268,10 @@ def _chat(args: argparse.Namespace, show) -> dict[str, Any]:
 
 
 def _described(model_path: str, loaded: Any) -> dict[str, Any]:
+    from engine.forward.native.build import kernels_variant
+
     return {"model": model_path, "device": loaded.device, "precision": loaded.precision,
-            "backend": type(loaded.backend).__name__, "path": "batch"}
+            "backend": type(loaded.backend).__name__, "path": "batch", "kernels": kernels_variant(loaded.device)}
 
 
 def _turns(args: argparse.Namespace, show) -> dict[str, Any]:

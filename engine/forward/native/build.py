@@ -1,11 +1,13 @@
-"""Compiling ``kernels.c`` once per machine and loading it (engine thread; ``library`` is cached after the first call).
+"""Compiling ``kernels.c`` once per machine and loading it (engine thread; ``kernels`` is cached after the first call).
 
-The library goes to ``<cache>/kernels/`` under a name made from the source, the flags
-and the compiler's version, so an edited kernel or a new compiler builds afresh and
-an unchanged one loads in a millisecond. It is built with ``-fopenmp`` and loaded after
-PyTorch, whose ``libgomp.so.1`` it then shares: one pool of threads for both, sized by
+The library goes to ``<cache>/kernels/`` under a name made from the source, the flags,
+the compiler's path and its version, so an edited kernel or a new compiler builds afresh
+and an unchanged one loads in a millisecond. A build that fails leaves the compiler's
+message beside it under the same name (``.failed``): later starts read it and do not try
+again until the source or the compiler changes. It is built with ``-fopenmp`` and loaded
+after PyTorch, whose ``libgomp.so.1`` it then shares: one pool of threads for both, sized by
 ``torch.set_num_threads``. Nothing here is required: no compiler, a CPU without the
-instructions or a failed build (logged once) leave it None.
+instructions or a failed build leave ``library()`` None, and ``kernels().off_reason`` says why.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch  # first: the library's libgomp.so.1 is PyTorch's
@@ -50,25 +53,52 @@ log = logging.getLogger("hearth.kernels")
 _ACTIVATION_CODES = Scratch(torch.uint8)
 
 
+@dataclass(frozen=True)
+class NativeKernels:
+    """The loaded kernels, or None with the reason they are off (in words, for the load's notice)."""
+
+    library: ctypes.CDLL | None
+    off_reason: str = ""
+
+
 @functools.cache
-def library() -> ctypes.CDLL | None:
-    """The loaded kernels, or None where they cannot run here (the module docstring)."""
+def kernels() -> NativeKernels:
+    """This process's kernels, built or read from the cache on the first call (the module docstring)."""
     if not may_run():
-        return None
+        return NativeKernels(None, "this CPU lacks AVX-512 with VNNI and VBMI")
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
-        log.info("No C compiler found: Hearth's CPU kernels stay off, PyTorch's run instead.")
-        return None
+        return _off("no C compiler was found")
     try:
         loaded = _loaded(compiler)
     except (OSError, subprocess.SubprocessError) as error:
-        log.warning("Hearth's CPU kernels could not be built (%s); PyTorch's run instead.", error)
-        return None
+        return _off(f"they could not be built: {error}")
     for name, arguments in SIGNATURES.items():
         function = getattr(loaded, name)
         function.argtypes, function.restype = arguments, None
     loaded.amx_enable.argtypes, loaded.amx_enable.restype = (), I32
-    return loaded
+    return NativeKernels(loaded)
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None where they cannot run here (``kernels``)."""
+    return kernels().library
+
+
+def kernels_variant(device: str) -> str:
+    """Which of Hearth's CPU kernels a model on ``device`` runs, as benchmarks record it: "avx512", or "none"."""
+    return "avx512" if device == "cpu" and library() is not None else "none"
+
+
+def off_notices() -> tuple[str, ...]:
+    """The load's notice where the kernels are off (``LoadedModel.notices``), else none."""
+    reason = kernels().off_reason
+    return (f"Hearth's CPU kernels are off, so replies are slower: {reason}.",) if reason else ()
+
+
+def _off(reason: str) -> NativeKernels:
+    log.warning("Hearth's CPU kernels are off (%s); PyTorch's run instead.", reason)
+    return NativeKernels(None, reason)
 
 
 def _loaded(compiler: str) -> ctypes.CDLL:
@@ -82,22 +112,35 @@ def _loaded(compiler: str) -> ctypes.CDLL:
 
 
 def _built(compiler: str) -> Path:
-    """The library for this source, flags and compiler, compiled first where the cache lacks it."""
+    """The library for this source, flags and compiler, compiled first where the cache lacks it; raises OSError with
+    the compiler's message where this build failed before (``.failed``) or fails now (and records it)."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), *COMPILE_FLAGS, version]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), *COMPILE_FLAGS, compiler, version]).encode()).hexdigest()[:16]
     folder = cache_dir() / "kernels"
     target = folder / f"hearth-kernels-{key}.so"
+    failure = target.with_suffix(".failed")
     if target.exists():
         return target
+    if failure.exists():
+        raise OSError(f"{_last_line(failure.read_text())} (recorded in {failure}; not retried until the source or "
+                      "the compiler changes)")
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
         built = Path(scratch) / target.name
         result = subprocess.run([compiler, *COMPILE_FLAGS, str(SOURCE), "-o", str(built), "-lm"],
                                 capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
         if result.returncode != 0:
-            raise OSError(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "the compiler failed")
+            message = result.stderr or f"{compiler} exited with {result.returncode}"
+            failure.write_text(message)
+            raise OSError(_last_line(message))
         os.replace(built, target)  # whole or not at all, should two processes build at once
     return target
+
+
+def _last_line(message: str) -> str:
+    """The compiler's last words, which name what stopped it."""
+    lines = message.strip().splitlines()
+    return lines[-1] if lines else "the compiler failed"
 
 
 def address(tensor: torch.Tensor) -> int:

@@ -101,8 +101,12 @@ def test_the_flags_need_no_proc_cpuinfo(monkeypatch):
 
 def test_an_avx2_only_cpu_runs_none_of_hearths_avx512_kernels():
     asks = ("from engine.forward.native import build, support; from engine.host import cpu_features; "
-            "print(support.may_run(), cpu_features.has_flags(('avx512_f',)), build.library() is None)")
+            "print(support.may_run(), cpu_features.has_flags(('avx512_f',)), build.library() is None, "
+            "build.kernels_variant('cpu'), build.off_notices())")
     environment = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-c", asks], capture_output=True, text=True, timeout=300, cwd=REPO,
                             env=environment, check=True)
-    assert result.stdout.split() == ["False", "False", "True"]
+    may_run, avx512, off, variant, notices = result.stdout.strip().split(" ", 4)
+    assert (may_run, avx512, off, variant) == ("False", "False", "True", "none")
+    assert "lacks AVX-512" in notices
+

@@ -190,30 +190,47 @@ def test_decode_attention_matches_pytorchs_over_runs_of_the_pool(heads, kv_heads
 
 def test_without_the_kernels_the_callers_keep_pytorchs_ops(monkeypatch):
     monkeypatch.setattr(build, "may_run", lambda: False)  # a CPU without the instructions
-    build.library.cache_clear()
+    build.kernels.cache_clear()
     try:
-        assert build.library() is None
+        assert build.library() is None and build.kernels_variant("cpu") == "none"
+        assert "lacks AVX-512" in build.off_notices()[0]
         assert not native_int4.covers(128, 96, 32) and not native_attention.covers(6, 2, 32)
         groups = int4_groups_of(torch.randn(128, 96) * 0.05)
         run, _ = pack_quantized(groups, None, "int4")
         x = torch.randn(2, 96)
         assert torch.allclose(run(x), x @ _dequantized(groups).t(), atol=1e-2)
     finally:
-        build.library.cache_clear()  # built again, where it may, once ``may_run`` is restored
+        build.kernels.cache_clear()  # built again, where it may, once ``may_run`` is restored
 
 
-def test_a_failed_build_leaves_the_kernels_off(monkeypatch, tmp_path):
+def test_a_failed_build_is_recorded_and_not_retried_until_the_source_changes(monkeypatch, tmp_path):
+    """A compiler that fails costs one attempt, not one at every start: later starts read its message from the
+    cache and say why the kernels are off, until the source (or the compiler) changes."""
+    attempts = tmp_path / "attempts"
     failing = tmp_path / "cc"
-    failing.write_text("#!/bin/sh\necho 'cc: error: no such thing' >&2\nexit 1\n")
+    failing.write_text(f"#!/bin/sh\n[ \"$1\" = --version ] && exit 0\necho x >> {attempts}\n"
+                       "echo 'cc: error: no such thing' >&2\nexit 1\n")
     failing.chmod(0o755)
     monkeypatch.setenv("CC", str(failing))
     monkeypatch.setattr(build, "may_run", lambda: True)
     monkeypatch.setattr(build, "cache_dir", lambda: tmp_path)
-    build.library.cache_clear()
+
+    def started() -> build.NativeKernels:
+        build.kernels.cache_clear()  # a new process
+        return build.kernels()
+
     try:
-        assert build.library() is None
+        first, second = started(), started()
+        assert first.library is None and second.library is None and build.kernels_variant("cpu") == "none"
+        assert attempts.read_text().count("x") == 1
+        assert "cc: error: no such thing" in first.off_reason and "recorded" in second.off_reason
+        assert "no such thing" in build.off_notices()[0]
+        edited = tmp_path / "kernels.c"
+        edited.write_text(build.SOURCE.read_text() + "\n// edited\n")
+        monkeypatch.setattr(build, "SOURCE", edited)
+        assert started().library is None and attempts.read_text().count("x") == 2
     finally:
-        build.library.cache_clear()
+        build.kernels.cache_clear()
 
 
 @needs_kernels
