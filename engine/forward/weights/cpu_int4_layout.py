@@ -12,6 +12,10 @@ copy (about a quarter of decoding them into codes and packing those, measured on
 Llama-3-8B's Q4_K matrices); where Hearth's kernels are built, one pass in C instead
 (``native``: 3.8 against 6.9 s of an 8B-shape Q4_K_M file's load, which took 24 s
 against 31).
+
+That is the layout of PyTorch's AVX-512 build of the kernel; its AVX2 and plain builds (a laptop's CPU, or
+``ATEN_CPU_CAPABILITY=avx2``) block the rows otherwise, so there (``torch_takes_this_layout``) the op lays the
+codes out and nothing here writes or reads its bytes.
 """
 
 from __future__ import annotations
@@ -24,9 +28,16 @@ from engine.forward.weights.packed_sizes import CPU_INT4_PACK_ROWS
 HALF = CPU_INT4_PACK_ROWS // 2  # rows whose codes a byte's low nibbles hold; the next as many take the high ones
 
 
+def torch_takes_this_layout() -> bool:
+    """Whether PyTorch's CPU int4 kernel takes the bytes laid out here (its AVX-512 build)."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX512"
+
+
 def packed_from_codes(q: torch.Tensor, tiles: int) -> torch.Tensor:
-    """q [N, K] in 0…15 as the kernel's bytes [N, K / 2] uint8; a last block of fewer than 64 rows goes through
-    the op."""
+    """q [N, K] in 0…15 as the kernel's bytes [N, K / 2] uint8; a last block of fewer than 64 rows, or every row
+    where the kernel takes another layout, goes through the op."""
+    if not torch_takes_this_layout():
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), tiles)
     rows, width = q.shape
     whole = rows // CPU_INT4_PACK_ROWS * CPU_INT4_PACK_ROWS
     codes = q.to(torch.uint8)

@@ -110,3 +110,13 @@ def test_an_avx2_only_cpu_runs_none_of_hearths_avx512_kernels():
     assert (may_run, avx512, off, variant) == ("False", "False", "True", "none")
     assert "lacks AVX-512" in notices
 
+
+def test_on_an_avx2_only_cpu_the_built_in_model_still_answers(default_model_path: Path):
+    """PyTorch's AVX2 build of its int4 kernel blocks the rows otherwise than its AVX-512 one, so the 4-bit decode
+    copy is laid out by PyTorch there (``cpu_int4_layout``): given the AVX-512 layout it answered noise."""
+    ask = [sys.executable, "-m", "engine", "chat", "--model", str(default_model_path), "--device", "cpu",
+           "--prompt", "What is the capital of France?", "--max-tokens", "12"]
+    environment = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "PYTHONPATH": str(REPO)}
+    result = subprocess.run(ask, capture_output=True, text=True, timeout=600, cwd=REPO, env=environment, check=True)
+    assert "int4 copy for decoding" in result.stderr and "kernels are off" in result.stderr
+    assert "Paris" in result.stdout
