@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from engine.bench.peer_llama import peak_rss_bytes
+from engine.host.memory import peak_rss_bytes
 
 PROBE_IDS = list(range(16))  # a short prompt that any vocabulary holds
 

@@ -1,9 +1,13 @@
 """Memory readings for the performance figures (engine thread).
 
-Device memory is the GPU's when the model runs on CUDA, system memory otherwise.
+Device memory is the GPU's when the model runs on CUDA, system memory otherwise. System
+memory and the process's resident size come from ``psutil`` on every system; the peak
+resident size from the OS's own count (``peak_rss_bytes``).
 """
 
 from __future__ import annotations
+
+import sys
 
 import psutil
 
@@ -51,3 +55,14 @@ def read_memory(device: str, weight_bytes: int, kv_conversation: int, kv_total: 
         device_total_bytes=total,
         process_rss_bytes=psutil.Process().memory_info().rss,
     )
+
+
+def peak_rss_bytes() -> int:
+    """The most this process has had resident (any thread): Windows' peak working set, elsewhere ``ru_maxrss``
+    (KiB on Linux, where it is ``VmHWM``; bytes on macOS)."""
+    if sys.platform == "win32":
+        return psutil.Process().memory_info().peak_wset
+    import resource  # not on Windows
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
