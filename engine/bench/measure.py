@@ -8,7 +8,6 @@ one, prompts planned by ``prompt.plan_prompt``. The baseline is plain
 
 from __future__ import annotations
 
-import resource
 import statistics
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import torch
 
 from engine.bench.runner_replies import Reply, ReplyDriver
 from engine.chat.prompt import plan_prompt, reply_budget
+from engine.host.memory import peak_rss_bytes
 from engine.models.loading import LoadedModel
 from engine.protocol.messages import ChatMessage
 
@@ -141,7 +141,7 @@ def peak_memory_bytes(device: torch.device) -> int:
     """GPU memory high-water mark on CUDA, else the process's peak resident size."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return peak_rss_bytes()
 
 
 @dataclass(frozen=True)
