@@ -121,20 +121,30 @@ class EngineThread:
                 if isinstance(request, Shutdown):
                     self._refuse(arrived[index + 1 :])
                     return
-                self._guarded(runtime.handle, request)
+                self._handle(runtime, request)
             if runtime.has_work:
-                self._guarded(runtime.step)
+                self._step(runtime)
 
-    def _guarded(self, call: Callable, *request: Request) -> None:
-        """``call(*request)``; a failure is reported and the loop goes on (a failed ``Generate`` ends with a reply
-        event, so no waiter hangs; the runtime ends the replies a failed step left)."""
+    def _handle(self, runtime: Runtime, request: Request) -> None:
+        """A failure is reported and the loop goes on; a failed ``Generate`` ends with a reply event, so no waiter
+        hangs."""
         try:
-            call(*request)
+            runtime.handle(request)
         except Exception as exc:
-            traceback.print_exc()
-            self._emit(EngineError(f"{type(exc).__name__}: {exc}"))
-            if request and isinstance(request[0], Generate):
-                self._emit(ReplyFailed(request[0].request_id, engine_failure_message(exc)))
+            self._report(exc)
+            if isinstance(request, Generate):
+                self._emit(ReplyFailed(request.request_id, engine_failure_message(exc)))
+
+    def _step(self, runtime: Runtime) -> None:
+        """A failure is reported and the loop goes on (the runtime has ended the replies the step left)."""
+        try:
+            runtime.step()
+        except Exception as exc:
+            self._report(exc)
+
+    def _report(self, exc: Exception) -> None:
+        traceback.print_exc()
+        self._emit(EngineError(f"{type(exc).__name__}: {exc}"))
 
     def _refuse(self, requests: list[Request]) -> None:
         """Replies asked for after the ``Shutdown`` end at once, so that no waiter hangs."""

@@ -137,3 +137,18 @@ def test_replies_running_when_a_load_ends_finish_on_the_old_model_before_it_swap
         prompt = tiny_loaded.tokenize(tiny_loaded.render(chat))
         assert ends[request_id].text == reply_alone(tiny_loaded, prompt, sampling).text
     assert ends["new-0"].text == ends["old-0"].text
+
+
+def test_a_reply_waiting_for_a_load_can_be_cancelled_and_the_load_goes_on(slow_loads, engine_driver) -> None:
+    engine = engine_driver()
+    try:
+        engine.thread.submit(LoadModel("slow-load", "slow:big-model"))
+        engine.thread.submit(Generate("early", "conv", (ChatMessage("user", "Hi"),)))
+        engine.thread.submit(Cancel("early"))
+        failed = engine.wait_for(ReplyFailed)
+        assert failed.request_id == "early" and "cancelled while it waited" in failed.message
+        assert slow_loads.started.wait(10)
+        engine.thread.submit(Cancel("slow-load"))
+        assert engine.wait_for(LoadFailed).request_id == "slow-load"
+    finally:
+        engine.thread.stop()

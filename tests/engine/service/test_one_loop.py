@@ -9,7 +9,9 @@ import time
 import pytest
 
 from engine.protocol.messages import (
+    ENGINE_FAILURE,
     ChatMessage,
+    EngineError,
     ForgetConversation,
     Generate,
     InspectFailed,
@@ -200,3 +202,26 @@ def test_the_transformers_fallback_answers_an_inspection_while_it_streams(tiny_m
     answer = next(e for e in seen if isinstance(e, (ModelInspected, InspectFailed)))
     assert isinstance(answer, ModelInspected)
     assert sum(isinstance(e, TokenStreamed) for e in seen[seen.index(answer):]) >= 10, "the reply streamed on after it"
+
+
+def test_a_step_that_fails_ends_every_running_reply_and_the_engine_goes_on(engine, monkeypatch) -> None:
+    from engine.service.batch_runner import BatchRunner
+
+    real_step = BatchRunner.step
+    steps = []
+
+    def failing_step(self, memory) -> None:
+        real_step(self, memory)
+        steps.append(1)
+        if len(steps) == 3:  # the prompts are in, the replies have said a token or two
+            raise RuntimeError("the scheduler lost its place")
+
+    monkeypatch.setattr(BatchRunner, "step", failing_step)
+    for index in range(3):
+        _ask(engine, f"crash-{index}", QUESTIONS[index], SamplingParams(temperature=0, max_new_tokens=30))
+    ended = [engine.wait_for(EngineError, ReplyFailed) for _ in range(4)]
+    failed = [e for e in ended if isinstance(e, ReplyFailed)]
+    assert any(isinstance(e, EngineError) and "the scheduler lost its place" in e.message for e in ended)
+    assert {f.request_id for f in failed} == {f"crash-{index}" for index in range(3)}
+    assert all(f.message.startswith(ENGINE_FAILURE) for f in failed)
+    assert engine.ask("after-crash", [ChatMessage("user", "Hi")]).reply.stats.tokens_generated > 0
