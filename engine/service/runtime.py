@@ -55,7 +55,7 @@ from engine.protocol.messages import (
     engine_failure_message,
 )
 from engine.service.background_load import CANCELLED_MESSAGE, BackgroundLoad, LoadDone
-from engine.service.batch_runner import BatchRunner
+from engine.service.batch_runner import BatchRunner, MemoryReading
 from engine.service.reply_events import ReplyEvents
 from engine.service.sequence_runner import SequenceRunner
 
@@ -75,7 +75,7 @@ class Runner(Protocol):
     def add(self, request_id: str, conversation_id: str, prompt_ids: list[int], sampling: SamplingParams,
             events: ReplyEvents) -> None: ...
 
-    def step(self, memory: Callable[[int], MemoryStats]) -> None: ...
+    def step(self, memory: MemoryReading) -> None: ...
 
     def forget_conversation(self, conversation_id: str) -> None: ...
 

@@ -24,10 +24,9 @@ from engine.chat.cache_store import CacheStore
 from engine.chat.generation import CachedSequence, ReplyOutcome, ReplyState, feed, reuse_prefix
 from engine.host.memory import KV_CACHE_BUDGET_BYTES
 from engine.models.loading import LoadedModel
-from engine.protocol.messages import FinishReason, MemoryStats, SamplingParams
+from engine.protocol.messages import FinishReason, SamplingParams
+from engine.service.batch_runner import MemoryReading
 from engine.service.reply_events import ReplyEvents, is_out_of_memory
-
-MemoryReading = Callable[[int], MemoryStats]  # (this request's KV bytes) -> the memory figures
 
 
 @dataclass
