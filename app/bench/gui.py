@@ -60,11 +60,12 @@ class StallMeter:
 def streaming_runtime(tokens: int, rate: float):
     """A fake runtime that writes ``tokens`` tokens of Markdown with a code block at ``rate`` per second."""
     from engine.protocol.messages import Generate, LoadModel, ModelLoaded, ReplyFinished, RequestStats, TokenStreamed
+    from engine.service.worker import ServesWhole
 
     prose = ["Here ", "is ", "**some** ", "text ", "that ", "a ", "model ", "writes.\n\n"] * 6
     pieces = prose + ["```python\n", "def f(x):\n", "    return x\n", "```\n\n"]
 
-    class Runtime:
+    class Runtime(ServesWhole):
         def __init__(self, emit, watch) -> None:
             self._emit = emit
             self._watch = watch

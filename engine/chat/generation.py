@@ -1,18 +1,15 @@
-"""The decode loop: prefill what the cache lacks, then one token per step (engine thread).
+"""One reply's generation, whichever runner steps it (engine thread).
 
-``ReplyState`` is one reply's sampler, detokenizer and stop strings; ``DecodeLoop``
-runs one reply to its end with it, and the batch runner keeps one per sequence.
-
-Between two steps the loop asks whether the request was cancelled, so a Stop is
-acknowledged within one decode step; it asks before the prefill too (a request
-cancelled while queued runs no forward pass) and between two prefill chunks. It
-stops on end-of-sequence, a stop string, the token budget or a full context, and
-says which.
+``ReplyState`` is one reply's sampler, detokenizer and stop strings: it says each
+sampled token and tells when the reply stops (end-of-sequence, a stop string, the
+token budget, a full context or a cancel) and why. ``CachedSequence`` is one
+conversation's KV cache over a single-sequence backend, which ``reuse_prefix``
+crops to what a new prompt shares with it and ``feed`` extends. The runners in
+``engine/service`` (``batch_runner``, ``sequence_runner``) drive these a step at a time.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -25,7 +22,6 @@ from engine.protocol.messages import FinishReason, SamplingParams
 from engine.scheduler.block_pool import common_prefix_length
 
 OnText = Callable[[str, int], None]  # (new text, tokens generated so far)
-OnPrefill = Callable[[int, float], None]  # (tokens reused from the cache, prefill ms)
 
 
 @dataclass
@@ -64,22 +60,10 @@ def crop_sequence(backend: Backend, seq: CachedSequence, length: int) -> None:
 
 
 def feed(backend: Backend, seq: CachedSequence, token_ids: Sequence[int]) -> torch.Tensor:
-    """Append tokens to the cache in chunks; logits after the last one, [V]."""
-    logits = prefill(backend, seq, token_ids, lambda: False)
-    assert logits is not None
-    return logits
-
-
-def prefill(backend: Backend, seq: CachedSequence, token_ids: Sequence[int],
-            is_cancelled: Callable[[], bool]) -> torch.Tensor | None:
-    """``feed``, asking before each further chunk whether the request was cancelled; ``None`` if it was (the
-    chunks fed so far stay in the cache)."""
+    """Append tokens to the cache, ``backend.prefill_chunk`` at a time; logits after the last one, [V]."""
     assert token_ids, "feed() needs at least one token"
-    logits = None
     size = backend.prefill_chunk
     for start in range(0, len(token_ids), size):
-        if start and is_cancelled():
-            return None
         chunk = list(token_ids[start : start + size])
         logits = backend.forward(chunk, seq.kv, len(seq.token_ids))
         seq.token_ids.extend(chunk)
@@ -89,7 +73,7 @@ def prefill(backend: Backend, seq: CachedSequence, token_ids: Sequence[int],
 class ReplyState:
     """One reply's sampler, detokenizer and stop-string filter, and the tokens it has said so far.
 
-    The decode loop keeps one; the batch runner (``engine/service/batch_runner.py``) one per sequence.
+    A runner (``engine/service``) keeps one per request.
     """
 
     def __init__(self, tokenizer: Any, sampling: SamplingParams, eos_ids: frozenset[int], context_length: int,
@@ -146,43 +130,3 @@ class ReplyState:
         if self.sampling.repetition_penalty == 1.0:
             return torch.empty(0, dtype=torch.long, device=self.device)
         return torch.tensor([*self.prompt_ids, *self.generated], dtype=torch.long, device=self.device)  # [N]
-
-
-@dataclass
-class DecodeLoop:
-    """One reply run to its end over one ``CachedSequence``."""
-
-    backend: Backend
-    tokenizer: Any
-    sampling: SamplingParams
-    eos_ids: frozenset[int]
-    context_length: int
-    is_cancelled: Callable[[], bool]
-    on_prefill: OnPrefill
-    on_text: OnText
-
-    def run(self, seq: CachedSequence, prompt_ids: Sequence[int]) -> ReplyOutcome:
-        if self.is_cancelled():  # cancelled while it waited in the queue: no forward pass for it
-            return self._cancelled_before_reply(0, time.perf_counter())
-        reused = reuse_prefix(self.backend, seq, prompt_ids)
-        started = time.perf_counter()
-        logits = prefill(self.backend, seq, prompt_ids[reused:], self.is_cancelled)
-        if logits is None:
-            return self._cancelled_before_reply(reused, started)
-        reply = ReplyState(self.tokenizer, self.sampling, self.eos_ids, self.context_length, self.backend.device,
-                           prompt_ids, self.on_text)
-        token = reply.sample(logits)  # the first host sync
-        prefill_ms = (time.perf_counter() - started) * 1000
-        self.on_prefill(reused, prefill_ms)
-        first_token_at = time.perf_counter()
-        while (reason := reply.accept(token, len(seq.token_ids), self.is_cancelled)) is None:
-            token = reply.sample(feed(self.backend, seq, [token]))
-        text = reply.close()
-        decode_ms = (time.perf_counter() - first_token_at) * 1000
-        return ReplyOutcome(text, reason, reused, prefill_ms, first_token_at, decode_ms, len(reply.generated))
-
-    def _cancelled_before_reply(self, reused: int, started: float) -> ReplyOutcome:
-        """The reply ends, cancelled, before its first token: nothing is said."""
-        prefill_ms = (time.perf_counter() - started) * 1000
-        self.on_prefill(reused, prefill_ms)
-        return ReplyOutcome("", "cancelled", reused, prefill_ms, time.perf_counter(), 0.0, 0)

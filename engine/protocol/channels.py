@@ -2,9 +2,8 @@
 
 ``EventSink`` is how any engine-side code reports an event; it is called on the
 engine thread or the loader thread and hands the event on. ``CancelWatch`` is the
-engine thread's view of its inbox between two steps of a long request. Both live
-here, below the worker, the runtime and the loaders, so none of those imports another
-to reach them.
+engine thread's view of its inbox. Both live here, below the worker, the runtime
+and the loaders, so none of those imports another to reach them.
 """
 
 from __future__ import annotations
@@ -19,43 +18,50 @@ EventSink = Callable[[Event], None]
 
 
 class CancelWatch:
-    """Lets a long request ask "was I cancelled?" between two steps.
+    """The engine thread's inbox, and which requests were cancelled.
 
-    Requests other than ``Cancel`` that arrive meanwhile are kept, in order, for
-    the thread to handle next; a ``Shutdown`` also cancels what is running.
+    Every request that arrives is noted as it is read (a ``Cancel`` marks its request
+    cancelled; a ``Shutdown`` marks every request cancelled) and kept, in order, for
+    the engine thread to handle. ``is_cancelled`` reads the inbox too, so a request
+    that runs long inside one call still sees its ``Cancel``.
     """
 
     def __init__(self, inbox: "queue.Queue[Request]") -> None:
         self._inbox = inbox
         self._cancelled: set[str] = set()
-        self._deferred: collections.deque[Request] = collections.deque()
+        self._arrived: collections.deque[Request] = collections.deque()
         self._shutting_down = False
 
     def is_cancelled(self, request_id: str) -> bool:
         self._drain()
         return self._shutting_down or request_id in self._cancelled
 
-    def next_request(self, timeout: float | None = None) -> Request | None:
-        """The next request: a deferred one first, else wait on the inbox (``None`` after ``timeout``)."""
-        if self._deferred:
-            return self._deferred.popleft()
-        try:
-            request = self._inbox.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if isinstance(request, Cancel):
-            self._cancelled.add(request.request_id)
-        return request
-
-    def take(self, kind: type) -> list:
-        """Requests of ``kind`` that arrived meanwhile, in order, taken out of the queue; the rest stay."""
+    def arrived(self, timeout: float | None = None) -> list[Request]:
+        """Every request that arrived and was not taken yet, in order; if there is none, waits up to
+        ``timeout`` seconds for one (``0``: not at all) and returns what came (``[]`` if nothing did)."""
         self._drain()
-        taken = [r for r in self._deferred if isinstance(r, kind)]
-        if taken:
-            self._deferred = collections.deque(r for r in self._deferred if not isinstance(r, kind))
+        if not self._arrived and timeout != 0:
+            try:
+                self._note(self._inbox.get(timeout=timeout))
+            except queue.Empty:
+                return []
+            self._drain()
+        taken = list(self._arrived)
+        self._arrived.clear()
         return taken
 
+    def next_request(self, timeout: float | None = None) -> Request | None:
+        """The oldest request not taken yet, waiting up to ``timeout`` seconds for one (``None`` if none came);
+        for a runtime that reads its inbox while it serves one request to its end."""
+        if not self._arrived:
+            try:
+                self._note(self._inbox.get(timeout=timeout))
+            except queue.Empty:
+                return None
+        return self._arrived.popleft()
+
     def forget(self, request_id: str) -> None:
+        """The request has ended: a ``Cancel`` for it no longer matters."""
         self._cancelled.discard(request_id)
 
     def post(self, request: object) -> None:
@@ -65,11 +71,12 @@ class CancelWatch:
     def _drain(self) -> None:
         while True:
             try:
-                request = self._inbox.get_nowait()
+                self._note(self._inbox.get_nowait())
             except queue.Empty:
                 return
-            if isinstance(request, Cancel):
-                self._cancelled.add(request.request_id)
-            else:
-                self._shutting_down |= isinstance(request, Shutdown)
-                self._deferred.append(request)
+
+    def _note(self, request: Request) -> None:
+        if isinstance(request, Cancel):
+            self._cancelled.add(request.request_id)
+        self._shutting_down |= isinstance(request, Shutdown)
+        self._arrived.append(request)

@@ -123,7 +123,7 @@ class ForgetConversation:
 
 @dataclass(frozen=True)
 class Shutdown:
-    """Stop the engine thread after the request in progress."""
+    """Stop the engine thread after the step in progress; every reply still running ends (``ReplyFailed``)."""
 
 
 @dataclass(frozen=True)
@@ -290,6 +290,14 @@ class ReplyFailed:
     request_id: str
     message: str
     partial_text: str = ""
+
+
+ENGINE_FAILURE = "The engine failed while handling this request"  # how a ReplyFailed from a crash begins
+
+
+def engine_failure_message(exc: Exception) -> str:
+    """A ``ReplyFailed`` message for a reply the engine's own failure ended."""
+    return f"{ENGINE_FAILURE}: {type(exc).__name__}: {exc}"
 
 
 @dataclass(frozen=True)

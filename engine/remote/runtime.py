@@ -21,6 +21,7 @@ from engine.remote.http_stream import RemoteError, get_json, never_cancelled, no
 from engine.remote.watched_socket import Cancelled
 from engine.remote.reply import RemoteReply
 from engine.protocol.channels import CancelWatch, EventSink
+from engine.service.worker import ServesWhole
 from engine.protocol.messages import (
     Cancel,
     Generate,
@@ -43,8 +44,9 @@ CONNECT_CANCELLED = "Connecting was cancelled; the model in use stays."
 MODELS_SHOWN_IN_ERRORS = 8
 
 
-class RemoteRuntime:
-    """Holds the chosen remote model (a server and a model id); one request at a time."""
+class RemoteRuntime(ServesWhole):
+    """Holds the chosen remote model (a server and a model id); one request at a time, each served whole:
+    other requests wait for a reply to end, while a ``Cancel`` reaches it between two of its chunks."""
 
     def __init__(self, emit: EventSink, watch: CancelWatch) -> None:
         self._emit = emit

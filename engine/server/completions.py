@@ -19,8 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from engine.server.engine_link import EngineLink, RequestStream
 from engine.server.errors import ApiError, error_body
 from engine.server.openai_schema import CompletionAsk, choice, envelope, finish_reason, parse_chat, parse_completion, usage
-from engine.protocol.messages import Event, PrefillDone, ReplyFailed, ReplyFinished, TokenStreamed
-from engine.service.worker import ENGINE_FAILURE
+from engine.protocol.messages import ENGINE_FAILURE, Event, PrefillDone, ReplyFailed, ReplyFinished, TokenStreamed
 
 T = TypeVar("T")
 BODY_TIMEOUT_S = 60.0  # a slow client may not hold a request open longer while sending its body

@@ -97,6 +97,13 @@ class BatchRunner:
         if self.conversations.forget(conversation_id):
             self._report(force=True)  # the panel's pool figures change
 
+    def abandon_all(self, message: str) -> None:
+        """Every request in flight ends now with ``ReplyFailed(message)`` and its text so far; the runner is not
+        stepped again (the engine shuts down, or a step failed unexpectedly)."""
+        for active in self._active.values():
+            active.events.broke_off(message)
+        self._active.clear()
+
     def step(self, memory: MemoryReading) -> None:
         """One forward pass over every running sequence, and what it means for each request."""
         self._drop_cancelled(memory)

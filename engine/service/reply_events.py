@@ -1,4 +1,4 @@
-"""One reply's events, as the single-stream runtime and the batch runner both send them (engine thread).
+"""One reply's events, as both runners (``batch_runner``, ``sequence_runner``) send them (engine thread).
 
 ``ReplyEvents`` turns a reply's progress (prefill done, each piece of text, the end or
 a failure) into ``PrefillDone``, ``TokenStreamed``, ``ReplyFinished`` and
@@ -83,5 +83,9 @@ class ReplyEvents:
         self._emit(ReplyFinished(self.request_id, outcome.text, stats))
 
     def failed(self, exc: Exception) -> None:
-        self._emit(ReplyFailed(self.request_id, failure_message(exc), self.text))
+        self.broke_off(failure_message(exc))
+
+    def broke_off(self, message: str) -> None:
+        """The reply ends here, for ``message``; what it said so far is kept."""
+        self._emit(ReplyFailed(self.request_id, message, self.text))
 

@@ -46,6 +46,7 @@ from engine.protocol.messages import (
     TokenStreamed,
 )
 from engine.service.client import AsyncEngine
+from engine.service.worker import ServesWhole
 
 GIB = 1024**3
 FAKE_WEIGHTS_FP32 = 2 * GIB
@@ -92,7 +93,7 @@ class FakeScript:
         return self.replies_by_prompt.get(request.messages[-1].content, self.reply_tokens)
 
 
-class FakeRuntime:
+class FakeRuntime(ServesWhole):
     """Answers LoadModel, InspectModel and Generate like the real runtime, without a model."""
 
     def __init__(self, emit: EventSink, watch: CancelWatch, script: FakeScript) -> None:

@@ -22,13 +22,14 @@ from app.window.main_window import MainWindow
 from engine.protocol.channels import CancelWatch, EventSink
 from engine.protocol.messages import Generate, LoadModel, ModelLoaded, Request, TokenStreamed
 from engine.service.client import AsyncEngine
+from engine.service.worker import ServesWhole
 
 STREAM_S = 1.6
 QUESTION = "Tell me everything"
 SECOND_QUESTION = "Tell me more"
 
 
-class EndlessRuntime:
+class EndlessRuntime(ServesWhole):
     """Loads instantly and answers every Generate with words, forever; later Generates join in turn."""
 
     def __init__(self, emit: EventSink, watch: CancelWatch) -> None:

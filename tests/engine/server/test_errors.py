@@ -14,6 +14,7 @@ from engine.server.config import ServerConfig
 from engine.server.server import ApiServer
 from engine.protocol.messages import Generate, ModelLoaded, StatusChanged
 from engine.service.fanout import EngineHub
+from engine.service.worker import ServesWhole
 
 CHAT = "/v1/chat/completions"
 
@@ -166,7 +167,7 @@ def test_binding_beyond_loopback_needs_a_key() -> None:
     ServerConfig(host="0.0.0.0", port=0, api_key="k").check()
 
 
-class _StuckRuntime:
+class _StuckRuntime(ServesWhole):
     """A runtime that reports one state and never gets a model: the server must answer 503, not hang."""
 
     state = "loading"
@@ -217,7 +218,7 @@ def test_metrics_are_prometheus_text(served_tiny) -> None:
     assert "# TYPE hearth_time_to_first_token_seconds histogram" in text
 
 
-class _CrashingRuntime:
+class _CrashingRuntime(ServesWhole):
     """Has a model, but every reply raises inside the engine (a bug, a lost device)."""
 
     def __init__(self, emit, watch) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.bench.runner_replies import ReplyDriver
+import pytest
+
 from engine.chat.prompt import PromptPlan
 from engine.protocol.messages import (
     BatchSampled,
@@ -29,14 +30,14 @@ def _messages(index: int) -> tuple[ChatMessage, ...]:
     return (ChatMessage("user", f"Tell me about {TOPICS[index]} ({index})"),)
 
 
-def _alone(tiny_loaded, prompt_ids: list[int], sampling: SamplingParams) -> str:
-    sampling = replace(sampling, stop=sampling.stop + tiny_loaded.template.stop_strings)
-    driver = ReplyDriver(tiny_loaded, len(prompt_ids) + sampling.max_new_tokens)  # a fresh pool: a batch of one
-    return driver.reply(prompt_ids, sampling.max_new_tokens, sampling=sampling).text
-
-
 def _prompt(tiny_loaded, index: int) -> list[int]:
     return tiny_loaded.tokenize(tiny_loaded.render(_messages(index)))
+
+
+@pytest.fixture
+def alone(tiny_loaded, reply_alone):
+    """``alone(prompt_ids, sampling)``: the text the tiny model says for the prompt alone."""
+    return lambda prompt_ids, sampling: reply_alone(tiny_loaded, prompt_ids, sampling).text
 
 
 class _Events:
@@ -66,7 +67,7 @@ class _Events:
         return most
 
 
-def test_eight_requests_joining_at_different_steps_say_what_each_says_alone(engine, tiny_loaded) -> None:
+def test_eight_requests_joining_at_different_steps_say_what_each_says_alone(engine, tiny_loaded, alone) -> None:
     events = _Events(engine)
     for index in range(8):
         engine.thread.submit(Generate(f"join-{index}", f"c{index}", _messages(index), LONG_GREEDY))
@@ -75,11 +76,11 @@ def test_eight_requests_joining_at_different_steps_say_what_each_says_alone(engi
     finished = events.finished({f"join-{i}" for i in range(8)})
     assert events.most_at_once() >= 3, "several replies streamed at once"
     for index in range(8):
-        assert finished[f"join-{index}"].text == _alone(tiny_loaded, _prompt(tiny_loaded, index), LONG_GREEDY)
+        assert finished[f"join-{index}"].text == alone(_prompt(tiny_loaded, index), LONG_GREEDY)
         assert finished[f"join-{index}"].stats.prompt_tokens == len(_prompt(tiny_loaded, index))
 
 
-def test_cancelling_one_of_eight_streams_leaves_the_other_seven_unchanged(engine, tiny_loaded) -> None:
+def test_cancelling_one_of_eight_streams_leaves_the_other_seven_unchanged(engine, tiny_loaded, alone) -> None:
     sampling = SamplingParams(temperature=0, max_new_tokens=40)
     events = _Events(engine)
     for index in range(8):
@@ -90,7 +91,7 @@ def test_cancelling_one_of_eight_streams_leaves_the_other_seven_unchanged(engine
     assert finished["cancel-5"].stats.finish_reason in ("cancelled", "eos")
     assert finished["cancel-5"].stats.tokens_generated < 40
     for index in (0, 1, 2, 3, 4, 6, 7):
-        assert finished[f"cancel-{index}"].text == _alone(tiny_loaded, _prompt(tiny_loaded, index), sampling)
+        assert finished[f"cancel-{index}"].text == alone(_prompt(tiny_loaded, index), sampling)
 
 
 class _Recorder:
@@ -113,7 +114,7 @@ def _runner(tiny_loaded, budget_bytes: int | None = None, cancelled=frozenset())
 
 def _add(runner: BatchRunner, recorder: _Recorder, request_id: str, prompt_ids: list[int], sampling: SamplingParams) -> None:
     events = ReplyEvents(recorder, request_id, PromptPlan(prompt_ids, ()), 0.0, 1024, 0.0)
-    stops = runner._loaded.template.stop_strings  # as the runtime adds them, and ``_alone``
+    stops = runner._loaded.template.stop_strings  # as the runtime adds them, and ``reply_alone``
     runner.add(request_id, request_id, prompt_ids, replace(sampling, stop=sampling.stop + stops), events)
 
 
@@ -123,7 +124,7 @@ def _memory(held: int):
     return read_memory("cpu", 0, held, 0)
 
 
-def test_eight_chats_with_one_long_system_prompt_hold_it_once(tiny_loaded) -> None:
+def test_eight_chats_with_one_long_system_prompt_hold_it_once(tiny_loaded, alone) -> None:
     runner, recorder = _runner(tiny_loaded)
     system = tiny_loaded.tokenize("The quick brown fox jumps over the lazy dog. " * 100)[:1000]
     sampling = SamplingParams(temperature=0, max_new_tokens=30)
@@ -144,10 +145,10 @@ def test_eight_chats_with_one_long_system_prompt_hold_it_once(tiny_loaded) -> No
         runner.step(_memory)
     assert all(recorder.of(PrefillDone, r)[0].reused_tokens >= 992 for r in prompts)
     for request_id, prompt in prompts.items():
-        assert recorder.of(ReplyFinished, request_id)[0].text == _alone(tiny_loaded, prompt, sampling)
+        assert recorder.of(ReplyFinished, request_id)[0].text == alone(prompt, sampling)
 
 
-def test_a_full_pool_makes_a_request_wait_and_then_completes_it(tiny_loaded) -> None:
+def test_a_full_pool_makes_a_request_wait_and_then_completes_it(tiny_loaded, alone) -> None:
     probe, _ = _runner(tiny_loaded)
     runner, recorder = _runner(tiny_loaded, budget_bytes=12 * probe.bytes_per_block)  # 12 blocks of 16 positions
     sampling = SamplingParams(temperature=0, max_new_tokens=30)
@@ -160,7 +161,7 @@ def test_a_full_pool_makes_a_request_wait_and_then_completes_it(tiny_loaded) -> 
     while runner.has_work:
         runner.step(_memory)
     for name, prompt in prompts.items():
-        assert recorder.of(ReplyFinished, name)[0].text == _alone(tiny_loaded, prompt, sampling)
+        assert recorder.of(ReplyFinished, name)[0].text == alone(prompt, sampling)
     samples = [e for e in recorder.events if isinstance(e, BatchSampled)]
     assert samples and samples[0].waiting == 1 and samples[0].pool.blocks_total == 12
 
@@ -176,7 +177,7 @@ def test_a_prompt_larger_than_the_pool_fails_clearly_and_the_next_one_works(tiny
     assert recorder.of(ReplyFinished, "small")[0].stats.tokens_generated > 0
 
 
-def test_a_request_whose_sampling_fails_ends_alone_with_a_message(tiny_loaded) -> None:
+def test_a_request_whose_sampling_fails_ends_alone_with_a_message(tiny_loaded, alone) -> None:
     runner, recorder = _runner(tiny_loaded)
     sampling = SamplingParams(temperature=0, max_new_tokens=5)
     _add(runner, recorder, "bad", [5, 6, 7, 8], sampling)
@@ -189,7 +190,7 @@ def test_a_request_whose_sampling_fails_ends_alone_with_a_message(tiny_loaded) -
     while runner.has_work:
         runner.step(_memory)
     assert "the sampler was given nonsense" in recorder.of(ReplyFailed, "bad")[0].message
-    assert recorder.of(ReplyFinished, "good")[0].text == _alone(tiny_loaded, [9, 10, 11], sampling)
+    assert recorder.of(ReplyFinished, "good")[0].text == alone([9, 10, 11], sampling)
     assert runner.scheduler.pool.counts()[0] == 0
 
 
@@ -205,7 +206,8 @@ def test_the_batch_reports_its_state_and_ends_reported_idle(tiny_loaded) -> None
     assert samples[-1].pool.blocks_cached == 3, "the finished replies' blocks stay cached for reuse"
 
 
-def test_cancelled_requests_never_reach_a_forward_pass_and_the_others_say_the_same(tiny_loaded, monkeypatch) -> None:
+def test_cancelled_requests_never_reach_a_forward_pass_and_the_others_say_the_same(
+        tiny_loaded, monkeypatch, alone) -> None:
     cancelled: set[str] = set()
     runner, recorder = _runner(tiny_loaded, cancelled=cancelled)
     rows: list[list[tuple[int, ...]]] = []  # the token ids of each row of each forward pass
@@ -230,4 +232,4 @@ def test_cancelled_requests_never_reach_a_forward_pass_and_the_others_say_the_sa
         stats = recorder.of(ReplyFinished, request_id)[0].stats
         assert (stats.finish_reason, stats.tokens_generated) == ("cancelled", 0)
         assert recorder.of(TokenStreamed, request_id) == []
-    assert recorder.of(ReplyFinished, "keep")[0].text == _alone(tiny_loaded, keep, sampling)
+    assert recorder.of(ReplyFinished, "keep")[0].text == alone(keep, sampling)

@@ -16,9 +16,10 @@ from engine.protocol.messages import (
     TokenStreamed,
 )
 from engine.service.fanout import EngineHub
+from engine.service.worker import ServesWhole
 
 
-class _EchoRuntime:
+class _EchoRuntime(ServesWhole):
     """Answers each Generate with one token and a finish, each LoadModel with a ModelLoaded; idles with memory."""
 
     def __init__(self, emit, watch) -> None:

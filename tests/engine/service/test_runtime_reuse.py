@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+import pytest
 
-from engine.bench.runner_replies import Reply, ReplyDriver
-from engine.chat.generation import common_prefix_length
 from engine.protocol.messages import (
     BatchSampled,
     Cancel,
@@ -18,42 +16,41 @@ from engine.protocol.messages import (
     SamplingParams,
     TokenStreamed,
 )
+from engine.scheduler.block_pool import common_prefix_length
 
 SHORT_GREEDY = SamplingParams(temperature=0, max_new_tokens=8)
 
 
-def _fresh(tiny_loaded, messages: list[ChatMessage]) -> Reply:
-    """The reply from an empty pool, a batch of one: what the engine must say too.
+@pytest.fixture
+def fresh(tiny_loaded, reply_alone):
+    """``fresh(messages)``: the reply from an empty cache, alone: what the engine must say too.
 
-    (A new conversation in the engine is no longer fresh: it reuses any cached prefix of any conversation.)
+    (A new conversation in the engine is not fresh: it reuses any cached prefix of any conversation.)
     """
-    sampling = replace(SHORT_GREEDY, stop=SHORT_GREEDY.stop + tiny_loaded.template.stop_strings)
-    prompt = _prompt_ids(tiny_loaded, messages)
-    return ReplyDriver(tiny_loaded, len(prompt) + sampling.max_new_tokens).reply(prompt, sampling.max_new_tokens,
-                                                                                  sampling=sampling)
+    return lambda messages: reply_alone(tiny_loaded, _prompt_ids(tiny_loaded, messages), SHORT_GREEDY)
 
 
 def _prompt_ids(tiny_loaded, messages: list[ChatMessage]) -> list[int]:
     return tiny_loaded.tokenize(tiny_loaded.render(messages))
 
 
-def test_ten_turns_reuse_the_cache_and_match_a_fresh_cache(engine, tiny_loaded) -> None:
+def test_ten_turns_reuse_the_cache_and_match_a_fresh_cache(engine, tiny_loaded, fresh) -> None:
     history: list[ChatMessage] = []
     previous_prompt: list[int] = []
     for turn in range(10):
         history.append(ChatMessage("user", f"Hi {turn}"))
         reused = engine.ask("ten-turns", history)
-        fresh = _fresh(tiny_loaded, history)
+        alone = fresh(history)
         prompt = _prompt_ids(tiny_loaded, history)
-        assert reused.reply.text == fresh.text
-        assert fresh.stats.reused_tokens == 0
+        assert reused.reply.text == alone.text
+        assert alone.stats.reused_tokens == 0
         assert reused.prefill.prompt_tokens == len(prompt)
         assert len(previous_prompt) <= reused.prefill.reused_tokens < len(prompt)
         previous_prompt = prompt
         history.append(ChatMessage("assistant", reused.reply.text))
 
 
-def test_editing_an_earlier_message_crops_the_cache_at_the_edit(engine, tiny_loaded) -> None:
+def test_editing_an_earlier_message_crops_the_cache_at_the_edit(engine, tiny_loaded, fresh) -> None:
     history = [ChatMessage("user", "Hi one"), ChatMessage("assistant", "a"), ChatMessage("user", "Hi two"),
                ChatMessage("assistant", "b"), ChatMessage("user", "Hi three")]
     engine.ask("edit", history)
@@ -62,7 +59,7 @@ def test_editing_an_earlier_message_crops_the_cache_at_the_edit(engine, tiny_loa
     after = _prompt_ids(tiny_loaded, edited)
     turn = engine.ask("edit", edited)
     assert turn.prefill.reused_tokens == common_prefix_length(before, after)
-    assert turn.reply.text == _fresh(tiny_loaded, edited).text
+    assert turn.reply.text == fresh(edited).text
 
 
 def test_regenerate_reuses_all_but_one_prompt_token_and_repeats_the_greedy_reply(engine, tiny_loaded) -> None:
@@ -73,14 +70,14 @@ def test_regenerate_reuses_all_but_one_prompt_token_and_repeats_the_greedy_reply
     assert again.reply.text == first.reply.text
 
 
-def test_switching_among_three_conversations_keeps_each_cache(engine, tiny_loaded) -> None:
+def test_switching_among_three_conversations_keeps_each_cache(engine, tiny_loaded, fresh) -> None:
     histories = {name: [] for name in ("a", "b", "c")}
     prompts = {name: [] for name in histories}
     for turn in range(3):
         for name, history in histories.items():
             history.append(ChatMessage("user", f"{name} says {turn}"))
             result = engine.ask(f"switch-{name}", history)
-            assert result.reply.text == _fresh(tiny_loaded, history).text
+            assert result.reply.text == fresh(history).text
             assert result.prefill.reused_tokens >= len(prompts[name])
             if turn:
                 assert result.prefill.reused_tokens > 0
@@ -128,7 +125,8 @@ def _next_pool_sample(engine) -> BatchSampled:
     return engine.wait_for(BatchSampled)
 
 
-def test_forgetting_a_conversation_frees_its_own_blocks_and_keeps_the_shared_system_prompt(engine, tiny_loaded) -> None:
+def test_forgetting_a_conversation_frees_its_own_blocks_and_keeps_the_shared_system_prompt(
+        engine, tiny_loaded, fresh) -> None:
     system = ChatMessage("system", "You are Hearth, a patient assistant who answers in plain words. " * 4)
     apples, pears = [system, ChatMessage("user", "Tell me about apples")], [system, ChatMessage("user", "Tell me about pears")]
     engine.ask("forget-a", apples)
@@ -145,4 +143,4 @@ def test_forgetting_a_conversation_frees_its_own_blocks_and_keeps_the_shared_sys
     assert after.pool.blocks_cached < before.pool.blocks_cached
     assert pears_again.prefill.reused_tokens >= len(_prompt_ids(tiny_loaded, pears)), "B's cache is whole"
     assert apples_again.prefill.reused_tokens == shared, "only what A shares with B is left of A"
-    assert apples_again.reply.text == _fresh(tiny_loaded, apples).text
+    assert apples_again.reply.text == fresh(apples).text
