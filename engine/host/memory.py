@@ -30,17 +30,22 @@ def device_memory(device: str) -> tuple[int, int, int]:
 
 
 def kv_pool_budget(device: str, planned_bytes: int | None = None) -> int:
-    """Bytes the batch runner's KV pool may take. ``planned_bytes``: the KV cache of the context chosen at load
-    (``LoadedModel.kv_budget_bytes``, ``context_choice``), which the memory estimate counted, so one conversation
-    can fill the whole context and several share it. On a GPU at least that, or half of what is free once the
-    weights are in if more (the free device memory and what the allocator holds unused; the other half is left for
-    activations and CUDA graphs). Without a plan (random models, tests) ``KV_CACHE_BUDGET_BYTES`` on the CPU."""
-    if device != "cuda":
-        return KV_CACHE_BUDGET_BYTES if planned_bytes is None else planned_bytes
-    import torch
+    """Bytes the batch runner's KV pool may take (called once the weights are in).
 
-    held_unused = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
-    return max(planned_bytes or 0, (device_memory(device)[1] + held_unused) // 2)
+    ``planned_bytes``: the KV cache of the context chosen at load (``LoadedModel.kv_budget_bytes``,
+    ``context_choice``), which the memory estimate counted, so one conversation can always fill the whole context.
+    The pool takes more where memory is spare, so several conversations' prefixes stay cached beside it: on the CPU
+    up to ``KV_CACHE_BUDGET_BYTES`` or a quarter of the free memory, whichever is less; on a GPU half of what is free
+    (the free device memory and what the allocator holds unused; the other half is left for activations and CUDA
+    graphs). Without a plan (random models, tests) that spare share alone."""
+    if device == "cuda":
+        import torch
+
+        held_unused = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+        spare = (device_memory(device)[1] + held_unused) // 2
+    else:
+        spare = min(KV_CACHE_BUDGET_BYTES, device_memory(device)[1] // 4)
+    return max(planned_bytes or 0, spare)
 
 
 def read_memory(device: str, weight_bytes: int, kv_conversation: int, kv_total: int) -> MemoryStats:

@@ -7,7 +7,8 @@ user names a context, a load takes the longest that fits comfortably (``fit_verd
 after the weights, at the KV dtype its ``FormatPlan`` keeps, up to ``DEFAULT_CONTEXT_CAP`` and never past the
 trained length. A model is refused only when even ``MIN_CONTEXT`` tokens do not fit beside its weights.
 
-The KV block pool is sized from the same choice (``kv_budget_bytes``), and the estimate counts exactly that.
+The KV block pool holds at least the chosen context (``kv_budget_bytes``), which the estimate counts; it
+takes more only from memory that is spare once the weights are in (``host.memory.kv_pool_budget``).
 """
 
 from __future__ import annotations

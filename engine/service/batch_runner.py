@@ -12,6 +12,7 @@ out after steps that changed the batch, at most ``1 / SAMPLE_INTERVAL_S`` times 
 from __future__ import annotations
 
 import collections
+import itertools
 import gc
 import time
 from dataclasses import dataclass
@@ -61,7 +62,8 @@ class BatchRunner:
     def __init__(self, loaded: LoadedModel, emit: EventSink, is_cancelled: Callable[[str], bool],
                  budget_bytes: int | None = None, step_tokens: int | None = None,
                  max_running: int | None = None) -> None:
-        """``budget_bytes``: what the KV pool may take; by default ``kv_pool_budget`` of the model's device.
+        """``budget_bytes``: what the KV pool may take; by default ``kv_pool_budget`` of the model's device and its
+        planned context (``LoadedModel.kv_budget_bytes``).
         ``step_tokens`` and ``max_running`` (``Scheduler``): by default what the backend names for its device
         (``BatchBackend.batch_step_tokens``, ``batch_max_running``)."""
         self._loaded = loaded
@@ -71,7 +73,7 @@ class BatchRunner:
         self._emit = emit
         self._is_cancelled = is_cancelled
         self.bytes_per_block = self._backend.new_pool(1, BLOCK_SIZE).bytes_per_block
-        budget = kv_pool_budget(loaded.device) if budget_bytes is None else budget_bytes
+        budget = kv_pool_budget(loaded.device, loaded.kv_budget_bytes) if budget_bytes is None else budget_bytes
         blocks = pool_blocks(budget, self.bytes_per_block, loaded.context_length, max_running)
         self.kv = self._backend.new_pool(blocks, BLOCK_SIZE)
         self.scheduler = Scheduler(BlockPool(blocks, BLOCK_SIZE), step_tokens, max_running, pacer=StepPacer())
@@ -218,6 +220,7 @@ class BatchRunner:
         while self._sampled_tokens and self._sampled_tokens[0][0] < now - THROUGHPUT_WINDOW_S:
             self._sampled_tokens.popleft()
         span = now - self._sampled_tokens[0][0] if len(self._sampled_tokens) > 1 else 0.0
-        rate = sum(count for _, count in self._sampled_tokens) / span if span > 0 else 0.0
+        after_first = itertools.islice(self._sampled_tokens, 1, None)  # the first sample's tokens came before the span
+        rate = sum(count for _, count in after_first) / span if span > 0 else 0.0
         self._last_sample = (now, state)
         self._emit(BatchSampled(state[0], state[1], rate, state[2], now))

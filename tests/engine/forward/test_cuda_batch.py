@@ -130,7 +130,10 @@ def test_captured_bucket_graphs_give_the_eager_steps_tokens():
     assert greedy_batched(graphed, 12) == greedy_batched(eager, 12)
 
 
-def test_the_pool_budget_is_the_cpu_budget_off_a_gpu():
+def test_the_pool_budget_off_a_gpu_is_the_cpu_budget_where_memory_is_plenty(monkeypatch):
+    from engine.host import memory
+
+    monkeypatch.setattr(memory, "device_memory", lambda _device: (0, 64 * KV_CACHE_BUDGET_BYTES, 0))
     assert kv_pool_budget("cpu") == KV_CACHE_BUDGET_BYTES
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine.forward.paged_kv import PagedKV
+from engine.host import memory
 from engine.host.memory import kv_pool_budget
 from engine.models.context_choice import choose_load, kv_budget_bytes
 from engine.models.format_plan import formats_for_source
@@ -83,12 +84,13 @@ def test_a_context_asked_for_is_taken_and_checked(llama31_8b: Path):
         choose_load(source, "cpu", "auto", TRAINED, 24 * GIB)
 
 
-def test_the_kv_pool_holds_the_chosen_context_and_the_estimate_counts_it(llama31_8b: Path):
+def test_the_kv_pool_holds_the_chosen_context_and_the_estimate_counts_it(llama31_8b: Path, monkeypatch):
     source = inspect_model(llama31_8b)
     precision, context = choose_load(source, "cpu", "auto", None, 16 * GIB)
     formats = formats_for_source(source, "cpu", precision)
     one_block = PagedKV(32, 8, 128, 1, BLOCK_SIZE, torch.float32, torch.device("cpu")).bytes_per_block
 
+    monkeypatch.setattr(memory, "device_memory", lambda _device: (0, 64 * 2**20, 64 * 2**20))  # no spare memory
     budget = kv_pool_budget("cpu", kv_budget_bytes(source, formats, context.tokens))
 
     assert budget == _chosen(_inspect(llama31_8b, 16 * GIB)).kv_bytes
@@ -114,3 +116,15 @@ def test_a_loaded_131k_file_takes_32k_tokens_and_a_pool_budget_for_them(tmp_path
     assert "Context: 32 768 of 131 072 tokens: the default for chat" in " ".join(loaded.notices)
     asked = open_with(4_000)
     assert (asked.context_length, asked.kv_budget_bytes) == (4_000, 4_096 * per_token), "whole blocks"
+
+
+def test_spare_memory_lets_the_pool_cache_more_than_the_context(monkeypatch):
+    """Beside the planned context the pool takes a quarter of the free memory, up to the CPU budget, so several
+    conversations' prefixes stay cached; never less than the plan."""
+    from engine.host.memory import KV_CACHE_BUDGET_BYTES
+
+    monkeypatch.setattr(memory, "device_memory", lambda _device: (0, 2 * GIB, 4 * GIB))
+    assert kv_pool_budget("cpu", 100 * 2**20) == GIB // 2
+    assert kv_pool_budget("cpu", GIB) == GIB
+    monkeypatch.setattr(memory, "device_memory", lambda _device: (0, 64 * GIB, 96 * GIB))
+    assert kv_pool_budget("cpu", 100 * 2**20) == KV_CACHE_BUDGET_BYTES
