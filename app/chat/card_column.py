@@ -3,15 +3,16 @@
 Cards sit in pages of at most ``PAGE_SIZE``, and pages in books of at most ``BOOK_SIZE``:
 adding, removing or growing a card lays out its own page and book again and only moves
 the others, so a change costs about the same in a 1 000-message conversation as in a
-short one (a Qt layout's pass costs a fraction of a millisecond per item it holds). The
+short one (a Qt layout's pass costs time in proportion to the items it holds). The
 column places its books itself, with no QLayout: a scroll area asks a layout holding
 heights that depend on the width for its minimum height at every change, and a
-``QBoxLayout`` answers that by asking every card again (tens of ms for 1 000 cards). Cards for older messages are put into a
-page that is assembled out of sight (``prepend_hidden``) and shown in one go
-(``reveal_prepended``): a card added to a page on screen would lay out the whole page
-again, and every card shown in a shown page lays out its ancestors. Cleared pages are
-moved out of sight at once and deleted one per turn of the event loop, so leaving a long
-conversation does not freeze the window either (hiding them all at once would).
+``QBoxLayout`` answers that by asking every card again, a visible stall in a long
+conversation. Cards for older messages are put into a page that is assembled out of
+sight (``prepend_hidden``) and shown in one go (``reveal_prepended``): a card added to
+a page on screen would lay out the whole page again, and every card shown in a shown
+page lays out its ancestors. Cleared pages are moved out of sight at once and deleted
+one per turn of the event loop, so leaving a long conversation does not freeze the
+window either (hiding them all at once would).
 """
 
 from __future__ import annotations

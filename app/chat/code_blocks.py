@@ -4,9 +4,9 @@
 ``copy-code:<index>`` link above the highlighted code. The link's index is the block's
 position among the reply's code blocks, which is how a click finds the code to copy.
 Lexers, formatters and highlighted code are cached: a streaming reply is rendered many times.
-The first lookup of a lexer imports Pygments' registry and the lexer's module (~60 ms for
-Python), so ``warm_up`` does that for the languages models write most on a helper thread,
-before the first reply needs them.
+The first lookup of a lexer imports Pygments' registry and the lexer's module, long enough
+to stall the window, so ``warm_up`` does that for the languages models write most on a
+helper thread, before the first reply needs them.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ COPIED_MS = 1500
 FIRST_CHUNKS = 4
 """How many Markdown chunks of a finished reply its card shows when it is made (``grow`` adds the rest)."""
 LONG_CODE_CHARS = 800
-"""Code blocks longer than this (~10 lines) are left to ``grow``: highlighting 40 lines takes ~15 ms."""
+"""Code blocks longer than this (~10 lines) are left to ``grow``: highlighting a long block would delay the card."""
 
 _ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
 _ACCESSIBLE_NAMES = {"user": "Your message", "assistant": "Assistant reply", "system": "System message"}

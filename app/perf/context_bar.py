@@ -1,8 +1,8 @@
 """Context fill: tokens in use against the model's context length, as a bar (GUI thread).
 
 The bar paints itself with a few fills instead of a style sheet: it changes with
-every refresh while a reply streams, and style-sheet painting costs about a
-millisecond each time.
+every refresh while a reply streams, and style-sheet painting costs far more
+each time.
 """
 
 from __future__ import annotations

@@ -265,7 +265,7 @@ def _swatch(kind: str, text: str, mark: str = "■") -> str:
 
 
 def _legend_html(reply: ReplyPerf) -> str:
-    """Stage durations; it changes with stages, not tokens (relaying out rich text costs ms).
+    """Stage durations; it changes with stages, not tokens (relaying out rich text is slow).
 
     While the reply streams, its live token count is the panel's "Tokens generated" row.
     """

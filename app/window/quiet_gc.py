@@ -1,7 +1,7 @@
 """Full garbage collections only at quiet moments (GUI thread).
 
 A full collection walks every tracked Python object while holding the GIL. With a
-long conversation's cards alive that takes 40–60 ms here, enough to be seen when it
+long conversation's cards alive that takes long enough to be seen when it
 lands mid-scroll or mid-reply, and Python starts one by itself whenever enough
 objects have survived younger collections. ``QuietCollector`` turns that trigger off
 and collects fully itself: at start-up, a moment after each reply or model load ends

@@ -34,8 +34,8 @@ def attend_grouped(queries: torch.Tensor, keys_t: torch.Tensor, values: torch.Te
 def attend_runs(queries: torch.Tensor, runs: tuple[tuple[torch.Tensor, torch.Tensor], ...], out: torch.Tensor) -> torch.Tensor:
     """``attend_grouped`` over keys and values that lie in several runs of the pool, ``runs`` of ([Hkv, hd, n],
     [Hkv, n, hd]) (a prefix another sequence holds, then this one's own blocks): every run's scores side by side,
-    one softmax, each run's weighted values summed into ``out``; read in place, where gathering them copied a
-    shared prefix's keys per sequence, layer and step (8 chats under one 1 000-token prompt: 1.7x a step)."""
+    one softmax, each run's weighted values summed into ``out``; read in place, where gathering them would copy a
+    shared prefix's keys per sequence, layer and step, which slows every step of chats that share a long prompt."""
     if len(runs) == 1:
         return attend_grouped(queries, *runs[0], out)
     scores = torch.cat([torch.bmm(queries, keys_t) for keys_t, _ in runs], dim=2)  # [Hkv, G, T]

@@ -30,11 +30,10 @@ if TYPE_CHECKING:
 ROPE_TABLE_CHUNK = 4096
 KERNEL_CHUNK_ROWS = 128
 """Prompt chunks of up to this many rows attend in the CPU kernel (``ChunkRuns``), each row over the positions up to
-its own: the chunks a step takes beside decoding rows. 2 000 positions deep (built-in model's heads): 16 rows 0.66 ms a
-layer against SDPA's 1.05, 64 rows 2.3 against 4.3, 128 rows 3 000 deep 8.0 against 12.6; a whole prompt's chunks of
-512 stay on SDPA's blocked matmuls. On AMX's tiles (``ChunkRuns.on_tiles``) the kernel takes chunks of any size: 512
-rows 1 000 deep 5.5 ms a layer against bf16 SDPA's 8.0 (3 584 deep 15.0 against 20.4), and it reads the pool in place
-where SDPA needs the prefix gathered; 64 rows 1 000 deep 0.65 against the fp32 kernel's 1.46."""
+its own: the chunks a step takes beside decoding rows, where the kernel is faster than SDPA. A whole prompt's chunks of
+512 rows stay on SDPA's blocked matmuls, which pay at that size. On AMX's tiles (``ChunkRuns.on_tiles``) the kernel
+takes chunks of any size: it is faster there than bf16 SDPA and than the fp32 kernel, and reads the pool in place
+where SDPA needs the prefix gathered."""
 
 DecodeRowRuns = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # a decode row's keys_t and values, run by run
 
@@ -57,7 +56,7 @@ class FastLlama(LlamaWeights):
         if native_norm.covers(x):
             return native_norm.rms_norm(x, self.eps)
         if x.shape[0] == 1 and x.dtype == torch.float32:
-            # One row: its mean square as one tiny matmul costs a fifth of the general kernel's several ops.
+            # One row: its mean square as one tiny matmul costs less than the general kernel's several ops.
             return x * torch.addmm(self._eps, x, x.t(), alpha=1 / x.shape[1]).rsqrt_()  # [1, D] * [1, 1]
         return F.rms_norm(x, (x.shape[1],), eps=self.eps)
 

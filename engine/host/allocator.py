@@ -4,8 +4,8 @@ glibc hands out blocks above its mmap threshold (128 KiB at first) as fresh page
 from the kernel and gives them back when freed, raising the threshold only as such
 blocks come back. A prompt's forward pass allocates activations of a few hundred
 KiB to a few MiB per matmul, so the first prompts after start-up, and the first
-of each longer size, paid a page fault per 4 KiB of each: a 72-token prompt into
-the built-in model took ~377 ms for its first few runs and ~120 ms after.
+of each longer size, paid a page fault per 4 KiB of each, and ran far slower than
+the same prompt later.
 ``keep_freed_buffers`` fixes the threshold at 32 MiB (the most glibc's own rule
 would reach) and the trim threshold at 64 MiB, so freed activations are reused at
 once; larger blocks (a big model's weight matrices) still come from the kernel and

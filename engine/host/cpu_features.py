@@ -10,11 +10,11 @@ no flags, and the weights stay on the kernels that need none.
 ``has_fp16_math``: AVX512-FP16 (Intel Sapphire Rapids and later), where oneDNN's fp16
 matmul multiplies in half precision at twice fp32's rate. ``has_int8_dot``: VNNI's int8
 dot products (AVX512-VNNI, AVX-VNNI or AMX), where oneDNN's int8 GEMM runs at about four
-times fp32's rate; on AVX2 alone it was slower than fp32 and saturated its int16 sums (6 %
-relative error, emulated with ``ONEDNN_MAX_CPU_ISA=AVX2``). ``has_amx_tiles``: the bf16 tiles and
-Linux's grant of their state to this process (``arch_prctl``, Linux 5.16 and later): without it a
-tile instruction is an illegal one, however the CPU's flags read. The answers are the hardware's:
-tests that need another CPU's answers replace these functions (``docs/development.md``).
+times fp32's rate; on AVX2 alone it is slower than fp32 and saturates its int16 sums (large
+relative errors). ``has_amx_tiles``: the bf16 tiles and Linux's grant of their state to this
+process (``arch_prctl``, Linux 5.16 and later): without it a tile instruction is an illegal one,
+however the CPU's flags read. The answers are the hardware's: tests that need another CPU's
+answers replace these functions (``docs/development.md``).
 """
 
 from __future__ import annotations

@@ -33,9 +33,8 @@ QUANTIZED_LAYERS = (*QUANTIZED, "nf4")
 FOUR_BIT_PROMPT_PARAMS = 1_000_000_000
 """From this many parameters a 4-bit file's prompts run faster from its 4-bit weights (``int4_prompts``: int8 GEMMs)
 than from an fp16 copy, on a CPU with int8 dot products and no fp16 arithmetic, so ``auto`` keeps the 4-bit weights
-alone whatever memory allows. 2-core Zen 4, 512-token prompts against llama.cpp in the same runs: SmolLM2-1.7B's
-Q4_K_M 56.2 tok/s (llama.cpp 62.5) against 40.4 (57.4) with the copy, decode level (61-65 ms a step in both),
-holding 1.7 GB against 5.2; SmolLM2-135M's prompts 521 against 589, so small models keep the copy."""
+alone whatever memory allows: from this size its prompts run faster without the copy, its decode steps as fast,
+and it holds far less memory. A smaller model's prompts run faster with the copy, so small models keep it."""
 FORMAT_WORDS = {"nf4": "nf4 (bitsandbytes)"}  # formats the label words otherwise than by their names
 
 

@@ -8,8 +8,8 @@ Face's names, each read from the file and decoded when it is asked for
 tensors on their way there, never the whole file decoded. Each tensor's bytes are read
 (``tensor_reads.read_exactly``) rather than mapped, so the pages of tensors already packed do not stay in
 the process's resident memory beside their packed form; a layer's tensor is read into one
-buffer the state keeps (``REUSED_READ_BYTES``), since reading each into fresh memory cost a
-page fault per 4 KiB: 1.8 s of an 8B model's load.
+buffer the state keeps (``REUSED_READ_BYTES``), since reading each into fresh memory costs a
+page fault per 4 KiB, a noticeable part of a large model's load.
 
 llama.cpp's converter reorders the query and key rows of llama-architecture models
 (Llama, Mistral) for its rotary layout, rows 2i and 2i + 1 of each head a pair: the order
@@ -82,7 +82,7 @@ def hf_config(contents: GGUFContents) -> Any:
     """The Hugging Face config ``FastLlama`` needs, from the file's metadata.
 
     A plain ``PreTrainedConfig`` with the architecture's ``model_type``: the architecture's own config class
-    imports transformers' modelling code on its way (~1.3 s and ~50 MB of the built-in model's load), and
+    imports transformers' modelling code on its way (a large part of a small model's load time and memory), and
     the fast path reads none of its other defaults (its activation, SiLU, is named here).
     """
     from transformers.configuration_utils import PreTrainedConfig

@@ -11,10 +11,9 @@ the largest tensor.
 The bytes are read (``tensor_reads.read_exactly``) straight into the tensor's own buffer rather than
 through ``safetensors.safe_open``: ``safe_open`` maps the whole file, and every page of
 it a ``get_tensor`` touched stays in the process's resident set (file-backed, but counted
-in its peak) while the handle is open, beside the packed copy. Loading a random
-SmolLM2-1.7B-shaped bf16 folder (3.4 GB, ``random-hf:smollm2-1.7b:bf16``) as fp16 on the
-CPU (3.62 GB of weights held) peaked at 8.20 GB resident with ``safe_open`` per tensor and
-at 4.78 GB read this way.
+in its peak) while the handle is open, beside the packed copy: a load's peak resident
+memory would be the packed weights and most of the file besides, where read this way it
+stays little above the packed weights.
 
 Names, dtypes and byte ranges come from the headers ``model_files`` checked (the single
 file or the shards the index lists); ``report`` counts the tensors read, and raises

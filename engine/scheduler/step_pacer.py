@@ -4,18 +4,17 @@ Bookkeeping only, like the scheduler: the batch runner reports each step's forwa
 time, and the pacer keeps two estimates: the time of a decode-only step, per number
 of decoding rows (the median of the latest ``BASELINE_STEPS``, so that one step slowed
 by the machine moves nothing), and what each prompt token added to the steps that had
-some (the median of the latest ``TOKEN_STEPS``: one step the machine slowed no longer
-shrinks the next few, a slowdown that lasts moves it within three). A step with ``D`` decoding rows then takes
+some (the median of the latest ``TOKEN_STEPS``: one step the machine slowed does not
+shrink the next few, a slowdown that lasts moves it within three). A step with ``D`` decoding rows then takes
 as many prompt tokens as keep its predicted time within ``PACE_RATIO`` decode-only steps
 of ``D`` rows: the running streams' inter-token time while a long prompt joins stays
 bounded by their own, on any machine and model. A prompt's own steps (nothing decoding, big chunks) cost less a
 token, so they only stand in, doubled, until a step beside decoding rows is seen. A
 token's cost grows with the positions it attends to, slowly from one step to the next
 (a chunk is a few dozen of the prompt's positions), so the latest steps' median
-follows it; a fixed budget (40 tokens) let a step late in a 2 000-token
-prompt take 5.9 times a decode step on a 2-core Zen 4, with Hearth's kernels making
-the decode step the faster. Until both estimates exist the scheduler's fixed budget
-applies.
+follows it; a fixed budget would let the steps late in a long prompt take
+many times a decode step, the more so the faster Hearth's kernels make the decode
+step. Until both estimates exist the scheduler's fixed budget applies.
 """
 
 from __future__ import annotations
@@ -26,16 +25,15 @@ from collections import deque
 PACE_RATIO = 2.5
 """A step with prompt tokens within this many decode-only steps, in forward time alone: under the target's 3 times the
 median inter-token time at the 99th percentile, which is about the slowest step of a join (7 streams' gaps a step).
-The margin is for steps the machine slows. 2-core Sapphire Rapids with AMX tiles, 8 joins of each taking turns
-(medians): with the median of the latest token costs at 2.5, the prompt's first token 2.14 times later than alone and
-a p99 of 2.54 times the median; with the former estimate (rising at once to a dearer step, falling halfway) at 2.7,
-2.26 and 2.75; the median at 2.7, 1.71 and 3.12 (against that estimate's 1.90 and 2.88 in the same runs)."""
+The margin is for steps the machine slows; a higher ratio brings the joining prompt's first token sooner but takes
+the streams' slowest gaps past the target."""
 AVERAGE = 0.5  # the newest step's weight in the moving average of a prompt's own steps
 BASELINE_STEPS = 9  # decode-only steps of one size whose median is the baseline
 TOKEN_STEPS = 5  # steps beside decoding rows whose median cost a prompt token prices the next step's
 SMALL_CHUNK_COST = 2.0
-"""A prompt token in a chunk beside decoding rows against one in a prompt's own steps (big chunks, big matmuls):
-about 2.2 against 1.4 ms for the built-in model, so before any such step is seen the pacer assumes twice the cost."""
+"""A prompt token in a chunk beside decoding rows against one in a prompt's own steps (big chunks, big matmuls): the
+small chunk's token costs more, so before any such step is seen the pacer assumes twice the cost, a little above what
+the built-in model shows."""
 MIN_PROMPT_TOKENS = 8  # a prompt always moves on, however deep its context
 MAX_PROMPT_TOKENS = 512
 

@@ -2,16 +2,15 @@
 
 A decode row is one query token over its sequence's keys and values, which lie in one
 or two runs of the pool's position axis. In PyTorch ops that is two small ``bmm`` and a
-softmax per row and layer: a batch of 8 made 480 of each a step, about 21 µs apiece,
-most of it dispatch and thread wake-up. ``DecodeRuns`` turns the step's decode rows and
-runs into index tensors once; its ``attend`` runs all of them and every kv head of one
-layer in one call, the softmax's running maximum kept per query head (one pass over the
-positions). ``ChunkRuns`` does the same for a short prompt chunk (the tokens a step
-takes beside decoding rows), each row seeing the positions up to its own: there SDPA
-cost 1.05 ms a layer for 16 rows 2 000 positions deep, the kernel 0.66. Where a model's
-prompts already run in bf16 on AMX's tiles (``FormatPlan.prompt_attention``), a
-chunk runs on them too (``on_tiles``): queries, keys, values and weights rounded to bf16,
-sums in fp32.
+softmax per row and layer, each call costing more in dispatch and thread wake-up than
+in arithmetic. ``DecodeRuns`` turns the step's decode rows and runs into index tensors
+once; its ``attend`` runs all of them and every kv head of one layer in one call, the
+softmax's running maximum kept per query head (one pass over the positions).
+``ChunkRuns`` does the same for a short prompt chunk (the tokens a step takes beside
+decoding rows), each row seeing the positions up to its own, where it is faster than
+SDPA. Where a model's prompts already run in bf16 on AMX's tiles
+(``FormatPlan.prompt_attention``), a chunk runs on them too (``on_tiles``): queries,
+keys, values and weights rounded to bf16, sums in fp32.
 """
 
 from __future__ import annotations

@@ -7,9 +7,8 @@ a value (``scale * (high + low / 254)``, about 15 bits: a product's relative err
 against bf16's ~3e-3) for a sequence's own rows, one (llama.cpp's Q8_0) in a batched
 step (``activation_codes``). Four codes of 16 weight rows meet four activations in one
 ``vpdpbusd``; a block's bytes are read once for every two activation rows. The weights
-are the layout ``cpu_int4_layout`` writes, untouched. Measured on a 2-core Zen 4 with
-two codes: 1.3-1.5x PyTorch's kernel from 16 to 127 rows on an 8B model's matrices;
-SmolLM2-1.7B's Q4_K_M decode 12.8 -> 19.0 tok/s (llama.cpp 22.2 and 24.2 in the same runs).
+are the layout ``cpu_int4_layout`` writes, untouched. It is faster than PyTorch's kernel
+for the row counts it takes.
 
 Where the CPU has AMX's bf16 tiles (``runs_on_amx``), calls of ``AMX_ROWS`` rows or more
 (prompt chunks, batched steps) take ``int4_matmul_amx`` instead: a strip of 32 weight rows
@@ -35,10 +34,9 @@ CODES_PER_DOT = 4  # activations a 32-bit lane of ``vpdpbusd`` takes
 AMX_DEPTH = 32  # columns one tile product sums: K and a group whole multiples of it
 AMX_ROW_PASS = 32  # activation rows a pass of tile products takes: the rows are padded to a multiple of it
 AMX_ROWS = 8
-"""Rows from which a call takes the tiles: a step's matmuls layer after layer (2-core Sapphire Rapids, medians of 15
-turns, tiles against the int4 kernel) cost SmolLM2-135M's 120 0.92 times as much at 7 rows and 0.86 at 8, a 1.7B
-shape's 96 1.20 at 6, 0.96 at 8 and 0.81 at 10. Dequantizing the strips is most of a small call, so the tiles cost
-about the same from 1 row to 32."""
+"""Rows from which a call takes the tiles rather than the int4 kernel: from about here a step's matmuls cost less
+on the tiles for small and mid-sized models alike. Dequantizing the strips is most of a small call, so the tiles cost
+about the same from 1 row to 32, while the int4 kernel's cost grows with the rows."""
 _AMX_ACTIVATIONS, _AMX_TILES = Scratch(torch.bfloat16), Scratch(torch.bfloat16)
 
 
@@ -63,9 +61,9 @@ class Int4Matmul:
     """``x`` [M, K] fp32 times the weight [N, K] that ``packed`` [N, K / 2] uint8 (the CPU int4 layout) and
     ``scales_and_zeros`` [K / group, N, 2] bf16 hold, ``w = (q - 8) * scale + zero``: [M, N] fp32. ``packed`` is
     kept as it is; the scales and zeros are kept a block of 64 rows together, [N / 64, K / group, 64, 2], so a
-    decode step reads them in order beside the codes (in PyTorch's order each group's lie a row of groups apart:
-    an 8B model's matrices streamed at 19.6 against 21.6 GB/s, medians of 10 turns). Their addresses are taken
-    once: a call costs one ctypes call beside the kernel (~5 µs)."""
+    decode step reads them in order beside the codes (in PyTorch's order each group's lie a row of groups apart,
+    which streams the matrices more slowly). Their addresses are taken once: a call costs one ctypes call beside
+    the kernel."""
 
     def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int) -> None:
         self._kernel = library().int4_matmul
@@ -95,8 +93,8 @@ class Int4Matmul:
 
     def _on_tiles(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` [M, K] on AMX's tiles (the module docstring): the kernel rounds its rows to bf16, padded with zero
-        rows, into a reused buffer. A call costs about 20 µs beside the kernel (a step of the built-in model makes
-        120), where rounding and padding them in PyTorch and slicing the buffers took 43."""
+        rows, into a reused buffer, rather than rounding and padding them in PyTorch and slicing the buffers, which
+        costs more than the kernel's own rounding (a step makes such a call per matmul)."""
         x = x.contiguous()
         length, width = x.shape
         padded = -(-length // AMX_ROW_PASS) * AMX_ROW_PASS

@@ -19,7 +19,7 @@ class Scratch:
         return self._buffer[:size]
 
     def address(self, size: int) -> int:
-        """Where a block of ``size`` values starts, for a kernel to write (no tensor made: a slice costs µs)."""
+        """Where a block of ``size`` values starts, for a kernel to write (no tensor made: a slice costs more)."""
         if self._buffer.numel() < size:
             self._buffer = torch.empty(size, dtype=self._buffer.dtype)
         return self._buffer.data_ptr()

@@ -4,14 +4,12 @@ a 4-bit GGUF file's nibbles, and codes back from it (engine thread).
 Each block of ``CPU_INT4_PACK_ROWS`` (64) rows of a weight [N, K] is [K, 32] bytes,
 byte (k, j) holding row j's code k in its low nibble and row j + 32's in its high one,
 as ``_convert_weight_to_int4pack_for_cpu`` lays it out. That op takes the codes as
-int32, a copy four times their size that took a third of an 8B model's load, so
-whole blocks are laid out here from the codes in their own byte width, and a 4-bit
-GGUF file's blocks go there without codes at all: llama.cpp keeps two codes a byte
-too, so a block of rows takes two shifts and masks of its bytes and one transposing
-copy (about a quarter of decoding them into codes and packing those, measured on
-Llama-3-8B's Q4_K matrices); where Hearth's kernels are built, one pass in C instead
-(``native``: 3.8 against 6.9 s of an 8B-shape Q4_K_M file's load, which took 24 s
-against 31).
+int32, a copy four times their size that a large model's load would spend much of
+its time on, so whole blocks are laid out here from the codes in their own byte width,
+and a 4-bit GGUF file's blocks go there without codes at all: llama.cpp keeps two codes
+a byte too, so a block of rows takes two shifts and masks of its bytes and one
+transposing copy, much less work than decoding them into codes and packing those; where Hearth's
+kernels are built, one pass in C instead (``native``), faster still.
 
 That is the layout of PyTorch's AVX-512 build of the kernel; its AVX2 and plain builds (a laptop's CPU, or
 ``ATEN_CPU_CAPABILITY=avx2``) block the rows otherwise, so there (``torch_takes_this_layout``) the op lays the
@@ -82,7 +80,7 @@ def codes_from_packed(packed: torch.Tensor) -> torch.Tensor:
 
 def _transposed(nibbles: torch.Tensor) -> torch.Tensor:
     """[B, 32, K] bytes as [B, K, 32], contiguous: copied in tiles of 32 columns, which keeps both sides' lines
-    in cache (1.5x a plain transposed copy)."""
+    in cache (faster than a plain transposed copy)."""
     blocks, half, width = nibbles.shape
     tiles = nibbles.view(blocks, half, width // HALF, HALF).permute(0, 2, 3, 1)  # [B, K / 32, 32, 32]
     return tiles.contiguous().view(blocks, width, half)

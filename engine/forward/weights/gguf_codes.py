@@ -138,7 +138,7 @@ def _six_bit_scales_and_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.
     """12 bytes [N, B, 12] per super-block as its 8 sub-scales and 8 sub-mins, fp32 [N, B, 8] each: bytes 0-3
     hold scales 0-3 in their low 6 bits, 4-7 mins 0-3, and 8-11 the low 4 bits of scales (mins) 4-7 in their low
     (high) nibble, whose top 2 bits are those of bytes 0-3 (4-7); as ``gguf.quants.Q4_K.get_scale_min``, in
-    torch's threads (numpy's took 2 s of an 8B model's load)."""
+    torch's threads (numpy's single thread was a noticeable part of a large model's load)."""
     low_scales, low_mins, rest = packed.unflatten(-1, (3, 4)).unbind(-2)  # [N, B, 4] each
     scales = torch.cat([low_scales & 0x3F, (rest & 0x0F) | ((low_scales >> 2) & 0x30)], dim=-1)
     mins = torch.cat([low_mins & 0x3F, (rest >> 4) | ((low_mins >> 2) & 0x30)], dim=-1)

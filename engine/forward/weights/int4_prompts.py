@@ -14,16 +14,14 @@ AMX's tiles, Hearth's int4 kernel multiplies on them instead, ``native.int4_matm
     the activations.
   - activations: each row as ``scale * (high + low / LOW_STEPS)``, two int8 codes a value
     (about 15 bits), both multiplied in the same GEMM. A single int8 code per value
-    (llama.cpp rounds its activations so, per block of 32) cost the built-in model a
-    tenth of its teacher-forced top-1 tokens.
+    (llama.cpp rounds its activations so, per block of 32) changed too many of the
+    built-in model's teacher-forced top-1 tokens.
 
-  Measured on an 8B model's matrices at 512 rows (2 threads, AVX512-VNNI): 1.4-1.6x the
-  fp32 path (1.3x with oneDNN held to AVX-VNNI); an 8B Q4_K_M prompt of 512 tokens 1.22x
-  llama.cpp's rate. A product's relative error is about 0.6 % (the weights' rounding to
-  int8 rows).
+  It is faster than the fp32 path on large models' matrices. A product's relative error
+  is about 0.6 % (the weights' rounding to int8 rows).
 * fp32 otherwise: the weights dequantized a block of rows at a time into an fp32
-  scratch and multiplied with MKL's sgemm: exact, and 1.2x the int8 GEMM with oneDNN
-  held to AVX2.
+  scratch and multiplied with MKL's sgemm: exact, and faster than an int8 GEMM where
+  the CPU has no VNNI.
 
 The scratch buffers are shared by every layer, since only the engine thread runs them,
 one at a time.
@@ -41,16 +39,16 @@ from engine.forward.native.scratch import Scratch
 from engine.host.cpu_features import has_int8_dot
 
 PROMPT_ROWS = 128
-"""Rows from which the int8 and fp32 GEMMs pay: at 128 the fp32 GEMM was 1.1-1.4x the kernel's speed on an 8B
-model's matrices, at 96 level or slower."""
+"""Rows from which the int8 and fp32 GEMMs pay: from about here on large models' matrices they are faster than the
+int4 kernel, below it they are not."""
 SCRATCH_WEIGHTS = 2**24
 """Weights multiplied at a time: 16 MiB of int8."""
 FP32_SCRATCH_WEIGHTS = 2**22
-"""Weights dequantized at a time for the fp32 GEMM, 16 MiB: 5-15 % faster than 64 MiB (an 8B model's shapes at 512
-rows)."""
+"""Weights dequantized at a time for the fp32 GEMM, 16 MiB: on large models' shapes the GEMM runs faster
+in blocks of this size than of larger ones."""
 UNPACKED_WEIGHTS = 2**22
-"""Weights unpacked at a time, 8 MiB of int16 codes: unpacking 16 M weights took 16-18 ms so, 20-22 at 1 M a time
-and 17-25 at 16 M (2 threads, in one process)."""
+"""Weights unpacked at a time, 8 MiB of int16 codes: unpacking is fastest at about this size, slower both at much
+smaller and at much larger blocks."""
 FIXED_BITS = 8  # a group's scale over its row's, in int16 fixed point: (q - 8) * factor, at most 127 * 2**8, fits
 LOW_STEPS = 254  # an activation's second code counts in steps of 1/254 of its first's
 

@@ -1,15 +1,13 @@
 """Weight packing on worker threads beside a model's load (the engine thread submits, ``WORKERS`` threads pack).
 
-FBGEMM's fp16 prepack runs on a single core at 17-32 ns a weight, and releases the
-GIL: for SmolLM2-135M it was 2.6 s of a 4.3 s build of the fast path, the output
-layer alone about 1 s. Handed to workers, it runs while the engine thread reads,
-decodes and folds the next weights. One worker gained nothing measurable (the
-engine thread's own ops already use both cores, and slowed its packing to 4.1 s);
-two pack two weights at once: the built-in model's load took a median 4.71 s
-against 5.09, taking turns in one process. A weight waits for a worker in fp32, so
-at most ``pending`` weights are in their hands at once (the engine thread blocks
-before handing over another): the load holds at most that many fp32 copies more
-than it would packing each in turn.
+FBGEMM's fp16 prepack runs on a single core and releases the GIL; it is most of the
+time a small model's fast path takes to build, the output layer a large part of it.
+Handed to workers, it runs while the engine thread reads, decodes and folds the next
+weights. One worker gains nothing (the engine thread's own ops already use the cores,
+and slow its packing); two pack two weights at once, which shortens the load. A weight
+waits for a worker in fp32, so at most ``pending`` weights are in their hands at once
+(the engine thread blocks before handing over another): the load holds at most that
+many fp32 copies more than it would packing each in turn.
 """
 
 from __future__ import annotations

@@ -12,16 +12,16 @@ FP32_BYTES, FP16_BYTES = 4, 2
 INT4_PAIR = "int4x2"
 """Two planes of 4-bit groups, the second holding what the first's rounding left (``Int4Pair``): about 8 bits'
 precision on the int4 kernel, at twice its bytes. The CPU's output layer beside 4-bit layers: a 4-bit output
-layer cost SmolLM2-135M a fifth of its teacher-forced top-1 next tokens (79 % agreeing with fp32 on the file's
-weights, 95 % with an exact output layer, 98 % with this one and the file's own token table)."""
+layer changes many of a small model's teacher-forced top-1 next tokens, where this one keeps them about as close
+to fp32's as an exact output layer does."""
 ONEDNN_FP16_WEIGHTS = 1 << 22
 """From this many weights an fp16 copy that only prompts use runs on oneDNN's fp16 matmul where the CPU has fp16
-arithmetic (``cpu_features``): products in fp16, sums in fp32 (relative error 3.6e-4 against FBGEMM's 2.1e-4).
-SmolLM2-1.7B's gate/up and down took 18-22 % less time at 128-512 rows, 7-32 % at 17-40; SmolLM2-135M's
-matrices (0.5-1.8 M weights) 10 % less at 512 rows but 14-22 % more at 17-40, so they stay on FBGEMM."""
+arithmetic (``cpu_features``): products in fp16, sums in fp32 (a little less exact than FBGEMM). There large
+matrices run faster than on FBGEMM at every prompt chunk's size; smaller ones run slower at short chunks, so
+they stay on FBGEMM."""
 TAIL_APART_ROWS = 2048
-"""Rows from which a tail is worth its extra call: a 60-token chat turn after 2 000 cached tokens of SmolLM2-135M
-took 6.2 % longer with every 576-wide matrix split, 0.1 % with gate/up's 3 072 rows alone (71 of the 106 MB)."""
+"""Rows from which a tail is worth its extra call: splitting every 576-wide matrix of SmolLM2-135M makes its chat
+turns slower, splitting only gate/up's 3 072 rows (most of the padded bytes) costs them next to nothing."""
 
 
 def fp16_tail_width(rows: int, width: int) -> int:

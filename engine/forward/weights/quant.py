@@ -7,12 +7,12 @@ fp32, so results stay within rounding of fp32 at half the bytes (it packs each
 row in blocks of 512 columns, the last padded with zeros, ``packed_sizes``). A
 copy that only prompts use, beside a copy for few rows, keeps a short last block
 apart in fp32 instead where it has many rows (``packed_sizes.TAIL_APART_ROWS``):
-less memory, for a prompt chunk no measurable time; a copy that decode steps read
-stays padded, where the extra call would cost 6 % of a step. A large prompt-only
+less memory, at no cost a prompt chunk notices; a copy that decode steps read
+stays padded, where the extra call would slow every step. A large prompt-only
 copy runs on oneDNN's fp16 matmul instead where the CPU multiplies in fp16
 (``packed_sizes.ONEDNN_FP16_WEIGHTS``, ``cpu_features``). (FBGEMM's int8
-kernel quantizes activations too and costs ~0.5 ms per call whatever the size,
-which is slower than fp32 for a small model, so it is not used.) Elsewhere
+kernel quantizes activations too and has a fixed cost per call whatever the size,
+which makes it slower than fp32 for a small model, so it is not used.) Elsewhere
 ``fp32``/``bf16``/``fp16`` are plain matmuls in that dtype, and ``int8``/``int4``
 are weight-only quantized (``quant_int``; on the CPU only ``int4`` has a fast
 kernel). A layer may keep a second copy for few rows (``one_row_fmt``): fp16
@@ -44,12 +44,11 @@ PLAIN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.flo
 OVERFLOW_SCALE = 2.0**-8
 FEW_ROWS = 16
 """Calls of up to this many rows (a decode step of up to 16 sequences) use the ``one_row_fmt`` copy: at a few rows
-the 4-bit copy reads about a quarter of fp16's bytes. A whole decode step of SmolLM2-135M on the 2-core CPU, 200
-positions each, fp16 against the 4-bit copy: 23.9 / 11.8 ms at 1 row, 50.5 / 35.5 at 8, 92.8 / 80.3 at 16, 102.1 /
-94.3 at 24 (a prompt chunk of 40 or more rows beside decode rows is faster in fp16)."""
+the 4-bit copy reads about a quarter of fp16's bytes, and whole decode steps run faster on it at these row counts
+(a prompt chunk of a few dozen rows beside decode rows is faster in fp16)."""
 FEW_ROWS_NATIVE = 64
-"""``FEW_ROWS`` where Hearth's int4 kernel runs the 4-bit copy (``native.int4_matmul``): whole steps of SmolLM2-135M
-(2-core Zen 4), fp16 against the 4-bit copy, 77.7 / 71.2 ms at 24 rows, 101.7 / 89.9 at 32, 132.1 / 116.3 at 48."""
+"""``FEW_ROWS`` where Hearth's int4 kernel runs the 4-bit copy (``native.int4_matmul``): with it whole decode steps run
+faster on the 4-bit copy than on fp16 at these row counts."""
 
 
 def few_rows() -> int:

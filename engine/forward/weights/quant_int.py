@@ -25,7 +25,7 @@ llama.cpp's block size, so the weights of a 4-bit GGUF file (Q4_0, Q4_1, Q4_K
 blocks: ``d * q + m`` per 32 weights) come back exactly, up to the bf16 rounding
 of each group's scale and zero point. A decode step reads ~0.63 bytes per weight
 instead of fp16's 2, which is what sets its speed; on the kernel, several tokens at
-once (prefill) run ~2x slower than FBGEMM's fp16 kernel, which dequantizes nothing,
+once (prefill) run much slower than FBGEMM's fp16 kernel, which dequantizes nothing,
 so calls of many rows go to ``int4_prompts`` (int8 GEMMs), and fewer rows to Hearth's own kernel
 (``native.int4_matmul``) where it is built; where the CPU has AMX, that kernel's tile path takes calls of
 many rows as well. The ``int8`` format has no
@@ -63,9 +63,8 @@ RowChunk = Callable[[int, int, torch.Tensor], torch.Tensor]  # (start, end, code
 
 def rows_at_once(width: int) -> int:
     """Rows of ``width`` weights to decode at a time: about ``WEIGHTS_AT_ONCE`` weights. Their temporaries (4 MB
-    of fp32) stay under glibc's mmap threshold and in a core's L2: in chunks of 4096 rows each came as fresh
-    pages from the kernel, and an 8B model's 14336-wide Q6_K layer took 0.42 s into int4 groups, its Q4_K gate
-    0.26 s to decode; 0.24 and 0.09 s so."""
+    of fp32) stay under glibc's mmap threshold and in a core's L2; in larger chunks each would come as fresh
+    pages from the kernel, which makes decoding a large model's wide layers markedly slower."""
     return max(1, WEIGHTS_AT_ONCE // width)
 
 
@@ -357,8 +356,8 @@ class Int4Pair:
     def from_rows(rows: int, width: int, dense: Callable[[int, int], torch.Tensor], group: int = CPU_INT4_GROUP,
                   device: torch.device | None = None) -> Int4Pair:
         """The pair of a weight whose rows start…end ``dense(start, end)`` gives in fp32 [end - start, K],
-        ``rows_at_once`` rows at a time: no full-size fp32 copy, and temporaries that stay in cache (an 8B model's
-        Q6_K output layer took 12.4 s into two planes at 4096 rows a time, 4.4 s so)."""
+        ``rows_at_once`` rows at a time: no full-size fp32 copy, and temporaries that stay in cache (a large
+        model's output layer is split into two planes much faster this way than in chunks of thousands of rows)."""
         planes = [(torch.empty(rows, width, dtype=torch.uint8, device=device),
                    torch.empty(width // group, rows, 2, device=device)) for _ in range(2)]  # q [N, K], [G, N, 2]
         step = rows_at_once(width)
