@@ -8,7 +8,7 @@ to the signals they care about and never see the engine itself.
 
 It may own two engines: the embedded one, and, from the first request for a
 model on a remote server, a second one whose runtime talks to that server
-(``engine.remote.runtime``). Replies go to whichever engine last loaded a
+(``engine.api.remote.runtime``). Replies go to whichever engine last loaded a
 model; a Cancel goes to the engine its request went to.
 """
 
@@ -19,7 +19,7 @@ import uuid
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.remote.runtime import RemoteRuntime
+from engine.api.remote.runtime import RemoteRuntime
 from engine.protocol.messages import (
     BatchSampled,
     Cancel,

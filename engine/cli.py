@@ -1,7 +1,7 @@
 """A terminal chat on the engine, without Qt: ``python -m engine chat --model default``.
 
 ``python -m engine serve`` (the OpenAI-compatible API server) is parsed here and
-run by ``engine.server.standalone``.
+run by ``engine.api.server.standalone``.
 
 Runs on the main thread; the model lives on the engine thread as in the app, and
 events come back through a plain queue. With ``--prompt`` it answers once;
@@ -15,7 +15,7 @@ import queue
 import sys
 import uuid
 
-from engine.server.standalone import add_context_option, add_serve_command, load_line, load_options, serve
+from engine.api.server.standalone import add_context_option, add_serve_command, load_line, load_options, serve
 from engine.protocol.messages import (
     ChatMessage,
     EngineError,

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from engine.remote.runtime import RemoteRuntime
+from engine.api.remote.runtime import RemoteRuntime
 from engine.protocol.messages import (
     ChatMessage,
     Generate,

@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
 
 from app.controller import EngineController
 from app.storage.settings import RemoteConnection
-from engine.remote.http_stream import normalize_base_url
+from engine.api.remote.http_stream import normalize_base_url
 from engine.protocol.messages import RemoteModelsFailed, RemoteModelsListed, RemoteServer
 
 ADDRESS_HINT = "http://localhost:8000"

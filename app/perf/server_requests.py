@@ -14,7 +14,7 @@ from collections import OrderedDict
 from PySide6.QtWidgets import QGroupBox, QLabel, QVBoxLayout, QWidget
 
 from app.perf.format import format_count, format_ms, format_tok_s
-from engine.server.metrics import ServerRequestInfo
+from engine.api.server.metrics import ServerRequestInfo
 
 MAX_ROWS = 8
 EMPTY_TEXT = "No API requests yet. Start the server from the Server menu."

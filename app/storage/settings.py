@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from app.storage.errors import StorageError
-from engine.server.config import ServerConfig
+from engine.api.server.config import ServerConfig
 from engine.host import paths
 from engine.protocol.messages import SamplingParams
 

@@ -29,10 +29,10 @@ from app.settings.app_settings import SettingsHolder
 from app.storage import StorageError
 from app.storage.settings import ServerSettings
 from app.window.menus import add_action, menu_named
-from engine.server.config import ServerConfig
+from engine.api.server.config import ServerConfig
 
 if TYPE_CHECKING:
-    from engine.server.server import ApiServer
+    from engine.api.server.server import ApiServer
 
 ALL_INTERFACES = "0.0.0.0"
 
@@ -101,7 +101,7 @@ class ServerMenu(QObject):
         if hub is None:
             self._show_error("The API server cannot start", "It serves Hearth's own engine, which is not running now.")
             return
-        from engine.server.server import ApiServer  # starlette and uvicorn load when first needed, not at app start
+        from engine.api.server.server import ApiServer  # starlette and uvicorn load when first needed, not at app start
 
         try:  # both callbacks run on the server thread; the signals bring them here
             server = ApiServer(hub, self.config, self.request_seen.emit,

@@ -21,9 +21,9 @@ import urllib.parse
 import uuid
 from typing import Any, Callable
 
-from engine.remote.openai_stream import CHAT_PATH, chat_request
-from engine.remote.http_stream import normalize_base_url
-from engine.remote.runtime import RemoteRuntime
+from engine.api.remote.openai_stream import CHAT_PATH, chat_request
+from engine.api.remote.http_stream import normalize_base_url
+from engine.api.remote.runtime import RemoteRuntime
 from engine.protocol.messages import (
     ChatMessage,
     Generate,

@@ -28,10 +28,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from engine.server.config import ServerConfig
-from engine.server.engine_link import conversation_key
-from engine.server.openai_schema import parse_chat
-from engine.server.server import ApiServer
+from engine.api.server.config import ServerConfig
+from engine.api.server.engine_link import conversation_key
+from engine.api.server.openai_schema import parse_chat
+from engine.api.server.server import ApiServer
 from engine.bench import serve_clients
 from engine.protocol.messages import (
     DEVICES,

@@ -22,8 +22,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from engine.server.engine_link import conversation_key
-from engine.server.openai_schema import parse_chat
+from engine.api.server.engine_link import conversation_key
+from engine.api.server.openai_schema import parse_chat
 from engine.protocol.messages import Generate, ModelLoaded, ReplyFailed, ReplyFinished
 from engine.service.fanout import EngineHub
 

@@ -22,7 +22,7 @@ def test_an_unknown_precision_is_refused_with_the_choices(capsys: pytest.Capture
 
 @pytest.mark.parametrize("command", ["chat", "serve"])
 def test_the_context_is_asked_for_on_the_command_line(command: str):
-    from engine.server.standalone import load_options
+    from engine.api.server.standalone import load_options
 
     assert load_options(parse_args([command, "--context", "8192"])).context_length == 8192
     assert load_options(parse_args([command])).context_length is None  # what fits, up to 32 768

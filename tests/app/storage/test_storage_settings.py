@@ -85,7 +85,7 @@ def test_the_server_settings_default_to_the_servers_own_and_a_bad_port_falls_bac
     tmp_path: Path,
 ) -> None:
     from app.storage.settings import ServerSettings
-    from engine.server.config import ServerConfig
+    from engine.api.server.config import ServerConfig
 
     assert ServerSettings().to_config() == ServerConfig()
     path = tmp_path / "settings.json"

@@ -9,7 +9,7 @@ import tracemalloc
 
 import pytest
 
-from engine.remote import http_stream
+from engine.api.remote import http_stream
 from engine.protocol.messages import (
     Cancel,
     Generate,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.remote.openai_stream import SseDecoder, listed_models, parse_chunk, remote_figures
-from engine.remote.http_stream import RemoteError, normalize_base_url
+from engine.api.remote.openai_stream import SseDecoder, listed_models, parse_chunk, remote_figures
+from engine.api.remote.http_stream import RemoteError, normalize_base_url
 
 
 def test_events_are_framed_by_blank_lines_and_comments_are_skipped():

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.server.config import ServerConfig
-from engine.server.server import ApiServer
+from engine.api.server.config import ServerConfig
+from engine.api.server.server import ApiServer
 from engine.protocol.messages import Cancel, Generate, LoadModel, ModelLoaded, Request
 from engine.service.fanout import EngineHub
 

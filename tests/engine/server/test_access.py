@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.server.access import host_allowed
-from engine.server.config import ServerConfig
+from engine.api.server.access import host_allowed
+from engine.api.server.config import ServerConfig
 
 
 @pytest.mark.parametrize("header, bound, allowed", [

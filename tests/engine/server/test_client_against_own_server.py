@@ -10,8 +10,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from engine.server.config import ServerConfig
-from engine.remote.runtime import RemoteRuntime
+from engine.api.server.config import ServerConfig
+from engine.api.remote.runtime import RemoteRuntime
 from engine.protocol.messages import (
     Cancel,
     ChatMessage,

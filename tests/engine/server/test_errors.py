@@ -10,8 +10,8 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 
-from engine.server.config import ServerConfig
-from engine.server.server import ApiServer
+from engine.api.server.config import ServerConfig
+from engine.api.server.server import ApiServer
 from engine.protocol.messages import Generate, ModelLoaded, StatusChanged
 from engine.service.fanout import EngineHub
 from engine.service.worker import ServesWhole

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 
-from engine.server import completions, slow_clients
+from engine.api.server import completions, slow_clients
 from engine.protocol.messages import Generate
 from tests.engine.server.test_errors import CHAT, assert_openai_error, call, chat
 

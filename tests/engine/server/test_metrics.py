@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.server.metrics import ServerMetrics
+from engine.api.server.metrics import ServerMetrics
 from engine.protocol.messages import BatchSampled, KVPoolStats, MemorySampled, MemoryStats
 
 

@@ -17,9 +17,9 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from engine.server.errors import ApiError
-from engine.server.metrics import ServerMetrics, ServerRequestInfo
-from engine.server.openai_schema import CompletionAsk
+from engine.api.server.errors import ApiError
+from engine.api.server.metrics import ServerMetrics, ServerRequestInfo
+from engine.api.server.openai_schema import CompletionAsk
 from engine.protocol.messages import (
     BatchSampled,
     Cancel,

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from urllib.parse import urlsplit
 
-from engine.remote.openai_stream import MODELS_PATH, listed_models
-from engine.remote.http_stream import RemoteError, get_json, never_cancelled, normalize_base_url
-from engine.remote.watched_socket import Cancelled
-from engine.remote.reply import RemoteReply
+from engine.api.remote.openai_stream import MODELS_PATH, listed_models
+from engine.api.remote.http_stream import RemoteError, get_json, never_cancelled, normalize_base_url
+from engine.api.remote.watched_socket import Cancelled
+from engine.api.remote.reply import RemoteReply
 from engine.protocol.channels import CancelWatch, EventSink
 from engine.service.worker import ServesWhole
 from engine.protocol.messages import (

@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from engine.remote.http_stream import Oversized, RemoteError, error_text, not_json_message
+from engine.api.remote.http_stream import Oversized, RemoteError, error_text, not_json_message
 from engine.protocol.messages import ChatMessage, FinishReason, RemoteFigures, SamplingParams
 
 CHAT_PATH = "/v1/chat/completions"

@@ -33,14 +33,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from engine.server.access import AccessGuard
-from engine.server.config import ServerConfig
-from engine.server.completions import chat_completions, completions
-from engine.server.engine_link import EngineLink, OnActivity
-from engine.server.errors import HANDLERS
-from engine.server.metrics import ServerMetrics
-from engine.server.openai_schema import default_max_tokens
-from engine.server.slow_clients import KEEP_ALIVE_S, HeaderDeadlineProtocol
+from engine.api.server.access import AccessGuard
+from engine.api.server.config import ServerConfig
+from engine.api.server.completions import chat_completions, completions
+from engine.api.server.engine_link import EngineLink, OnActivity
+from engine.api.server.errors import HANDLERS
+from engine.api.server.metrics import ServerMetrics
+from engine.api.server.openai_schema import default_max_tokens
+from engine.api.server.slow_clients import KEEP_ALIVE_S, HeaderDeadlineProtocol
 from engine.service.fanout import EngineHub
 
 START_TIMEOUT_S = 10.0

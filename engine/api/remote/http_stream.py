@@ -25,7 +25,7 @@ import ssl
 import urllib.parse
 from collections.abc import Callable
 
-from engine.remote.watched_socket import Cancelled, TooSlow, WatchedSocket, connect
+from engine.api.remote.watched_socket import Cancelled, TooSlow, WatchedSocket, connect
 from engine.protocol.messages import RemoteServer
 
 CONNECT_TIMEOUT_S = 10.0

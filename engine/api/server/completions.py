@@ -16,9 +16,9 @@ from typing import AsyncIterator, Awaitable, TypeVar
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from engine.server.engine_link import EngineLink, RequestStream
-from engine.server.errors import ApiError, error_body
-from engine.server.openai_schema import CompletionAsk, choice, envelope, finish_reason, parse_chat, parse_completion, usage
+from engine.api.server.engine_link import EngineLink, RequestStream
+from engine.api.server.errors import ApiError, error_body
+from engine.api.server.openai_schema import CompletionAsk, choice, envelope, finish_reason, parse_chat, parse_completion, usage
 from engine.protocol.messages import ENGINE_FAILURE, Event, PrefillDone, ReplyFailed, ReplyFinished, TokenStreamed
 
 T = TypeVar("T")

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from engine.server.errors import ApiError
+from engine.api.server.errors import ApiError
 from engine.protocol.messages import ChatMessage, FinishReason, PrefillDone, SamplingParams
 
 MAX_STOP_STRINGS = 4

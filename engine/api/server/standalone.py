@@ -11,8 +11,8 @@ import argparse
 import sys
 import threading
 
-from engine.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
-from engine.server.server import ApiServer
+from engine.api.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
+from engine.api.server.server import ApiServer
 from engine.protocol.messages import PRECISIONS, LoadModel, LoadOptions, ModelLoaded, canonical_precision
 from engine.service.fanout import EngineHub
 

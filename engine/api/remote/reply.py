@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from engine.remote.openai_stream import (
+from engine.api.remote.openai_stream import (
     CHAT_PATH,
     DONE,
     FINISH_REASONS,
@@ -28,8 +28,8 @@ from engine.remote.openai_stream import (
     parse_chunk,
     remote_figures,
 )
-from engine.remote.http_stream import LineStream, Oversized, RemoteError, StreamEnded, open_stream
-from engine.remote.watched_socket import Cancelled
+from engine.api.remote.http_stream import LineStream, Oversized, RemoteError, StreamEnded, open_stream
+from engine.api.remote.watched_socket import Cancelled
 from engine.protocol.channels import EventSink
 from engine.protocol.messages import (
     FinishReason,

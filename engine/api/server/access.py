@@ -14,8 +14,8 @@ import ipaddress
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine.server.config import WILDCARD_HOSTS, ServerConfig, is_loopback
-from engine.server.errors import error_response
+from engine.api.server.config import WILDCARD_HOSTS, ServerConfig, is_loopback
+from engine.api.server.errors import error_response
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 OPEN_PATHS = frozenset({"/health"})  # a health probe needs no key
