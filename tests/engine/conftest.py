@@ -90,29 +90,21 @@ def tiny_loaded(tiny_model_dir: Path):
 
 
 SHORT_GREEDY = SamplingParams(temperature=0, max_new_tokens=8)
-ALONE_POOL_BYTES = 64 * 1024**2
 
 
-def _reply_alone(loaded, prompt_ids: list[int], sampling: SamplingParams) -> ReplyFinished | ReplyFailed:
-    from engine.chat.prompt import PromptPlan
-    from engine.host.memory import read_memory
-    from engine.service.reply_events import ReplyEvents
-    from engine.service.runtime import new_runner
+def _reply_alone(loaded, prompt_ids: list[int], sampling: SamplingParams):
+    from engine.bench.runner_replies import ReplyDriver
 
-    events: list = []
-    runner = new_runner(loaded, events.append, lambda request_id: False, budget_bytes=ALONE_POOL_BYTES)
-    reply = ReplyEvents(events.append, "alone", PromptPlan(prompt_ids, ()), 0.0, loaded.context_length, 0.0)
-    runner.add("alone", "alone", prompt_ids, replace(sampling, stop=sampling.stop + loaded.template.stop_strings), reply)
-    while runner.has_work:
-        runner.step(lambda held: read_memory("cpu", 0, held, 0))
-    return next(event for event in events if isinstance(event, (ReplyFinished, ReplyFailed)))
+    sampling = replace(sampling, stop=sampling.stop + loaded.template.stop_strings)
+    driver = ReplyDriver(loaded, len(prompt_ids) + sampling.max_new_tokens)
+    return driver.reply(prompt_ids, sampling.max_new_tokens, sampling=sampling)
 
 
 @pytest.fixture(scope="session")
 def reply_alone():
-    """``reply_alone(loaded, prompt_ids, sampling)``: the prompt answered alone by a fresh runner of ``loaded`` (the
-    runtime's choice, with a small KV pool), stopping on the template's stop strings as the runtime does: what the
-    engine must say for it too. Returns its ``ReplyFinished`` (or ``ReplyFailed``)."""
+    """``reply_alone(loaded, prompt_ids, sampling)``: the prompt answered alone by a fresh batch runner of ``loaded``
+    (``ReplyDriver``, a pool just big enough), stopping on the template's stop strings as the runtime does: what the
+    engine must say for it too. Returns its ``Reply`` (text and stats); a failed reply raises."""
     return _reply_alone
 
 
