@@ -4,7 +4,9 @@
 ``attend_grouped`` and ``attend_runs`` one query's heads grouped by kv
 head, over keys that lie in one run of the pool or in several. The fast forward pass
 (``llama_forward``) uses them where Hearth's CPU kernels (``native.decode_attention``)
-do not take a step's rows.
+do not take a step's rows. The keys and values may be held in a narrower dtype than the
+queries (the CPU pool's bf16): each is widened to the queries' dtype, exactly, before it
+meets them.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ def attend_grouped(queries: torch.Tensor, keys_t: torch.Tensor, values: torch.Te
     """One query's heads grouped by kv head, ``queries`` [Hkv, G, hd] (scaled), over ``keys_t`` [Hkv, hd, T] and
     ``values`` [Hkv, T, hd], into ``out`` [Hkv, G, hd]: two batched matmuls (called directly: ``@`` adds a dispatch
     layer) beat the fused kernel's setup."""
-    scores = torch.bmm(queries, keys_t)  # [Hkv, G, T]
-    return torch.bmm(scores.softmax(dim=-1), values, out=out)
+    scores = torch.bmm(queries, keys_t.to(queries.dtype))  # [Hkv, G, T]
+    return torch.bmm(scores.softmax(dim=-1), values.to(queries.dtype), out=out)
 
 
 def attend_runs(queries: torch.Tensor, runs: tuple[tuple[torch.Tensor, torch.Tensor], ...], out: torch.Tensor) -> torch.Tensor:
@@ -38,11 +40,12 @@ def attend_runs(queries: torch.Tensor, runs: tuple[tuple[torch.Tensor, torch.Ten
     shared prefix's keys per sequence, layer and step, which slows every step of chats that share a long prompt."""
     if len(runs) == 1:
         return attend_grouped(queries, *runs[0], out)
-    scores = torch.cat([torch.bmm(queries, keys_t) for keys_t, _ in runs], dim=2)  # [Hkv, G, T]
+    scores = torch.cat([torch.bmm(queries, keys_t.to(queries.dtype)) for keys_t, _ in runs], dim=2)  # [Hkv, G, T]
     weights = scores.softmax(dim=-1)
     start = 0
     for index, (_, values) in enumerate(runs):
         part = weights.narrow(2, start, values.shape[1])  # [Hkv, G, n]
+        values = values.to(queries.dtype)
         if index == 0:
             torch.bmm(part, values, out=out)
         else:

@@ -28,7 +28,8 @@ class FastLlamaBackend(BatchBackend):
 
     def new_pool(self, num_blocks: int, block_size: int) -> PagedKV:
         model = self.model
-        return PagedKV(len(model.layers), model.kv_heads, model.head_dim, num_blocks, block_size, model.dtype, self.device)
+        return PagedKV(len(model.layers), model.kv_heads, model.head_dim, num_blocks, block_size, model.kv_dtype,
+                       self.device)
 
     def forward_batch(self, rows: Sequence[BatchRow], kv: PagedKV) -> torch.Tensor:
         return self.model.forward_batch(rows, kv)

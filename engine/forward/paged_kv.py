@@ -6,6 +6,9 @@ the scheduler (``engine/scheduler``). A step's ``StepLayout`` turns each sequenc
 table into where its new keys go (a plain slice when its blocks lie one after another,
 a single stream nearly always, otherwise its positions) and the runs of blocks all of
 its keys are read from: one, or two for a sequence that reuses another's prefix.
+
+The buffer's dtype is the plan's ``kv_cache`` (``FormatPlan``): bf16 on the CPU, where the
+forward pass computes in fp32, so a write rounds (to nearest even) and a reader widens.
 """
 
 from __future__ import annotations
@@ -80,15 +83,16 @@ class PagedKV:
         return StepLayout(tuple(spans), write, positions.to(self.device), last_rows)
 
     def write(self, layer: int, where: Positions, keys_values: torch.Tensor) -> None:
-        """Store ``keys_values`` [2, Hkv, R, hd] at the step's new positions."""
+        """Store ``keys_values`` [2, Hkv, R, hd] at the step's new positions, in the buffer's dtype."""
         held = self.buffer[layer]  # [2, Hkv, P, hd]
         if isinstance(where, slice):
             held[:, :, where] = keys_values
         else:
-            held.index_copy_(2, where, keys_values)
+            held.index_copy_(2, where, keys_values.to(held.dtype))
 
     def read(self, layer: int, runs: tuple[slice, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """A sequence's keys and values so far, [Hkv, T, hd] each: views of its one run, else its runs joined."""
+        """A sequence's keys and values so far, [Hkv, T, hd] each in the buffer's dtype: views of its one run, else its
+        runs joined."""
         held = self.buffer[layer]  # [2, Hkv, P, hd]
         parts = [held.narrow(2, run.start, run.stop - run.start) for run in runs]
         pair = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)  # [2, Hkv, T, hd]

@@ -14,8 +14,10 @@ import psutil
 from engine.protocol.messages import MemoryStats
 
 KV_CACHE_BUDGET_BYTES = 2 * 1024**3
-"""What the KV caches of kept conversations may hold in all, before the least recently used go, when no context
-was planned at load (the single-stream cache store; random models)."""
+"""What the KV caches of kept conversations may hold in all, before the least recently used go, where no block pool
+sizes them from memory (the single-stream cache store)."""
+CPU_SPARE_SHARE = 4
+"""On the CPU the block pool may take a quarter of the memory free once the weights are in (``kv_pool_budget``)."""
 
 
 def device_memory(device: str) -> tuple[int, int, int]:
@@ -34,17 +36,17 @@ def kv_pool_budget(device: str, planned_bytes: int | None = None) -> int:
 
     ``planned_bytes``: the KV cache of the context chosen at load (``LoadedModel.kv_budget_bytes``,
     ``context_choice``), which the memory estimate counted, so one conversation can always fill the whole context.
-    The pool takes more where memory is spare, so several conversations' prefixes stay cached beside it: on the CPU
-    up to ``KV_CACHE_BUDGET_BYTES`` or a quarter of the free memory, whichever is less; on a GPU half of what is free
-    (the free device memory and what the allocator holds unused; the other half is left for activations and CUDA
-    graphs). Without a plan (random models, tests) that spare share alone."""
+    The pool takes more where memory is spare, so several conversations share it and their prefixes stay cached: on
+    the CPU ``1 / CPU_SPARE_SHARE`` of the memory free now (after the weights; the pool's pages are taken as blocks
+    fill); on a GPU half of what is free (the free device memory and what the allocator holds unused; the other half
+    is left for activations and CUDA graphs). Without a plan (random models, tests) that spare share alone."""
     if device == "cuda":
         import torch
 
         held_unused = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
         spare = (device_memory(device)[1] + held_unused) // 2
     else:
-        spare = min(KV_CACHE_BUDGET_BYTES, device_memory(device)[1] // 4)
+        spare = device_memory(device)[1] // CPU_SPARE_SHARE
     return max(planned_bytes or 0, spare)
 
 

@@ -76,8 +76,8 @@ class FormatPlan:
     transformers). ``layers``: the attention and MLP weights' format; ``decode_copy``: a second copy of them for
     calls of few rows (decode steps), or None. ``output_layer`` and ``token_table``: their formats ("file": the
     table as the file keeps it, decoded when looked up). ``compute``: the activations' dtype, which the KV cache
-    (``kv_cache``) keeps; ``prompt_attention``: a prompt chunk's attention dtype. ``prompt_path``: which kernel
-    multiplies a prompt's rows, in words. ``note``: why ``auto`` chose these, when not the default.
+    (``kv_cache``) keeps, but for the CPU fast path's bf16; ``prompt_attention``: a prompt chunk's attention dtype.
+    ``prompt_path``: which kernel multiplies a prompt's rows, in words. ``note``: why ``auto`` chose these, when not the default.
     """
 
     device: str
@@ -95,7 +95,9 @@ class FormatPlan:
 
     @property
     def kv_cache(self) -> str:
-        return self.compute
+        """The KV cache's dtype: bf16 in the CPU fast path's block pool (half fp32's bytes, as llama.cpp's fp16; its
+        kernels widen each key and value exactly and sum in fp32), else the compute dtype."""
+        return "bf16" if self.device == "cpu" and self.fast_path else self.compute
 
     @property
     def label(self) -> str:

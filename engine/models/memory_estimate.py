@@ -21,7 +21,7 @@ the same call the loader's plan comes from), so the two cannot disagree about fo
 * Any other GGUF file goes through transformers, which dequantizes every tensor into
   fp32 before the model takes them: ``FP32_BYTES`` per parameter more while it loads.
 * KV cache: 2 (keys and values) × layers × KV heads × head size × context × bytes of the plan's
-  ``kv_cache`` dtype (fp32 on the CPU fast path, which computes in fp32 whatever its weights' format), the context
+  ``kv_cache`` dtype (bf16 on the CPU fast path, which computes in fp32 whatever its weights' format), the context
   rounded up to ``KV_POOL_TOKENS``: what the block pool sized from it holds (``context_choice.kv_budget_bytes``).
 * Overhead: activations, allocator slack and the runtime itself, taken as
   ``OVERHEAD_FIXED_BYTES`` plus ``OVERHEAD_FRACTION`` of weights and KV cache.

@@ -9,8 +9,11 @@ softmax's running maximum kept per query head (one pass over the positions).
 ``ChunkRuns`` does the same for a short prompt chunk (the tokens a step takes beside
 decoding rows), each row seeing the positions up to its own, where it is faster than
 SDPA. Where a model's prompts already run in bf16 on AMX's tiles
-(``FormatPlan.prompt_attention``), a chunk runs on them too (``on_tiles``): queries,
-keys, values and weights rounded to bf16, sums in fp32.
+(``FormatPlan.prompt_attention``), a chunk runs on them too (``on_tiles``): queries
+and weights rounded to bf16, sums in fp32.
+
+The pool holds bf16 (``FormatPlan.kv_cache``); the kernels read it as it is, each key
+and value widened exactly to fp32, and every sum runs in fp32.
 """
 
 from __future__ import annotations
@@ -52,16 +55,23 @@ class DecodeRuns:
         return DecodeRuns(_int32(list(rows)), _int32(first_run), _bounds(run for row_runs in runs for run in row_runs))
 
     def attend(self, q: torch.Tensor, out: torch.Tensor, layer_kv: torch.Tensor) -> None:
-        """``q`` [R, H, hd] (already scaled) over ``layer_kv`` [2, Hkv, P, hd] into ``out`` [R, H, hd] (all
+        """``q`` [R, H, hd] (already scaled) over ``layer_kv`` [2, Hkv, P, hd] bf16 into ``out`` [R, H, hd] (all
         contiguous), at the decode rows only; query head ``h`` uses kv head ``h // (H / Hkv)``."""
         _, heads, head_dim = q.shape
         kv_heads, positions = layer_kv.shape[1], layer_kv.shape[2]
-        library().decode_attention(address(q), address(out), address(layer_kv), *self._addresses, heads, kv_heads,
+        library().decode_attention(address(q), address(out), kv_address(layer_kv), *self._addresses, heads, kv_heads,
                                    head_dim, positions)
 
     @property
     def _addresses(self) -> tuple[int, int, int, int]:
         return self.rows.data_ptr(), len(self.rows), self.first_run.data_ptr(), self.bounds.data_ptr()
+
+
+def kv_address(layer_kv: torch.Tensor) -> int:
+    """A layer of the pool, for the kernels' bf16 pointer; ValueError for any other dtype, which they would misread."""
+    if layer_kv.dtype != torch.bfloat16:
+        raise ValueError(f"Hearth's attention kernels read a bf16 KV cache, not {layer_kv.dtype}.")
+    return address(layer_kv)
 
 
 def _int32(values: list) -> torch.Tensor:
@@ -89,10 +99,10 @@ class ChunkRuns:
         return ChunkRuns(first_row, count, start, _bounds(runs), on_tiles)
 
     def attend(self, q: torch.Tensor, out: torch.Tensor, layer_kv: torch.Tensor) -> None:
-        """``q`` [R, H, hd] (already scaled) over ``layer_kv`` [2, Hkv, P, hd] into ``out`` [R, H, hd] (all
+        """``q`` [R, H, hd] (already scaled) over ``layer_kv`` [2, Hkv, P, hd] bf16 into ``out`` [R, H, hd] (all
         contiguous), at the chunk's rows only."""
         _, heads, head_dim = q.shape
         kv_heads, positions = layer_kv.shape[1], layer_kv.shape[2]
-        arguments = (address(q), address(out), address(layer_kv), self.first_row, self.count, self.start,
+        arguments = (address(q), address(out), kv_address(layer_kv), self.first_row, self.count, self.start,
                      self.bounds.data_ptr(), len(self.bounds), heads, kv_heads, head_dim, positions)
         (library().chunk_attention_amx if self.on_tiles else library().chunk_attention)(*arguments)

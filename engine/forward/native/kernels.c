@@ -52,6 +52,25 @@ static inline __m512 bf16_in_high_half(__m512i pairs) {
     return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32((int)0xFFFF0000)));
 }
 
+/* The KV cache holds bf16 (uint16 storage): a value's fp32 is its 16 bits above 16 zero bits. */
+static inline __m512 bf16_load(const uint16_t *values) {  /* 16 consecutive values */
+    return bf16_in_low_half(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)values)));
+}
+
+static inline __m512 bf16_broadcast(const uint16_t *value) {  /* one value in every lane */
+    return _mm512_castsi512_ps(_mm512_maskz_set1_epi16(0xAAAAAAAAu, (short)*value));
+}
+
+/* 16 fp32 values as bf16, rounded to nearest even as PyTorch rounds (a NaN stays a NaN). */
+static inline void bf16_store(uint16_t *target, __m512 x) {
+    __m512i bits = _mm512_castps_si512(x);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    rounded = _mm512_mask_or_epi32(rounded, nan, bits, _mm512_set1_epi32(0x00400000));  /* quiet, not rounded */
+    _mm256_storeu_si256((__m256i *)target, _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+}
+
 /* A group's bf16 (scale, zero) pairs of a block's rows 16j .. 16j + 15 (pairs [64, 2]) as the scale and the offset
    z - 8s: w = (q - 8) * s + z = q * s + offset. */
 static inline __attribute__((always_inline)) void group_scale_and_offset(const uint16_t *pairs, int j, __m512 *scale,
@@ -246,11 +265,11 @@ static inline __m512 exp_of_negative(__m512 x) {
     return _mm512_scalef_ps(power, n);
 }
 
-/* Decode attention over a block pool's layer [2, Hkv, P, hd] (keys, then values; hd a multiple of 16): query row
+/* Decode attention over a block pool's layer [2, Hkv, P, hd] bf16 (keys, then values; hd a multiple of 16): query row
    rows[i] of q [R, H, hd] (already scaled) attends to the positions runs[2j] .. runs[2j + 1] - 1 for first_run[i]
    <= j < first_run[i + 1], in order; query head h uses kv head h / (H / Hkv). out [R, H, hd]. The softmax runs
    over tiles of positions with a running maximum, so every position is read once. */
-void decode_attention(const float *q, float *out, const float *layer, const int32_t *rows, int row_count,
+void decode_attention(const float *q, float *out, const uint16_t *layer, const int32_t *rows, int row_count,
                       const int32_t *first_run, const int32_t *runs, int heads, int kv_heads, int head_dim,
                       int64_t positions) {
     const int groups = heads / kv_heads, vectors = head_dim / 16;
@@ -258,8 +277,8 @@ void decode_attention(const float *q, float *out, const float *layer, const int3
     for (int i = 0; i < row_count; i++)
         for (int h = 0; h < kv_heads; h++) {
             const float *queries = q + ((size_t)rows[i] * heads + (size_t)h * groups) * head_dim;
-            const float *keys = layer + (size_t)h * positions * head_dim;
-            const float *values = layer + ((size_t)kv_heads + h) * positions * head_dim;
+            const uint16_t *keys = layer + (size_t)h * positions * head_dim;
+            const uint16_t *values = layer + ((size_t)kv_heads + h) * positions * head_dim;
             __m512 query[MAX_GROUPS][MAX_HEAD_DIM / 16], acc[MAX_GROUPS][MAX_HEAD_DIM / 16];
             float best[MAX_GROUPS], weight_sum[MAX_GROUPS], score[MAX_GROUPS][POSITIONS];
             for (int g = 0; g < groups; g++) {
@@ -274,11 +293,12 @@ void decode_attention(const float *q, float *out, const float *layer, const int3
                 for (int64_t start = runs[2 * j]; start < runs[2 * j + 1]; start += POSITIONS) {
                     int count = (int)(runs[2 * j + 1] - start < POSITIONS ? runs[2 * j + 1] - start : POSITIONS);
                     for (int p = 0; p < count; p++) {
-                        const float *key = keys + (size_t)(start + p) * head_dim;
+                        const uint16_t *key_bits = keys + (size_t)(start + p) * head_dim;
+                        __m512 key[MAX_HEAD_DIM / 16];
+                        for (int v = 0; v < vectors; v++) key[v] = bf16_load(key_bits + 16 * v);
                         for (int g = 0; g < groups; g++) {
-                            __m512 dot = _mm512_mul_ps(query[g][0], _mm512_loadu_ps(key));
-                            for (int v = 1; v < vectors; v++)
-                                dot = _mm512_fmadd_ps(query[g][v], _mm512_loadu_ps(key + 16 * v), dot);
+                            __m512 dot = _mm512_mul_ps(query[g][0], key[0]);
+                            for (int v = 1; v < vectors; v++) dot = _mm512_fmadd_ps(query[g][v], key[v], dot);
                             score[g][p] = _mm512_reduce_add_ps(dot);
                         }
                     }
@@ -302,9 +322,9 @@ void decode_attention(const float *q, float *out, const float *layer, const int3
                         best[g] = most;
                     }
                     for (int p = 0; p < count; p++) {
-                        const float *value = values + (size_t)(start + p) * head_dim;
+                        const uint16_t *value = values + (size_t)(start + p) * head_dim;
                         for (int v = 0; v < vectors; v++) {
-                            __m512 part = _mm512_loadu_ps(value + 16 * v);
+                            __m512 part = bf16_load(value + 16 * v);
                             for (int g = 0; g < groups; g++)
                                 acc[g][v] = _mm512_fmadd_ps(_mm512_set1_ps(score[g][p]), part, acc[g][v]);
                         }
@@ -333,32 +353,35 @@ void rms_norm(const float *x, int rows, int width, float eps, float *out) {
 }
 
 /* x [hd] (hd / 2 pairs, a multiple of 8) times the complex numbers turns [hd / 2, 2] (cos, sin), pair by pair:
-   (x0 cos - x1 sin, x1 cos + x0 sin). */
-static inline void rotate_pairs(const float *x, const float *turns, int head_dim, float *out) {
-    for (int k = 0; k < head_dim; k += 16) {
-        __m512 v = _mm512_loadu_ps(x + k), turn = _mm512_loadu_ps(turns + k);
-        __m512 swapped_sin = _mm512_mul_ps(_mm512_permute_ps(v, 0xB1), _mm512_movehdup_ps(turn));  /* x1 s, x0 s */
-        _mm512_storeu_ps(out + k, _mm512_fmaddsub_ps(v, _mm512_moveldup_ps(turn), swapped_sin));
-    }
+   (x0 cos - x1 sin, x1 cos + x0 sin), 16 values at a time to `store` (x's own place, or the cache in bf16). */
+static inline __m512 rotated_pairs(const float *x, const float *turns) {
+    __m512 v = _mm512_loadu_ps(x), turn = _mm512_loadu_ps(turns);
+    __m512 swapped_sin = _mm512_mul_ps(_mm512_permute_ps(v, 0xB1), _mm512_movehdup_ps(turn));  /* x1 s, x0 s */
+    return _mm512_fmaddsub_ps(v, _mm512_moveldup_ps(turn), swapped_sin);
 }
 
 /* A step's new rows: qkv [S, H + 2Hkv, hd] (each row's queries, keys and values), turns [S, hd / 2, 2], slots [S]
    (each row's position in the layer's pool). The queries are rotated in place, the keys rotated into layer
-   [2, Hkv, P, hd] (its keys, then its values) at their slots and the values copied there: one pass where PyTorch
-   took a complex multiply and a strided copy. */
-void rotate_and_store(float *qkv, const float *turns, int rows, int heads, int kv_heads, int head_dim, float *layer,
+   [2, Hkv, P, hd] bf16 (its keys, then its values) at their slots and the values stored there, both rounded to
+   nearest even: one pass where PyTorch took a complex multiply and a strided copy. */
+void rotate_and_store(float *qkv, const float *turns, int rows, int heads, int kv_heads, int head_dim, uint16_t *layer,
                       int64_t positions, const int64_t *slots) {
     const int width = (heads + 2 * kv_heads) * head_dim;
     #pragma omp parallel for schedule(static) if (rows >= 16)
     for (int s = 0; s < rows; s++) {
         float *row = qkv + (size_t)s * width;
         const float *turn = turns + (size_t)s * head_dim;
-        for (int h = 0; h < heads; h++) rotate_pairs(row + (size_t)h * head_dim, turn, head_dim, row + (size_t)h * head_dim);
+        for (int h = 0; h < heads; h++)
+            for (int k = 0; k < head_dim; k += 16)
+                _mm512_storeu_ps(row + (size_t)h * head_dim + k, rotated_pairs(row + (size_t)h * head_dim + k, turn + k));
         for (int h = 0; h < kv_heads; h++) {
             size_t at = ((size_t)h * positions + (size_t)slots[s]) * head_dim;
-            rotate_pairs(row + (size_t)(heads + h) * head_dim, turn, head_dim, layer + at);
-            memcpy(layer + (size_t)kv_heads * positions * head_dim + at, row + (size_t)(heads + kv_heads + h) * head_dim,
-                   (size_t)head_dim * sizeof(float));
+            const float *key = row + (size_t)(heads + h) * head_dim, *value = key + (size_t)kv_heads * head_dim;
+            uint16_t *values = layer + (size_t)kv_heads * positions * head_dim;
+            for (int k = 0; k < head_dim; k += 16) {
+                bf16_store(layer + at + k, rotated_pairs(key + k, turn + k));
+                bf16_store(values + at + k, _mm512_loadu_ps(value + k));
+            }
         }
     }
 }
@@ -388,14 +411,14 @@ void swiglu(const float *gate_up, int rows, int width, float *out) {
 
 /* The scores of `m` (at most KEYS_AT_ONCE) consecutive keys against a chunk task's queries: sums[p][v]. Inlined
    with m a constant for whole groups of keys, so that the sums stay in registers. */
-static inline __attribute__((always_inline)) void score_keys(const float *keys, int m, int head_dim,
+static inline __attribute__((always_inline)) void score_keys(const uint16_t *keys, int m, int head_dim,
                                                              const float (*qt)[CHUNK_QUERIES],
                                                              __m512 sums[KEYS_AT_ONCE][2]) {
     for (int p = 0; p < KEYS_AT_ONCE; p++) sums[p][0] = sums[p][1] = _mm512_setzero_ps();
     for (int d = 0; d < head_dim; d++) {
         __m512 q0 = _mm512_load_ps(qt[d]), q1 = _mm512_load_ps(qt[d] + 16);
         for (int p = 0; p < m; p++) {
-            __m512 k = _mm512_set1_ps(keys[p * head_dim + d]);
+            __m512 k = bf16_broadcast(keys + p * head_dim + d);
             sums[p][0] = _mm512_fmadd_ps(q0, k, sums[p][0]);
             sums[p][1] = _mm512_fmadd_ps(q1, k, sums[p][1]);
         }
@@ -404,7 +427,7 @@ static inline __attribute__((always_inline)) void score_keys(const float *keys, 
 
 /* Runs a chunk task's score and value sums over the positions slot .. slot + n - 1 (logical positions logical ..).
    qt [hd][32]: the task's queries, transposed; acc [hd][32]: its weighted values; best, total: per query. */
-static void chunk_tile(const float *keys, const float *values, int64_t slot, int n, int64_t logical, int head_dim,
+static void chunk_tile(const uint16_t *keys, const uint16_t *values, int64_t slot, int n, int64_t logical, int head_dim,
                        const float (*qt)[CHUNK_QUERIES], float (*acc)[CHUNK_QUERIES], const __m512i limit[2],
                        __m512 best[2], __m512 total[2]) {
     __m512 score[POSITIONS][2];
@@ -438,9 +461,9 @@ static void chunk_tile(const float *keys, const float *values, int64_t slot, int
         for (int i = 0; i < DIMS_AT_ONCE; i++)
             for (int v = 0; v < 2; v++) sums[i][v] = _mm512_mul_ps(_mm512_load_ps(acc[d0 + i] + 16 * v), kept[v]);
         for (int p = 0; p < n; p++) {
-            const float *value = values + (slot + p) * head_dim + d0;
+            const uint16_t *value = values + (slot + p) * head_dim + d0;
             for (int i = 0; i < DIMS_AT_ONCE; i++) {
-                __m512 part = _mm512_set1_ps(value[i]);
+                __m512 part = bf16_broadcast(value + i);
                 sums[i][0] = _mm512_fmadd_ps(score[p][0], part, sums[i][0]);
                 sums[i][1] = _mm512_fmadd_ps(score[p][1], part, sums[i][1]);
             }
@@ -450,12 +473,12 @@ static void chunk_tile(const float *keys, const float *values, int64_t slot, int
     }
 }
 
-/* A prompt chunk's attention over a block pool's layer [2, Hkv, P, hd]: rows first_row .. first_row + count - 1 of
+/* A prompt chunk's attention over a block pool's layer [2, Hkv, P, hd] bf16: rows first_row .. first_row + count - 1 of
    q [R, H, hd] (already scaled), row r at position start + r, each attending to the sequence's first start + r + 1
    positions, which lie in the runs runs[2j] .. runs[2j + 1] - 1 (j < run_count, in order). Each task takes one kv
    head and a few rows, its queries in the lanes of two vectors: a key's value is broadcast against all of them, so
    nothing is transposed and the causal limit is a compare per lane. */
-void chunk_attention(const float *q, float *out, const float *layer, int first_row, int count, int start,
+void chunk_attention(const float *q, float *out, const uint16_t *layer, int first_row, int count, int start,
                      const int32_t *runs, int run_count, int heads, int kv_heads, int head_dim, int64_t positions) {
     const int groups = heads / kv_heads;
     const int rows_per_task = CHUNK_QUERIES / groups;
@@ -465,8 +488,8 @@ void chunk_attention(const float *q, float *out, const float *layer, int first_r
         for (int b = 0; b < blocks; b++) {
             const int r0 = b * rows_per_task, r1 = r0 + rows_per_task < count ? r0 + rows_per_task : count;
             const int queries = (r1 - r0) * groups;
-            const float *keys = layer + (size_t)h * positions * head_dim;
-            const float *values = layer + ((size_t)kv_heads + h) * positions * head_dim;
+            const uint16_t *keys = layer + (size_t)h * positions * head_dim;
+            const uint16_t *values = layer + ((size_t)kv_heads + h) * positions * head_dim;
             float qt[MAX_HEAD_DIM][CHUNK_QUERIES] __attribute__((aligned(64)));
             float acc[MAX_HEAD_DIM][CHUNK_QUERIES] __attribute__((aligned(64)));
             int32_t limits[CHUNK_QUERIES] __attribute__((aligned(64)));
@@ -773,6 +796,11 @@ static inline __attribute__((always_inline)) AMX_TARGET __m512i bf16_row(const f
     return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(values + 16), _mm512_loadu_ps(values));
 }
 
+/* 16 bf16 values, each in the low half of a 32-bit lane. */
+static inline __attribute__((always_inline)) __m512i bf16_lanes(const uint16_t *values) {
+    return _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)values));
+}
+
 #define ATT_BLOCK 32      /* positions a block of the tile attention takes: a tile row of bf16 */
 #define ATT_MAX_TILES 8   /* query tiles (16 queries each) of one kv head a task takes */
 #define ATT_MAX_DIM 128   /* head dimensions the tile attention takes */
@@ -819,25 +847,26 @@ static AMX_TARGET void load_tile_queries(const float *q, int first_row, int coun
 }
 
 /* One block of up to 32 positions (slots[p], logical positions logical + p; n of them) for a task's query tiles:
-   its keys as A tiles [16 positions, 32 dims] bf16 and its values transposed, A tiles [16 dims, 32 positions]; then
+   its keys (bf16, as the cache holds them) as A tiles [16 positions, 32 dims] and its values transposed, A tiles
+   [16 dims, 32 positions]; then
    per tile the scores (keys times the transposed queries, [position][lane]), the running softmax, and the weighted
    values (values transposed times the weights' pairs). */
-static AMX_TARGET void attend_block(const float *keys, const float *values, const int64_t *slots, int n,
+static AMX_TARGET void attend_block(const uint16_t *keys, const uint16_t *values, const int64_t *slots, int n,
                                     int64_t logical, int head_dim, int tiles, tile_queries *queries) {
     uint16_t key_rows[ATT_BLOCK][ATT_MAX_DIM] __attribute__((aligned(64)));
     uint32_t values_t[ATT_MAX_DIM / 16][16][16] __attribute__((aligned(64)));
     for (int p = 0; p < ATT_BLOCK; p++)
         for (int c = 0; c < head_dim / 32; c++) {
-            __m512i row = p < n ? bf16_row(keys + slots[p] * head_dim + 32 * c) : _mm512_setzero_si512();
+            __m512i row = p < n ? _mm512_loadu_si512(keys + slots[p] * head_dim + 32 * c) : _mm512_setzero_si512();
             _mm512_store_si512(key_rows[p] + 32 * c, row);
         }
     for (int d0 = 0; d0 < head_dim / 16; d0++) {
         __m512i rows[16];
         for (int k = 0; k < 16; k++) {
-            __m512 even = 2 * k < n ? _mm512_loadu_ps(values + slots[2 * k] * head_dim + 16 * d0) : _mm512_setzero_ps();
-            __m512 odd = 2 * k + 1 < n ? _mm512_loadu_ps(values + slots[2 * k + 1] * head_dim + 16 * d0)
-                                       : _mm512_setzero_ps();
-            rows[k] = bf16_pairs(even, odd);
+            __m512i even = 2 * k < n ? bf16_lanes(values + slots[2 * k] * head_dim + 16 * d0) : _mm512_setzero_si512();
+            __m512i odd = 2 * k + 1 < n ? bf16_lanes(values + slots[2 * k + 1] * head_dim + 16 * d0)
+                                        : _mm512_setzero_si512();
+            rows[k] = _mm512_or_si512(even, _mm512_slli_epi32(odd, 16));  /* (even, odd) pairs, even in the low half */
         }
         transpose_16x16(rows);
         for (int d = 0; d < 16; d++) _mm512_store_si512(values_t[d0][d], rows[d]);
@@ -887,11 +916,11 @@ static AMX_TARGET void attend_block(const float *keys, const float *values, cons
 
 #endif
 
-/* chunk_attention on AMX's bf16 tiles (head_dim a multiple of 32, at most 128): queries, keys, values and the
-   softmax's weights rounded to bf16, sums in fp32. Each task takes one kv head and a few tiles of 16 of its
+/* chunk_attention on AMX's bf16 tiles (head_dim a multiple of 32, at most 128): queries and the softmax's weights
+   rounded to bf16, keys and values as the cache holds them, sums in fp32. Each task takes one kv head and a few tiles of 16 of its
    queries (rows times the query heads that share it), whose keys and values are converted once a block of 32
    positions. Call only where amx_enable() returned 0. */
-AMX_TARGET void chunk_attention_amx(const float *q, float *out, const float *layer, int first_row, int count,
+AMX_TARGET void chunk_attention_amx(const float *q, float *out, const uint16_t *layer, int first_row, int count,
                                     int start, const int32_t *runs, int run_count, int heads, int kv_heads,
                                     int head_dim, int64_t positions) {
 #ifdef HAS_AMX
@@ -910,8 +939,8 @@ AMX_TARGET void chunk_attention_amx(const float *q, float *out, const float *lay
                 const int task_tiles = tiles - tile0 < tiles_per_task ? tiles - tile0 : tiles_per_task;
                 tile_queries queries;
                 load_tile_queries(q, first_row, count, start, heads, groups, h, head_dim, tile0, task_tiles, &queries);
-                const float *keys = layer + (size_t)h * positions * head_dim;
-                const float *values = layer + ((size_t)kv_heads + h) * positions * head_dim;
+                const uint16_t *keys = layer + (size_t)h * positions * head_dim;
+                const uint16_t *values = layer + ((size_t)kv_heads + h) * positions * head_dim;
                 const int last_row = ((tile0 + task_tiles) * 16 - 1) / groups;
                 const int64_t seen = start + (last_row < count ? last_row : count - 1) + 1;
                 int64_t slots[ATT_BLOCK], logical = 0;

@@ -2,7 +2,8 @@
 
 PyTorch's path is a complex multiply over the queries and keys, then a strided copy of
 the keys and values into the cache, several ops a layer whose dispatch a decode step
-pays in every layer. The kernel does both in one pass of the row, before the attention
+pays in every layer. The kernel does both in one pass of the row, rounding the keys and
+values to the cache's bf16 (to nearest even, as PyTorch rounds), before the attention
 kernel reads the cache in place.
 """
 
@@ -14,15 +15,15 @@ from engine.forward.native.build import LANES, address, library
 
 
 def covers(qkv: torch.Tensor, layer_kv: torch.Tensor) -> bool:
-    return (library() is not None and qkv.dtype == torch.float32 and layer_kv.dtype == torch.float32
+    return (library() is not None and qkv.dtype == torch.float32 and layer_kv.dtype == torch.bfloat16
             and qkv.device.type == "cpu" and qkv.shape[-1] % LANES == 0)
 
 
 def rotate_and_store(qkv: torch.Tensor, turns: torch.Tensor, layer_kv: torch.Tensor, slots: torch.Tensor,
                      heads: int) -> None:
     """``qkv`` [S, H + 2Hkv, hd] (contiguous): its queries rotated by ``turns`` [S, 1, hd/2] (complex) in place, its
-    keys rotated into ``layer_kv`` [2, Hkv, P, hd] at ``slots`` [S] (int64 positions of the pool) and its values
-    copied there."""
+    keys rotated into ``layer_kv`` [2, Hkv, P, hd] bf16 at ``slots`` [S] (int64 positions of the pool) and its values
+    stored there."""
     rows, _, head_dim = qkv.shape
     _, kv_heads, positions, _ = layer_kv.shape
     pairs = torch.view_as_real(turns.contiguous())  # [S, 1, hd/2, 2]: cos, sin

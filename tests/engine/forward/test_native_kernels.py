@@ -172,10 +172,10 @@ def test_a_q8_0_blocks_codes_and_scale_come_back_exactly():
 
 @needs_kernels
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(6, 2, 32), (28, 4, 128)])  # 28/4/128: Qwen2.5-7B's
-def test_decode_attention_matches_pytorchs_over_runs_of_the_pool(heads, kv_heads, head_dim):
+def test_decode_attention_matches_pytorchs_over_runs_of_the_bf16_pool(heads, kv_heads, head_dim):
     torch.manual_seed(0)
     positions = 512
-    layer = torch.randn(2, kv_heads, positions, head_dim)  # [2, Hkv, P, hd]
+    layer = torch.randn(2, kv_heads, positions, head_dim).bfloat16()  # [2, Hkv, P, hd]: as the pool holds them
     runs = [(slice(0, 1),), (slice(64, 64 + 130),), (slice(300, 364), slice(400, 411))]  # one, past a tile, two runs
     q = torch.randn(len(runs) + 1, heads, head_dim) * 0.3  # the last row: a prompt chunk's, not attended here
     out = torch.full_like(q, 7.0)
@@ -186,6 +186,13 @@ def test_decode_attention_matches_pytorchs_over_runs_of_the_pool(heads, kv_heads
                                                                                        head_dim))
         assert torch.allclose(out[row], expected.view(heads, head_dim), atol=1e-5)
     assert torch.equal(out[-1], torch.full_like(out[-1], 7.0))
+
+
+@needs_kernels
+def test_the_attention_kernels_refuse_a_pool_they_would_misread():
+    q = torch.randn(1, 6, 32)
+    with pytest.raises(ValueError, match="bf16"):
+        DecodeRuns.of([0], [(slice(0, 4),)]).attend(q, torch.empty_like(q), torch.randn(2, 2, 8, 32))
 
 
 def test_without_the_kernels_the_callers_keep_pytorchs_ops(monkeypatch):
@@ -242,20 +249,23 @@ def test_rms_norm_matches_pytorchs(length):
 
 @needs_kernels
 @pytest.mark.parametrize("length", [1, 20])  # 20: the rows spread over the threads
-def test_rotating_and_storing_new_rows_is_pytorchs_rotation_and_cache_write(length):
+def test_rotating_and_storing_new_rows_is_pytorchs_rotation_and_bf16_cache_write(length):
     torch.manual_seed(length)
     heads, kv_heads, head_dim = 6, 2, 64
     qkv = torch.randn(length, heads + 2 * kv_heads, head_dim)  # [S, H + 2Hkv, hd]
     angles = torch.rand(length, 1, head_dim // 2) * 6.3
     turns = torch.polar(torch.full_like(angles, 0.9), angles)  # [S, 1, hd/2]: scaled, as a rope factor leaves them
-    layer = torch.randn(2, kv_heads, 128, head_dim)  # [2, Hkv, P, hd]
+    qkv[0, -1, :4] = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3.4e38])  # ties to even, overflow
+    layer = torch.randn(2, kv_heads, 128, head_dim).bfloat16()  # [2, Hkv, P, hd]: the pool's
     slots = torch.randperm(128)[:length]  # [S]: a batched step's rows land in their own sequences' blocks
     expected_qkv, expected_layer = qkv.clone(), layer.clone()
     rotate_pairs_(expected_qkv[:, : heads + kv_heads], turns)
-    expected_layer[:, :, slots] = expected_qkv[:, heads:].transpose(0, 1).unflatten(0, (2, kv_heads))
+    expected_layer[:, :, slots] = expected_qkv[:, heads:].transpose(0, 1).unflatten(0, (2, kv_heads)).bfloat16()
     rotary.rotate_and_store(qkv, turns, layer, slots, heads)
     assert torch.allclose(qkv[:, :heads], expected_qkv[:, :heads], atol=1e-6)  # the queries, in place
-    assert torch.allclose(layer, expected_layer, atol=1e-6)  # the keys rotated, the values as they were; the rest kept
+    assert torch.equal(layer[1], expected_layer[1])  # the values rounded to nearest even, as PyTorch rounds
+    keys, expected_keys = layer[0].float(), expected_layer[0].float()  # the rotation's last bit may round either way
+    assert torch.allclose(keys, expected_keys, rtol=2**-8, atol=0) and (keys != expected_keys).float().mean() < 0.01
 
 
 @needs_kernels
@@ -284,14 +294,14 @@ def test_chunk_attention_matches_sdpa_with_itscausal_mask(start, length, heads, 
     (250, 19, 28, 4, 128), (0, 40, 32, 32, 64),
 ])
 def test_chunk_attention_on_amx_tiles_matches_sdpa_within_bf16s_rounding(start, length, heads, kv_heads, head_dim):
-    """Queries, keys, values and weights rounded to bf16, sums in fp32: blocks of 32 positions across runs that
-    break mid-block, tiles of 16 queries that end mid-row."""
+    """Queries and weights rounded to bf16 (keys and values are), sums in fp32: blocks of 32 positions across runs
+    that break mid-block, tiles of 16 queries that end mid-row."""
     _chunk_attended_as_sdpa(start, length, heads, kv_heads, head_dim, on_tiles=True)
 
 
 def _chunk_attended_as_sdpa(start: int, length: int, heads: int, kv_heads: int, head_dim: int, on_tiles: bool) -> None:
     torch.manual_seed(start)
-    layer = torch.randn(2, kv_heads, 1024 + length, head_dim)  # [2, Hkv, P, hd]
+    layer = torch.randn(2, kv_heads, 1024 + length, head_dim).bfloat16()  # [2, Hkv, P, hd]: the pool's
     seen = start + length  # a shared prefix of 300 positions, then its own blocks
     runs = (slice(100, 100 + min(seen, 300)),) + ((slice(600, 600 + seen - 300),) if seen > 300 else ())
     q = torch.randn(length + 2, heads, head_dim) * 0.3  # rows 0 and 1: another sequence's

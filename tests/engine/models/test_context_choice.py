@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from engine.forward.paged_kv import PagedKV
+from engine.forward.weights.quant import PLAIN_DTYPES
 from engine.host import memory
 from engine.host.memory import kv_pool_budget
 from engine.models.context_choice import choose_load, kv_budget_bytes
 from engine.models.format_plan import formats_for_source
 from engine.models.inspection import inspect_for_dialog
-from engine.models.memory_estimate import NotEnoughMemoryError
+from engine.models.memory_estimate import NotEnoughMemoryError, estimate_formats
 from engine.models.model_files import inspect_model
 from engine.models.model_source import ModelFileError
 from engine.protocol.messages import LoadOptions, ModelInspected
@@ -24,7 +25,7 @@ from tests.engine.models.random_gguf import Shape, write_hollow_gguf, write_rand
 GIB = 1024**3
 TRAINED = 131_072
 LLAMA31_8B = Shape(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, extra_vocab=128_000, context=TRAINED)
-KV_FP32_PER_TOKEN = 2 * 32 * 8 * 128 * 4  # the CPU fast path keeps keys and values in fp32: 256 KiB a token
+KV_PER_TOKEN = 2 * 32 * 8 * 128 * 2  # the CPU fast path keeps keys and values in bf16: 128 KiB a token
 
 
 @pytest.fixture(scope="module")
@@ -49,18 +50,19 @@ def test_a_131k_file_opens_on_24_gib_with_32k_tokens_and_says_why(llama31_8b: Pa
     assert (found.native_context_length, found.context_length) == (TRAINED, 32_768)
     assert found.auto_precision == "int4"
     assert _chosen(found).verdict == "fits"
-    assert _chosen(found).kv_bytes == 32_768 * KV_FP32_PER_TOKEN  # 8 GiB, where 131 072 tokens would take 32
+    assert _chosen(found).kv_bytes == 32_768 * KV_PER_TOKEN  # 4 GiB, where 131 072 tokens would take 16
     assert found.context_reason.startswith("32 768 of 131 072 tokens: the default for chat")
 
 
-def test_on_16_gib_it_opens_with_what_fits_comfortably(llama31_8b: Path):
-    found = _inspect(llama31_8b, 16 * GIB)
+def test_on_8_gib_it_opens_with_what_fits_comfortably(llama31_8b: Path):
+    found = _inspect(llama31_8b, 8 * GIB)
 
     assert 2_048 <= found.context_length < 32_768 and found.context_length % 1_024 == 0
     assert _chosen(found).verdict == "fits"
-    assert _chosen(found).total_bytes + 1_024 * KV_FP32_PER_TOKEN * 1.05 > 0.85 * 16 * GIB, "the longest that fits"
-    assert found.context_reason == f"{found.context_length:,} of 131,072 tokens: what fits in 16.00 GiB free".replace(
+    assert _chosen(found).total_bytes + 1_024 * KV_PER_TOKEN * 1.05 > 0.85 * 8 * GIB, "the longest that fits"
+    assert found.context_reason == f"{found.context_length:,} of 131,072 tokens: what fits in 8.00 GiB free".replace(
         ",", " ")
+    assert _inspect(llama31_8b, 16 * GIB).context_length == 32_768, "bf16 keys and values: the default cap on 16"
 
 
 def test_a_model_is_refused_only_when_2048_tokens_do_not_fit_beside_its_weights(llama31_8b: Path):
@@ -68,7 +70,7 @@ def test_a_model_is_refused_only_when_2048_tokens_do_not_fit_beside_its_weights(
 
     precision, context = choose_load(source, "cpu", "auto", None, 6 * GIB)
     assert (precision, context.tokens) == ("int4", 2_048)
-    with pytest.raises(NotEnoughMemoryError, match=r"GiB weights \+ 0.50 GiB KV cache for 2048 tokens"):
+    with pytest.raises(NotEnoughMemoryError, match=r"GiB weights \+ 0.25 GiB KV cache for 2048 tokens"):
         choose_load(source, "cpu", "auto", None, 5 * GIB)
     assert _inspect(llama31_8b, 5 * GIB).auto_precision is None
 
@@ -80,24 +82,42 @@ def test_a_context_asked_for_is_taken_and_checked(llama31_8b: Path):
     assert _inspect(llama31_8b, 24 * GIB, context=8_192).context_length == 8_192
     with pytest.raises(ModelFileError, match="trained for 131 072 tokens"):
         choose_load(source, "cpu", "auto", TRAINED + 1, 64 * GIB)
-    with pytest.raises(NotEnoughMemoryError, match=r"32.00 GiB KV cache for 131072 tokens.*only 24.00 GiB is free"):
-        choose_load(source, "cpu", "auto", TRAINED, 24 * GIB)
+    with pytest.raises(NotEnoughMemoryError, match=r"16.00 GiB KV cache for 131072 tokens.*only 20.00 GiB is free"):
+        choose_load(source, "cpu", "auto", TRAINED, 20 * GIB)
+
+
+def _pool(formats, blocks: int) -> PagedKV:
+    """The block pool a load in ``formats`` makes for Llama 3.1 8B's shape (its pages taken only when written)."""
+    return PagedKV(32, 8, 128, blocks, BLOCK_SIZE, PLAIN_DTYPES[formats.kv_cache], torch.device("cpu"))
 
 
 def test_the_kv_pool_holds_the_chosen_context_and_the_estimate_counts_it(llama31_8b: Path, monkeypatch):
     source = inspect_model(llama31_8b)
-    precision, context = choose_load(source, "cpu", "auto", None, 16 * GIB)
+    precision, context = choose_load(source, "cpu", "auto", None, 8 * GIB)
     formats = formats_for_source(source, "cpu", precision)
-    one_block = PagedKV(32, 8, 128, 1, BLOCK_SIZE, torch.float32, torch.device("cpu")).bytes_per_block
+    one_block = _pool(formats, 1).bytes_per_block
 
     monkeypatch.setattr(memory, "device_memory", lambda _device: (0, 64 * 2**20, 64 * 2**20))  # no spare memory
     budget = kv_pool_budget("cpu", kv_budget_bytes(source, formats, context.tokens))
 
-    assert budget == _chosen(_inspect(llama31_8b, 16 * GIB)).kv_bytes
+    assert budget == _chosen(_inspect(llama31_8b, 8 * GIB)).kv_bytes
     assert pool_blocks(budget, one_block, context.tokens, max_running=4) * BLOCK_SIZE == context.tokens
-    assert kv_pool_budget("cpu", kv_budget_bytes(source, formats, 4_096)) == 4_096 * KV_FP32_PER_TOKEN
+    assert kv_pool_budget("cpu", kv_budget_bytes(source, formats, 4_096)) == 4_096 * KV_PER_TOKEN
     odd = kv_pool_budget("cpu", kv_budget_bytes(source, formats, 4_001))
     assert pool_blocks(odd, one_block, 4_001, max_running=4) * BLOCK_SIZE >= 4_001, "a whole context's blocks"
+
+
+@pytest.mark.parametrize("tokens", [4_001, 32_768])
+def test_the_estimates_kv_bytes_are_the_pool_buffers_bytes(llama31_8b: Path, monkeypatch, tokens: int):
+    """What the estimate counts for a context is what the pool made for it holds, in the plan's bf16."""
+    source = inspect_model(llama31_8b)
+    formats = formats_for_source(source, "cpu", "int4")
+    monkeypatch.setattr(memory, "device_memory", lambda _device: (0, 0, 0))  # no spare memory
+    budget = kv_pool_budget("cpu", kv_budget_bytes(source, formats, tokens))
+    pool = _pool(formats, pool_blocks(budget, _pool(formats, 1).bytes_per_block, tokens, max_running=16))
+
+    assert pool.buffer.dtype == torch.bfloat16
+    assert pool.buffer.nbytes == estimate_formats(source, formats, tokens).kv_bytes
 
 
 def test_a_loaded_131k_file_takes_32k_tokens_and_a_pool_budget_for_them(tmp_path: Path, monkeypatch):
@@ -105,7 +125,7 @@ def test_a_loaded_131k_file_takes_32k_tokens_and_a_pool_budget_for_them(tmp_path
 
     path = write_random_gguf(tmp_path / "tiny-131k.gguf", shape=Shape(context=TRAINED))
     monkeypatch.setattr(memory_estimate, "available_memory", lambda _device: 24 * GIB)
-    per_token = 2 * 2 * 2 * 64 * 4  # 2 layers × 2 KV heads × head size 64, fp32
+    per_token = 2 * 2 * 2 * 64 * 2  # 2 layers × 2 KV heads × head size 64, bf16
 
     def open_with(context: int | None):
         return model_open.open_model(str(path), LoadOptions(device="cpu", context_length=context), lambda _e: None,
@@ -119,12 +139,10 @@ def test_a_loaded_131k_file_takes_32k_tokens_and_a_pool_budget_for_them(tmp_path
 
 
 def test_spare_memory_lets_the_pool_cache_more_than_the_context(monkeypatch):
-    """Beside the planned context the pool takes a quarter of the free memory, up to the CPU budget, so several
-    conversations' prefixes stay cached; never less than the plan."""
-    from engine.host.memory import KV_CACHE_BUDGET_BYTES
-
+    """Beside the planned context the pool takes a quarter of the memory free after the weights, however much that
+    is, so several conversations share it and their prefixes stay cached; never less than the plan."""
     monkeypatch.setattr(memory, "device_memory", lambda _device: (0, 2 * GIB, 4 * GIB))
     assert kv_pool_budget("cpu", 100 * 2**20) == GIB // 2
     assert kv_pool_budget("cpu", GIB) == GIB
     monkeypatch.setattr(memory, "device_memory", lambda _device: (0, 64 * GIB, 96 * GIB))
-    assert kv_pool_budget("cpu", 100 * 2**20) == KV_CACHE_BUDGET_BYTES
+    assert kv_pool_budget("cpu", 100 * 2**20) == 16 * GIB

@@ -20,7 +20,7 @@ def test_a_4bit_gguf_alone_on_a_cpu_with_amx_prompts_on_the_tiles_and_attends_in
     plan = choose_formats("cpu", "int4", SMOLLM2_135M_Q4, SAPPHIRE_RAPIDS)
     assert (plan.fast_path, plan.layers, plan.decode_copy) == (True, "int4", None)
     assert plan.prompt_path == "AMX bf16 tiles" and plan.prompt_attention == "bf16"
-    assert (plan.output_layer, plan.token_table, plan.kv_cache) == ("int8", "file", "fp32")
+    assert (plan.output_layer, plan.token_table, plan.kv_cache) == ("int8", "file", "bf16")
 
 
 def test_a_4bit_gguf_alone_on_a_cpu_without_amx_prompts_in_int8_and_attends_in_fp32():
@@ -47,6 +47,16 @@ def test_auto_without_a_memory_estimate_takes_fp16_on_the_cpu_fast_path_and_bf16
     assert choose_formats("cpu", "auto", LLAMA_FOLDER, ZEN4).layers == "fp16"
     assert choose_formats("cpu", "auto", GPT2_FOLDER, ZEN4).layers == "fp32"
     assert choose_formats("cuda", "auto", LLAMA_FOLDER).layers == "bf16"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int4"])
+def test_the_cpu_fast_path_keeps_keys_and_values_in_bf16_whatever_its_weights(precision):
+    """Half fp32's bytes for the same context (llama.cpp keeps fp16); transformers' own cache and a GPU's keep the
+    compute dtype."""
+    assert choose_formats("cpu", precision, LLAMA_FOLDER, ZEN4).kv_cache == "bf16"
+    assert choose_formats("cpu", precision, LLAMA_FOLDER, PLAIN_X86).kv_cache == "bf16"
+    assert choose_formats("cpu", "fp32", GPT2_FOLDER, ZEN4).kv_cache == "fp32"
+    assert choose_formats("cuda", "fp16", LLAMA_FOLDER).kv_cache == "fp16"
 
 
 def test_int8_on_cuda_runs_the_fast_path_computing_in_bf16():

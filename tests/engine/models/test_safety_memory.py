@@ -138,7 +138,7 @@ def test_real_default_model_fits_on_cpu(default_model_path: Path, without_amx: N
     # the output layer in fp32 apart from the token table, which stays in the file's Q8_0 blocks
     assert source.kept_table_bytes == TABLE // 32 * 34
     assert found.weight_bytes == 4 * (source.n_params - TABLE) + 4 * TABLE + source.kept_table_bytes
-    assert found.kv_bytes == 2 * 30 * 3 * 64 * 8192 * 4
+    assert found.kv_bytes == 2 * 30 * 3 * 64 * 8192 * 2  # bf16 keys and values, fp32 weights and sums
     assert choose_precision(source, "cpu", 8192, available_bytes=8 * GIB) == "fp16"
 
 
@@ -158,7 +158,7 @@ def test_fp16_on_the_cpu_counts_the_4bit_decode_copy_of_a_4bit_file(default_mode
     head = TABLE + TABLE // 32 * 2 if may_run() else 2 * 1024 * 49152
     q8_0_table = TABLE // 32 * 34  # the CPU keeps the token table in the file's Q8_0 blocks, not in fp16
     assert on_cpu.weight_bytes == layers + head + q8_0_table
-    assert on_cpu.kv_bytes == 2 * 30 * 3 * 64 * 2048 * 4, "the CPU fast path keeps its keys and values in fp32"
+    assert on_cpu.kv_bytes == 2 * 30 * 3 * 64 * 2048 * 2, "the CPU fast path keeps its keys and values in bf16"
     assert on_gpu.kv_bytes == 2 * 30 * 3 * 64 * 2048 * 2
 
 
