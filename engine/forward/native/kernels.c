@@ -352,8 +352,8 @@ void rms_norm(const float *x, int rows, int width, float eps, float *out) {
     }
 }
 
-/* x [hd] (hd / 2 pairs, a multiple of 8) times the complex numbers turns [hd / 2, 2] (cos, sin), pair by pair:
-   (x0 cos - x1 sin, x1 cos + x0 sin), 16 values at a time to `store` (x's own place, or the cache in bf16). */
+/* 16 values of x (8 pairs) times their complex numbers turns [8, 2] (cos, sin), pair by pair:
+   (x0 cos - x1 sin, x1 cos + x0 sin). */
 static inline __m512 rotated_pairs(const float *x, const float *turns) {
     __m512 v = _mm512_loadu_ps(x), turn = _mm512_loadu_ps(turns);
     __m512 swapped_sin = _mm512_mul_ps(_mm512_permute_ps(v, 0xB1), _mm512_movehdup_ps(turn));  /* x1 s, x0 s */
