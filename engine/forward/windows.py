@@ -19,19 +19,28 @@ from dataclasses import dataclass
 from typing import Any
 
 SLIDING, FULL = "sliding_attention", "full_attention"
+WINDOW_OFF_BY_DEFAULT = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")  # configs whose ``use_sliding_window`` is False
+FULL_EVERY = {"gemma2": 2, "gpt_oss": 2, "gemma3": 6, "gemma3_text": 6}
+"""Without ``layer_types`` transformers makes every n-th layer of these full attention (Gemma 3's n is its config's
+``sliding_window_pattern`` where given): what a config.json read without transformers needs to know."""
 
 
 def layer_windows(config: Any) -> tuple[int | None, ...]:
     """Each layer's window in tokens, ``None`` for full attention. As transformers 5 decides: no window where
     ``sliding_window`` is unset or ``use_sliding_window`` is false (Qwen2/Qwen3); else ``layer_types`` names the
     windowed layers, except for Mistral, whose model windows every layer whatever it says; without ``layer_types``
-    the layers from ``max_window_layers`` on (Qwen2/Qwen3; 0 elsewhere: all of them)."""
+    the pattern of ``FULL_EVERY``'s families, else the layers from ``max_window_layers`` on (Qwen2/Qwen3; 0
+    elsewhere: all of them)."""
     count = config.num_hidden_layers
     window = getattr(config, "sliding_window", None)
-    if not window or getattr(config, "use_sliding_window", True) is False:
+    model_type = getattr(config, "model_type", None)
+    if not window or not getattr(config, "use_sliding_window", model_type not in WINDOW_OFF_BY_DEFAULT):
         return (None,) * count
     types = getattr(config, "layer_types", None)
-    if types is None or getattr(config, "model_type", None) == "mistral":
+    if types is None and model_type in FULL_EVERY:
+        every = getattr(config, "sliding_window_pattern", None) or FULL_EVERY[model_type]
+        types = [SLIDING if (index + 1) % every else FULL for index in range(count)]
+    if types is None or model_type == "mistral":
         first = getattr(config, "max_window_layers", 0) or 0
         types = [SLIDING if index >= first else FULL for index in range(count)]
     return tuple(int(window) if kind == SLIDING else None for kind in types)
