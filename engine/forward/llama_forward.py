@@ -163,7 +163,8 @@ class FastLlama(LlamaWeights):
             for kernel in step.kernels:
                 kernel.attend(q, attended, layer_kv)
         else:
-            self._attend_decode_rows(q, attended, layout, [run[index] if run is not None else None for run in step.runs])
+            runs = [run[index] if run is not None else None for run in step.runs]
+            self._attend_decode_rows(q, attended, layout, runs)
         for span, mask in zip(layout.spans, step.masks):
             if mask is not None:
                 attended[span.rows] = self.attend_chunk(q[span.rows], *kv.read(index, span.runs), mask)

@@ -64,7 +64,8 @@ class KVGroups:
             kinds.setdefault(window, []).append(index)
         ordered = sorted(kinds.items(), key=lambda kind: kind[0] is not None)  # full attention first
         size = min(len(layers) for _, layers in ordered)
-        groups = [(window, tuple(layers[i : i + size])) for window, layers in ordered for i in range(0, len(layers), size)]
+        groups = [(window, tuple(layers[i : i + size]))
+                  for window, layers in ordered for i in range(0, len(layers), size)]
         return KVGroups(tuple(layers for _, layers in groups), tuple(window for window, _ in groups))
 
     @property

@@ -488,7 +488,8 @@ void chunk_attention(const float *q, float *out, const float *layer, int first_r
             const float *values = layer + ((size_t)kv_heads + h) * positions * head_dim;
             float qt[MAX_HEAD_DIM][CHUNK_QUERIES] __attribute__((aligned(64)));
             float acc[MAX_HEAD_DIM][CHUNK_QUERIES] __attribute__((aligned(64)));
-            int32_t limits[CHUNK_QUERIES] __attribute__((aligned(64))), lows[CHUNK_QUERIES] __attribute__((aligned(64)));
+            int32_t limits[CHUNK_QUERIES] __attribute__((aligned(64)));
+            int32_t lows[CHUNK_QUERIES] __attribute__((aligned(64)));
             for (int j = 0; j < CHUNK_QUERIES; j++) {
                 const float *query = q + ((size_t)(first_row + r0 + j / groups) * heads + (size_t)h * groups
                                           + j % groups) * head_dim;
