@@ -339,14 +339,10 @@ class Scheduler:
 
     def _still_needed(self, positions: int, held: int, window: int | None) -> int:
         """Blocks a table of ``window`` holding ``held`` blocks takes before its sequence reaches ``positions``:
-        a window group's at most a window and a chunk's worth (it lets go of earlier ones as it goes)."""
+        a window group's at most its window's (it lets go of earlier ones as it goes, and its prompt's chunks
+        shrink to the blocks free)."""
         missing = max(self._blocks_for(positions) - held, 0)
-        return missing if window is None else min(missing, self._window_blocks(window))
-
-    def _window_blocks(self, window: int) -> int:
-        """The most blocks a window group's table holds at once: the window before a chunk's first row, the
-        longest chunk, and the block the window starts inside."""
-        return self._blocks_for(window - 1 + self.idle_step_tokens) + 1
+        return missing if window is None else min(missing, self._blocks_for(window) + 1)
 
     def _most_held(self, positions: int) -> int:
         """The most blocks a sequence of ``positions`` holds at once, every table counted."""
@@ -376,9 +372,11 @@ class Scheduler:
         return self.step_tokens if paced is None else decoding + paced
 
     def _held_for(self, seq: SequenceState, count: int) -> int:
-        """``count`` tokens, or as many as its blocks can hold once it takes the blocks they need where free."""
-        self._extend(seq, seq.computed + count)
-        return min(count, len(seq.blocks) * self.pool.block_size - seq.computed)
+        """``count`` tokens, or as many as its blocks can hold once it takes the blocks they need, or those free."""
+        room = self.pool.free_blocks // len(seq.tables)  # blocks each of its tables may take
+        size = self.pool.block_size
+        self._extend(seq, min(seq.computed + count, (len(seq.blocks) + room) * size))
+        return min(count, len(seq.blocks) * size - seq.computed)
 
     # ------------------------------------------------------------ helpers
 

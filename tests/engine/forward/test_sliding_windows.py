@@ -11,6 +11,7 @@ import torch
 from transformers import Gemma2Config, Gemma3TextConfig, GptOssConfig, MistralConfig, MistralForCausalLM, Qwen2Config
 from transformers import Qwen2ForCausalLM
 
+from engine.bench.runner_replies import ReplyDriver
 from engine.chat.chat_template import ChatTemplate
 from engine.forward.cpu_backend import FastLlamaBackend
 from engine.forward.paged_kv import BatchRow
@@ -45,13 +46,13 @@ def _alternating() -> Qwen2ForCausalLM:
 
 @pytest.fixture(scope="module")
 def models():
-    """name -> (transformers' model, Hearth's fast backend over the same weights)."""
+    """name -> (transformers' model, Hearth's fast path over the same weights, loaded)."""
     tokenizer = byte_tokenizer()
     built = {"mistral": _mistral(), "alternating": _alternating()}
     wrapped = {}
     for name, model in built.items():
         plan = LoadPlan(Path(name), name, CPU, "fp32", 256, ChatTemplate(tokenizer.chat_template))
-        wrapped[name] = (model, wrap_model(model, tokenizer, plan, time.perf_counter()).backend)
+        wrapped[name] = (model, wrap_model(model, tokenizer, plan, time.perf_counter()))
     return wrapped
 
 
@@ -84,10 +85,13 @@ def test_layers_group_by_kind_in_pages_of_the_smallest_kind() -> None:
 
 @pytest.mark.parametrize("kernels", [True, False], ids=["cpu-kernels", "torch-ops"])
 @pytest.mark.parametrize("name", ["mistral", "alternating"])
-def test_fp32_logits_equal_transformers_past_the_window(models, name, kernels) -> None:
+def test_fp32_logits_equal_transformers_past_the_window(models, name, kernels, monkeypatch) -> None:
     """Chunks and single tokens, over 70 positions (the window is 16), each give transformers' logits there."""
-    model, backend = models[name]
-    backend.model._attention_kernels = kernels and backend.model._attention_kernels
+    model, loaded = models[name]
+    backend = loaded.backend
+    assert isinstance(backend, FastLlamaBackend), "a file with a sliding window runs on the fast path"
+    if not kernels:
+        monkeypatch.setattr(backend.model, "_attention_kernels", False)  # SDPA's mask and two bmm a decode row
     ids = _ids(70, 0)
     with torch.no_grad():
         expected = model(torch.tensor([ids])).logits[0]  # [S, V]
@@ -96,7 +100,6 @@ def test_fp32_logits_equal_transformers_past_the_window(models, name, kernels) -
         logits = sequence.feed(ids[position : position + count])
         position += count
         torch.testing.assert_close(logits, expected[position - 1], atol=1e-4, rtol=1e-4)
-    backend.model._attention_kernels = FastLlamaBackend(backend.model).model._attention_kernels
 
 
 def test_the_window_changes_what_transformers_says() -> None:
@@ -140,7 +143,7 @@ def _serve(backend, requests: dict[str, tuple[list[int], int, int]], blocks: int
 
 @pytest.mark.parametrize("name", ["mistral", "alternating"])
 def test_batched_greedy_replies_equal_each_alone(models, name) -> None:
-    _, backend = models[name]
+    backend = models[name][1].backend
     requests = {f"r{i}": (_ids(5 + 13 * i, i), 12, 3 * i) for i in range(4)}
     replies, released = _serve(backend, requests, 200)
     assert released > 0, "window groups let go of blocks while the replies ran"
@@ -149,14 +152,24 @@ def test_batched_greedy_replies_equal_each_alone(models, name) -> None:
 
 
 def test_every_layer_windowed_runs_a_conversation_longer_than_the_pool(models) -> None:
-    _, backend = models["mistral"]
+    backend = models["mistral"][1].backend
     prompt = _ids(30, 7)
     replies, _ = _serve(backend, {"long": (prompt, 50, 0)}, 12)  # 80 positions; the pool holds 48
     assert replies["long"] == greedy_tokens(backend, prompt, 50)
 
 
+def test_the_batch_runner_runs_a_reply_longer_than_its_pool_as_it_does_in_a_large_one(models) -> None:
+    """Through the engine's batch runner (its pool sized from a budget of a few blocks): 170 positions in a pool
+    of 96, every layer's window 16."""
+    loaded = models["mistral"][1]
+    small, large = ReplyDriver(loaded, 32, stop_at_eos=False), ReplyDriver(loaded, 1024, stop_at_eos=False)
+    assert small.runner.scheduler.pool.num_blocks * 16 < 170
+    prompt = _ids(20, 10)
+    assert small.reply(prompt, 150).text == large.reply(prompt, 150).text
+
+
 def test_a_later_turn_reuses_its_cached_window_and_says_what_it_says_alone(models) -> None:
-    _, backend = models["alternating"]
+    backend = models["alternating"][1].backend
     first = _ids(38, 8)
     kv = backend.new_pool(100, BLOCK)
     scheduler = Scheduler(BlockPool(100, BLOCK), idle_step_tokens=16, windows=kv.windows)
