@@ -16,7 +16,7 @@ from engine.chat.chat_template import ChatTemplate
 from engine.forward.cpu_backend import FastLlamaBackend
 from engine.forward.paged_kv import BatchRow
 from engine.forward.windows import KVGroups, layer_windows
-from engine.models.loading import LoadPlan, wrap_model
+from engine.models.loading import LoadPlan, fast_path_applies, wrap_model
 from engine.models.memory_estimate import estimate_kv_bytes
 from engine.models.random_models import byte_tokenizer
 from engine.scheduler.block_pool import BlockPool
@@ -73,6 +73,13 @@ def test_layer_windows_follow_transformers_configs() -> None:
         assert layer_windows(config) == expected
         parsed = {k: v for k, v in config.to_dict().items() if k != "layer_types"}  # an older config.json
         assert estimate_kv_bytes(parsed, 100_000, 2) == estimate_kv_bytes(config.to_dict(), 100_000, 2)
+
+
+def test_a_window_keeps_a_model_on_the_cpus_fast_path_and_off_the_gpus() -> None:
+    """The GPU's decode kernel attends whole sequences: such a model runs through transformers there."""
+    windowed, whole = MistralConfig(sliding_window=WINDOW), MistralConfig(sliding_window=None)
+    assert fast_path_applies(windowed, CPU) and not fast_path_applies(windowed, torch.device("cuda"))
+    assert fast_path_applies(whole, torch.device("cuda"))
 
 
 def test_layers_group_by_kind_in_pages_of_the_smallest_kind() -> None:

@@ -137,3 +137,17 @@ def test_a_prefix_whose_last_window_was_evicted_is_reused_up_to_where_its_window
     assert scheduler.get("turn2").reused == 36, "up to the block before the lost one"
     runner.run()
     assert runner.replies["turn2"] == alone(second, 6, windows)
+
+
+def test_replies_on_a_tight_pool_preempt_and_recompute_as_if_alone_with_window_groups() -> None:
+    windows = (None, 8)
+    runner = GroupsRunner(Scheduler(BlockPool(40, SIZE), step_tokens=8, max_running=4, idle_step_tokens=8,
+                                    windows=windows))
+    prompts = {f"r{i}": prompt(10 + 3 * i, 20 + i) for i in range(4)}
+    for request_id, ids in prompts.items():
+        runner.submit(request_id, ids, 25)
+    runner.run()
+    assert any(step.preempted for step in runner.steps), "the pool ran short"
+    for request_id, ids in prompts.items():
+        assert runner.replies[request_id] == alone(ids, 25, windows)
+    assert runner.scheduler.pool.counts()[0] == 0
