@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import Gemma2Config, Gemma3TextConfig, GptOssConfig, MistralConfig, MistralForCausalLM, Qwen2Config
-from transformers import Qwen2ForCausalLM
+from transformers import (Gemma2Config, Gemma3TextConfig, GptOssConfig, MistralConfig, MistralForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM)
 
 from engine.bench.runner_replies import ReplyDriver
 from engine.chat.chat_template import ChatTemplate
