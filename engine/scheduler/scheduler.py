@@ -311,17 +311,22 @@ class Scheduler:
         tries = [(count, True)] if match.partial is not None else []
         for full, partial in tries + [(full, False) for full in range(count, 0, -1)]:
             end = full * self.pool.block_size + (match.partial_tokens if partial else 0)
-            tables = [self._reused_table(match.blocks[:full], group, window, end)
-                      for group, window in enumerate(self.windows)]
             partials = [self._shadow(match.partial, group) for group in range(len(self.windows))] if partial else []
-            if all(RELEASED not in table[window_start(end, window) // self.pool.block_size :]
-                   for table, window in zip(tables, self.windows)) and RELEASED not in partials:
+            if RELEASED not in partials and all(self._cached_window(match.blocks[:full], group, window, end)
+                                                for group, window in enumerate(self.windows)):
+                tables = [self._reused_table(match.blocks[:full], group, window, end)
+                          for group, window in enumerate(self.windows)]
                 return full, tables, partials
         return 0, [[] for _ in self.windows], []  # nothing cached is usable: the prompt is computed whole
 
+    def _cached_window(self, nodes: tuple[int, ...], group: int, window: int | None, end: int) -> bool:
+        """Whether group ``group`` holds, beside the cached blocks ``nodes``, what the position ``end`` sees."""
+        first = window_start(end, window) // self.pool.block_size
+        return all(self._shadow(node, group) != RELEASED for node in nodes[first:])
+
     def _reused_table(self, nodes: tuple[int, ...], group: int, window: int | None, end: int) -> list[int]:
         """Group ``group``'s table for the cached blocks ``nodes`` (group 0's), the next position at ``end``:
-        ``RELEASED`` before the window's first block and where a shadow is not cached."""
+        ``RELEASED`` before the window's first block (``_cached_window`` says the rest are there)."""
         first = window_start(end, window) // self.pool.block_size
         return [RELEASED if index < first else self._shadow(node, group) for index, node in enumerate(nodes)]
 
