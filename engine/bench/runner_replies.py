@@ -39,8 +39,9 @@ class ReplyDriver:
             raise ValueError(f"{type(loaded.backend).__name__} runs one request at a time: the bench needs a fast path.")
         self.loaded = loaded if stop_at_eos else replace(loaded, eos_ids=frozenset())
         self._finished: dict[str, ReplyFinished | ReplyFailed] = {}
-        block_bytes = loaded.backend.new_pool(1, BLOCK_SIZE).bytes_per_block
-        blocks = -(-positions // BLOCK_SIZE) + POOL_SPARE_BLOCKS
+        one_block = loaded.backend.new_pool(1, BLOCK_SIZE)
+        block_bytes = one_block.bytes_per_block
+        blocks = -(-positions // BLOCK_SIZE) * len(one_block.windows) + POOL_SPARE_BLOCKS  # a block per KV group
         self.runner = BatchRunner(self.loaded, self._emit, lambda _: False, budget_bytes=blocks * block_bytes)
         self._count = 0
 

@@ -54,12 +54,17 @@ def attend_runs(queries: torch.Tensor, runs: tuple[tuple[torch.Tensor, torch.Ten
     return out
 
 
-def causal_mask(start: int, length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
-    """Query ``i`` (at position ``start + i``) sees keys ``0 … start + i``: 0 there, -inf beyond, added to the scores
-    (SDPA turns a boolean mask into this on every call); ``None`` for a single query."""
+def causal_mask(start: int, length: int, dtype: torch.dtype, device: torch.device, first: int = 0,
+                window: int | None = None) -> torch.Tensor | None:
+    """Query ``i`` (at position ``start + i``) sees keys ``first … start + i`` (the keys held from position
+    ``first`` on), and under a ``window`` only those after ``start + i - window``: 0 there, -inf elsewhere, added
+    to the scores (SDPA turns a boolean mask into this on every call); ``None`` for a single query (its keys are
+    exactly those it sees)."""
     if length == 1:
         return None
-    keys = torch.arange(start + length, device=device)  # [T]
-    queries = torch.arange(start, start + length, device=device)  # [S]
-    hidden = keys.unsqueeze(0) > queries.unsqueeze(1)  # [S, T]
+    keys = torch.arange(first, start + length, device=device)  # [T]
+    queries = torch.arange(start, start + length, device=device).unsqueeze(1)  # [S, 1]
+    hidden = keys.unsqueeze(0) > queries  # [S, T]
+    if window is not None:
+        hidden |= keys.unsqueeze(0) <= queries - window
     return torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(hidden, float("-inf"))

@@ -28,8 +28,9 @@ class FastLlamaBackend(BatchBackend):
 
     def new_pool(self, num_blocks: int, block_size: int) -> PagedKV:
         model = self.model
-        return PagedKV(len(model.layers), model.kv_heads, model.head_dim, num_blocks, block_size, model.kv_dtype,
-                       self.device)
+        groups = model.kv_groups
+        return PagedKV(groups.page_layers, model.kv_heads, model.head_dim, num_blocks, block_size, model.kv_dtype,
+                       self.device, groups.windows)
 
     def forward_batch(self, rows: Sequence[BatchRow], kv: PagedKV) -> torch.Tensor:
         return self.model.forward_batch(rows, kv)

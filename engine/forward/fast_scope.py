@@ -26,8 +26,6 @@ def unsupported_reason(config: Any) -> str | None:
         return f"rope scaling {rope.get('rope_type')!r}"
     if getattr(config, "mlp_bias", False):
         return "MLP biases"
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return "sliding-window attention"
     return None
 
 

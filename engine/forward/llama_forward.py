@@ -1,14 +1,18 @@
 """The fast path's forward pass for Llama-family models over a block pool (engine thread).
 
-Covers Llama, Mistral (without a sliding window), Qwen2 and Qwen3: RMSNorm, rotary
+Covers Llama, Mistral, Qwen2 and Qwen3: RMSNorm, rotary
 positions (including Llama 3 and linear scaling), grouped-query attention, a SiLU
 gated MLP, optional q/k/v biases and Qwen3's RMSNorm of each query and key head, over
 weights built by ``llama_weights``. Every reply goes through ``forward_batch``: a step
 of one or more sequences' new tokens, their keys and values kept in a ``PagedKV``.
+Layers with a sliding window (``windows.layer_windows``) attend over their window
+alone and keep their keys in their own KV groups (``windows.KVGroups``): each group's
+part of the step (``GroupStep``) is laid out once, and every layer of it uses that.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
@@ -21,8 +25,9 @@ from engine.forward.native import decode_attention as native_attention
 from engine.forward.native import norm as native_norm
 from engine.forward.native import rotary as native_rotary
 from engine.forward.native.decode_attention import ChunkRuns, DecodeRuns
-from engine.forward.paged_kv import BatchRow, PagedKV, StepLayout
+from engine.forward.paged_kv import BatchRow, GroupLayout, PagedKV
 from engine.forward.weights.quant import PLAIN_DTYPES
+from engine.forward.windows import KVGroups, layer_windows
 
 if TYPE_CHECKING:
     from engine.models.format_plan import FormatPlan
@@ -38,6 +43,20 @@ where SDPA needs the prefix gathered."""
 DecodeRowRuns = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # a decode row's keys_t and values, run by run
 
 
+@dataclass(frozen=True)
+class GroupStep:
+    """One KV group's part of a step, made once for all its layers. ``runs``: each decode row's keys and values by
+    page layer and run (``PagedKV.layer_runs``), None for a prompt chunk and for every row where ``kernels`` run the
+    attention; ``masks``: a prompt chunk's causal (and window) mask for SDPA, None where a kernel (or a decode
+    row's two bmm) takes it."""
+
+    layout: GroupLayout
+    slots: torch.Tensor  # [R]: where the rows' keys and values go in the pool
+    masks: list[torch.Tensor | None]
+    runs: list[list[DecodeRowRuns] | None]
+    kernels: list[DecodeRuns | ChunkRuns] | None
+
+
 class FastLlama(LlamaWeights):
     """The model's weights (``LlamaWeights``) and its forward pass over a ``PagedKV``."""
 
@@ -51,6 +70,8 @@ class FastLlama(LlamaWeights):
                                    and native_attention.covers(self.heads, self.kv_heads, self.head_dim))
         self._mask_dtype = PLAIN_DTYPES[formats.prompt_attention]  # bf16 where 4-bit prompts multiply on AMX's tiles
         self._chunk_tiles = self._mask_dtype == torch.bfloat16 and native_attention.tiles_cover(self.head_dim)
+        self.kv_groups = KVGroups.of(layer_windows(config))
+        self._places = tuple(self.kv_groups.place(index) for index in range(len(self.layers)))  # (group, page layer)
 
     def normalise(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` [S, D] over its root mean square; the norm's own weight goes to the next matmul."""
@@ -94,61 +115,64 @@ class FastLlama(LlamaWeights):
         ids = torch.tensor([t for row in rows for t in row.token_ids], dtype=torch.long, device=self.device)  # [R]
         self.rotations(0, max(span.start + span.length for span in layout.spans))
         turns = self._turns[layout.positions]  # [R, 1, hd/2]
-        kernels = self._kernel_attention(layout)
-        masks = [None if self._kernel_takes(span.length) else causal_mask(span.start, span.length, self._mask_dtype,
-                                                                           self.device) for span in layout.spans]
-        runs = [kv.layer_runs(span.runs) if span.length == 1 and kernels is None else None for span in layout.spans]
-        slots = _slots(layout.write)  # [R]: where the rows' keys and values go in the pool
+        steps = [self._group_step(group, window, kv) for group, window in zip(layout.groups, self.kv_groups.windows)]
         x = self.embed(ids)  # [R, D]
         with activation_codes.for_step(len(rows)):
             for index, layer in enumerate(self.layers):
-                x += self._paged_attention(layer, index, self.normalise(x), kv, layout, slots, turns, masks, runs,
-                                           kernels)
+                group, page_layer = self._places[index]
+                x += self._paged_attention(layer, page_layer, self.normalise(x), kv, turns, steps[group])
                 x += layer.down(swiglu(layer.gate_up(self.normalise(x))))
             return self.lm_head(self.normalise(x[layout.last_rows])).float()  # [B, V]
 
-    def _kernel_attention(self, layout: StepLayout) -> list[DecodeRuns | ChunkRuns] | None:
+    def _group_step(self, layout: GroupLayout, window: int | None, kv: PagedKV) -> GroupStep:
+        """What every layer of one KV group (``window``: its layers' window) reuses in a step."""
+        kernels = self._kernel_attention(layout, window)
+        masks = [None if self._kernel_takes(span.length) else causal_mask(span.start, span.length, self._mask_dtype,
+                                                                           self.device, span.first, window)
+                 for span in layout.spans]
+        runs = [kv.layer_runs(span.runs) if span.length == 1 and kernels is None else None for span in layout.spans]
+        return GroupStep(layout, _slots(layout.write), masks, runs, kernels)
+
+    def _kernel_attention(self, layout: GroupLayout, window: int | None) -> list[DecodeRuns | ChunkRuns] | None:
         """The step's attention in the CPU kernels (``native.decode_attention``): its decode rows at once, and each
         prompt chunk of up to ``KERNEL_CHUNK_ROWS`` rows; None where the kernels are not here."""
         if not self._attention_kernels:
             return None
         decoding = [span for span in layout.spans if span.length == 1]
         kernels: list[DecodeRuns | ChunkRuns] = [
-            ChunkRuns.of(span.rows.start, span.length, span.start, span.runs, self._chunk_tiles)
+            ChunkRuns.of(span.rows.start, span.length, span.start - span.first, span.runs, self._chunk_tiles, window)
             for span in layout.spans if span.length > 1 and self._kernel_takes(span.length)
         ]
         if decoding:
             kernels.append(DecodeRuns.of([span.rows.start for span in decoding], [span.runs for span in decoding]))
         return kernels
 
-    def _paged_attention(self, layer: LlamaLayer, index: int, h: torch.Tensor, kv: PagedKV, layout: StepLayout,
-                         slots: torch.Tensor, turns: torch.Tensor, masks: list[torch.Tensor | None],
-                         runs: list[list[DecodeRowRuns] | None],
-                         kernels: list[DecodeRuns | ChunkRuns] | None) -> torch.Tensor:
-        """``runs``: each decode row's keys and values by layer and run (``PagedKV.layer_runs``), None for a prompt
-        chunk and for every row where ``kernels`` run the attention; ``masks``: a prompt chunk's causal mask for
-        SDPA, None where a kernel (or a decode row's two bmm) takes it."""
+    def _paged_attention(self, layer: LlamaLayer, index: int, h: torch.Tensor, kv: PagedKV, turns: torch.Tensor,
+                         step: GroupStep) -> torch.Tensor:
+        """The attention of ``layer``, held at page layer ``index`` of its KV group (``step``)."""
         qkv, layer_kv = self._qkv(layer, h), kv.buffer[index]  # [R, H + 2Hkv, hd], [2, Hkv, P, hd]
+        layout = step.layout
         if native_rotary.covers(qkv, layer_kv):
-            native_rotary.rotate_and_store(qkv, turns, layer_kv, slots, self.heads)
+            native_rotary.rotate_and_store(qkv, turns, layer_kv, step.slots, self.heads)
             q = qkv[:, : self.heads]  # [R, H, hd]
         else:
             q, new_keys_values = self._rotated(qkv, turns)  # [R, H, hd], [2, Hkv, R, hd]
             kv.write(index, layout.write, new_keys_values)
         attended = torch.empty_like(q)  # [R, H, hd]: each sequence's rows written in place
-        if kernels is not None:
+        if step.kernels is not None:
             q = q.contiguous()  # a view of the step's q, k, v projections
-            for kernel in kernels:
-                kernel.attend(q, attended, kv.buffer[index])
+            for kernel in step.kernels:
+                kernel.attend(q, attended, layer_kv)
         else:
-            self._attend_decode_rows(q, attended, layout, [run[index] if run is not None else None for run in runs])
-        for span, mask in zip(layout.spans, masks):
+            runs = [run[index] if run is not None else None for run in step.runs]
+            self._attend_decode_rows(q, attended, layout, runs)
+        for span, mask in zip(layout.spans, step.masks):
             if mask is not None:
                 attended[span.rows] = self.attend_chunk(q[span.rows], *kv.read(index, span.runs), mask)
         rows, heads, hd = q.shape
         return layer.out(attended.view(rows, heads * hd))  # [R, D]
 
-    def _attend_decode_rows(self, q: torch.Tensor, attended: torch.Tensor, layout: StepLayout,
+    def _attend_decode_rows(self, q: torch.Tensor, attended: torch.Tensor, layout: GroupLayout,
                             runs: list[DecodeRowRuns | None]) -> None:
         """Each decode row's attention over its runs of this layer (None: a prompt chunk's span), into ``attended``.
         Two bmm a row over views made once per step: a batch of 8 makes 240 such calls a step, and at this size

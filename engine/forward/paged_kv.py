@@ -9,6 +9,11 @@ its keys are read from: one, or two for a sequence that reuses another's prefix.
 
 The buffer's dtype is the plan's ``kv_cache`` (``FormatPlan``): bf16 on the CPU, where the
 forward pass computes in fp32, so a write rounds (to nearest even) and a reader widens.
+
+Layers may keep their keys in several KV groups (``windows.KVGroups``): a block then
+holds one group's layers (``page_layers`` of them), each sequence has a table per
+group, and a window group's runs start at the window of the span's first row (its
+earlier blocks may be gone), so the layout is made group by group.
 """
 
 from __future__ import annotations
@@ -18,14 +23,22 @@ from typing import Sequence
 
 import torch
 
+from engine.forward.windows import window_start
+
 
 @dataclass(frozen=True)
 class BatchRow:
-    """One sequence in a step: ``token_ids`` at positions ``start…``, held in blocks ``block_ids``."""
+    """One sequence in a step: ``token_ids`` at positions ``start…``, held in blocks ``block_ids`` (KV group 0's
+    table) and ``group_tables`` (groups 1 …, where the model has several)."""
 
     token_ids: Sequence[int]
     start: int
     block_ids: Sequence[int]
+    group_tables: tuple[Sequence[int], ...] = ()
+
+    @property
+    def tables(self) -> tuple[Sequence[int], ...]:
+        return (self.block_ids, *self.group_tables)
 
 
 Positions = slice | torch.Tensor  # a run of the position axis, or the positions themselves [T]
@@ -36,22 +49,37 @@ class SequenceSpan:
     rows: slice  # this sequence's rows in the step's [R, …] activations
     start: int
     length: int
-    runs: tuple[slice, ...]  # where all of its positions, 0 … start+length-1, lie: runs of the position axis
+    runs: tuple[slice, ...]  # where its positions first … start+length-1 lie: runs of the position axis
+    first: int = 0  # the first position its rows see: 0, or the window's start of its first row
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """One KV group's part of a step: each sequence's span and runs, and where the new keys go."""
+
+    spans: tuple[SequenceSpan, ...]
+    write: Positions  # where each of the step's R new positions goes, in row order
 
 
 @dataclass(frozen=True)
 class StepLayout:
-    spans: tuple[SequenceSpan, ...]
-    write: Positions  # where each of the step's R new positions goes, in row order
+    groups: tuple[GroupLayout, ...]
     positions: Positions  # each row's position in its sequence (a slice for a single sequence)
     last_rows: slice | torch.Tensor  # each sequence's last row, [B]
 
+    @property
+    def spans(self) -> tuple[SequenceSpan, ...]:
+        """Group 0's spans: every group's have the same rows, starts and lengths."""
+        return self.groups[0].spans
+
 
 class PagedKV:
-    """``[L, 2, Hkv, blocks × block_size, hd]``: keys and values of every layer, block by block."""
+    """``[L, 2, Hkv, blocks × block_size, hd]``: keys and values of ``layers`` layers (a page: every layer of a
+    model with one KV group), block by block. ``windows``: each KV group's window (``KVGroups.windows``)."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, num_blocks: int, block_size: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, windows: tuple[int | None, ...] = (None,)) -> None:
+        self.windows = windows
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.device = device
@@ -68,19 +96,29 @@ class PagedKV:
         self.buffer[:, :, :, target * size : target * size + tokens] = self.buffer[:, :, :, source * size : source * size + tokens]
 
     def layout(self, rows: Sequence[BatchRow]) -> StepLayout:
-        spans, writes, first = [], [], 0
-        for row in rows:
-            length = len(row.token_ids)
-            end = row.start + length
-            spans.append(SequenceSpan(slice(first, first + length), row.start, length, self._runs(row.block_ids, end)))
-            writes.append(self._positions(row.block_ids, row.start, end))
-            first += length
+        groups = tuple(self._group_layout(rows, group) for group in range(len(self.windows)))
+        spans = groups[0].spans
         if len(rows) == 1:  # one sequence, nearly always in one run of blocks: slices throughout
-            return StepLayout(tuple(spans), writes[0], slice(rows[0].start, end), slice(first - 1, first))
-        write = torch.cat([_as_tensor(w) for w in writes]).to(self.device)  # [R]
+            span = spans[0]
+            return StepLayout(groups, slice(span.start, span.start + span.length), slice(span.length - 1, span.length))
         positions = torch.cat([torch.arange(span.start, span.start + span.length) for span in spans])  # [R]
         last_rows = torch.tensor([span.rows.stop - 1 for span in spans], device=self.device)  # [B]
-        return StepLayout(tuple(spans), write, positions.to(self.device), last_rows)
+        return StepLayout(groups, positions.to(self.device), last_rows)
+
+    def _group_layout(self, rows: Sequence[BatchRow], group: int) -> GroupLayout:
+        """Group ``group``'s spans (runs from each span's first seen position) and writes."""
+        spans, writes, first_row = [], [], 0
+        for row in rows:
+            length, table = len(row.token_ids), row.tables[group]
+            end = row.start + length
+            first = window_start(row.start, self.windows[group])
+            spans.append(SequenceSpan(slice(first_row, first_row + length), row.start, length,
+                                      self._runs(table, first, end), first))
+            writes.append(self._positions(table, row.start, end))
+            first_row += length
+        if len(rows) == 1:
+            return GroupLayout(tuple(spans), writes[0])
+        return GroupLayout(tuple(spans), torch.cat([_as_tensor(w) for w in writes]).to(self.device))  # [R]
 
     def write(self, layer: int, where: Positions, keys_values: torch.Tensor) -> None:
         """Store ``keys_values`` [2, Hkv, R, hd] at the step's new positions, in the buffer's dtype."""
@@ -107,18 +145,18 @@ class PagedKV:
             per_run.append(zip(keys.transpose(2, 3).unbind(0), values.unbind(0)))
         return list(zip(*per_run))
 
-    def _runs(self, block_ids: Sequence[int], end: int) -> tuple[slice, ...]:
-        """Positions 0 … end-1 of a sequence held in ``block_ids``, as runs of consecutive blocks: one for a
+    def _runs(self, block_ids: Sequence[int], start: int, end: int) -> tuple[slice, ...]:
+        """Positions start … end-1 of a sequence held in ``block_ids``, as runs of consecutive blocks: one for a
         sequence that grew alone, two for one that reuses another's prefix, then its own blocks."""
         size = self.block_size
         last = (end - 1) // size
-        runs, first = [], 0
-        for index in range(1, last + 2):
+        runs, first, begin = [], start // size, start
+        for index in range(first + 1, last + 2):
             if index <= last and block_ids[index] == block_ids[index - 1] + 1:
                 continue
-            begin = block_ids[first] * size
-            runs.append(slice(begin, begin + min(index * size, end) - first * size))
-            first = index
+            slot = block_ids[first] * size + begin - first * size
+            runs.append(slice(slot, slot + min(index * size, end) - begin))
+            first, begin = index, index * size
         return tuple(runs)
 
     def _positions(self, block_ids: Sequence[int], start: int, end: int) -> Positions:

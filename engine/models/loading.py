@@ -27,6 +27,7 @@ from engine.forward.backend import Backend, HFBackend
 from engine.forward.cpu_backend import FastLlamaBackend
 from engine.forward.llama_forward import FastLlama
 from engine.forward.fast_scope import unsupported_reason
+from engine.forward.windows import layer_windows
 from engine.forward.native.build import off_notices
 from engine.host.allocator import return_freed_memory
 from engine.models import gguf_direct
@@ -121,8 +122,10 @@ def is_gguf(plan: LoadPlan) -> bool:
 
 
 def fast_path_applies(config: Any, device: torch.device) -> bool:
-    """Whether the fast path (``llama_forward``) can run this model here (the CPU or a GPU, a Llama-family architecture)."""
-    return device.type in ("cpu", "cuda") and unsupported_reason(config) is None
+    """Whether the fast path (``llama_forward``) can run this model here (the CPU or a GPU, a Llama-family
+    architecture; on a GPU without sliding windows, which its decode kernel does not take)."""
+    windowed = any(window is not None for window in layer_windows(config))
+    return (device.type == "cpu" or (device.type == "cuda" and not windowed)) and unsupported_reason(config) is None
 
 
 def formats_of(plan: LoadPlan, config: Any | None, kept_table: bool = False) -> FormatPlan:

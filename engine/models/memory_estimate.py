@@ -23,6 +23,8 @@ the same call the loader's plan comes from), so the two cannot disagree about fo
 * KV cache: 2 (keys and values) × layers × KV heads × head size × context × bytes of the plan's
   ``kv_cache`` dtype (bf16 on the CPU fast path, which computes in fp32 whatever its weights' format), the context
   rounded up to ``KV_POOL_TOKENS``: what the block pool sized from it holds (``context_choice.kv_budget_bytes``).
+  A sliding-window layer (``windows.layer_windows``) holds its window and ``KV_POOL_TOKENS`` at most: the pool
+  lets go of its blocks before the window.
 * Overhead: activations, allocator slack and the runtime itself, taken as
   ``OVERHEAD_FIXED_BYTES`` plus ``OVERHEAD_FRACTION`` of weights and KV cache.
 
@@ -34,11 +36,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import psutil
 
 from engine.forward.weights.packed_sizes import fp16_packed_bytes, int8_bytes
+from engine.forward.windows import layer_windows
 from engine.models.format_plan import (
     INT4_PAIR, FormatPlan, formats_for_source, four_bit_prompts_faster, reads_fast, traits_of,
 )
@@ -161,9 +165,18 @@ def estimate_weight_bytes(n_params: int, layers: str, unquantized_params: int = 
 
 
 def estimate_kv_bytes(config_like: Mapping[str, Any], context_length: int, dtype_bytes: int) -> int:
-    """KV cache bytes for ``context_length`` tokens: 2 × layers × kv_heads × head_dim × context × bytes."""
+    """KV cache bytes for ``context_length`` tokens: 2 × kv_heads × head_dim × bytes for each token each layer
+    holds, the whole context, or a sliding-window layer's window and ``KV_POOL_TOKENS`` where that is less."""
     shape = model_shape(config_like)
-    return 2 * shape.layers * shape.kv_heads * shape.head_dim * context_length * dtype_bytes
+    held = sum(context_length if window is None else min(context_length, window + KV_POOL_TOKENS)
+               for window in config_windows(config_like, shape.layers))
+    return 2 * shape.kv_heads * shape.head_dim * held * dtype_bytes
+
+
+def config_windows(config: Mapping[str, Any], layers: int) -> tuple[int | None, ...]:
+    """``layer_windows`` of a parsed config (its ``text_config`` where it has one) of ``layers`` layers."""
+    text = config.get("text_config") or config
+    return layer_windows(SimpleNamespace(**{**text, "num_hidden_layers": layers}))
 
 
 def precision_order(source: ModelSource, device: str) -> tuple[str, ...]:

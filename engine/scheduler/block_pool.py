@@ -19,6 +19,13 @@ used first. Allocating prefers empty blocks in one run after the sequence's last
 (so the forward pass reads a sequence's keys in place), then takes the head; taking an
 indexed block evicts it with its descendants, which no sequence can hold either (a
 sequence holds the whole chain). A block in use is never evicted.
+
+A model whose layers form several KV groups (``engine/forward/windows.py``) holds a
+block of each group per block of a sequence. The index keys group 0's blocks by
+tokens; another group's block hangs under group 0's indexed block of the same
+positions as its shadow (``index_shadow``), so it is found, and evicted, with it. A
+window group lets go of its blocks before the window while later ones are still
+held: taking a block for reuse therefore also drops whatever still hangs under it.
 """
 
 from __future__ import annotations
@@ -96,8 +103,7 @@ class BlockPool:
             del self._free[block_id]
         taken = run + [self._free.popitem(last=False)[0] for _ in range(count - len(run))]
         for block_id in taken:
-            if self.blocks[block_id].indexed:
-                self._unindex(block_id)
+            self._unindex(block_id)  # indexed, or the parent of blocks indexed after it was evicted
             self.blocks[block_id].ref_count = 1
         return taken
 
@@ -157,6 +163,15 @@ class BlockPool:
         siblings[key] = block_id
         return block_id
 
+    def index_shadow(self, block_id: int, group: int, shadow: int) -> None:
+        """Record that ``shadow`` holds KV group ``group``'s keys of the positions of indexed ``block_id`` (an
+        earlier shadow there keeps its place)."""
+        self.index(block_id, _shadow_key(group), shadow)
+
+    def shadow(self, block_id: int, group: int) -> int | None:
+        """The cached block of KV group ``group`` beside indexed ``block_id`` (``index_shadow``), if any."""
+        return self._children.get(block_id, {}).get(_shadow_key(group))
+
     def forget(self, block_ids: Sequence[int]) -> None:
         """Take blocks (and what hangs under them) out of the index: their contents are not to be trusted."""
         for block_id in block_ids:
@@ -203,6 +218,11 @@ class BlockPool:
             else:
                 cached += block.indexed
         return used, shared, cached
+
+
+def _shadow_key(group: int) -> TokenKey:
+    """A shadow's key among a block's children: no token id is negative, so no prompt ever matches it."""
+    return (-group,)
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:

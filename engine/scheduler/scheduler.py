@@ -16,6 +16,17 @@ decoding sequence needs a block and none is free, the most recently admitted run
 sequence is preempted: its blocks go back to the pool (its full ones stay cached)
 and it waits at the head of the queue to be recomputed. Nothing is ever allocated
 beyond the pool, so running short means waiting, never running out of memory.
+
+A model with several KV groups (``engine/forward/windows.py``: sliding-window layers
+beside full ones) gives each sequence a block table per group, all from the one pool.
+Group 0's table carries the prefix index; the others' blocks are indexed as its
+shadows. A window group's blocks that fall wholly before the window of the next
+position are let go after each step (their table entries become ``RELEASED``), so
+such a group holds about a window per sequence whatever its length, and a model whose
+layers all have windows runs conversations longer than the pool. A cached prefix is
+reused as far as every group still holds what the next position sees: for a window
+group, the shadows of its last window; else up to an earlier block where they are
+there, or not at all.
 """
 
 from __future__ import annotations
@@ -23,7 +34,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.scheduler.block_pool import ROOT, BlockPool, common_prefix_length
+from engine.forward.windows import window_start
+from engine.scheduler.block_pool import ROOT, BlockPool, PrefixMatch, common_prefix_length
 from engine.scheduler.step_pacer import StepPacer
 
 DEFAULT_STEP_TOKENS = 40
@@ -32,6 +44,7 @@ their inter-token time while a prompt joins. A larger budget lets the streams' s
 median; this one keeps them close without delaying the joining prompt's first token much."""
 IDLE_STEP_TOKENS = 512  # per step while none does: a lone prompt is prefilled in big chunks, where big matmuls pay
 DEFAULT_MAX_RUNNING = 16
+RELEASED = -1  # a window group's table entry whose block was let go: no position the sequence reads lies there
 
 
 @dataclass
@@ -40,7 +53,8 @@ class SequenceState:
 
     request_id: str
     token_ids: list[int]
-    blocks: list[int] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)  # KV group 0's table
+    group_tables: list[list[int]] = field(default_factory=list)  # groups 1 …'s (``Scheduler.windows``)
     computed: int = 0  # leading positions whose keys and values are written
     reused: int = -1  # positions found in the cache at the first admission (-1 until admitted)
     indexed: int = 0  # leading blocks in the prefix index
@@ -51,12 +65,21 @@ class SequenceState:
     def pending(self) -> int:
         return len(self.token_ids) - self.computed
 
+    @property
+    def tables(self) -> list[list[int]]:
+        return [self.blocks, *self.group_tables]
+
+    def held_blocks(self) -> list[int]:
+        """Every block the sequence holds, table by table."""
+        return [block for table in self.tables for block in table if block != RELEASED]
+
 
 @dataclass(frozen=True)
 class ScheduledChunk:
     """Feed ``token_ids`` at positions ``start…`` of a sequence whose blocks are ``block_ids``.
 
-    ``samples``: the chunk ends at the sequence's last token, so its logits pick the next one.
+    ``samples``: the chunk ends at the sequence's last token, so its logits pick the next one. ``group_tables``:
+    KV groups 1 …'s tables, where the model has several.
     """
 
     request_id: str
@@ -64,6 +87,7 @@ class ScheduledChunk:
     start: int
     block_ids: tuple[int, ...]
     samples: bool
+    group_tables: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,10 +112,13 @@ class Scheduler:
     """Waiting and running sequences over one ``BlockPool``."""
 
     def __init__(self, pool: BlockPool, step_tokens: int = DEFAULT_STEP_TOKENS, max_running: int = DEFAULT_MAX_RUNNING,
-                 idle_step_tokens: int = IDLE_STEP_TOKENS, pacer: StepPacer | None = None) -> None:
+                 idle_step_tokens: int = IDLE_STEP_TOKENS, pacer: StepPacer | None = None,
+                 windows: tuple[int | None, ...] = (None,)) -> None:
         """``pacer``: sizes the prompt tokens of a step with decoding rows from what steps cost (``step_pacer``);
-        ``step_tokens`` is the budget until it knows, or throughout without one."""
+        ``step_tokens`` is the budget until it knows, or throughout without one. ``windows``: each KV group's
+        window (``KVGroups.windows``; None: full attention)."""
         self.pool = pool
+        self.windows = windows
         self.pacer = pacer
         self.step_tokens = max(step_tokens, max_running)
         self.idle_step_tokens = max(idle_step_tokens, self.step_tokens)
@@ -103,7 +130,7 @@ class Scheduler:
     def add(self, request_id: str, prompt_ids: list[int]) -> None:
         if not prompt_ids:
             raise ValueError("A request needs at least one prompt token.")
-        self.waiting.append(SequenceState(request_id, list(prompt_ids)))
+        self.waiting.append(SequenceState(request_id, list(prompt_ids), group_tables=[[] for _ in self.windows[1:]]))
 
     def get(self, request_id: str) -> SequenceState | None:
         return next((s for s in (*self.running, *self.waiting) if s.request_id == request_id), None)
@@ -130,6 +157,7 @@ class Scheduler:
             if seq is not None:
                 seq.computed = chunk.start + len(chunk.token_ids)
                 self._index_full_blocks(seq)
+                self._release_before_windows(seq)
         self.pool.release(self._copy_sources)
         self._copy_sources = []
 
@@ -147,24 +175,26 @@ class Scheduler:
         self._index_full_blocks(seq)
         tail = seq.token_ids[seq.indexed * self.pool.block_size : seq.computed]
         if tail and seq.indexed < len(seq.blocks):
-            self.pool.index(seq.index_node, tail, seq.blocks[seq.indexed])
-        self.pool.release(seq.blocks)
+            self._index_block(seq, self.pool.index(seq.index_node, tail, seq.blocks[seq.indexed]))
+        self._release(seq)
 
     def abort(self, request_id: str) -> None:
         """The sequence failed mid-step: what it wrote may be half done, so none of it is kept."""
         seq = self._remove(request_id)
         if seq is not None and seq.blocks:
-            self.pool.forget(seq.blocks[seq.written_from :])
-            self.pool.release(seq.blocks)
+            self.pool.forget([b for table in seq.tables for b in table[seq.written_from :] if b != RELEASED])
+            self._release(seq)
 
     def held_tokens(self) -> int:
         """Positions written in blocks that running sequences hold, each shared block counted once."""
         filled: dict[int, int] = {}
         size = self.pool.block_size
         for seq in self.running:
-            for index, block_id in enumerate(seq.blocks):
-                held = min(size, max(seq.computed - index * size, 0))
-                filled[block_id] = max(filled.get(block_id, 0), held)
+            for table in seq.tables:
+                for index, block_id in enumerate(table):
+                    held = min(size, max(seq.computed - index * size, 0))
+                    filled[block_id] = max(filled.get(block_id, 0), held)
+        filled.pop(RELEASED, None)
         return sum(filled.values())
 
     # ------------------------------------------------------------ planning
@@ -175,19 +205,40 @@ class Scheduler:
         for seq in list(self.running):
             if seq not in self.running or seq.pending != 1:
                 continue  # preempted for an earlier one, or still prefilling
-            while seq in self.running and len(seq.blocks) < self._blocks_for(len(seq.token_ids)):
-                taken = self.pool.allocate(self._blocks_for(len(seq.token_ids)) - len(seq.blocks), seq.blocks[-1])
-                if taken is not None:
-                    seq.blocks += taken
-                else:
-                    preempted.append(self._preempt(self.running[-1]))
+            while seq in self.running and not self._extend(seq, len(seq.token_ids)):
+                preempted.append(self._preempt(self.running[-1]))
         return preempted
+
+    def _extend(self, seq: SequenceState, positions: int) -> bool:
+        """Blocks for positions up to ``positions`` in every table of ``seq``: taken (True) or, short of them,
+        none taken (False)."""
+        missing = self._blocks_for(positions) - len(seq.blocks)
+        if missing <= 0:
+            return True
+        if missing * len(seq.tables) > self.pool.free_blocks:
+            return False
+        for table in seq.tables:
+            table += self.pool.allocate(missing, _last(table))
+        return True
+
+    def _release(self, seq: SequenceState) -> None:
+        """Let go of every block ``seq`` holds (a chain's tail before its head)."""
+        for table in seq.tables:
+            self.pool.release([block for block in table if block != RELEASED])
+
+    def _release_before_windows(self, seq: SequenceState) -> None:
+        """Let go of each window group's blocks that hold no position the next query (at ``computed``) sees."""
+        for table, window in zip(seq.tables, self.windows):
+            gone = min(window_start(seq.computed, window) // self.pool.block_size, len(table))
+            self.pool.release([block for block in table[:gone] if block != RELEASED])
+            table[:gone] = [RELEASED] * gone
 
     def _preempt(self, seq: SequenceState) -> str:
         self._index_full_blocks(seq)
-        self.pool.release(seq.blocks)
+        self._release(seq)
         self.running.remove(seq)
         seq.blocks, seq.computed, seq.indexed, seq.index_node = [], 0, 0, ROOT
+        seq.group_tables = [[] for _ in self.windows[1:]]
         self.waiting.appendleft(seq)
         return seq.request_id
 
@@ -198,20 +249,19 @@ class Scheduler:
         for seq in list(self.waiting):
             if len(self.running) >= self.max_running:
                 break
-            if self._blocks_for(len(seq.token_ids)) > self.pool.num_blocks:
+            if self._most_held(len(seq.token_ids)) > self.pool.num_blocks:
                 self.waiting.remove(seq)
                 rejected.append((seq.request_id, self._too_long(seq)))
                 continue
             if self._shares_a_prefill(seq):
                 continue  # its prefix is being computed: it waits to reuse it rather than compute it again
-            placed, copy = self._try_place(seq)
+            placed_copies, placed = self._try_place(seq)
             if not placed:
                 break  # first come, first served: the queue waits for blocks
             self.waiting.remove(seq)
             self.running.append(seq)
             admitted.append(seq.request_id)
-            if copy is not None:
-                copies.append(copy)
+            copies += placed_copies
         return admitted, copies, rejected
 
     def _shares_a_prefill(self, seq: SequenceState) -> bool:
@@ -223,30 +273,85 @@ class Scheduler:
             for other in self.running
         )
 
-    def _try_place(self, seq: SequenceState) -> tuple[bool, BlockCopy | None]:
+    def _try_place(self, seq: SequenceState) -> tuple[list[BlockCopy], bool]:
         """Give ``seq`` its cached prefix (``False`` when the pool cannot yet hold the rest beside the prompts
-        already running), and the block and copy that complete a partly shared one."""
+        already running), and the blocks and copies that complete a partly shared one (one per KV group)."""
         size = self.pool.block_size
         match = self.pool.match(seq.token_ids[:-1])  # at least one token is computed: its logits start the reply
-        held = [*match.blocks, *([match.partial] if match.partial is not None else [])]
+        full, tables, partials = self._reusable(match)
+        computed = full * size + (match.partial_tokens if partials else 0)
+        held = [*(block for table in tables for block in table if block != RELEASED), *partials]
         self.pool.acquire(held)
-        needed = self._blocks_for(len(seq.token_ids)) - len(match.blocks)
-        fresh = self.pool.allocate(1 if match.partial is not None else 0, match.blocks[-1] if match.blocks else None)
+        needed = sum(self._still_needed(len(seq.token_ids), full, window) for window in self.windows)
+        fresh = self._one_more_block(tables) if partials else []
         if fresh is None or self.pool.free_blocks + len(fresh) < needed + self._promised():
             self.pool.release([*held, *(fresh or [])])
-            return False, None
-        seq.blocks = [*match.blocks, *fresh]
-        seq.computed = len(match.blocks) * size + match.partial_tokens
-        seq.indexed, seq.index_node, seq.written_from = len(match.blocks), match.parent, len(match.blocks)
+            return [], False
+        for table, block in zip(tables, fresh):
+            table.append(block)
+        seq.blocks, seq.group_tables = tables[0], tables[1:]
+        seq.computed = computed
+        seq.indexed, seq.index_node, seq.written_from = full, match.blocks[full - 1] if full else ROOT, full
         seq.reused = seq.computed if seq.reused < 0 else seq.reused
-        if match.partial is None:
-            return True, None
-        self._copy_sources.append(match.partial)
-        return True, BlockCopy(match.partial, fresh[0], match.partial_tokens)
+        self._copy_sources += partials
+        return [BlockCopy(source, target, match.partial_tokens) for source, target in zip(partials, fresh)], True
+
+    def _one_more_block(self, tables: list[list[int]]) -> list[int] | None:
+        """A block for each table, right after its last where the pool allows; None (none taken) if short."""
+        if len(tables) > self.pool.free_blocks:
+            return None
+        return [self.pool.allocate(1, _last(table))[0] for table in tables]
+
+    def _reusable(self, match: PrefixMatch) -> tuple[int, list[list[int]], list[int]]:
+        """How much of ``match`` every KV group can reuse: its full blocks taken, each group's table of them (its
+        blocks before the window of the next position ``RELEASED``), and each group's block whose first tokens
+        are copied (none: the partial block is not reused). The longest reuse whose shadows are all cached: the
+        whole match, else without its partial block, else a block shorter at a time."""
+        count = len(match.blocks)
+        tries = [(count, True)] if match.partial is not None else []
+        for full, partial in tries + [(full, False) for full in range(count, 0, -1)]:
+            end = full * self.pool.block_size + (match.partial_tokens if partial else 0)
+            partials = [self._shadow(match.partial, group) for group in range(len(self.windows))] if partial else []
+            if RELEASED not in partials and all(self._cached_window(match.blocks[:full], group, window, end)
+                                                for group, window in enumerate(self.windows)):
+                tables = [self._reused_table(match.blocks[:full], group, window, end)
+                          for group, window in enumerate(self.windows)]
+                return full, tables, partials
+        return 0, [[] for _ in self.windows], []  # nothing cached is usable: the prompt is computed whole
+
+    def _cached_window(self, nodes: tuple[int, ...], group: int, window: int | None, end: int) -> bool:
+        """Whether group ``group`` holds, beside the cached blocks ``nodes``, what the position ``end`` sees."""
+        first = window_start(end, window) // self.pool.block_size
+        return all(self._shadow(node, group) != RELEASED for node in nodes[first:])
+
+    def _reused_table(self, nodes: tuple[int, ...], group: int, window: int | None, end: int) -> list[int]:
+        """Group ``group``'s table for the cached blocks ``nodes`` (group 0's), the next position at ``end``:
+        ``RELEASED`` before the window's first block (``_cached_window`` says the rest are there)."""
+        first = window_start(end, window) // self.pool.block_size
+        return [RELEASED if index < first else self._shadow(node, group) for index, node in enumerate(nodes)]
+
+    def _shadow(self, node: int, group: int) -> int:
+        """Group ``group``'s block beside group 0's cached ``node``: the node itself for group 0."""
+        if group == 0:
+            return node
+        shadow = self.pool.shadow(node, group)
+        return RELEASED if shadow is None else shadow
 
     def _promised(self) -> int:
         """Blocks the running prompts still need to finish: admission leaves them free."""
-        return sum(max(self._blocks_for(len(seq.token_ids)) - len(seq.blocks), 0) for seq in self.running)
+        return sum(self._still_needed(len(seq.token_ids), len(seq.blocks), window)
+                   for seq in self.running for window in self.windows)
+
+    def _still_needed(self, positions: int, held: int, window: int | None) -> int:
+        """Blocks a table of ``window`` holding ``held`` blocks takes before its sequence reaches ``positions``:
+        a window group's at most its window's (it lets go of earlier ones as it goes, and its prompt's chunks
+        shrink to the blocks free)."""
+        missing = max(self._blocks_for(positions) - held, 0)
+        return missing if window is None else min(missing, self._blocks_for(window) + 1)
+
+    def _most_held(self, positions: int) -> int:
+        """The most blocks a sequence of ``positions`` holds at once, every table counted."""
+        return sum(self._still_needed(positions, 0, window) for window in self.windows)
 
     def _chunks(self) -> tuple[ScheduledChunk, ...]:
         budget = self._step_budget()
@@ -258,7 +363,8 @@ class Scheduler:
             budget -= count
             tokens = tuple(seq.token_ids[seq.computed : seq.computed + count])
             samples = seq.computed + count == len(seq.token_ids)
-            chunks[seq.request_id] = ScheduledChunk(seq.request_id, tokens, seq.computed, tuple(seq.blocks), samples)
+            chunks[seq.request_id] = ScheduledChunk(seq.request_id, tokens, seq.computed, tuple(seq.blocks), samples,
+                                                    tuple(tuple(table) for table in seq.group_tables))
         return tuple(chunks[s.request_id] for s in self.running if s.request_id in chunks)
 
     def _step_budget(self) -> int:
@@ -271,12 +377,11 @@ class Scheduler:
         return self.step_tokens if paced is None else decoding + paced
 
     def _held_for(self, seq: SequenceState, count: int) -> int:
-        """``count`` tokens, or as many as its blocks can hold once it takes the blocks they need where free."""
-        missing = self._blocks_for(seq.computed + count) - len(seq.blocks)
-        if missing > 0:
-            taken = self.pool.allocate(missing, seq.blocks[-1] if seq.blocks else None)
-            seq.blocks += taken or []
-        return min(count, len(seq.blocks) * self.pool.block_size - seq.computed)
+        """``count`` tokens, or as many as its blocks can hold once it takes the blocks they need, or those free."""
+        room = self.pool.free_blocks // len(seq.tables)  # blocks each of its tables may take
+        size = self.pool.block_size
+        self._extend(seq, min(seq.computed + count, (len(seq.blocks) + room) * size))
+        return min(count, len(seq.blocks) * size - seq.computed)
 
     # ------------------------------------------------------------ helpers
 
@@ -285,7 +390,15 @@ class Scheduler:
         while (seq.indexed + 1) * size <= seq.computed and seq.indexed < len(seq.blocks):
             tokens = seq.token_ids[seq.indexed * size : (seq.indexed + 1) * size]
             seq.index_node = self.pool.index(seq.index_node, tokens, seq.blocks[seq.indexed])
+            self._index_block(seq, seq.index_node)
             seq.indexed += 1
+
+    def _index_block(self, seq: SequenceState, node: int) -> None:
+        """The other groups' blocks at ``seq.indexed``, where still held, as shadows of group 0's ``node``."""
+        for group, table in enumerate(seq.group_tables, start=1):
+            block = table[seq.indexed]
+            if block != RELEASED and not self.pool.blocks[block].indexed:
+                self.pool.index_shadow(node, group, block)
 
     def _remove(self, request_id: str) -> SequenceState | None:
         seq = self.get(request_id)
@@ -302,3 +415,8 @@ class Scheduler:
         pool = self.pool
         return (f"This request needs {len(seq.token_ids)} positions of KV cache, but the whole pool holds "
                 f"{pool.num_blocks * pool.block_size}. A shorter conversation or a larger memory budget fits.")
+
+
+def _last(table: list[int]) -> int | None:
+    """The table's last block, where the next one is best taken after (``BlockPool.allocate``)."""
+    return table[-1] if table and table[-1] != RELEASED else None

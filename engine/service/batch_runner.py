@@ -49,11 +49,19 @@ class _Active:
     first_token_at: float = 0.0
 
 
-def pool_blocks(budget_bytes: int, bytes_per_block: int, context_length: int, max_running: int) -> int:
+def pool_blocks(budget_bytes: int, bytes_per_block: int, context_length: int, max_running: int,
+                windows: tuple[int | None, ...] = (None,)) -> int:
     """As many blocks as the budget affords, up to every running sequence at the full context twice over
-    (the second half keeps finished conversations' prefixes cached)."""
-    most = 2 * max_running * -(-context_length // BLOCK_SIZE)
-    return max(1, min(budget_bytes // bytes_per_block, most))
+    (the second half keeps finished conversations' prefixes cached), a block of each KV group (``windows``) a
+    block of context, a window group's at most its window and a block."""
+    per_sequence = sum(sequence_blocks(context_length, window) for window in windows)
+    return max(1, min(budget_bytes // bytes_per_block, 2 * max_running * per_sequence))
+
+
+def sequence_blocks(positions: int, window: int | None) -> int:
+    """Blocks a KV group of ``window`` holds for one sequence of ``positions``."""
+    held = positions if window is None else min(positions, window + BLOCK_SIZE)
+    return -(-held // BLOCK_SIZE)
 
 
 class BatchRunner:
@@ -74,9 +82,11 @@ class BatchRunner:
         self._is_cancelled = is_cancelled
         self.bytes_per_block = self._backend.new_pool(1, BLOCK_SIZE).bytes_per_block
         budget = kv_pool_budget(loaded.device, loaded.kv_budget_bytes) if budget_bytes is None else budget_bytes
-        blocks = pool_blocks(budget, self.bytes_per_block, loaded.context_length, max_running)
+        windows = self._backend.new_pool(1, BLOCK_SIZE).windows
+        blocks = pool_blocks(budget, self.bytes_per_block, loaded.context_length, max_running, windows)
         self.kv = self._backend.new_pool(blocks, BLOCK_SIZE)
-        self.scheduler = Scheduler(BlockPool(blocks, BLOCK_SIZE), step_tokens, max_running, pacer=StepPacer())
+        self.scheduler = Scheduler(BlockPool(blocks, BLOCK_SIZE), step_tokens, max_running, pacer=StepPacer(),
+                                   windows=windows)
         self.conversations = ConversationChains(self.scheduler.pool, blocks)
         self._active: dict[str, _Active] = {}
         self._sampled_tokens: collections.deque[tuple[float, int]] = collections.deque()
@@ -133,7 +143,7 @@ class BatchRunner:
 
     def request_bytes(self, request_id: str) -> int:
         seq = self.scheduler.get(request_id)
-        return len(seq.blocks) * self.bytes_per_block if seq else 0
+        return len(seq.held_blocks()) * self.bytes_per_block if seq else 0
 
     def total_bytes(self) -> int:
         used, _, cached = self.scheduler.pool.counts()
@@ -150,7 +160,7 @@ class BatchRunner:
         try:
             for copy in step.copies:
                 self.kv.copy_block(copy.source, copy.target, copy.tokens)
-            rows = [BatchRow(c.token_ids, c.start, c.block_ids) for c in step.chunks]
+            rows = [BatchRow(c.token_ids, c.start, c.block_ids, c.group_tables) for c in step.chunks]
             return self._backend.forward_batch(rows, self.kv) if rows else torch.empty(0)
         except Exception as exc:  # out of memory, say: these replies fail, the others and the engine go on
             self.scheduler.complete(Step(()))  # lets go of the copy sources

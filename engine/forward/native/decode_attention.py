@@ -7,8 +7,9 @@ in arithmetic. ``DecodeRuns`` turns the step's decode rows and runs into index t
 once; its ``attend`` runs all of them and every kv head of one layer in one call, the
 softmax's running maximum kept per query head (one pass over the positions).
 ``ChunkRuns`` does the same for a short prompt chunk (the tokens a step takes beside
-decoding rows), each row seeing the positions up to its own, where it is faster than
-SDPA. Where a model's prompts already run in bf16 on AMX's tiles
+decoding rows), each row seeing the positions up to its own (the last ``window`` of them
+in a window layer), where it is faster than SDPA. A decode row's runs already hold
+just the positions it sees. Where a model's prompts already run in bf16 on AMX's tiles
 (``FormatPlan.prompt_attention``), a chunk runs on them too (``on_tiles``): queries
 and weights rounded to bf16, sums in fp32.
 
@@ -85,18 +86,21 @@ def _bounds(runs: Iterable[slice]) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class ChunkRuns:
-    """A prompt chunk's rows (``first_row`` …, ``count`` of them, from position ``start``) and its sequence's runs
-    of positions, for the chunk kernel: each row attends to the positions up to its own."""
+    """A prompt chunk's rows (``first_row`` …, ``count`` of them, from position ``start`` counted from the runs'
+    first position) and its sequence's runs of positions, for the chunk kernel: each row attends to the positions
+    up to its own, only the last ``window`` of them where that is not 0."""
 
     first_row: int
     count: int
     start: int
     bounds: torch.Tensor  # [runs, 2] int32
     on_tiles: bool = False  # in bf16 on AMX's tiles (only where ``int4_matmul.runs_on_amx`` and ``tiles_cover``)
+    window: int = 0
 
     @staticmethod
-    def of(first_row: int, count: int, start: int, runs: tuple[slice, ...], on_tiles: bool = False) -> ChunkRuns:
-        return ChunkRuns(first_row, count, start, _bounds(runs), on_tiles)
+    def of(first_row: int, count: int, start: int, runs: tuple[slice, ...], on_tiles: bool = False,
+           window: int | None = None) -> ChunkRuns:
+        return ChunkRuns(first_row, count, start, _bounds(runs), on_tiles, window or 0)
 
     def attend(self, q: torch.Tensor, out: torch.Tensor, layer_kv: torch.Tensor) -> None:
         """``q`` [R, H, hd] (already scaled) over ``layer_kv`` [2, Hkv, P, hd] bf16 into ``out`` [R, H, hd] (all
@@ -104,5 +108,5 @@ class ChunkRuns:
         _, heads, head_dim = q.shape
         kv_heads, positions = layer_kv.shape[1], layer_kv.shape[2]
         arguments = (address(q), address(out), kv_address(layer_kv), self.first_row, self.count, self.start,
-                     self.bounds.data_ptr(), len(self.bounds), heads, kv_heads, head_dim, positions)
+                     self.bounds.data_ptr(), len(self.bounds), heads, kv_heads, head_dim, positions, self.window)
         (library().chunk_attention_amx if self.on_tiles else library().chunk_attention)(*arguments)

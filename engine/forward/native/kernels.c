@@ -430,7 +430,7 @@ static inline __attribute__((always_inline)) void score_keys(const float *keys, 
    qt [hd][32]: the task's queries, transposed; acc [hd][32]: its weighted values; best, total: per query. */
 static void chunk_tile(const uint16_t *key_bits, const uint16_t *value_bits, int64_t slot, int n, int64_t logical,
                        int head_dim, const float (*qt)[CHUNK_QUERIES], float (*acc)[CHUNK_QUERIES],
-                       const __m512i limit[2], __m512 best[2], __m512 total[2]) {
+                       const __m512i limit[2], const __m512i low[2], __m512 best[2], __m512 total[2]) {
     float keys[POSITIONS * MAX_HEAD_DIM], values[POSITIONS * MAX_HEAD_DIM];  /* the tile's, widened once */
     bf16_widen(key_bits + slot * head_dim, n * head_dim, keys);
     bf16_widen(value_bits + slot * head_dim, n * head_dim, values);
@@ -443,8 +443,10 @@ static void chunk_tile(const uint16_t *key_bits, const uint16_t *value_bits, int
         else
             score_keys(keys + p0 * head_dim, m, head_dim, qt, sums);
         for (int p = 0; p < m; p++)
-            for (int v = 0; v < 2; v++) {  /* a query sees the positions before its limit */
-                __mmask16 seen = _mm512_cmpgt_epi32_mask(limit[v], _mm512_set1_epi32((int)(logical + p0 + p)));
+            for (int v = 0; v < 2; v++) {  /* a query sees the positions from its low on, before its limit */
+                __m512i position = _mm512_set1_epi32((int)(logical + p0 + p));
+                __mmask16 seen = _mm512_mask_cmpgt_epi32_mask(_mm512_cmple_epi32_mask(low[v], position), limit[v],
+                                                              position);
                 score[p0 + p][v] = _mm512_mask_blend_ps(seen, _mm512_set1_ps(-INFINITY), sums[p][v]);
             }
     }
@@ -477,13 +479,30 @@ static void chunk_tile(const uint16_t *key_bits, const uint16_t *value_bits, int
     }
 }
 
+/* The first position of the runs (runs[2j] .. runs[2j + 1] - 1, in order, from position 0) that a task reads: `from`
+   (the window's start of its first row) where it lies in them, else 0. */
+static inline int64_t window_skip(const int32_t *runs, int run_count, int64_t from) {
+    int64_t held = 0;
+    for (int j = 0; j < run_count; j++) held += runs[2 * j + 1] - runs[2 * j];
+    return from > 0 && from < held ? from : 0;
+}
+
+/* Where run j's positions from `logical` on start: its first slot, or later where `logical` lies inside it. */
+static inline int64_t run_slot(const int32_t *runs, int j, int64_t logical) {
+    int64_t before = 0;
+    for (int i = 0; i < j; i++) before += runs[2 * i + 1] - runs[2 * i];
+    return logical > before ? runs[2 * j] + (logical - before) : runs[2 * j];
+}
+
 /* A prompt chunk's attention over a block pool's layer [2, Hkv, P, hd] bf16: rows first_row .. first_row + count - 1 of
-   q [R, H, hd] (already scaled), row r at position start + r, each attending to the sequence's first start + r + 1
-   positions, which lie in the runs runs[2j] .. runs[2j + 1] - 1 (j < run_count, in order). Each task takes one kv
-   head and a few rows, its queries in the lanes of two vectors: a key's value is broadcast against all of them, so
-   nothing is transposed and the causal limit is a compare per lane. */
+   q [R, H, hd] (already scaled), row r at position start + r counted from the first position the runs hold, each
+   attending to the positions up to its own (with window > 0 only the last `window` of them), which lie in the runs
+   runs[2j] .. runs[2j + 1] - 1 (j < run_count, in order). Each task takes one kv head and a few rows, its queries
+   in the lanes of two vectors: a key's value is broadcast against all of them, so nothing is transposed and the
+   causal limit (and the window's start) is a compare per lane. */
 void chunk_attention(const float *q, float *out, const uint16_t *layer, int first_row, int count, int start,
-                     const int32_t *runs, int run_count, int heads, int kv_heads, int head_dim, int64_t positions) {
+                     const int32_t *runs, int run_count, int heads, int kv_heads, int head_dim, int64_t positions,
+                     int window) {
     const int groups = heads / kv_heads;
     const int rows_per_task = CHUNK_QUERIES / groups;
     const int blocks = (count + rows_per_task - 1) / rows_per_task;
@@ -497,6 +516,7 @@ void chunk_attention(const float *q, float *out, const uint16_t *layer, int firs
             float qt[MAX_HEAD_DIM][CHUNK_QUERIES] __attribute__((aligned(64)));
             float acc[MAX_HEAD_DIM][CHUNK_QUERIES] __attribute__((aligned(64)));
             int32_t limits[CHUNK_QUERIES] __attribute__((aligned(64)));
+            int32_t lows[CHUNK_QUERIES] __attribute__((aligned(64)));
             for (int j = 0; j < CHUNK_QUERIES; j++) {
                 const float *query = q + ((size_t)(first_row + r0 + j / groups) * heads + (size_t)h * groups
                                           + j % groups) * head_dim;
@@ -505,19 +525,22 @@ void chunk_attention(const float *q, float *out, const uint16_t *layer, int firs
                     acc[d][j] = 0.0f;
                 }
                 limits[j] = j < queries ? start + r0 + j / groups + 1 : 1 << 30;  /* padding lanes see everything */
+                lows[j] = j < queries && window > 0 ? limits[j] - window : -(1 << 30);
             }
             __m512i limit[2] = {_mm512_load_si512(limits), _mm512_load_si512(limits + 16)};
+            __m512i low[2] = {_mm512_load_si512(lows), _mm512_load_si512(lows + 16)};
             __m512 best[2] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY)};
             __m512 total[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
             const int64_t seen = start + r1;  /* positions the block's last row sees */
-            int64_t logical = 0;
+            int64_t logical = window_skip(runs, run_count, window > 0 ? start + r0 + 1 - window : 0);
             for (int j = 0; j < run_count && logical < seen; j++)
-                for (int64_t slot = runs[2 * j]; slot < runs[2 * j + 1] && logical < seen; slot += POSITIONS) {
+                for (int64_t slot = run_slot(runs, j, logical); slot < runs[2 * j + 1] && logical < seen;
+                     slot += POSITIONS) {
                     int64_t n = runs[2 * j + 1] - slot;
                     n = n < POSITIONS ? n : POSITIONS;
                     n = n < seen - logical ? n : seen - logical;
                     chunk_tile(keys, values, slot, (int)n, logical, head_dim, (const float (*)[CHUNK_QUERIES])qt,
-                               acc, limit, best, total);
+                               acc, limit, low, best, total);
                     logical += n;
                 }
             float totals[CHUNK_QUERIES] __attribute__((aligned(64)));
@@ -815,7 +838,7 @@ typedef struct {
     uint32_t transposed[ATT_MAX_TILES][ATT_MAX_DIM / 32][16][16];  /* B tiles: (q[2r], q[2r + 1]) at [c][r][lane] */
     float sums[ATT_MAX_TILES][ATT_MAX_DIM][16];  /* the weighted values, transposed: [dimension][lane] */
     __m512 best[ATT_MAX_TILES], total[ATT_MAX_TILES];
-    __m512i limit[ATT_MAX_TILES];  /* positions each lane sees */
+    __m512i limit[ATT_MAX_TILES], low[ATT_MAX_TILES];  /* positions each lane sees: from low, before limit */
 } tile_queries;
 
 /* Where query `index` of kv head h lies in q [R, H, hd] and out: row first_row + index / groups, query head
@@ -824,13 +847,14 @@ static inline size_t query_at(int index, int first_row, int heads, int groups, i
     return ((size_t)(first_row + index / groups) * heads + (size_t)h * groups + index % groups) * head_dim;
 }
 
-static AMX_TARGET void load_tile_queries(const float *q, int first_row, int count, int start, int heads, int groups,
-                                         int h, int head_dim, int tile0, int tiles, tile_queries *queries) {
+static AMX_TARGET void load_tile_queries(const float *q, int first_row, int count, int start, int window, int heads,
+                                         int groups, int h, int head_dim, int tile0, int tiles, tile_queries *queries) {
     for (int i = 0; i < tiles; i++) {
-        int32_t limits[16];
+        int32_t limits[16], lows[16];
         for (int j = 0; j < 16; j++) {
             const int row = ((tile0 + i) * 16 + j) / groups;
             limits[j] = row < count ? start + row + 1 : 1 << 30;  /* padding lanes see everything */
+            lows[j] = row < count && window > 0 ? limits[j] - window : -(1 << 30);
         }
         for (int c = 0; c < head_dim / 32; c++) {
             __m512i rows[16];
@@ -844,6 +868,7 @@ static AMX_TARGET void load_tile_queries(const float *q, int first_row, int coun
             for (int r = 0; r < 16; r++) _mm512_storeu_si512(queries->transposed[i][c][r], rows[r]);
         }
         queries->limit[i] = _mm512_loadu_si512(limits);
+        queries->low[i] = _mm512_loadu_si512(lows);
         queries->best[i] = _mm512_set1_ps(-INFINITY);
         queries->total[i] = _mm512_setzero_ps();
         memset(queries->sums[i], 0, sizeof queries->sums[i]);
@@ -888,7 +913,9 @@ static AMX_TARGET void attend_block(const uint16_t *keys, const uint16_t *values
         }
         __m512 weight[ATT_BLOCK], most = queries->best[i];
         for (int p = 0; p < ATT_BLOCK; p++) {
-            __mmask16 seen = p < n ? _mm512_cmpgt_epi32_mask(queries->limit[i], _mm512_set1_epi32((int)(logical + p)))
+            __m512i position = _mm512_set1_epi32((int)(logical + p));
+            __mmask16 seen = p < n ? _mm512_mask_cmpgt_epi32_mask(_mm512_cmple_epi32_mask(queries->low[i], position),
+                                                                  queries->limit[i], position)
                                    : 0;
             weight[p] = _mm512_mask_blend_ps(seen, _mm512_set1_ps(-INFINITY), _mm512_load_ps(scores[p]));
             most = _mm512_max_ps(most, weight[p]);
@@ -926,7 +953,7 @@ static AMX_TARGET void attend_block(const uint16_t *keys, const uint16_t *values
    positions. Call only where amx_enable() returned 0. */
 AMX_TARGET void chunk_attention_amx(const float *q, float *out, const uint16_t *layer, int first_row, int count,
                                     int start, const int32_t *runs, int run_count, int heads, int kv_heads,
-                                    int head_dim, int64_t positions) {
+                                    int head_dim, int64_t positions, int window) {
 #ifdef HAS_AMX
     const int groups = heads / kv_heads, tiles = (count * groups + 15) / 16, threads = omp_get_max_threads();
     int per_head = (2 * threads + kv_heads - 1) / kv_heads;  /* tasks a kv head: two a thread or more */
@@ -942,15 +969,19 @@ AMX_TARGET void chunk_attention_amx(const float *q, float *out, const uint16_t *
                 const int tile0 = t * tiles_per_task;
                 const int task_tiles = tiles - tile0 < tiles_per_task ? tiles - tile0 : tiles_per_task;
                 tile_queries queries;
-                load_tile_queries(q, first_row, count, start, heads, groups, h, head_dim, tile0, task_tiles, &queries);
+                load_tile_queries(q, first_row, count, start, window, heads, groups, h, head_dim, tile0, task_tiles,
+                                  &queries);
                 const uint16_t *keys = layer + (size_t)h * positions * head_dim;
                 const uint16_t *values = layer + ((size_t)kv_heads + h) * positions * head_dim;
                 const int last_row = ((tile0 + task_tiles) * 16 - 1) / groups;
                 const int64_t seen = start + (last_row < count ? last_row : count - 1) + 1;
-                int64_t slots[ATT_BLOCK], logical = 0;
+                const int first_seen = tile0 * 16 / groups;  /* the task's first row */
+                const int64_t from = window > 0 ? start + first_seen + 1 - window : 0;  /* where its window starts */
+                int64_t slots[ATT_BLOCK], logical = window_skip(runs, run_count, from);
                 int n = 0;
                 for (int j = 0; j < run_count && logical + n < seen; j++)
-                    for (int64_t slot = runs[2 * j]; slot < runs[2 * j + 1] && logical + n < seen; slot++) {
+                    for (int64_t slot = run_slot(runs, j, logical + n); slot < runs[2 * j + 1] && logical + n < seen;
+                         slot++) {
                         slots[n++] = slot;
                         if (n == ATT_BLOCK) {
                             attend_block(keys, values, slots, n, logical, head_dim, task_tiles, &queries);

@@ -12,19 +12,24 @@ BLOCK_SIZE = 16
 
 
 class OneSequence:
-    """A sequence alone in its own pool of ``capacity`` positions, in consecutive blocks."""
+    """A sequence alone in its own pool of ``capacity`` positions, in consecutive blocks (a run of them for each
+    KV group of the model)."""
 
     def __init__(self, backend: Any, capacity: int = 1024, block_size: int = BLOCK_SIZE) -> None:
         self.backend = backend
         self.block_size = block_size
-        self.kv = backend.new_pool(-(-capacity // block_size), block_size)
+        self.capacity_blocks = -(-capacity // block_size)
+        self.groups = len(backend.new_pool(1, block_size).windows)
+        self.kv = backend.new_pool(self.capacity_blocks * self.groups, block_size)
         self.length = 0
 
     def feed(self, token_ids: Sequence[int]) -> torch.Tensor:
         """``token_ids`` after what the sequence holds; logits of the last one, [V] fp32."""
         end = self.length + len(token_ids)
-        blocks = list(range(-(-end // self.block_size)))
-        logits = self.backend.forward_batch([BatchRow(list(token_ids), self.length, blocks)], self.kv)
+        used = -(-end // self.block_size)
+        tables = [list(range(g * self.capacity_blocks, g * self.capacity_blocks + used)) for g in range(self.groups)]
+        row = BatchRow(list(token_ids), self.length, tables[0], tuple(tables[1:]))
+        logits = self.backend.forward_batch([row], self.kv)
         self.length = end
         return logits[0]  # [V]
 

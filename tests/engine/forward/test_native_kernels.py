@@ -25,6 +25,7 @@ from engine.forward.native.norm import rms_norm, swiglu
 from engine.forward.native.scratch import Scratch
 from engine.forward.weights.quant_int import dequantize_int4, int4_groups_of, pack_quantized
 from engine.forward.weights.row_chunks import RowChunks
+from engine.forward.windows import window_start
 
 REPO = Path(__file__).resolve().parents[3]
 needs_kernels = pytest.mark.skipif(build.library() is None, reason="no AVX-512 VNNI/VBMI or no C compiler here")
@@ -299,16 +300,37 @@ def test_chunk_attention_on_amx_tiles_matches_sdpa_within_bf16s_rounding(start, 
     _chunk_attended_as_sdpa(start, length, heads, kv_heads, head_dim, on_tiles=True)
 
 
-def _chunk_attended_as_sdpa(start: int, length: int, heads: int, kv_heads: int, head_dim: int, on_tiles: bool) -> None:
+@needs_kernels
+@pytest.mark.parametrize(("start", "length", "window"), [(40, 33, 16), (250, 128, 100), (0, 40, 8), (250, 19, 4096)])
+def test_chunk_attention_under_a_window_matches_sdpa_with_its_mask(start, length, window):
+    """Each row sees its last ``window`` positions, from runs that start at the first row's window (as a window
+    group's do) or hold positions before it."""
+    for first in (window_start(start, window), 0):
+        _chunk_attended_as_sdpa(start, length, 9, 3, 64, on_tiles=False, window=window, first=first)
+
+
+@needs_amx
+@pytest.mark.parametrize(("start", "length", "window"), [(40, 33, 16), (250, 128, 100), (270, 600, 128)])
+def test_chunk_attention_on_amx_tiles_under_a_window_matches_sdpa_within_bf16s_rounding(start, length, window):
+    for first in (window_start(start, window), 0):
+        _chunk_attended_as_sdpa(start, length, 9, 3, 64, on_tiles=True, window=window, first=first)
+
+
+def _chunk_attended_as_sdpa(start: int, length: int, heads: int, kv_heads: int, head_dim: int, on_tiles: bool,
+                            window: int | None = None, first: int = 0) -> None:
+    """The chunk's runs hold positions ``first`` … of a shared prefix of 300 positions, then its own blocks."""
     torch.manual_seed(start)
     layer = torch.randn(2, kv_heads, 1024 + length, head_dim).bfloat16()  # [2, Hkv, P, hd]: the pool's
-    seen = start + length  # a shared prefix of 300 positions, then its own blocks
-    runs = (slice(100, 100 + min(seen, 300)),) + ((slice(600, 600 + seen - 300),) if seen > 300 else ())
+    seen = start + length
+    runs = tuple(run for run in (slice(100 + first, 100 + min(seen, 300)), slice(600 + max(first, 300) - 300,
+                                                                                 600 + seen - 300))
+                 if run.stop > run.start)
     q = torch.randn(length + 2, heads, head_dim) * 0.3  # rows 0 and 1: another sequence's
     out = torch.full_like(q, 7.0)
-    ChunkRuns.of(2, length, start, runs, on_tiles).attend(q, out, layer)
+    ChunkRuns.of(2, length, start - first, runs, on_tiles, window).attend(q, out, layer)
     keys, values = (torch.cat([layer[i, :, run] for run in runs], dim=1) for i in (0, 1))  # [Hkv, T, hd]
-    expected = attend(q[2:], keys, values, causal_mask(start, length, torch.float32, torch.device("cpu")))
+    mask = causal_mask(start, length, torch.float32, torch.device("cpu"), first, window)
+    expected = attend(q[2:], keys, values, mask)
     if on_tiles:
         assert ((out[2:] - expected).norm() / expected.norm()).item() < 1e-2
         assert (out[2:] - expected).abs().max().item() < 0.05
