@@ -11,24 +11,44 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
-ROPE_TYPES = ("default", "llama3", "linear")
+from engine.forward.family import ACTIVATIONS, GEMMA_TYPES, activation_name
+
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", *GEMMA_TYPES)
+ROPE_TYPES = ("default", "llama3", "linear", "longrope")
 
 
 def unsupported_reason(config: Any) -> str | None:
     """Why the fast path cannot run this model, or ``None`` when it can."""
     if getattr(config, "model_type", None) not in ARCHITECTURES:
         return f"architecture {getattr(config, 'model_type', '?')!r}"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"activation {config.hidden_act!r}"
+    if activation_name(config) not in ACTIVATIONS:
+        return f"activation {activation_name(config)!r}"
     rope = getattr(config, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") not in ROPE_TYPES:
-        return f"rope scaling {rope.get('rope_type')!r}"
+    for kind in _rope_types(rope):
+        if kind not in ROPE_TYPES:
+            return f"rope scaling {kind!r}"
     if getattr(config, "mlp_bias", False):
         return "MLP biases"
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+    if _window_restricts(config):
         return "sliding-window attention"
     return None
+
+
+def _rope_types(rope: Mapping[str, Any]) -> list[str]:
+    """The rope types of a config's ``rope_parameters``: one, or one per layer type (Gemma 3)."""
+    if rope and all(isinstance(value, Mapping) for value in rope.values()):
+        return [part.get("rope_type", "default") for part in rope.values()]
+    return [rope.get("rope_type", "default")]
+
+
+def _window_restricts(config: Any) -> bool:
+    """Whether a sliding window shortens what some layer attends to, outside the families whose windows
+    ``windows.layer_windows`` gives the attention (Gemma's): a window no shorter than the context (Phi-4-mini's)
+    restricts nothing."""
+    window = getattr(config, "sliding_window", None)
+    if not window or not getattr(config, "use_sliding_window", True) or getattr(config, "model_type", None) in GEMMA_TYPES:
+        return False
+    return window < getattr(config, "max_position_embeddings", window + 1)
 
 
 def config_view(config: Mapping[str, Any]) -> SimpleNamespace:

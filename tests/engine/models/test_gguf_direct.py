@@ -139,8 +139,8 @@ def test_llama_3_rope_scaling_from_the_files_frequency_factors(tmp_path: Path):
     cos, sin = LlamaRotaryEmbedding(config)(torch.zeros(1), torch.arange(300).unsqueeze(0))  # [1, P, hd] each
     half = shape.head_dim // 2
     expected = torch.complex(cos[0, :, :half], sin[0, :, :half])  # [P, hd/2]
-    assert torch.allclose(loaded.model.rotations(0, 300)[:, 0], expected, atol=1e-5)
-    assert not torch.allclose(_load(write_random_gguf(tmp_path / "plain.gguf"), "fp32").model.rotations(0, 300)[:, 0],
+    assert torch.allclose(loaded.model.rotations(0, 300)[0][:, 0], expected, atol=1e-5)
+    assert not torch.allclose(_load(write_random_gguf(tmp_path / "plain.gguf"), "fp32").model.rotations(0, 300)[0][:, 0],
                               expected, atol=1e-3)  # the factors matter
 
 
