@@ -25,17 +25,17 @@ VOCAB = len(byte_tokens()) + 2  # the converted files' tokenizer (``random_gguf`
 PROMPT = [5, 77, 140, 3, 200, 18, 96, 41, 250, 9, 33, 120]
 
 
-def gemma3_model(**overrides):
+def gemma3_model(query_pre_attn_scalar: int = 32):
     """Gemma 3 1B's shape in small: head size apart from hidden / heads, five sliding layers to a full one (the
     pattern llama.cpp assumes), the full layers' rope linearly scaled (as the 4B and larger are), q/k norms."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     config = Gemma3TextConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
-        num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=32, sliding_window=64, max_position_embeddings=512,
+        num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=query_pre_attn_scalar, sliding_window=64, max_position_embeddings=512,
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
-        tie_word_embeddings=True, **overrides,
+        tie_word_embeddings=True,
     )
     return _randomised(Gemma3ForCausalLM(config), 0.0)
 
@@ -46,13 +46,13 @@ def gemma2_model():
 
     config = Gemma2Config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32, sliding_window=64, max_position_embeddings=512,
+        num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=query_pre_attn_scalar, sliding_window=64, max_position_embeddings=512,
         attn_logit_softcapping=1.5, final_logit_softcapping=2.0, tie_word_embeddings=True,
     )
     return _randomised(Gemma2ForCausalLM(config), 0.0)
 
 
-def phi3_model(**overrides):
+def phi3_model():
     """Phi-4-mini's shape in small: partial rotary, LongRoPE's short and long factors, tied embeddings."""
     from transformers import Phi3Config, Phi3ForCausalLM
 
@@ -65,7 +65,7 @@ def phi3_model(**overrides):
                          "original_max_position_embeddings": 64,
                          "short_factor": (1 + torch.rand(rotary_pairs, generator=generator)).tolist(),
                          "long_factor": (1 + 4 * torch.rand(rotary_pairs, generator=generator)).tolist()},
-        tie_word_embeddings=True, sliding_window=None, pad_token_id=0, **overrides,
+        tie_word_embeddings=True, sliding_window=None, pad_token_id=0,
     )
     return _randomised(Phi3ForCausalLM(config), 1.0)
 
@@ -135,3 +135,34 @@ def test_longrope_takes_its_long_factors_where_the_context_chosen_is_past_the_tr
     short_context = _load(path, context=64)
     _assert_close(prompt_logits(short_context.backend, PROMPT), _hf_logits(model, PROMPT))
     assert not torch.allclose(prompt_logits(long_context.backend, PROMPT), _hf_logits(model, PROMPT), atol=1e-3)
+
+
+def test_a_converted_gemma_file_is_planned_for_the_fast_path_with_its_own_head_size(tmp_path: Path):
+    from engine.models.format_plan import formats_for_source
+    from engine.models.memory_estimate import estimate_kv_bytes
+    from engine.models.model_files import inspect_model
+
+    model = gemma3_model()  # heads of 32 dimensions in a width of 64 over 4 heads
+    source = inspect_model(write_converted_gguf(tmp_path / "gemma3.gguf", model))
+    assert formats_for_source(source, "cpu", "fp32").fast_path
+    config = model.config
+    assert estimate_kv_bytes(source.config, 100, 2) == 2 * config.num_hidden_layers * config.num_key_value_heads * 32 * 100 * 2
+
+
+def test_gemma_3s_attention_scale_comes_from_query_pre_attn_scalar(tmp_path: Path):
+    model = gemma3_model(query_pre_attn_scalar=24)  # as Gemma 3 27B's (hidden / heads), not its head size
+    loaded = _load(_folder(model, tmp_path / "gemma3"))
+    _assert_close(prompt_logits(loaded.backend, PROMPT), _hf_logits(model, PROMPT))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_gpu_backends_bucket_steps_decode_as_transformers_does(family: str):
+    """The GPU backend's steps run eagerly on the CPU: its decode steps (``cuda_batch``) take each family's steps
+    as the CPU path does."""
+    from engine.forward.cuda_backend import CudaLlama, CudaLlamaBackend
+    from tests.engine.forward.formats import fast_plan
+
+    model = FAMILIES[family]()
+    fast = CudaLlama(model.config, model.state_dict(), fast_plan(model.config, "fp32", CPU), CPU, 64)
+    expected = model.generate(torch.tensor([PROMPT]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    assert greedy_tokens(CudaLlamaBackend(fast, 64, use_graphs=False), PROMPT, 8) == expected[0, len(PROMPT):].tolist()

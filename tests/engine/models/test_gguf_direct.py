@@ -234,3 +234,34 @@ def test_a_direct_load_imports_none_of_transformers_modelling_code(reference):
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("architecture", ["gemma2", "gemma3", "phi3"])
+def test_a_sentencepiece_vocabulary_of_gemma_and_phi3_files_loads_as_their_tokenizer(tmp_path: Path, architecture: str):
+    """Gemma's and Phi-3's files hold a sentencepiece vocabulary (``tokenizer.ggml.model`` "llama"), which
+    transformers builds per architecture; Phi-4-mini's is byte-level BPE, as the other tests' files."""
+    import gguf
+
+    from engine.models.gguf_direct import load_tokenizer
+
+    pieces = ["<unk>", "<s>", "</s>", "<end_of_turn>", "\u2581", "\u2581h", "\u2581hi", "h", "i", "!"]
+    pieces += [f"<0x{byte:02X}>" for byte in range(256)]
+    types = [2, 3, 3, 3] + [1] * 6 + [6] * 256  # unknown, control, normal and byte pieces
+    path = tmp_path / f"{architecture}.gguf"
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(pieces)
+    writer.add_token_scores([0.0, 0.0, 0.0, 0.0, -1.0, -2.0, -0.5, -3.0, -3.0, -3.0] + [-10.0] * 256)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(3)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tokenizer = load_tokenizer(path)
+    text = "hi!" if architecture == "phi3" else " hi!"  # Phi-3's vocabulary adds a prefix space, Gemma's does not
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(ids) == ["\u2581hi", "!"]
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.eos_token == "<end_of_turn>"
