@@ -55,5 +55,7 @@ def config_view(config: Mapping[str, Any]) -> SimpleNamespace:
     """A parsed config.json as ``unsupported_reason`` reads transformers' config: older files name their rope
     scaling ``rope_scaling`` (its kind under ``type``), which transformers turns into ``rope_parameters``."""
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if rope and all(isinstance(value, Mapping) for value in rope.values()):  # one per layer type (Gemma 3)
+        return SimpleNamespace(**{**config, "rope_parameters": rope})
     kind = rope.get("rope_type") or rope.get("type") or "default"
     return SimpleNamespace(**{**config, "rope_parameters": {**rope, "rope_type": kind}})

@@ -166,3 +166,24 @@ def test_the_gpu_backends_bucket_steps_decode_as_transformers_does(family: str):
     fast = CudaLlama(model.config, model.state_dict(), fast_plan(model.config, "fp32", CPU), CPU, 64)
     expected = model.generate(torch.tensor([PROMPT]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
     assert greedy_tokens(CudaLlamaBackend(fast, 64, use_graphs=False), PROMPT, 8) == expected[0, len(PROMPT):].tolist()
+
+
+@pytest.mark.parametrize("config, reason", [
+    ({"model_type": "phi3", "sliding_window": 262144, "max_position_embeddings": 131072,  # Phi-4-mini's
+      "rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}}, None),
+    ({"model_type": "phi3", "sliding_window": 2047, "max_position_embeddings": 4096}, "sliding-window attention"),
+    ({"model_type": "gemma3_text", "sliding_window": 512, "max_position_embeddings": 32768,
+      "hidden_activation": "gelu_pytorch_tanh",
+      "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0},
+                          "sliding_attention": {"rope_type": "default"}}}, None),
+    ({"model_type": "gemma3_text", "hidden_activation": "gelu_pytorch_tanh",
+      "rope_parameters": {"full_attention": {"rope_type": "yarn"}, "sliding_attention": {"rope_type": "default"}}},
+     "rope scaling 'yarn'"),
+    ({"model_type": "gemma2", "hidden_activation": "relu"}, "activation 'relu'"),
+])
+def test_which_configs_the_fast_path_takes(config: dict, reason: str | None):
+    """Gemma's windows are ``windows.layer_windows``' to apply; another family's window refuses the fast path
+    only where it is shorter than the context."""
+    from engine.forward.fast_scope import config_view, unsupported_reason
+
+    assert unsupported_reason(config_view(config)) == reason
