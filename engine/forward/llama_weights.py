@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
-from engine.forward.family import family_of
+from engine.forward.family import family_of, head_dim_of
 from engine.forward.rotary_tables import FACTOR_NAMES, rotary_tables
 from engine.forward.weights.pack_worker import PackWorker
 from engine.forward.weights.quant import PLAIN_DTYPES, Linear, embedding
@@ -60,7 +60,7 @@ class LlamaWeights:
         self._norm_shift = 0.0 if getattr(state, "shifted_norms", False) else self.family.norm_shift
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.head_dim = head_dim_of(config)
         self.eps = config.rms_norm_eps
         self.device = device
         self.formats = formats
