@@ -46,7 +46,7 @@ from engine.models.gguf_check import DIRECT_ARCHITECTURES, PLAIN_TYPES, GGUFCont
 from engine.models.tensor_reads import LazyTensors, read_exactly
 
 PERMUTED_ARCHITECTURES = ("llama",)
-SHIFTED_NORM_ARCHITECTURES = ("gemma2", "gemma3")
+GEMMA_ARCHITECTURES = ("gemma2", "gemma3")  # their norms hold 1 + w (``shifted_norms``)
 GEMMA_ATTENTION_SCALE_LAYERS = {"gemma2": 46, "gemma3": 62}  # the 27B models' blocks: llama.cpp's sign of
 # their attention scale, hidden / heads rather than the head size (the files do not state it)
 SLIDING_PATTERNS = {"gemma2": 2, "gemma3": 6}  # every n-th layer attends to all, as llama.cpp sets them
@@ -133,7 +133,7 @@ def hf_config(contents: GGUFContents) -> Any:
     config.model_type = DIRECT_ARCHITECTURES[architecture]
     # set after construction, which checks LongRoPE's factors: ``GGUFState`` hands them over as tensors
     config.rope_parameters = _rope_parameters(key, head_dim, "rope_factors_long.weight" in names)
-    if architecture in SLIDING_PATTERNS:
+    if architecture in GEMMA_ARCHITECTURES:
         _gemma_config(config, architecture, key)
     return config
 
@@ -211,7 +211,7 @@ class GGUFState(LazyTensors):
         named = ((hf_name(t.name, architecture), t) for t in contents.tensors)
         self._tensors = {name: t for name, t in named if name is not None}
         self.rotary_pairs = architecture in PERMUTED_ARCHITECTURES
-        self.shifted_norms = architecture in SHIFTED_NORM_ARCHITECTURES
+        self.shifted_norms = architecture in GEMMA_ARCHITECTURES
         self._groups, self._all_groups, self._report, self._done = groups, all_groups, report, set()
         self._table_format, self._cpu_layout = table_format, cpu_layout
         self._read_buffer: np.ndarray | None = None  # REUSED_READ_BYTES, made at the first tensor that fits
