@@ -265,3 +265,36 @@ def test_a_sentencepiece_vocabulary_of_gemma_and_phi3_files_loads_as_their_token
     assert tokenizer.convert_ids_to_tokens(ids) == ["\u2581hi", "!"]
     assert tokenizer.decode(ids) == text
     assert tokenizer.eos_token == "<end_of_turn>"
+
+
+@pytest.mark.parametrize("architecture, layers, hidden, heads, head_dim, scalar, full_layers", [
+    ("gemma3", 26, 1152, 4, 256, 256, [5, 11, 17, 23]),  # Gemma 3 1B: five sliding layers to a full one
+    ("gemma3", 62, 5376, 32, 128, 168, [5, 11, 17, 23, 29, 35, 41, 47, 53, 59]),  # 27B: hidden / heads
+    ("gemma2", 46, 4608, 32, 128, 144, list(range(1, 46, 2))),  # Gemma 2 27B: sliding and full in turn
+])
+def test_gemma_configs_from_the_metadata_follow_llama_cpp(tmp_path: Path, architecture: str, layers: int,
+                                                          hidden: int, heads: int, head_dim: int, scalar: int,
+                                                          full_layers: list[int]):
+    """The files state neither the attention scale nor which layers slide: llama.cpp's rules give them."""
+    import gguf
+
+    path = tmp_path / f"{architecture}.gguf"
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_block_count(layers)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(4 * hidden)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(heads // 2)
+    writer.add_key_length(head_dim)
+    writer.add_sliding_window(4096)
+    writer.add_rope_freq_base(1_000_000.0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    config = hf_config(read_gguf(path))
+    assert config.query_pre_attn_scalar == scalar and config.hidden_activation == "gelu_pytorch_tanh"
+    assert [i for i, kind in enumerate(config.layer_types) if kind == "full_attention"] == full_layers
+    if architecture == "gemma3":
+        assert config.rope_parameters["sliding_attention"]["rope_theta"] == 10000.0
+        assert config.rope_parameters["full_attention"]["rope_theta"] == 1_000_000.0
