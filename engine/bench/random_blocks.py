@@ -28,10 +28,12 @@ BLOCK_FIELDS: dict[GGMLQuantizationType, list[tuple]] = {
     Q.Q5_0: [("d", "<f2"), ("qh", "u1", 4), ("qs", "u1", 16)],
     Q.Q8_0: [("d", "<f2"), ("qs", "i1", 32)],
     Q.Q4_K: [("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qs", "u1", 128)],
+    Q.Q5_K: [("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qh", "u1", 32), ("qs", "u1", 128)],
     Q.Q6_K: [("ql", "u1", 128), ("qh", "u1", 64), ("scales", "i1", 16), ("d", "<f2")],
 }
 UNIFORM_STD = {4: 4.61, 5: 9.23, 6: 18.47, 8: 73.9}  # std of a uniform q of this many bits
 K4_SCALES = (4, 8)  # Q4_K group scales: mn = 7.5·sc stays within 6 bits
+K5_SCALES = (2, 4)  # Q5_K's: mn = 15.5·sc stays within 6 bits
 K6_SCALES = (8, 16)
 
 
@@ -73,9 +75,19 @@ def _scale_q8_0(blocks: np.ndarray, std: np.ndarray, rng: np.random.Generator) -
 
 
 def _scale_q4_k(blocks: np.ndarray, std: np.ndarray, rng: np.random.Generator) -> None:
-    sc = rng.integers(K4_SCALES[0], K4_SCALES[1] + 1, size=(len(blocks), 8), dtype=np.uint8)  # [N, 8]
-    mn = np.round(7.5 * sc).astype(np.uint8)  # [N, 8]: centres each group on zero
-    d = std / (UNIFORM_STD[4] * sum(K4_SCALES) / 2)
+    _scale_k_groups(blocks, std, rng, 4, K4_SCALES)
+
+
+def _scale_q5_k(blocks: np.ndarray, std: np.ndarray, rng: np.random.Generator) -> None:
+    _scale_k_groups(blocks, std, rng, 5, K5_SCALES)
+
+
+def _scale_k_groups(blocks: np.ndarray, std: np.ndarray, rng: np.random.Generator, bits: int,
+                    scales: tuple[int, int]) -> None:
+    """Q4_K's and Q5_K's eight group scales and mins (packed alike), each group centred on zero."""
+    sc = rng.integers(scales[0], scales[1] + 1, size=(len(blocks), 8), dtype=np.uint8)  # [N, 8]
+    mn = np.round((2 ** bits - 1) / 2 * sc).astype(np.uint8)  # [N, 8]: centres each group on zero
+    d = std / (UNIFORM_STD[bits] * sum(scales) / 2)
     blocks["d"] = d
     blocks["dmin"] = d
     blocks["scales"] = pack_k4_scales(sc, mn)
@@ -102,5 +114,5 @@ def pack_k4_scales(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
 
 SCALERS = {
     Q.Q4_0: _scale_q4_0, Q.Q4_1: _scale_q4_1, Q.Q5_0: _scale_q5_0, Q.Q8_0: _scale_q8_0,
-    Q.Q4_K: _scale_q4_k, Q.Q6_K: _scale_q6_k,
+    Q.Q4_K: _scale_q4_k, Q.Q5_K: _scale_q5_k, Q.Q6_K: _scale_q6_k,
 }

@@ -3,12 +3,16 @@
 ``random-gguf:SHAPE:TYPE`` names one, e.g. ``random-gguf:llama3-8b:q4_k_m``; it is
 written once into Hearth's cache folder (``random-gguf/``, never committed) and
 reused. Shapes: ``llama3-8b``, ``llama3.1-8b`` (the same, stating Llama 3.1's
-131 072-token context), ``qwen2.5-7b``, ``smollm2-1.7b``, ``smollm2-135m``;
+131 072-token context), ``qwen2.5-7b``, ``smollm2-1.7b``, ``smollm2-135m``,
+``gemma3-1b`` (its 256-wide heads, q/k norms and norms after attention and MLP, the
+sliding window in the metadata) and ``phi4-mini`` (fused ``attn_qkv`` and ``ffn_up``,
+96 of each head's 128 dimensions turning, LongRoPE's factors as tensors);
 types ``q4_k_m``, ``q4_0``, ``q4_1``, ``q8_0``, each with llama.cpp's own choice of
 block type per tensor (``tensor_type``): Q4_K_M keeps ``output`` (or a tied
 ``token_embd``) and the ``attn_v`` and ``ffn_down`` of the layers ``use_more_bits``
 picks in Q6_K, and a tensor whose rows do not split into 256-weight blocks falls
-back to Q5_0 (for Q4_K) or Q8_0 (for Q6_K), as ``llama-quantize`` does.
+back to Q5_0 (for Q4_K) or Q8_0 (for Q6_K), as ``llama-quantize`` does; a fused
+``attn_qkv`` takes Q5_K in a Q4_K_M file.
 
 The tokenizer metadata is the built-in model's (SmolLM2's 49 152-token BPE), so
 both llama.cpp and Hearth can load every file. So the embedding and output
@@ -52,10 +56,14 @@ class Shape:
     context: int
     tied: bool
     qkv_bias: bool = False
+    head_size: int | None = None  # where it is not hidden / heads (Gemma's)
+    rotary_dim: int | None = None  # each head's turning part, where not all of it (Phi-4-mini's)
+    sliding_window: int | None = None
+    trained_context: int | None = None  # LongRoPE's original context (Phi-4-mini's)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
 
 
 SHAPES = {
@@ -64,7 +72,12 @@ SHAPES = {
     "qwen2.5-7b": Shape("qwen2", 3584, 18944, 28, 28, 4, 1000000.0, 32768, tied=False, qkv_bias=True),
     "smollm2-1.7b": Shape("llama", 2048, 8192, 24, 32, 32, 130000.0, 8192, tied=True),
     "smollm2-135m": Shape("llama", 576, 1536, 30, 9, 3, 100000.0, 8192, tied=True),
+    "gemma3-1b": Shape("gemma3", 1152, 6912, 26, 4, 1, 1000000.0, 32768, tied=True, head_size=256,
+                       sliding_window=512),
+    "phi4-mini": Shape("phi3", 3072, 8192, 32, 24, 8, 10000.0, 131072, tied=True, rotary_dim=96,
+                       sliding_window=262144, trained_context=4096),
 }
+LONGROPE_ATTENTION_FACTOR = 1.190238  # sqrt(1 + ln(131072 / 4096) / ln(4096)), as the converter writes it
 FILE_TYPES = {  # name: (llama.cpp's file type, the block type of most tensors)
     "q4_k_m": (LlamaFileType.MOSTLY_Q4_K_M, Q.Q4_K),
     "q4_0": (LlamaFileType.MOSTLY_Q4_0, Q.Q4_0),
@@ -95,12 +108,13 @@ def parse(model: str) -> tuple[str, str]:
     return parse_spec(model, PREFIX, "TYPE", FILE_TYPES, RandomGgufError)
 
 
-def parse_spec(model: str, prefix: str, label: str, kinds: Iterable[str], error: type[ValueError]) -> tuple[str, str]:
+def parse_spec(model: str, prefix: str, label: str, kinds: Iterable[str], error: type[ValueError],
+               shapes: Iterable[str] = SHAPES) -> tuple[str, str]:
     """``PREFIX:SHAPE:KIND`` as (shape, kind), each checked against the known ones (``error`` lists them)."""
     shape, _, kind = model[len(prefix):].partition(":")
-    if shape not in SHAPES or kind not in kinds:
+    if shape not in shapes or kind not in kinds:
         raise error(f"{model!r} is not a {prefix[:-1]} model; write {prefix}SHAPE:{label} with SHAPE one of "
-                    f"{', '.join(SHAPES)} and {label} one of {', '.join(kinds)}.")
+                    f"{', '.join(shapes)} and {label} one of {', '.join(kinds)}.")
     return shape, kind
 
 
@@ -114,7 +128,7 @@ def tensor_type(role: str, layer: int, cols: int, shape: Shape, ftype: str) -> G
     base = FILE_TYPES[ftype][1]
     if role == "output" or (role == "token_embd" and shape.tied):
         return Q.Q8_0 if base == Q.Q8_0 or cols % 256 else Q.Q6_K
-    wanted = base
+    wanted = Q.Q5_K if ftype == "q4_k_m" and role == "attn_qkv" else base
     if ftype == "q4_k_m" and role in ("attn_v", "ffn_down") and use_more_bits(layer, shape.layers):
         wanted = Q.Q6_K
     return FALLBACK[wanted] if wanted in FALLBACK and cols % 256 else wanted
@@ -128,17 +142,27 @@ def tensor_specs(shape: Shape, ftype: str, vocab: int) -> list[TensorSpec]:
         return TensorSpec(name, rows, cols, tensor_type(role, layer, cols, shape, ftype))
 
     specs = [weight("token_embd", -1, vocab, shape.hidden, "token_embd.weight")]
+    if shape.trained_context:
+        specs += [TensorSpec(f"rope_factors_{kind}.weight", 1, shape.rotary_dim // 2, Q.F32) for kind in ("long", "short")]
     for i in range(shape.layers):
-        matrices = (("attn_q", q_rows, shape.hidden), ("attn_k", kv_rows, shape.hidden),
-                    ("attn_v", kv_rows, shape.hidden), ("attn_output", shape.hidden, q_rows),
-                    ("ffn_gate", shape.ffn, shape.hidden), ("ffn_up", shape.ffn, shape.hidden),
-                    ("ffn_down", shape.hidden, shape.ffn))
+        if shape.arch == "phi3":
+            matrices = (("attn_qkv", q_rows + 2 * kv_rows, shape.hidden), ("attn_output", shape.hidden, q_rows),
+                        ("ffn_up", 2 * shape.ffn, shape.hidden), ("ffn_down", shape.hidden, shape.ffn))
+        else:
+            matrices = (("attn_q", q_rows, shape.hidden), ("attn_k", kv_rows, shape.hidden),
+                        ("attn_v", kv_rows, shape.hidden), ("attn_output", shape.hidden, q_rows),
+                        ("ffn_gate", shape.ffn, shape.hidden), ("ffn_up", shape.ffn, shape.hidden),
+                        ("ffn_down", shape.hidden, shape.ffn))
         specs.append(TensorSpec(f"blk.{i}.attn_norm.weight", 1, shape.hidden, Q.F32))
         specs += [weight(role, i, rows, cols, f"blk.{i}.{role}.weight") for role, rows, cols in matrices]
         if shape.qkv_bias:
             specs += [TensorSpec(f"blk.{i}.{role}.bias", 1, rows, Q.F32)
                       for role, rows in (("attn_q", q_rows), ("attn_k", kv_rows), ("attn_v", kv_rows))]
-        specs.append(TensorSpec(f"blk.{i}.ffn_norm.weight", 1, shape.hidden, Q.F32))
+        norms = [("ffn_norm", shape.hidden)]
+        if shape.arch == "gemma3":  # q/k norms, and norms of the attention's and the MLP's outputs
+            norms += [("attn_q_norm", shape.head_dim), ("attn_k_norm", shape.head_dim),
+                      ("post_attention_norm", shape.hidden), ("post_ffw_norm", shape.hidden)]
+        specs += [TensorSpec(f"blk.{i}.{name}.weight", 1, size, Q.F32) for name, size in norms]
     specs.append(TensorSpec("output_norm.weight", 1, shape.hidden, Q.F32))
     if not shape.tied:
         specs.append(weight("output", -1, vocab, shape.hidden, "output.weight"))
@@ -202,8 +226,8 @@ def _stored_shape(spec: TensorSpec) -> tuple[tuple[int, ...], np.dtype, int]:
 
 
 def _tensor_data(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
-    if spec.name.endswith("norm.weight"):
-        return np.ones(spec.cols, dtype=np.float32)  # [hidden]
+    if spec.name.endswith("norm.weight") or spec.name.startswith("rope_factors"):
+        return np.ones(spec.cols, dtype=np.float32)  # [hidden], [rotary / 2]: a norm's weight, LongRoPE's divisors
     if spec.qtype == Q.F32:  # a bias
         return rng.normal(0.0, WEIGHT_STD, size=spec.cols).astype(np.float32)  # [rows]
     return random_blocks(spec.qtype, spec.rows, spec.cols, WEIGHT_STD, rng)  # [rows, row bytes]
@@ -224,8 +248,16 @@ def _add_metadata(writer: GGUFWriter, shape: Shape, shape_name: str, ftype: str,
     for key, value in (("context_length", shape.context), ("embedding_length", shape.hidden),
                        ("block_count", shape.layers), ("feed_forward_length", shape.ffn),
                        ("attention.head_count", shape.heads), ("attention.head_count_kv", shape.kv_heads),
-                       ("vocab_size", vocab), ("rope.dimension_count", shape.head_dim)):
+                       ("vocab_size", vocab), ("rope.dimension_count", shape.rotary_dim or shape.head_dim)):
         writer.add_uint32(f"{arch}.{key}", value)
+    if shape.head_size:
+        writer.add_uint32(f"{arch}.attention.key_length", shape.head_size)
+        writer.add_uint32(f"{arch}.attention.value_length", shape.head_size)
+    if shape.sliding_window:
+        writer.add_uint32(f"{arch}.attention.sliding_window", shape.sliding_window)
+    if shape.trained_context:
+        writer.add_uint32(f"{arch}.rope.scaling.original_context_length", shape.trained_context)
+        writer.add_float32(f"{arch}.rope.scaling.attn_factor", LONGROPE_ATTENTION_FACTOR)
     writer.add_float32(f"{arch}.rope.freq_base", shape.rope_theta)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
     for key, (value, types) in tokenizer_fields.items():

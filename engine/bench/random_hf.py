@@ -4,7 +4,7 @@
 with config.json, the built-in model's tokenizer (SmolLM2's 49 152-token BPE, saved
 from its GGUF file) and one ``model.safetensors`` in ``DTYPE`` (bf16, fp16 or fp32),
 written once into Hearth's cache folder (``random-hf/``, never committed) and reused.
-Shapes are ``random_gguf``'s, with the same shortened vocabulary for the larger ones.
+Shapes are ``random_gguf``'s Llama and Qwen2 ones, with the same shortened vocabulary for the larger ones.
 The file is written tensor by tensor (the header first, from the shapes), so writing
 it holds one tensor at a time.
 """
@@ -24,6 +24,7 @@ PREFIX = "random-hf:"
 FORMAT_VERSION = 1
 DTYPES = {"bf16": (torch.bfloat16, "BF16"), "fp16": (torch.float16, "F16"), "fp32": (torch.float32, "F32")}
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+HF_SHAPES = tuple(name for name, shape in SHAPES.items() if shape.arch in ARCHITECTURES)
 TensorShapes = dict[str, tuple[int, ...]]
 
 
@@ -37,7 +38,7 @@ def is_random_hf(model: str) -> bool:
 
 def parse(model: str) -> tuple[str, str]:
     """``random-hf:SHAPE:DTYPE`` as (shape, dtype), checked."""
-    return parse_spec(model, PREFIX, "DTYPE", DTYPES, RandomHfError)
+    return parse_spec(model, PREFIX, "DTYPE", DTYPES, RandomHfError, HF_SHAPES)
 
 
 def random_hf_path(model: str) -> Path:

@@ -6,7 +6,8 @@ head, over keys that lie in one run of the pool or in several. The fast forward 
 (``llama_forward``) uses them where Hearth's CPU kernels (``native.decode_attention``)
 do not take a step's rows. The keys and values may be held in a narrower dtype than the
 queries (the CPU pool's bf16): each is widened to the queries' dtype, exactly, before it
-meets them.
+meets them. Each takes an optional ``softcap``: scores become ``softcap * tanh(scores /
+softcap)`` before the softmax (Gemma 2), SDPA's place then taken by two batched matmuls.
 """
 
 from __future__ import annotations
@@ -15,32 +16,55 @@ import torch
 import torch.nn.functional as F
 
 
-def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+           softcap: float | None = None) -> torch.Tensor:
     """A prompt chunk's attention: ``q`` [S, H, hd] (already scaled) over ``keys``/``values`` [Hkv, T, hd], ``mask``
     [S, T] added to the scores (``causal_mask``); query head ``h`` uses kv head ``h // (H / Hkv)``. Returns
     [S, H, hd]. SDPA runs in the mask's dtype (``FormatPlan.prompt_attention``)."""
+    if softcap is not None:
+        return _attend_capped(q, keys, values, mask, softcap)
     dtype = mask.dtype
     attended = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0).to(dtype), keys.unsqueeze(0).to(dtype),
                                               values.unsqueeze(0).to(dtype), attn_mask=mask, scale=1.0, enable_gqa=True)
     return attended[0].transpose(0, 1).to(q.dtype)  # [S, H, hd]
 
 
-def attend_grouped(queries: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def _attend_capped(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                   softcap: float) -> torch.Tensor:
+    """``attend`` with soft-capped scores, in ``q``'s dtype: [S, H, hd]."""
+    length, heads, hd = q.shape
+    kv_heads = keys.shape[0]
+    grouped = q.transpose(0, 1).reshape(kv_heads, -1, hd)  # [Hkv, G * S, hd]
+    scores = _capped(torch.bmm(grouped, keys.to(q.dtype).transpose(1, 2)), softcap)  # [Hkv, G * S, T]
+    scores = scores.view(kv_heads, -1, length, scores.shape[-1]).add_(mask.to(q.dtype))  # [Hkv, G, S, T]
+    attended = torch.bmm(scores.softmax(dim=-1).flatten(1, 2), values.to(q.dtype))  # [Hkv, G * S, hd]
+    return attended.view(heads, length, hd).transpose(0, 1)  # [S, H, hd]
+
+
+def _capped(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """``softcap * tanh(scores / softcap)`` in place; ``scores`` as they are without a cap."""
+    return scores if softcap is None else scores.div_(softcap).tanh_().mul_(softcap)
+
+
+def attend_grouped(queries: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, out: torch.Tensor,
+                   softcap: float | None = None) -> torch.Tensor:
     """One query's heads grouped by kv head, ``queries`` [Hkv, G, hd] (scaled), over ``keys_t`` [Hkv, hd, T] and
     ``values`` [Hkv, T, hd], into ``out`` [Hkv, G, hd]: two batched matmuls (called directly: ``@`` adds a dispatch
     layer) beat the fused kernel's setup."""
-    scores = torch.bmm(queries, keys_t.to(queries.dtype))  # [Hkv, G, T]
+    scores = _capped(torch.bmm(queries, keys_t.to(queries.dtype)), softcap)  # [Hkv, G, T]
     return torch.bmm(scores.softmax(dim=-1), values.to(queries.dtype), out=out)
 
 
-def attend_runs(queries: torch.Tensor, runs: tuple[tuple[torch.Tensor, torch.Tensor], ...], out: torch.Tensor) -> torch.Tensor:
+def attend_runs(queries: torch.Tensor, runs: tuple[tuple[torch.Tensor, torch.Tensor], ...], out: torch.Tensor,
+                softcap: float | None = None) -> torch.Tensor:
     """``attend_grouped`` over keys and values that lie in several runs of the pool, ``runs`` of ([Hkv, hd, n],
     [Hkv, n, hd]) (a prefix another sequence holds, then this one's own blocks): every run's scores side by side,
     one softmax, each run's weighted values summed into ``out``; read in place, where gathering them would copy a
     shared prefix's keys per sequence, layer and step, which slows every step of chats that share a long prompt."""
     if len(runs) == 1:
-        return attend_grouped(queries, *runs[0], out)
-    scores = torch.cat([torch.bmm(queries, keys_t.to(queries.dtype)) for keys_t, _ in runs], dim=2)  # [Hkv, G, T]
+        return attend_grouped(queries, *runs[0], out, softcap)
+    scores = _capped(torch.cat([torch.bmm(queries, keys_t.to(queries.dtype)) for keys_t, _ in runs], dim=2),
+                     softcap)  # [Hkv, G, T]
     weights = scores.softmax(dim=-1)
     start = 0
     for index, (_, values) in enumerate(runs):

@@ -46,7 +46,9 @@ class CudaLlama(FastLlama):
 
     def attend_chunk(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``q`` [S, H, hd] (scaled) over ``keys``/``values`` [Hkv, T, hd]; ``mask`` [S, T] added to the scores.
-        Returns [S, H, hd]."""
+        Returns [S, H, hd]; soft-capped scores (Gemma 2) in torch ops (``FastLlama.attend_chunk``)."""
+        if self.family.attention_softcap is not None:
+            return super().attend_chunk(q, keys, values, mask)
         groups = q.shape[1] // keys.shape[0]
         keys = keys.repeat_interleave(groups, dim=0)  # [H, T, hd]: fused kernels want one kv head per query head
         values = values.repeat_interleave(groups, dim=0)
@@ -82,7 +84,7 @@ class CudaLlamaBackend(BatchBackend):
 
     def forward_batch(self, rows: Sequence[BatchRow], kv: PagedKV) -> torch.Tensor:
         """Each row's tokens appended to its blocks of ``kv``; logits of each row's last token, [B, V] fp32."""
-        if fits_a_bucket(rows, kv):
+        if fits_a_bucket(rows, kv) and self.model.family.attention_softcap is None:  # the kernel does not cap
             return run_bucket(self.model, self.runner, self.decode_attention, rows, kv)
         return self.model.forward_batch(rows, kv)
 
@@ -125,7 +127,7 @@ def cache_capacity(model: FastLlama, context_length: int, free_bytes: int) -> in
 def open_gpu_backend(config: Any, state: Any, formats: FormatPlan, device: torch.device,
                      context_length: int) -> CudaLlamaBackend:
     """Weights packed in ``formats`` on ``device``, a backend sized to free memory, its graphs checked."""
-    model = CudaLlama(config, state, formats, device)
+    model = CudaLlama(config, state, formats, device, context_length)
     free_bytes = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else KV_CACHE_BUDGET_BYTES * 2
     backend = CudaLlamaBackend(model, cache_capacity(model, context_length, free_bytes))
     backend.check_graphs()

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import torch
 
 from engine.forward.cuda_graphs import Captured, GraphRunner, replay
-from engine.forward.llama_forward import FastLlama, swiglu
+from engine.forward.llama_forward import FastLlama
 from engine.forward.paged_attention import gathered_decode_attention, paged_decode_attention
 from engine.forward.paged_kv import BatchRow, PagedKV
 from engine.forward.weights import triton_gemv
@@ -64,7 +64,7 @@ class BucketStep:
         padding[:FIELDS] = torch.tensor([[0], [0], [1]])  # token 0 at position 0, one position long
         self._padding = padding  # [F + W, bucket] on the host: every row the scratch sequence
         self.inputs = padding.to(model.device)  # [F + W, bucket], written in place before each run
-        self._turns = model.rotations(0, pool.table_width * pool.block_size)  # [C, 1, hd/2] complex
+        self._turns = model.rotations(0, pool.table_width * pool.block_size)  # per rotary table [C, 1, hd/2] complex
 
     def set_input(self, rows: Sequence[BatchRow]) -> None:
         """Write ``rows`` (one token each) over the padding, in one copy to the device."""
@@ -85,16 +85,16 @@ class BucketStep:
         tables = self.inputs[FIELDS:].t()  # [Bk, W]
         blocks = tables.gather(1, (positions // size).unsqueeze(1)).squeeze(1)  # [Bk]: each new token's block
         slots = blocks * size + positions % size  # [Bk]: where its keys and values go
-        turns = self._turns.index_select(0, positions)  # [Bk, 1, hd/2]
-        x = model.embed(tokens)  # [Bk, D]
+        turns = [table.index_select(0, positions) for table in self._turns]  # each [Bk, 1, hd/2]
+        x = model.embed_tokens(tokens)  # [Bk, D]
         for index, layer in enumerate(model.layers):
             h = model.normalise(x)
-            q, new_keys_values = model.project(layer, h, turns)  # [Bk, H, hd], [2, Hkv, Bk, hd]
+            q, new_keys_values = model.project(layer, h, turns[layer.rotary])  # [Bk, H, hd], [2, Hkv, Bk, hd]
             self.pool.write(index, slots, new_keys_values)
             attended = self.attention(q, self.pool.buffer[index], tables, lengths, size)  # [Bk, H, hd]
-            x = x + layer.out(attended.reshape(h.shape[0], -1))
-            x = x + layer.down(swiglu(layer.gate_up(model.normalise(x))))
-        return model.lm_head(model.normalise(x)).float()  # [Bk, V]
+            x = x + model.attention_out(layer, attended.reshape(h.shape[0], -1))
+            x = x + model.mlp(layer, model.normalise(x))
+        return model.logits(x)  # [Bk, V]
 
 
 def fits_a_bucket(rows: Sequence[BatchRow], pool: PagedKV) -> bool:

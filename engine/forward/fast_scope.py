@@ -11,27 +11,39 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
-ROPE_TYPES = ("default", "llama3", "linear")
+from engine.forward.family import ACTIVATIONS, GEMMA_TYPES, activation_name
+
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", *GEMMA_TYPES)
+ROPE_TYPES = ("default", "llama3", "linear", "longrope")
 
 
 def unsupported_reason(config: Any) -> str | None:
     """Why the fast path cannot run this model, or ``None`` when it can."""
     if getattr(config, "model_type", None) not in ARCHITECTURES:
         return f"architecture {getattr(config, 'model_type', '?')!r}"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"activation {config.hidden_act!r}"
+    if activation_name(config) not in ACTIVATIONS:
+        return f"activation {activation_name(config)!r}"
     rope = getattr(config, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") not in ROPE_TYPES:
-        return f"rope scaling {rope.get('rope_type')!r}"
+    for kind in _rope_types(rope):
+        if kind not in ROPE_TYPES:
+            return f"rope scaling {kind!r}"
     if getattr(config, "mlp_bias", False):
         return "MLP biases"
     return None
+
+
+def _rope_types(rope: Mapping[str, Any]) -> list[str]:
+    """The rope types of a config's ``rope_parameters``: one, or one per layer type (Gemma 3)."""
+    if rope and all(isinstance(value, Mapping) for value in rope.values()):
+        return [part.get("rope_type", "default") for part in rope.values()]
+    return [rope.get("rope_type", "default")]
 
 
 def config_view(config: Mapping[str, Any]) -> SimpleNamespace:
     """A parsed config.json as ``unsupported_reason`` reads transformers' config: older files name their rope
     scaling ``rope_scaling`` (its kind under ``type``), which transformers turns into ``rope_parameters``."""
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if rope and all(isinstance(value, Mapping) for value in rope.values()):  # one per layer type (Gemma 3)
+        return SimpleNamespace(**{**config, "rope_parameters": rope})
     kind = rope.get("rope_type") or rope.get("type") or "default"
     return SimpleNamespace(**{**config, "rope_parameters": {**rope, "rope_type": kind}})

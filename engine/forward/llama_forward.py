@@ -1,9 +1,12 @@
 """The fast path's forward pass for Llama-family models over a block pool (engine thread).
 
-Covers Llama, Mistral, Qwen2 and Qwen3: RMSNorm, rotary
-positions (including Llama 3 and linear scaling), grouped-query attention, a SiLU
-gated MLP, optional q/k/v biases and Qwen3's RMSNorm of each query and key head, over
-weights built by ``llama_weights``. Every reply goes through ``forward_batch``: a step
+Covers Llama, Mistral, Qwen2, Qwen3, Gemma 2/3 and Phi-3/4: RMSNorm,
+rotary positions (including Llama 3, linear and LongRoPE scaling, partial rotary, a table per
+layer type), grouped-query attention, a SiLU or GELU gated MLP, optional q/k/v biases and
+RMSNorm of each query and key head, and the steps only some families take, each skipped
+where absent (``family.Family``): Gemma's embedding scale, its norms of the attention's and
+the MLP's outputs, Gemma 2's soft-capped attention scores and logits; over weights built by
+``llama_weights``. Every reply goes through ``forward_batch``: a step
 of one or more sequences' new tokens, their keys and values kept in a ``PagedKV``.
 Layers with a sliding window (``windows.layer_windows``) attend over their window
 alone and keep their keys in their own KV groups (``windows.KVGroups``): each group's
@@ -61,12 +64,13 @@ class FastLlama(LlamaWeights):
     """The model's weights (``LlamaWeights``) and its forward pass over a ``PagedKV``."""
 
     def __init__(self, config: Any, state: Mapping[str, torch.Tensor], formats: FormatPlan,
-                 device: torch.device) -> None:
-        super().__init__(config, state, formats, device)
+                 device: torch.device, context_length: int | None = None) -> None:
+        super().__init__(config, state, formats, device, context_length)
         self._eps = torch.full((1, 1), self.eps, dtype=self.dtype, device=device)
-        self._turns = torch.empty(0, 1, self.head_dim // 2, dtype=torch.complex64, device=device)
+        self._turns = [torch.empty(0, 1, self.head_dim // 2, dtype=torch.complex64, device=device)] * len(self.rotary)
         self.kv_dtype = PLAIN_DTYPES[formats.kv_cache]  # the block pool's (bf16 on the CPU)
-        self._attention_kernels = (device.type == "cpu" and self.kv_dtype == torch.bfloat16
+        self._softcap = self.family.attention_softcap  # the kernels do not cap scores: torch ops take those models
+        self._attention_kernels = (device.type == "cpu" and self.kv_dtype == torch.bfloat16 and self._softcap is None
                                    and native_attention.covers(self.heads, self.kv_heads, self.head_dim))
         self._mask_dtype = PLAIN_DTYPES[formats.prompt_attention]  # bf16 where 4-bit prompts multiply on AMX's tiles
         self._chunk_tiles = self._mask_dtype == torch.bfloat16 and native_attention.tiles_cover(self.head_dim)
@@ -113,16 +117,37 @@ class FastLlama(LlamaWeights):
         round activations to 8 bits (``activation_codes``). Logits of each row's last token, [B, V]."""
         layout = kv.layout(rows)
         ids = torch.tensor([t for row in rows for t in row.token_ids], dtype=torch.long, device=self.device)  # [R]
-        self.rotations(0, max(span.start + span.length for span in layout.spans))
-        turns = self._turns[layout.positions]  # [R, 1, hd/2]
+        tables = self.rotations(0, max(span.start + span.length for span in layout.spans))
+        turns = [table[layout.positions] for table in tables]  # each [R, 1, hd/2]
         steps = [self._group_step(group, window, kv) for group, window in zip(layout.groups, self.kv_groups.windows)]
-        x = self.embed(ids)  # [R, D]
+        x = self.embed_tokens(ids)  # [R, D]
         with activation_codes.for_step(len(rows)):
             for index, layer in enumerate(self.layers):
                 group, page_layer = self._places[index]
-                x += self._paged_attention(layer, page_layer, self.normalise(x), kv, turns, steps[group])
-                x += layer.down(swiglu(layer.gate_up(self.normalise(x))))
-            return self.lm_head(self.normalise(x[layout.last_rows])).float()  # [B, V]
+                x += self._paged_attention(layer, page_layer, self.normalise(x), kv, turns[layer.rotary], steps[group])
+                x += self.mlp(layer, self.normalise(x))
+            return self.logits(x[layout.last_rows])  # [B, V]
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows of ``ids`` [R] in the token table, [R, D], times Gemma's embedding scale."""
+        x = self.embed(ids)  # [R, D]
+        return x if self.family.embed_scale is None else x.mul_(self.family.embed_scale)
+
+    def mlp(self, layer: LlamaLayer, h: torch.Tensor) -> torch.Tensor:
+        """The MLP's output for the normalised ``h`` [R, D] (Gemma's normalised again), [R, D]."""
+        out = layer.down(gated(layer.gate_up(h), self.family.activation))  # [R, D]
+        return out if layer.mlp_norm is None else self.normalise(out).mul_(layer.mlp_norm)
+
+    def attention_out(self, layer: LlamaLayer, attended: torch.Tensor) -> torch.Tensor:
+        """The attention's output projection of ``attended`` [R, H * hd] (Gemma's normalised), [R, D]."""
+        out = layer.out(attended)  # [R, D]
+        return out if layer.attention_norm is None else self.normalise(out).mul_(layer.attention_norm)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The output layer's fp32 logits of ``x`` [B, D], [B, V] (Gemma 2's soft-capped)."""
+        logits = self.lm_head(self.normalise(x)).float()  # [B, V]
+        cap = self.family.final_softcap
+        return logits if cap is None else logits.div_(cap).tanh_().mul_(cap)
 
     def _group_step(self, layout: GroupLayout, window: int | None, kv: PagedKV) -> GroupStep:
         """What every layer of one KV group (``window``: its layers' window) reuses in a step."""
@@ -170,7 +195,7 @@ class FastLlama(LlamaWeights):
             if mask is not None:
                 attended[span.rows] = self.attend_chunk(q[span.rows], *kv.read(index, span.runs), mask)
         rows, heads, hd = q.shape
-        return layer.out(attended.view(rows, heads * hd))  # [R, D]
+        return self.attention_out(layer, attended.view(rows, heads * hd))  # [R, D]
 
     def _attend_decode_rows(self, q: torch.Tensor, attended: torch.Tensor, layout: GroupLayout,
                             runs: list[DecodeRowRuns | None]) -> None:
@@ -183,21 +208,26 @@ class FastLlama(LlamaWeights):
             queries, out = queries.unbind(0), out.unbind(0)
         for span, run in zip(layout.spans, runs):
             if run is not None:
-                attend_runs(queries[span.rows.start], run, out[span.rows.start])
+                attend_runs(queries[span.rows.start], run, out[span.rows.start], self._softcap)
 
     def attend_chunk(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """A prompt chunk's attention, ``q`` [S, H, hd] over its sequence's ``keys``/``values`` [Hkv, T, hd] under
         ``mask`` [S, T] (``attention.attend``); ``cuda_backend`` overrides it with fused GPU kernels."""
-        return attend(q, keys, values, mask)
+        return attend(q, keys, values, mask, self._softcap)
 
-    def rotations(self, start: int, end: int) -> torch.Tensor:
-        """Unit complex numbers that turn each (even, odd) pair of a head at positions ``start``…``end``."""
-        if end > self._turns.shape[0]:
+    def rotations(self, start: int, end: int) -> list[torch.Tensor]:
+        """For each rotary table (``LlamaLayer.rotary``), the complex numbers that turn each (even, odd) pair of a
+        head at positions ``start``…``end``: [end - start, 1, hd/2] each."""
+        if end > self._turns[0].shape[0]:
             size = -(-end // ROPE_TABLE_CHUNK) * ROPE_TABLE_CHUNK
-            angles = torch.arange(size, device=self.device).float().unsqueeze(1) * self.inv_freq  # [P, hd/2]
-            cos, sin = angles.cos() * self.rope_scale, angles.sin() * self.rope_scale
-            self._turns = torch.complex(cos, sin).unsqueeze(1)  # [P, 1, hd/2]
-        return self._turns[start:end]
+            positions = torch.arange(size, device=self.device).float().unsqueeze(1)  # [P, 1]
+            self._turns = [_turns(positions * table.inv_freq, table.magnitude) for table in self.rotary]
+        return [turns[start:end] for turns in self._turns]
+
+
+def _turns(angles: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
+    """``magnitude`` [hd/2] times the unit complex numbers of ``angles`` [P, hd/2]: [P, 1, hd/2]."""
+    return torch.complex(angles.cos() * magnitude, angles.sin() * magnitude).unsqueeze(1)
 
 
 def _slots(where: slice | torch.Tensor) -> torch.Tensor:
@@ -214,6 +244,15 @@ def rotate_pairs_(x: torch.Tensor, turns: torch.Tensor) -> None:
         return
     turned = torch.view_as_complex(x.float().unflatten(-1, (-1, 2))) * turns  # [S, N, hd/2]
     x.copy_(torch.view_as_real(turned).flatten(-2))
+
+
+def gated(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """The MLP's gated activation of ``gate_up`` [S, 2F]: [S, F]; ``activation`` "silu" (``swiglu``) or "gelu_tanh"
+    (GELU's tanh approximation of the gate, Gemma's)."""
+    if activation == "silu":
+        return swiglu(gate_up)
+    width = gate_up.shape[1] // 2
+    return F.gelu(gate_up[:, :width], approximate="tanh").mul_(gate_up[:, width:])  # [S, F]
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:

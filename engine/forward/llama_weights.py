@@ -7,7 +7,9 @@ decode step makes few calls, since at this size each call's fixed cost adds up:
 q/k/v become one matmul and gate/up another; each RMSNorm's weight goes to the
 matmul after it (``Linear``'s ``input_scale``), the attention scale into the query
 rows, and query/key rows are reordered so rotary positions are one complex multiply
-in place.
+in place. A family's differences (``family.Family``) enter as data: Gemma's ``1 + w``
+norms and its norms after attention and MLP, fused q/k/v and gate/up rows (Phi-3), a
+rotary table per layer type (``rotary_tables``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
+from engine.forward.family import family_of, head_dim_of
+from engine.forward.rotary_tables import FACTOR_NAMES, rotary_tables
 from engine.forward.weights.pack_worker import PackWorker
 from engine.forward.weights.quant import PLAIN_DTYPES, Linear, embedding
 from engine.forward.weights.quant_int import INT4_PAIR, Int4Groups, Int4Pair, as_int4_pair
@@ -29,7 +33,6 @@ Weight = torch.Tensor | Int4Groups | Int4Pair | RowChunks  # a state's matmuls m
 # (an output layer for the int8 kernel) as blocks decoded where packed: GGUF files
 
 TABLE, HEAD = "model.embed_tokens.weight", "lm_head.weight"
-ROPE_FACTORS = "model.rotary_emb.freq_factors"  # only GGUF files hold them (``gguf_direct``)
 
 
 @dataclass
@@ -39,31 +42,40 @@ class LlamaLayer:
     gate_up: Linear  # D -> 2 F, on the normalised input
     down: Linear  # F -> D
     head_norms: torch.Tensor | None = None  # [H + Hkv, hd]: Qwen3's per-head q/k RMSNorm weights (q's scaled)
+    attention_norm: torch.Tensor | None = None  # [D]: Gemma's RMSNorm weight of the attention's output
+    mlp_norm: torch.Tensor | None = None  # [D]: Gemma's RMSNorm weight of the MLP's output
+    rotary: int = 0  # the index of the rotary table this layer turns with (``rotary_tables``)
 
 
 class LlamaWeights:
     """The model's shape and its weights in one format: the output layer, the token table and the layers."""
 
     def __init__(self, config: Any, state: Mapping[str, torch.Tensor], formats: FormatPlan,
-                 device: torch.device) -> None:
-        """The weights of ``state`` in ``formats`` (``format_plan.choose_formats``) on ``device``."""
+                 device: torch.device, context_length: int | None = None) -> None:
+        """The weights of ``state`` in ``formats`` (``format_plan.choose_formats``) on ``device``;
+        ``context_length``: the context chosen at load (LongRoPE's choice of factors)."""
         self.config = config
+        self.family = family_of(config)
+        # a GGUF file's Gemma norms hold 1 + w already (llama.cpp's converter adds it)
+        self._norm_shift = 0.0 if getattr(state, "shifted_norms", False) else self.family.norm_shift
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.head_dim = head_dim_of(config)
         self.eps = config.rms_norm_eps
         self.device = device
         self.formats = formats
         self.dtype = PLAIN_DTYPES[formats.compute]
         with PackWorker() as worker:  # FBGEMM's packing beside the reads (``pack_worker``)
             self._build(config, state, formats, worker if device.type == "cpu" else None)
-        # each rotary pair's turn per position [hd/2], and the scale of its cos and sin
-        self.inv_freq, self.rope_scale = _inverse_frequencies(config, device, state.get(ROPE_FACTORS))
+        factors = {name: state[name] for name in FACTOR_NAMES if name in state}
+        self.rotary, layer_tables = rotary_tables(config, device, factors, context_length)
+        for layer, table in zip(self.layers, layer_tables):
+            layer.rotary = table
 
     def _build(self, config: Any, state: Mapping[str, Weight], formats: FormatPlan, worker: PackWorker | None) -> None:
         """The output layer, the token table and the layers, in that order: the first two's full-size temporaries
         are freed before the layers are held. ``worker`` packs fp16 weights beside the reads."""
-        final_norm = _fp32(state["model.norm.weight"], self.device)
+        final_norm = self._norm(state["model.norm.weight"])
         head_name, table_name = _tied_name(config, state, HEAD, TABLE), _tied_name(config, state, TABLE, HEAD)
         head = _fp32(state[head_name], self.device)
         if formats.output_layer == INT4_PAIR:
@@ -98,38 +110,59 @@ class LlamaWeights:
         def optional(name: str) -> Weight | None:
             return weight(name) if prefix + name in state else None
 
-        head_norms = self._head_norms(optional("self_attn.q_norm.weight"), optional("self_attn.k_norm.weight"))
+        def norm(name: str) -> torch.Tensor | None:
+            return self._norm(state[prefix + name]) if prefix + name in state else None
+
+        head_norms = self._head_norms(norm("self_attn.q_norm.weight"), norm("self_attn.k_norm.weight"))
         in_pairs = getattr(state, "rotary_pairs", False)  # a GGUF file's llama rows: pairs already (``gguf_direct``)
+        rotary = self.family.rotary_dim
 
         def qkv_rows(kind: str) -> Weight | None:
-            q, k, v = (optional(f"self_attn.{p}_proj.{kind}") for p in "qkv")
+            fused = optional(f"self_attn.qkv_proj.{kind}")  # Phi-3's
+            if fused is not None:
+                q, k, v = _split_rows(fused, [self.heads * self.head_dim] + [self.kv_heads * self.head_dim] * 2)
+            else:
+                q, k, v = (optional(f"self_attn.{p}_proj.{kind}") for p in "qkv")
             if q is None or k is None or v is None:
                 return None
-            q = q if head_norms is not None else _scaled(q, self.head_dim**-0.5)  # else the norm takes the scale
+            q = q if head_norms is not None else _scaled(q, self.family.attention_scale)  # else the norm takes it
             if not in_pairs:
-                q, k = _pair_rows(q, self.heads), _pair_rows(k, self.kv_heads)
+                q, k = _pair_rows(q, self.heads, rotary), _pair_rows(k, self.kv_heads, rotary)
             return _cat_rows([q, k, v])
 
-        def linear(rows: Weight, bias: Weight | None, norm: str | None = None) -> Linear:
-            return Linear(rows, bias, formats.layers, weight(norm) if norm else None, formats.decode_copy, worker)
+        def linear(rows: Weight, bias: Weight | None, norm_weight: torch.Tensor | None = None) -> Linear:
+            return Linear(rows, bias, formats.layers, norm_weight, formats.decode_copy, worker)
 
-        qkv = linear(qkv_rows("weight"), qkv_rows("bias"), "input_layernorm.weight")
-        gate_up = _cat_rows([weight("mlp.gate_proj.weight"), weight("mlp.up_proj.weight")])
+        # Gemma normalises the attention's and the MLP's outputs too; its MLP input norm is pre_feedforward's
+        post_norms = prefix + "pre_feedforward_layernorm.weight" in state
+        mlp_input = "pre_feedforward_layernorm.weight" if post_norms else "post_attention_layernorm.weight"
+        qkv = linear(qkv_rows("weight"), qkv_rows("bias"), norm("input_layernorm.weight"))
+        gate_up = optional("mlp.gate_up_proj.weight")  # Phi-3's, gate rows first
+        if gate_up is None:
+            gate_up = _cat_rows([weight("mlp.gate_proj.weight"), weight("mlp.up_proj.weight")])
         return LlamaLayer(
             qkv=qkv,
             out=linear(weight("self_attn.o_proj.weight"), optional("self_attn.o_proj.bias")),
-            gate_up=linear(gate_up, None, "post_attention_layernorm.weight"),
+            gate_up=linear(gate_up, None, norm(mlp_input)),
             down=linear(weight("mlp.down_proj.weight"), None),
             head_norms=head_norms.to(qkv.compute_dtype) if head_norms is not None else None,
+            attention_norm=norm("post_attention_layernorm.weight") if post_norms else None,
+            mlp_norm=norm("post_feedforward_layernorm.weight") if post_norms else None,
         )
 
-    def _head_norms(self, q_norm: Weight | None, k_norm: Weight | None) -> torch.Tensor | None:
-        """Qwen3's q/k norm weights [hd] each, in the rotary pair order, one row per head; q's times the
-        attention scale. None for models without them."""
+    def _norm(self, weight: torch.Tensor) -> torch.Tensor:
+        """An RMSNorm's weight as the factor it multiplies by, in fp32 on the device: ``1 + w`` for Gemma."""
+        weight = weight.to(self.device, torch.float32)
+        return weight + self._norm_shift if self._norm_shift else weight
+
+    def _head_norms(self, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None) -> torch.Tensor | None:
+        """Qwen3's and Gemma 3's q/k norm weights [hd] each, in the rotary pair order, one row per head; q's times
+        the attention scale. None for models without them."""
         if q_norm is None or k_norm is None:
             return None
-        q_norm, k_norm = _pair_rows(q_norm, 1), _pair_rows(k_norm, 1)  # [hd] each
-        rows = [q_norm * self.head_dim**-0.5] * self.heads + [k_norm] * self.kv_heads
+        rotary = self.family.rotary_dim
+        q_norm, k_norm = _pair_rows(q_norm, 1, rotary), _pair_rows(k_norm, 1, rotary)  # [hd] each
+        rows = [q_norm * self.family.attention_scale] * self.heads + [k_norm] * self.kv_heads
         return torch.stack(rows)  # [H + Hkv, hd]
 
     @property
@@ -154,30 +187,6 @@ def _tied_name(config: Any, state: Mapping[str, Weight], name: str, tied_name: s
     raise ValueError("The checkpoint lacks its token embeddings or its output layer (lm_head).")
 
 
-
-
-
-def _inverse_frequencies(config: Any, device: torch.device, factors: torch.Tensor | None) -> tuple[torch.Tensor, float]:
-    """Each rotary pair's turn per position [hd/2] and the scale of its cos and sin, as Hugging Face's rotary
-    embedding computes them for ``config``'s scaling scheme (``transformers.modeling_rope_utils``, which imports
-    none of the modelling code).
-
-    ``factors`` [hd/2]: each frequency's divisor, as a GGUF file of Llama 3.1 gives its rope scaling
-    (``rope_freqs.weight``) instead of naming it in the metadata.
-    """
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    rope = config.rope_parameters
-    if rope["rope_type"] == "default":
-        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        inv_freq, scale = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
-    else:
-        inv_freq, scale = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config)
-    if factors is not None:
-        inv_freq = inv_freq / factors.to(torch.float32)  # [hd/2]
-    return inv_freq.to(device), float(scale)
-
-
 def _fp32(weight: Weight, device: torch.device) -> Weight:
     """A tensor in fp32 on ``device``; ``Int4Groups`` and ``Int4Pair`` stay in their groups, ``RowChunks`` (the CPU's)
     in their blocks."""
@@ -198,12 +207,22 @@ def _cat_rows(parts: list[Weight]) -> Weight:
     return torch.cat([part.dequantize() if isinstance(part, Int4Groups) else part for part in parts])
 
 
-def _pair_rows(rows: Weight, heads: int) -> Weight:
-    """Each head's rows from Hugging Face's half-split rotary order to (even, odd) pairs: 0, hd/2, 1, hd/2 + 1, …
+def _split_rows(weight: Weight, sizes: list[int]) -> list[Weight]:
+    """``weight``'s rows in consecutive parts of ``sizes`` rows (a fused q/k/v weight as q, k and v)."""
+    bounds = torch.tensor([0, *sizes]).cumsum(0).tolist()
+    if isinstance(weight, Int4Groups):
+        return [weight.rows(torch.arange(start, end)) for start, end in zip(bounds, bounds[1:])]
+    return list(weight.split(sizes))
+
+
+def _pair_rows(rows: Weight, heads: int, rotary_dim: int) -> Weight:
+    """Each head's first ``rotary_dim`` rows from Hugging Face's half-split rotary order to (even, odd) pairs: 0,
+    r/2, 1, r/2 + 1, …; the rows past them (Phi-3's partial rotary), which do not turn, stay where they are.
 
     Queries and keys are reordered alike, so their dot products, and the attention, stay the same.
     """
     head_dim = rows.shape[0] // heads
-    order = torch.arange(head_dim).view(2, head_dim // 2).t().reshape(-1)  # [hd]
+    turning = torch.arange(rotary_dim).view(2, rotary_dim // 2).t().reshape(-1)  # [r]
+    order = torch.cat([turning, torch.arange(rotary_dim, head_dim)])  # [hd]
     every_head = (torch.arange(heads).unsqueeze(1) * head_dim + order).flatten()  # [H * hd]
     return rows.rows(every_head) if isinstance(rows, Int4Groups) else rows[every_head.to(rows.device)]

@@ -16,7 +16,12 @@ llama.cpp's converter reorders the query and key rows of llama-architecture mode
 ``FastLlama`` turns Hugging Face's into. So ``GGUFState`` hands them over as the file
 keeps them and says so (``rotary_pairs``), where putting them back in Hugging Face's
 order, as transformers does, and then into pairs again copied every query and key
-weight twice.
+weight twice. Other architectures (Qwen, Gemma, Phi-3) keep Hugging Face's order.
+
+The converter also adds 1 to every Gemma norm weight (Gemma's RMSNorm multiplies by
+``1 + w``): ``GGUFState`` says so too (``shifted_norms``). Tensor names differ by family:
+Gemma's ``ffn_norm`` is the MLP's input norm after its ``post_attention_norm``, Phi-3's
+``attn_qkv`` and ``ffn_up`` (2F rows, gate first) are fused as in its Hugging Face files.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ import numpy as np
 import torch
 from gguf.constants import GGML_QUANT_SIZES
 
-from engine.forward.llama_weights import ROPE_FACTORS, Weight
+from engine.forward.llama_weights import Weight
+from engine.forward.rotary_tables import LONG_FACTORS, ROPE_FACTORS, SHORT_FACTORS
 from engine.forward.weights.gguf_blocks import (
     FOUR_BIT_TYPES, BlockTable, dense, int4_groups, requantized_groups, requantized_pair,
 )
@@ -40,6 +46,11 @@ from engine.models.gguf_check import DIRECT_ARCHITECTURES, PLAIN_TYPES, GGUFCont
 from engine.models.tensor_reads import LazyTensors, read_exactly
 
 PERMUTED_ARCHITECTURES = ("llama",)
+GEMMA_ARCHITECTURES = ("gemma2", "gemma3")  # their norms hold 1 + w (``shifted_norms``)
+GEMMA_ATTENTION_SCALE_LAYERS = {"gemma2": 46, "gemma3": 62}  # the 27B models' blocks: llama.cpp's sign of
+# their attention scale, hidden / heads rather than the head size (the files do not state it)
+SLIDING_PATTERNS = {"gemma2": 2, "gemma3": 6}  # every n-th layer attends to all, as llama.cpp sets them
+GEMMA_LOCAL_ROPE_BASE = 10000.0
 REUSED_READ_BYTES = 64 * 1024**2  # the kept read buffer: an 8B model's largest layer tensor (Q6_K down) is 48 MB;
 # a larger one (a token table, an output layer) is read into its own buffer, freed with it
 TOP_LEVEL_NAMES = {
@@ -47,6 +58,8 @@ TOP_LEVEL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
     "rope_freqs.weight": ROPE_FACTORS,  # Llama 3.1's rope scaling, as a divisor per frequency
+    "rope_factors_long.weight": LONG_FACTORS,  # Phi-3.5/4's LongRoPE
+    "rope_factors_short.weight": SHORT_FACTORS,
 }
 LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -54,18 +67,28 @@ LAYER_NAMES = {
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
+GEMMA_LAYER_NAMES = LAYER_NAMES | {
+    "ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+FAMILY_LAYER_NAMES = {
+    "gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
+    "phi3": LAYER_NAMES | {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+}
 TABLE_NAMES = ("model.embed_tokens.weight", "lm_head.weight")
 END_TOKEN_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 Progress = Callable[[int, int], None]
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """The Hugging Face name of a GGUF tensor: ``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``."""
+def hf_name(gguf_name: str, architecture: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor of ``architecture``: ``blk.3.attn_q.weight`` ->
+    ``model.layers.3.self_attn.q_proj.weight``."""
     if gguf_name in TOP_LEVEL_NAMES:
         return TOP_LEVEL_NAMES[gguf_name]
+    names = FAMILY_LAYER_NAMES.get(architecture, LAYER_NAMES)
     parts = gguf_name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
     return None
 
 
@@ -74,7 +97,7 @@ def direct_reason(contents: GGUFContents) -> str | None:
     architecture = contents.metadata.get("general.architecture")
     if architecture not in DIRECT_ARCHITECTURES:
         return f"architecture {architecture!r}"
-    unknown = [t.name for t in contents.tensors if hf_name(t.name) is None]
+    unknown = [t.name for t in contents.tensors if hf_name(t.name, architecture) is None]
     return f"tensors Hearth does not place ({', '.join(unknown[:3])})" if unknown else None
 
 
@@ -93,28 +116,62 @@ def hf_config(contents: GGUFContents) -> Any:
         return meta.get(f"{architecture}.{name}", default)
 
     heads, hidden = key("attention.head_count"), key("embedding_length")
+    head_dim = key("attention.key_length") or hidden // heads
+    names = {tensor.name for tensor in contents.tensors}
     config = PreTrainedConfig(
         num_hidden_layers=key("block_count"), hidden_size=hidden, intermediate_size=key("feed_forward_length"),
         num_attention_heads=heads, num_key_value_heads=key("attention.head_count_kv") or heads,
-        head_dim=key("attention.key_length") or hidden // heads, hidden_act="silu",
+        head_dim=head_dim, hidden_act="silu",
         rms_norm_eps=key("attention.layer_norm_rms_epsilon", 1e-6),
         max_position_embeddings=key("context_length", 2048),
         vocab_size=contents.array_lengths.get("tokenizer.ggml.tokens") or key("vocab_size"),
-        tie_word_embeddings=all(tensor.name != "output.weight" for tensor in contents.tensors),
-        rope_parameters=_rope_parameters(key),
+        tie_word_embeddings="output.weight" not in names,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
         attention_bias=any(tensor.name.endswith("attn_q.bias") for tensor in contents.tensors),
+        sliding_window=key("attention.sliding_window") or None,
     )
     config.model_type = DIRECT_ARCHITECTURES[architecture]
+    # set after construction, which checks LongRoPE's factors: ``GGUFState`` hands them over as tensors
+    config.rope_parameters = _rope_parameters(key, head_dim, "rope_factors_long.weight" in names)
+    if architecture in GEMMA_ARCHITECTURES:
+        _gemma_config(config, architecture, key)
     return config
 
 
-def _rope_parameters(key: Callable[..., Any]) -> dict[str, Any]:
+def _rope_parameters(key: Callable[..., Any], head_dim: int, long_rope: bool) -> dict[str, Any]:
+    """The rope parameters of the metadata; ``long_rope``: the file holds LongRoPE's factors (Phi-3.5/4), whose
+    rotary part of each head is ``rope.dimension_count``."""
     theta = float(key("rope.freq_base", 10000.0))
+    rotary = {"partial_rotary_factor": key("rope.dimension_count") / head_dim} if key("rope.dimension_count") else {}
+    if long_rope:
+        return {"rope_type": "longrope", "rope_theta": theta, **rotary,
+                "original_max_position_embeddings": key("rope.scaling.original_context_length"),
+                "attention_factor": key("rope.scaling.attn_factor")}
     scaling = key("rope.scaling.type")
     if scaling in (None, "none"):
-        return {"rope_type": "default", "rope_theta": theta}
-    return {"rope_type": scaling, "rope_theta": theta, "factor": float(key("rope.scaling.factor", 1.0))}
+        return {"rope_type": "default", "rope_theta": theta, **rotary}
+    return {"rope_type": scaling, "rope_theta": theta, "factor": float(key("rope.scaling.factor", 1.0)), **rotary}
+
+
+def _gemma_config(config: Any, architecture: str, key: Callable[..., Any]) -> None:
+    """Gemma's traits on ``config``, from the metadata where it states them and else as llama.cpp sets them: its
+    activation, attention scale, soft caps, which layers slide, and (Gemma 3) the sliding layers' rope base."""
+    config.hidden_act = config.hidden_activation = "gelu_pytorch_tanh"
+    scale = key("attention.scale")
+    if scale:
+        config.query_pre_attn_scalar = scale**-2
+    elif config.num_hidden_layers == GEMMA_ATTENTION_SCALE_LAYERS[architecture]:
+        config.query_pre_attn_scalar = config.hidden_size // config.num_attention_heads
+    else:
+        config.query_pre_attn_scalar = config.head_dim
+    config.attn_logit_softcapping = key("attn_logit_softcapping")
+    config.final_logit_softcapping = key("final_logit_softcapping")
+    pattern = key("attention.sliding_window_pattern", SLIDING_PATTERNS[architecture])
+    sliding = pattern if isinstance(pattern, list) else [(i + 1) % pattern != 0 for i in range(config.num_hidden_layers)]
+    config.layer_types = ["sliding_attention" if slides else "full_attention" for slides in sliding]
+    if architecture == "gemma3":
+        local = {"rope_type": "default", "rope_theta": float(key("rope.freq_base_swa", GEMMA_LOCAL_ROPE_BASE))}
+        config.rope_parameters = {"full_attention": config.rope_parameters, "sliding_attention": local}
 
 
 def end_token_ids(contents: GGUFContents) -> frozenset[int]:
@@ -150,8 +207,11 @@ class GGUFState(LazyTensors):
     def __init__(self, path: Path, contents: GGUFContents, groups: bool, report: Progress,
                  all_groups: bool = False, table_format: str | None = None, cpu_layout: bool = False) -> None:
         self._path, self._start = path, contents.data_start
-        self._tensors = {hf_name(t.name): t for t in contents.tensors if hf_name(t.name) is not None}
-        self.rotary_pairs = contents.metadata["general.architecture"] in PERMUTED_ARCHITECTURES
+        architecture = contents.metadata["general.architecture"]
+        named = ((hf_name(t.name, architecture), t) for t in contents.tensors)
+        self._tensors = {name: t for name, t in named if name is not None}
+        self.rotary_pairs = architecture in PERMUTED_ARCHITECTURES
+        self.shifted_norms = architecture in GEMMA_ARCHITECTURES
         self._groups, self._all_groups, self._report, self._done = groups, all_groups, report, set()
         self._table_format, self._cpu_layout = table_format, cpu_layout
         self._read_buffer: np.ndarray | None = None  # REUSED_READ_BYTES, made at the first tensor that fits

@@ -143,7 +143,7 @@ def formats_of(plan: LoadPlan, config: Any | None, kept_table: bool = False) -> 
 def _fast_backend(config: Any, state: Any, formats: FormatPlan, plan: LoadPlan) -> tuple[Any, Backend, LoadPlan]:
     """The fast path's model and backend; on a GPU the plan gains its context cap and notices."""
     if plan.device.type != "cuda":
-        model = FastLlama(config, state, formats, plan.device)
+        model = FastLlama(config, state, formats, plan.device, plan.context_length)
         return_freed_memory()  # the last tensors' temporaries
         return model, FastLlamaBackend(model), replace(plan, notices=plan.notices + off_notices())
     from engine.forward.cuda_backend import open_gpu_backend

@@ -95,3 +95,15 @@ def test_a_written_file_reads_back_with_the_built_in_tokenizer(tmp_path, monkeyp
     assert weights.shape == (576, 1536) and 0.015 < weights.std() < 0.025
     assert random_gguf.ensure_random_gguf("random-gguf:smollm2-135m:q4_k_m", default_model_path) == path
     assert [p.name for p in path.parent.iterdir()] == [path.name], "no partial file is left behind"
+
+
+def test_gemma3_and_phi4_mini_shapes_hold_their_familys_tensors():
+    gemma = {spec.name: spec for spec in tensor_specs(SHAPES["gemma3-1b"], "q4_k_m", 49152)}
+    phi = {spec.name: spec for spec in tensor_specs(SHAPES["phi4-mini"], "q4_k_m", 49152)}
+
+    assert {"blk.25.attn_q_norm.weight", "blk.25.post_attention_norm.weight", "blk.25.post_ffw_norm.weight"} <= set(gemma)
+    assert (gemma["blk.0.attn_q.weight"].rows, gemma["blk.0.attn_q.weight"].cols) == (4 * 256, 1152)
+    assert gemma["blk.0.attn_q.weight"].qtype == Q.Q5_0  # 1152 weights do not split into 256-weight blocks
+    assert (phi["blk.0.attn_qkv.weight"].rows, phi["blk.0.ffn_up.weight"].rows) == ((24 + 16) * 128, 2 * 8192)
+    assert phi["blk.0.attn_qkv.weight"].qtype == Q.Q5_K and phi["rope_factors_long.weight"].cols == 48
+    assert "blk.0.ffn_gate.weight" not in phi and "output.weight" not in phi

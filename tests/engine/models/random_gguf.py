@@ -3,6 +3,8 @@
 Blocks come from the benchmarks' writer (``engine.bench.random_blocks``: random codes, scales for a
 sane weight spread); the query and key rows of a llama file are in llama.cpp's rotary order, as its converter
 leaves them. The tokenizer is byte-level BPE over the 256 byte symbols and one end-of-turn token.
+``write_converted_gguf`` writes a transformers model's own weights (Gemma 2/3, Phi-3) as llama.cpp's converter
+does, in F32.
 """
 
 from __future__ import annotations
@@ -88,6 +90,10 @@ def _write_metadata(writer: gguf.GGUFWriter, shape: Shape, tokens: list[str]) ->
     writer.add_value_length(shape.head_dim)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(10000.0)
+    _write_tokenizer(writer, tokens)
+
+
+def _write_tokenizer(writer: gguf.GGUFWriter, tokens: list[str]) -> None:
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list(tokens)
     writer.add_token_types([1] * (len(tokens) - 1) + [3])  # the last one a control token
@@ -152,3 +158,77 @@ def _write_layer(prefix: str, architecture: str, shape: Shape, matrix, vector, s
     if architecture == "qwen3":
         vector(prefix + "attn_q_norm.weight", shape.head_dim)
         vector(prefix + "attn_k_norm.weight", shape.head_dim)
+
+
+CONVERTED_ARCHITECTURES = {"Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3", "Phi3ForCausalLM": "phi3"}
+
+
+def write_converted_gguf(path: Path, model) -> Path:
+    """``model`` (a transformers ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM`` or ``Phi3ForCausalLM`` whose
+    vocabulary is this module's byte-level one) as llama.cpp's converter (``Gemma2Model``, ``Gemma3Model``,
+    ``Phi3MiniModel``) writes it, every tensor in F32: gguf-py's tensor names (Phi-3's fused ``attn_qkv`` and
+    ``ffn_up``), Gemma's norm weights plus one, no tied output layer, the metadata keys the converter sets
+    (llama.cpp assumes Gemma's sliding pattern and local rope base), Phi-3's LongRoPE factors as tensors."""
+    config, architecture = model.config, CONVERTED_ARCHITECTURES[type(model).__name__]
+    writer = gguf.GGUFWriter(str(path), architecture)
+    _write_converted_metadata(writer, config, architecture)
+    _write_tokenizer(writer, byte_tokens() + ["Ġt", END_OF_TURN])
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[architecture.upper()], config.num_hidden_layers)
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        if architecture.startswith("gemma") and name.endswith("norm.weight"):
+            tensor = tensor + 1  # Gemma's RMSNorm multiplies by (1 + w)
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), tensor.float().numpy())
+    rope = config.rope_parameters
+    if rope.get("rope_type") == "longrope":
+        writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _write_converted_metadata(writer: gguf.GGUFWriter, config, architecture: str) -> None:
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if architecture.startswith("gemma"):
+        writer.add_key_length(config.head_dim)
+        writer.add_value_length(config.head_dim)
+        writer.add_sliding_window(config.sliding_window)
+        if config.attn_logit_softcapping is not None:
+            writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
+        if config.final_logit_softcapping is not None:
+            writer.add_final_logit_softcapping(config.final_logit_softcapping)
+    if architecture == "gemma3":
+        full = config.rope_parameters["full_attention"]
+        writer.add_rope_freq_base(full["rope_theta"])
+        if full.get("rope_type") == "linear":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(full["factor"])
+    if architecture == "phi3":
+        _write_phi3_rope(writer, config)
+
+
+def _write_phi3_rope(writer: gguf.GGUFWriter, config) -> None:
+    """``Phi3MiniModel``'s rope keys: the rotary part of a head, the trained context and LongRoPE's attention
+    factor."""
+    import math
+
+    rope, head_dim = config.rope_parameters, config.hidden_size // config.num_attention_heads
+    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+    writer.add_rope_freq_base(rope["rope_theta"])
+    writer.add_sliding_window(config.sliding_window or 0)
+    original = rope.get("original_max_position_embeddings", config.max_position_embeddings)
+    writer.add_rope_scaling_orig_ctx_len(original)
+    if rope.get("rope_type") == "longrope":
+        scale = config.max_position_embeddings / original
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)

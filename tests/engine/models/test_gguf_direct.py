@@ -139,8 +139,8 @@ def test_llama_3_rope_scaling_from_the_files_frequency_factors(tmp_path: Path):
     cos, sin = LlamaRotaryEmbedding(config)(torch.zeros(1), torch.arange(300).unsqueeze(0))  # [1, P, hd] each
     half = shape.head_dim // 2
     expected = torch.complex(cos[0, :, :half], sin[0, :, :half])  # [P, hd/2]
-    assert torch.allclose(loaded.model.rotations(0, 300)[:, 0], expected, atol=1e-5)
-    assert not torch.allclose(_load(write_random_gguf(tmp_path / "plain.gguf"), "fp32").model.rotations(0, 300)[:, 0],
+    assert torch.allclose(loaded.model.rotations(0, 300)[0][:, 0], expected, atol=1e-5)
+    assert not torch.allclose(_load(write_random_gguf(tmp_path / "plain.gguf"), "fp32").model.rotations(0, 300)[0][:, 0],
                               expected, atol=1e-3)  # the factors matter
 
 
@@ -234,3 +234,67 @@ def test_a_direct_load_imports_none_of_transformers_modelling_code(reference):
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("architecture", ["gemma2", "gemma3", "phi3"])
+def test_a_sentencepiece_vocabulary_of_gemma_and_phi3_files_loads_as_their_tokenizer(tmp_path: Path, architecture: str):
+    """Gemma's and Phi-3's files hold a sentencepiece vocabulary (``tokenizer.ggml.model`` "llama"), which
+    transformers builds per architecture; Phi-4-mini's is byte-level BPE, as the other tests' files."""
+    import gguf
+
+    from engine.models.gguf_direct import load_tokenizer
+
+    pieces = ["<unk>", "<s>", "</s>", "<end_of_turn>", "\u2581", "\u2581h", "\u2581hi", "h", "i", "!"]
+    pieces += [f"<0x{byte:02X}>" for byte in range(256)]
+    types = [2, 3, 3, 3] + [1] * 6 + [6] * 256  # unknown, control, normal and byte pieces
+    path = tmp_path / f"{architecture}.gguf"
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(pieces)
+    writer.add_token_scores([0.0, 0.0, 0.0, 0.0, -1.0, -2.0, -0.5, -3.0, -3.0, -3.0] + [-10.0] * 256)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(3)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tokenizer = load_tokenizer(path)
+    text = "hi!" if architecture == "phi3" else " hi!"  # Phi-3's vocabulary adds a prefix space, Gemma's does not
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(ids) == ["\u2581hi", "!"]
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.eos_token == "<end_of_turn>"
+
+
+@pytest.mark.parametrize("architecture, layers, hidden, heads, head_dim, scalar, full_layers", [
+    ("gemma3", 26, 1152, 4, 256, 256, [5, 11, 17, 23]),  # Gemma 3 1B: five sliding layers to a full one
+    ("gemma3", 62, 5376, 32, 128, 168, [5, 11, 17, 23, 29, 35, 41, 47, 53, 59]),  # 27B: hidden / heads
+    ("gemma2", 46, 4608, 32, 128, 144, list(range(1, 46, 2))),  # Gemma 2 27B: sliding and full in turn
+])
+def test_gemma_configs_from_the_metadata_follow_llama_cpp(tmp_path: Path, architecture: str, layers: int,
+                                                          hidden: int, heads: int, head_dim: int, scalar: int,
+                                                          full_layers: list[int]):
+    """The files state neither the attention scale nor which layers slide: llama.cpp's rules give them."""
+    import gguf
+
+    path = tmp_path / f"{architecture}.gguf"
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_block_count(layers)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(4 * hidden)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(heads // 2)
+    writer.add_key_length(head_dim)
+    writer.add_sliding_window(4096)
+    writer.add_rope_freq_base(1_000_000.0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    config = hf_config(read_gguf(path))
+    assert config.query_pre_attn_scalar == scalar and config.hidden_activation == "gelu_pytorch_tanh"
+    assert [i for i, kind in enumerate(config.layer_types) if kind == "full_attention"] == full_layers
+    if architecture == "gemma3":
+        assert config.rope_parameters["sliding_attention"]["rope_theta"] == 10000.0
+        assert config.rope_parameters["full_attention"]["rope_theta"] == 1_000_000.0

@@ -183,12 +183,12 @@ def test_a_4bit_file_runs_4bit_alone_where_the_fp16_copy_would_not_fit_comfortab
 
 
 def test_a_gguf_file_transformers_loads_counts_its_fp32_copy() -> None:
-    phi3 = ModelSource(
-        kind="gguf", path=Path("/models/phi3.gguf"), name="phi3", weight_files=(), total_weight_bytes=0,
-        config={"architecture": "phi3", "block_count": 32, "embedding_length": 3072, "head_count": 32,
+    stablelm = ModelSource(  # an architecture Hearth does not read directly
+        kind="gguf", path=Path("/models/stablelm.gguf"), name="stablelm", weight_files=(), total_weight_bytes=0,
+        config={"architecture": "stablelm", "block_count": 32, "embedding_length": 3072, "head_count": 32,
                 "vocab_size": 32064, "tied_embeddings": False}, n_params=3_800_000_000,
     )
-    found = estimate(phi3, "fp32", 4096, "cpu")
+    found = estimate(stablelm, "fp32", 4096, "cpu")
     assert found.weight_bytes == 2 * 4 * 3_800_000_000  # the dequantized file, and the model it fills
 
 

@@ -1,0 +1,60 @@
+"""What sets a fast-path family apart from Llama, read from its config as data (any thread; imports no torch).
+
+Llama, Mistral, Qwen2/3, Gemma 2/3 and Phi-3/4 share ``FastLlama``'s one forward pass; a
+``Family`` holds the few values where they differ, each at Llama's value (no extra step)
+unless the config says otherwise: Gemma's RMSNorm weights are ``1 + w`` and its token
+embeddings are scaled by sqrt(hidden); its MLP gates with GELU's tanh approximation; its
+attention scale is ``query_pre_attn_scalar ** -0.5``; Gemma 2 soft-caps attention scores
+and logits; Phi-3's rotary turns only the first part of each head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+GEMMA_TYPES = ("gemma2", "gemma3_text")
+ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # config name -> the fast path's gate
+
+
+@dataclass(frozen=True)
+class Family:
+    norm_shift: float  # added to every RMSNorm weight: 1.0 where the model multiplies by (1 + w) (Gemma)
+    embed_scale: float | None  # the token embeddings' factor (Gemma's sqrt(hidden)); None: none
+    activation: str  # the MLP's gate: "silu" or "gelu_tanh"
+    attention_scale: float  # the query's factor before its dot products with the keys
+    attention_softcap: float | None  # scores become cap * tanh(scores / cap) before the softmax (Gemma 2)
+    final_softcap: float | None  # logits likewise (Gemma 2)
+    rotary_dim: int  # each head's leading dimensions that turn (Phi-3's partial rotary); the rest pass as they are
+
+
+def activation_name(config: Any) -> str:
+    """The MLP activation as the config names it (Gemma's ``hidden_activation``, else ``hidden_act``)."""
+    return getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None) or "silu"
+
+
+def head_dim_of(config: Any) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def rotary_dim_of(config: Any) -> int:
+    """Each head's rotated dimensions: the head, or its ``partial_rotary_factor`` (in ``rope_parameters`` or the
+    config itself)."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None)) or 1.0
+    return int(head_dim_of(config) * factor)
+
+
+def family_of(config: Any) -> Family:
+    """``config``'s family traits (a transformers config, or ``gguf_direct.hf_config``'s)."""
+    gemma = getattr(config, "model_type", None) in GEMMA_TYPES
+    scalar = getattr(config, "query_pre_attn_scalar", None) if gemma else None
+    return Family(
+        norm_shift=1.0 if gemma else 0.0,
+        embed_scale=config.hidden_size**0.5 if gemma else None,
+        activation=ACTIVATIONS[activation_name(config)],
+        attention_scale=(scalar or head_dim_of(config)) ** -0.5,
+        attention_softcap=getattr(config, "attn_logit_softcapping", None) if gemma else None,
+        final_softcap=getattr(config, "final_logit_softcapping", None) if gemma else None,
+        rotary_dim=rotary_dim_of(config),
+    )

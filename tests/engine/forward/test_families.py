@@ -1,0 +1,203 @@
+"""Gemma 2, Gemma 3 and Phi-3/4 run on the fast path with transformers' own logits.
+
+Tiny random models of each family's real config (a few small layers), saved as Hugging Face
+folders and written as GGUF files in llama.cpp's converter's layout
+(``tests.engine.models.random_gguf.write_converted_gguf``): Hearth's fp32 logits from either
+equal transformers' forward within rounding. Prompts stay shorter than the sliding windows, so
+the results do not depend on them (``windows.layer_windows`` restricts the attention beyond).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.chat.chat_template import ChatTemplate
+from engine.models.loading import LoadPlan, load_model
+from engine.models.random_models import byte_tokenizer
+from tests.engine.forward.batch_of_one import greedy_tokens, prompt_logits
+from tests.engine.models.random_gguf import byte_tokens, write_converted_gguf
+
+CPU = torch.device("cpu")
+VOCAB = len(byte_tokens()) + 2  # the converted files' tokenizer (``random_gguf``)
+PROMPT = [5, 77, 140, 3, 200, 18, 96, 41, 250, 9, 33, 120]
+
+
+def gemma3_model(query_pre_attn_scalar: int = 32):
+    """Gemma 3 1B's shape in small: head size apart from hidden / heads, five sliding layers to a full one (the
+    pattern llama.cpp assumes), the full layers' rope linearly scaled (as the 4B and larger are), q/k norms."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=query_pre_attn_scalar, sliding_window=64, max_position_embeddings=512,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+        tie_word_embeddings=True,
+    )
+    return _randomised(Gemma3ForCausalLM(config), 0.0)
+
+
+def gemma2_model():
+    """Gemma 2's shape in small, its soft caps low enough to bite on random weights."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    config = Gemma2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32, sliding_window=64, max_position_embeddings=512,
+        attn_logit_softcapping=1.5, final_logit_softcapping=2.0, tie_word_embeddings=True,
+    )
+    return _randomised(Gemma2ForCausalLM(config), 0.0)
+
+
+def phi3_model():
+    """Phi-4-mini's shape in small: partial rotary, LongRoPE's short and long factors, tied embeddings."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    rotary_pairs = 12  # 0.75 of a 32-wide head
+    generator = torch.Generator().manual_seed(1)
+    config = Phi3Config(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, original_max_position_embeddings=64,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                         "original_max_position_embeddings": 64,
+                         "short_factor": (1 + torch.rand(rotary_pairs, generator=generator)).tolist(),
+                         "long_factor": (1 + 4 * torch.rand(rotary_pairs, generator=generator)).tolist()},
+        tie_word_embeddings=True, sliding_window=None, pad_token_id=0,
+    )
+    return _randomised(Phi3ForCausalLM(config), 1.0)
+
+
+FAMILIES = {"gemma3": gemma3_model, "gemma2": gemma2_model, "phi3": phi3_model}
+
+
+def _randomised(model, norm_centre: float):
+    """Norm weights around ``norm_centre`` (Gemma's zero: it multiplies by 1 + w; Phi's one), other weights
+    larger than the default initialisation so that every step of the family moves the logits."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            spread, centre = (0.3, norm_centre) if name.endswith("norm.weight") else (0.15, 0.0)
+            param.copy_(centre + spread * torch.randn(param.shape, generator=generator))
+    return model.eval()
+
+
+def _hf_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, -1]  # [V]
+
+
+def _load(path: Path, context: int = 64):
+    """The model at ``path`` in fp32 for ``context`` tokens (within Phi's 64 trained positions: its short factors)."""
+    plan = LoadPlan(path, path.stem, CPU, "fp32", context, ChatTemplate(None, "test"))
+    return load_model(plan, lambda *_: None, lambda: False)
+
+
+def _folder(model, folder: Path) -> Path:
+    model.save_pretrained(str(folder))
+    byte_tokenizer().save_pretrained(str(folder))
+    return folder
+
+
+def _assert_close(got: torch.Tensor, expected: torch.Tensor) -> None:
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max()))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_folder_runs_on_the_fast_path_with_transformers_logits(tmp_path: Path, family: str):
+    model = FAMILIES[family]()
+    loaded = _load(_folder(model, tmp_path / family))
+    assert type(loaded.backend).__name__ == "FastLlamaBackend"
+    _assert_close(prompt_logits(loaded.backend, PROMPT), _hf_logits(model, PROMPT))
+    expected = model.generate(torch.tensor([PROMPT]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    assert greedy_tokens(loaded.backend, PROMPT, 8) == expected[0, len(PROMPT):].tolist()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_converted_gguf_runs_on_the_fast_path_with_transformers_logits(tmp_path: Path, family: str):
+    model = FAMILIES[family]()
+    loaded = _load(write_converted_gguf(tmp_path / f"{family}.gguf", model))
+    assert type(loaded.backend).__name__ == "FastLlamaBackend"
+    _assert_close(prompt_logits(loaded.backend, PROMPT), _hf_logits(model, PROMPT))
+
+
+@pytest.mark.parametrize("source", ["folder", "gguf"])
+def test_longrope_takes_its_long_factors_where_the_context_chosen_is_past_the_trained_one(tmp_path: Path,
+                                                                                            source: str):
+    model = phi3_model()
+    path = _folder(model, tmp_path / "phi") if source == "folder" else write_converted_gguf(tmp_path / "phi.gguf",
+                                                                                          model)
+    long_prompt = (PROMPT * 8)[:80]  # past the 64 trained positions: transformers turns to the long factors
+    long_context = _load(path, context=256)
+    _assert_close(prompt_logits(long_context.backend, long_prompt), _hf_logits(model, long_prompt))
+    short_context = _load(path, context=64)
+    _assert_close(prompt_logits(short_context.backend, PROMPT), _hf_logits(model, PROMPT))
+    assert not torch.allclose(prompt_logits(long_context.backend, PROMPT), _hf_logits(model, PROMPT), atol=1e-3)
+
+
+def test_a_converted_gemma_file_is_planned_for_the_fast_path_with_its_own_head_size(tmp_path: Path):
+    from engine.models.format_plan import formats_for_source
+    from engine.models.memory_estimate import estimate_kv_bytes
+    from engine.models.model_files import inspect_model
+
+    model = gemma3_model()  # heads of 32 dimensions in a width of 64 over 4 heads
+    source = inspect_model(write_converted_gguf(tmp_path / "gemma3.gguf", model))
+    assert formats_for_source(source, "cpu", "fp32").fast_path
+    config = model.config
+    assert estimate_kv_bytes(source.config, 100, 2) == 2 * config.num_hidden_layers * config.num_key_value_heads * 32 * 100 * 2
+
+
+def test_gemma_3s_attention_scale_comes_from_query_pre_attn_scalar(tmp_path: Path):
+    model = gemma3_model(query_pre_attn_scalar=24)  # as Gemma 3 27B's (hidden / heads), not its head size
+    loaded = _load(_folder(model, tmp_path / "gemma3"))
+    _assert_close(prompt_logits(loaded.backend, PROMPT), _hf_logits(model, PROMPT))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_gpu_backends_bucket_steps_decode_as_transformers_does(family: str):
+    """The GPU backend's steps run eagerly on the CPU: its decode steps (``cuda_batch``) take each family's steps
+    as the CPU path does."""
+    from engine.forward.cuda_backend import CudaLlama, CudaLlamaBackend
+    from tests.engine.forward.formats import fast_plan
+
+    model = FAMILIES[family]()
+    fast = CudaLlama(model.config, model.state_dict(), fast_plan(model.config, "fp32", CPU), CPU, 64)
+    expected = model.generate(torch.tensor([PROMPT]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    assert greedy_tokens(CudaLlamaBackend(fast, 64, use_graphs=False), PROMPT, 8) == expected[0, len(PROMPT):].tolist()
+
+
+@pytest.mark.parametrize("config, reason", [
+    ({"model_type": "phi3", "sliding_window": 262144, "max_position_embeddings": 131072,  # Phi-4-mini's
+      "rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}}, None),
+    ({"model_type": "phi3", "sliding_window": 2047, "max_position_embeddings": 4096}, "sliding-window attention"),
+    ({"model_type": "gemma3_text", "sliding_window": 512, "max_position_embeddings": 32768,
+      "hidden_activation": "gelu_pytorch_tanh",
+      "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0},
+                          "sliding_attention": {"rope_type": "default"}}}, None),
+    ({"model_type": "gemma3_text", "hidden_activation": "gelu_pytorch_tanh",
+      "rope_parameters": {"full_attention": {"rope_type": "yarn"}, "sliding_attention": {"rope_type": "default"}}},
+     "rope scaling 'yarn'"),
+    ({"model_type": "gemma2", "hidden_activation": "relu"}, "activation 'relu'"),
+])
+def test_which_configs_the_fast_path_takes(config: dict, reason: str | None):
+    """Gemma's windows are ``windows.layer_windows``' to apply; another family's window refuses the fast path
+    only where it is shorter than the context."""
+    from engine.forward.fast_scope import config_view, unsupported_reason
+
+    assert unsupported_reason(config_view(config)) == reason
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_converted_file_in_4bit_groups_stays_close_to_transformers(tmp_path: Path, family: str):
+    """Every matrix quantized to 4-bit groups (Phi-3's fused q/k/v split by rows of its groups). These random
+    weights are larger than a trained model's, so the groups' rounding shows more than in ``test_gguf_direct``:
+    its cosine is about 0.96-0.98 here, where a wrong row order or norm would leave little of it."""
+    model = FAMILIES[family]()
+    path = write_converted_gguf(tmp_path / f"{family}.gguf", model)
+    plan = LoadPlan(path, path.stem, CPU, "int4", 64, ChatTemplate(None, "test"))
+    loaded = load_model(plan, lambda *_: None, lambda: False)
+    assert loaded.precision == "int4"
+    got, expected = prompt_logits(loaded.backend, PROMPT), _hf_logits(model, PROMPT)
+    assert torch.nn.functional.cosine_similarity(got, expected, dim=0) > 0.95
