@@ -96,8 +96,9 @@ class FormatPlan:
     @property
     def kv_cache(self) -> str:
         """The KV cache's dtype: bf16 in the CPU fast path's block pool (half fp32's bytes, as llama.cpp's fp16; its
-        kernels widen each key and value exactly and sum in fp32), else the compute dtype."""
-        return "bf16" if self.device == "cpu" and self.fast_path else self.compute
+        kernels widen each key and value exactly and sum in fp32), else the compute dtype. fp32 weights, the
+        reference precision a user picks to rule out rounding, keep an fp32 cache (read by torch's ops)."""
+        return "bf16" if self.device == "cpu" and self.fast_path and self.layers != "fp32" else self.compute
 
     @property
     def label(self) -> str:

@@ -38,17 +38,18 @@ def _steps(backend) -> list[torch.Tensor]:
     return logits
 
 
-def test_pytorchs_ops_read_the_bf16_pool_as_the_kernels_do(tiny_model_dir: Path, tiny_loaded, monkeypatch):
+def test_pytorchs_ops_read_the_bf16_pool_as_the_kernels_do(tiny_model_dir: Path, monkeypatch):
     """Without Hearth's kernels (a CPU without AVX-512) the pool is bf16 too, and SDPA, the two bmm of a decode row
     over one or two runs and the cache write widen and round it as the kernels do."""
     if build.library() is None:
         pytest.skip("no AVX-512 VNNI/VBMI or no C compiler here: PyTorch's ops are the only path")
-    with_kernels = _steps(tiny_loaded.backend)
-    monkeypatch.setattr(build, "kernels", lambda: build.NativeKernels(None, "off for this test"))
     source, origin = find_folder_template(tiny_model_dir)
-    plan = LoadPlan(tiny_model_dir, "tiny", torch.device("cpu"), "fp32", 1024, ChatTemplate(source, origin))
-    without = load_model(plan, lambda done, total: None, lambda: False)  # as ``tiny_loaded``, with the kernels off
-    assert tiny_loaded.backend.new_pool(1, BLOCK).buffer.dtype == without.backend.new_pool(1, BLOCK).buffer.dtype == \
+    plan = LoadPlan(tiny_model_dir, "tiny", torch.device("cpu"), "fp16", 1024, ChatTemplate(source, origin))
+    kernels_on = load_model(plan, lambda done, total: None, lambda: False)
+    with_kernels = _steps(kernels_on.backend)
+    monkeypatch.setattr(build, "kernels", lambda: build.NativeKernels(None, "off for this test"))
+    without = load_model(plan, lambda done, total: None, lambda: False)  # the same, with the kernels off
+    assert kernels_on.backend.new_pool(1, BLOCK).buffer.dtype == without.backend.new_pool(1, BLOCK).buffer.dtype == \
         torch.bfloat16
     for kernels, torch_ops in zip(with_kernels, _steps(without.backend)):
         torch.testing.assert_close(torch_ops, kernels, atol=1e-4, rtol=1e-4)

@@ -49,12 +49,13 @@ def test_auto_without_a_memory_estimate_takes_fp16_on_the_cpu_fast_path_and_bf16
     assert choose_formats("cuda", "auto", LLAMA_FOLDER).layers == "bf16"
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16", "int4"])
-def test_the_cpu_fast_path_keeps_keys_and_values_in_bf16_whatever_its_weights(precision):
-    """Half fp32's bytes for the same context (llama.cpp keeps fp16); transformers' own cache and a GPU's keep the
-    compute dtype."""
+@pytest.mark.parametrize("precision", ["fp16", "int4"])
+def test_the_cpu_fast_path_keeps_keys_and_values_in_bf16_below_fp32_weights(precision):
+    """Half fp32's bytes for the same context (llama.cpp keeps fp16); fp32 weights (the reference precision),
+    transformers' own cache and a GPU's keep the compute dtype."""
     assert choose_formats("cpu", precision, LLAMA_FOLDER, ZEN4).kv_cache == "bf16"
     assert choose_formats("cpu", precision, LLAMA_FOLDER, PLAIN_X86).kv_cache == "bf16"
+    assert choose_formats("cpu", "fp32", LLAMA_FOLDER, ZEN4).kv_cache == "fp32"
     assert choose_formats("cpu", "fp32", GPT2_FOLDER, ZEN4).kv_cache == "fp32"
     assert choose_formats("cuda", "fp16", LLAMA_FOLDER).kv_cache == "fp16"
 
