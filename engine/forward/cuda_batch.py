@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import torch
 
 from engine.forward.cuda_graphs import Captured, GraphRunner, replay
-from engine.forward.llama_forward import FastLlama, swiglu
+from engine.forward.llama_forward import FastLlama
 from engine.forward.paged_attention import gathered_decode_attention, paged_decode_attention
 from engine.forward.paged_kv import BatchRow, PagedKV
 from engine.forward.weights import triton_gemv
@@ -93,7 +93,7 @@ class BucketStep:
             self.pool.write(index, slots, new_keys_values)
             attended = self.attention(q, self.pool.buffer[index], tables, lengths, size)  # [Bk, H, hd]
             x = x + layer.out(attended.reshape(h.shape[0], -1))
-            x = x + layer.down(swiglu(layer.gate_up(model.normalise(x))))
+            x = x + layer.mlp(model.normalise(x))
         return model.lm_head(model.normalise(x)).float()  # [Bk, V]
 
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
 ROPE_TYPES = ("default", "llama3", "linear")
 
 

@@ -1,8 +1,8 @@
 """The fast path's forward pass for Llama-family models over a block pool (engine thread).
 
-Covers Llama, Mistral (without a sliding window), Qwen2 and Qwen3: RMSNorm, rotary
+Covers Llama, Mistral (without a sliding window), Qwen2 and Qwen3, and Qwen2-MoE and Qwen3-MoE: RMSNorm, rotary
 positions (including Llama 3 and linear scaling), grouped-query attention, a SiLU
-gated MLP, optional q/k/v biases and Qwen3's RMSNorm of each query and key head, over
+gated MLP or a mixture of experts (``mlp``, ``experts``: the layer's), optional q/k/v biases and Qwen3's RMSNorm of each query and key head, over
 weights built by ``llama_weights``. Every reply goes through ``forward_batch``: a step
 of one or more sequences' new tokens, their keys and values kept in a ``PagedKV``.
 """
@@ -103,7 +103,7 @@ class FastLlama(LlamaWeights):
             for index, layer in enumerate(self.layers):
                 x += self._paged_attention(layer, index, self.normalise(x), kv, layout, slots, turns, masks, runs,
                                            kernels)
-                x += layer.down(swiglu(layer.gate_up(self.normalise(x))))
+                x += layer.mlp(self.normalise(x))
             return self.lm_head(self.normalise(x[layout.last_rows])).float()  # [B, V]
 
     def _kernel_attention(self, layout: StepLayout) -> list[DecodeRuns | ChunkRuns] | None:
@@ -190,11 +190,3 @@ def rotate_pairs_(x: torch.Tensor, turns: torch.Tensor) -> None:
     turned = torch.view_as_complex(x.float().unflatten(-1, (-1, 2))) * turns  # [S, N, hd/2]
     x.copy_(torch.view_as_real(turned).flatten(-2))
 
-
-def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
-    """SiLU(gate) * up from ``gate_up`` [S, 2F]: [S, F], in Hearth's CPU kernel or in place in its gate half."""
-    if native_norm.swiglu_covers(gate_up):
-        return native_norm.swiglu(gate_up)
-    width = gate_up.shape[1] // 2
-    gate = F.silu(gate_up[:, :width], inplace=True)  # [S, F]
-    return gate.mul_(gate_up[:, width:])

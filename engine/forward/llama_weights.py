@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
+from engine.forward.experts import ROUTER, MixtureOfExperts, mixture_of_experts
+from engine.forward.mlp import GatedMlp
 from engine.forward.weights.pack_worker import PackWorker
 from engine.forward.weights.quant import PLAIN_DTYPES, Linear, embedding
 from engine.forward.weights.quant_int import INT4_PAIR, Int4Groups, Int4Pair, as_int4_pair
@@ -36,8 +38,7 @@ ROPE_FACTORS = "model.rotary_emb.freq_factors"  # only GGUF files hold them (``g
 class LlamaLayer:
     qkv: Linear  # D -> (H + 2 Hkv) * hd, on the normalised input
     out: Linear  # H * hd -> D
-    gate_up: Linear  # D -> 2 F, on the normalised input
-    down: Linear  # F -> D
+    mlp: GatedMlp | MixtureOfExperts  # D -> D, on the normalised input (a mixture: where the layer has a router)
     head_norms: torch.Tensor | None = None  # [H + Hkv, hd]: Qwen3's per-head q/k RMSNorm weights (q's scaled)
 
 
@@ -110,16 +111,26 @@ class LlamaWeights:
                 q, k = _pair_rows(q, self.heads), _pair_rows(k, self.kv_heads)
             return _cat_rows([q, k, v])
 
-        def linear(rows: Weight, bias: Weight | None, norm: str | None = None) -> Linear:
-            return Linear(rows, bias, formats.layers, weight(norm) if norm else None, formats.decode_copy, worker)
+        def linear(rows: Weight, bias: Weight | None, norm: str | None = None, expert: bool = False) -> Linear:
+            scale = weight(norm) if norm else None
+            if expert:  # one copy, in the experts' format
+                return Linear(rows, bias, formats.experts, scale, worker=worker)
+            return Linear(rows, bias, formats.layers, scale, formats.decode_copy, worker)
+
+        def gated(gate: Weight, up: Weight, down: Weight, expert: bool = False, norm: str | None = None) -> GatedMlp:
+            return GatedMlp(linear(_cat_rows([gate, up]), None, norm, expert), linear(down, None, expert=expert))
 
         qkv = linear(qkv_rows("weight"), qkv_rows("bias"), "input_layernorm.weight")
-        gate_up = _cat_rows([weight("mlp.gate_proj.weight"), weight("mlp.up_proj.weight")])
+        if prefix + ROUTER in state:
+            mlp: GatedMlp | MixtureOfExperts = mixture_of_experts(self.config, weight, lambda name: prefix + name in
+                                                                  state, gated)
+        else:
+            mlp = gated(*(weight(f"mlp.{name}_proj.weight") for name in ("gate", "up", "down")),
+                        norm="post_attention_layernorm.weight")
         return LlamaLayer(
             qkv=qkv,
             out=linear(weight("self_attn.o_proj.weight"), optional("self_attn.o_proj.bias")),
-            gate_up=linear(gate_up, None, "post_attention_layernorm.weight"),
-            down=linear(weight("mlp.down_proj.weight"), None),
+            mlp=mlp,
             head_norms=head_norms.to(qkv.compute_dtype) if head_norms is not None else None,
         )
 
@@ -134,15 +145,19 @@ class LlamaWeights:
 
     @property
     def weight_bytes(self) -> int:
-        return sum(linear.nbytes for linear in self._linears()) + self.embed.nbytes
+        mlps = sum(layer.mlp.nbytes for layer in self.layers)
+        return sum(linear.nbytes for linear in self._linears()) + mlps + self.embed.nbytes
 
     @property
     def decode_bytes(self) -> int:
-        """Weight bytes one decode step reads (each layer's one-row copy, the output layer); it sets the speed."""
-        return sum(linear.one_row_nbytes for linear in self._linears())
+        """Weight bytes one decode step of one row reads (each layer's one-row copy and its row's experts, the
+        output layer); it sets the speed."""
+        mlps = sum(layer.mlp.one_row_nbytes for layer in self.layers)
+        return sum(linear.one_row_nbytes for linear in self._linears()) + mlps
 
     def _linears(self) -> list[Linear]:
-        return [l for layer in self.layers for l in (layer.qkv, layer.out, layer.gate_up, layer.down)] + [self.lm_head]
+        """The attention's matmuls and the output layer (the MLPs count their own)."""
+        return [l for layer in self.layers for l in (layer.qkv, layer.out)] + [self.lm_head]
 
 
 def _tied_name(config: Any, state: Mapping[str, Weight], name: str, tied_name: str) -> str:

@@ -121,8 +121,10 @@ def is_gguf(plan: LoadPlan) -> bool:
 
 
 def fast_path_applies(config: Any, device: torch.device) -> bool:
-    """Whether the fast path (``llama_forward``) can run this model here (the CPU or a GPU, a Llama-family architecture)."""
-    return device.type in ("cpu", "cuda") and unsupported_reason(config) is None
+    """Whether the fast path (``llama_forward``) can run this model here (the CPU or a GPU, a Llama-family architecture;
+    a mixture of experts on the CPU alone, where its steps are built and checked)."""
+    mixture = getattr(config, "num_experts", 0) and device.type != "cpu"
+    return device.type in ("cpu", "cuda") and not mixture and unsupported_reason(config) is None
 
 
 def formats_of(plan: LoadPlan, config: Any | None, kept_table: bool = False) -> FormatPlan:
