@@ -16,7 +16,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from engine.chat.chat_template import ChatTemplate
 from engine.forward.experts import MixtureOfExperts
 from engine.forward.paged_kv import BatchRow
-from engine.models.loading import LoadPlan, load_model
+from engine.models.loading import LoadPlan, load_model, wrap_model
 from engine.models.random_models import byte_tokenizer
 from tests.engine.forward.batch_of_one import OneSequence, greedy_tokens, prompt_logits
 from tests.engine.models.moe_gguf import tiny_moe, write_moe_gguf
@@ -59,6 +59,17 @@ def test_fp32_from_a_safetensors_folder_equals_transformers(folder):
     path, model = folder
     loaded = _load(path, "fp32")
     assert type(loaded.backend).__name__ == "FastLlamaBackend"
+    assert _every_layer_kind(loaded) == {"GatedMlp", "MixtureOfExperts"}
+    torch.testing.assert_close(prompt_logits(loaded.backend, PROMPT), _hf_logits(model, PROMPT)[-1],
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_fp32_from_transformers_stacked_experts_equals_its_forward(folder):
+    """transformers' own model holds each layer's experts stacked (``mlp.experts.gate_up_proj`` [E, 2F, D])."""
+    _, model = folder
+    assert any(name.endswith("mlp.experts.gate_up_proj") for name in model.state_dict())
+    plan = LoadPlan(Path("random"), "random", CPU, "fp32", 512, ChatTemplate(None, "test"))
+    loaded = wrap_model(model, byte_tokenizer(), plan, 0.0)
     assert _every_layer_kind(loaded) == {"GatedMlp", "MixtureOfExperts"}
     torch.testing.assert_close(prompt_logits(loaded.backend, PROMPT), _hf_logits(model, PROMPT)[-1],
                                atol=1e-4, rtol=1e-4)
