@@ -84,12 +84,14 @@ def test_fp32_from_a_gguf_file_equals_transformers(kind: str, tmp_path: Path):
                                atol=1e-4, rtol=1e-4)
 
 
-def test_4bit_blocks_pick_the_dequantized_models_greedy_tokens(kind: str, tmp_path: Path):
-    """The experts stay in the file's 4-bit groups; against transformers over the weights those blocks stand for,
-    teacher-forced along the reference's own greedy reply (a bf16 rounding that flips one routing choice must not
-    send the rest of the comparison down another reply)."""
+@pytest.mark.parametrize("precision", ["int4", "fp16"])
+def test_4bit_blocks_pick_the_dequantized_models_greedy_tokens(kind: str, precision: str, tmp_path: Path):
+    """The experts stay in the file's 4-bit groups, beside 4-bit layers or fp16 ones with a 4-bit decode copy;
+    against transformers over the weights those blocks stand for, teacher-forced along the reference's own greedy
+    reply (a bf16 rounding that flips one routing choice must not send the rest of the comparison down another
+    reply)."""
     model = tiny_moe(kind)
-    loaded = _load(write_moe_gguf(tmp_path / f"{kind}-q4_0.gguf", model, Q.Q4_0), "int4", four_bit_source=True)
+    loaded = _load(write_moe_gguf(tmp_path / f"{kind}-q4_0.gguf", model, Q.Q4_0), precision, four_bit_source=True)
     expert = next(layer.mlp for layer in loaded.model.layers if isinstance(layer.mlp, MixtureOfExperts)).experts[0]
     assert expert.gate_up.fmt == "int4" and expert.down.fmt == "int4"
     reply = model.generate(torch.tensor([PROMPT]), max_new_tokens=40, min_new_tokens=40, do_sample=False)[0].tolist()
