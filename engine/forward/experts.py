@@ -61,14 +61,13 @@ class MixtureOfExperts:
             return out
         slots = chosen.flatten()  # [R k]: each routed (row, choice)'s expert
         order = slots.argsort(stable=True)  # [R k]: slots grouped by expert
-        counts = torch.bincount(slots, minlength=len(self.experts)).tolist()
+        counts = torch.bincount(slots, minlength=len(self.experts))  # [E]
+        active = counts.nonzero().flatten()  # [A]: the chosen experts, in the order the slots are grouped
         routed_rows = order // self.top_k  # [R k]: each grouped slot's row
         routed_weights = weights.flatten()[order].unsqueeze(1)  # [R k, 1]
         out = torch.zeros_like(h)  # [R, D]
         start = 0
-        for expert, count in enumerate(counts):
-            if count == 0:
-                continue
+        for expert, count in zip(active.tolist(), counts[active].tolist()):
             end = start + count
             own_rows = routed_rows[start:end]  # [n]
             out.index_add_(0, own_rows, self.experts[expert](h[own_rows]).mul_(routed_weights[start:end]))
