@@ -1,6 +1,6 @@
 """``python -m engine.bench``: decode speed, multi-turn reuse and load time, as JSON lines (main thread).
 
-    decode --model default|PATH|random:NAME|random-gguf:SHAPE:TYPE --device auto|cpu|cuda
+    decode --model default|PATH|random:NAME|random-gguf:SHAPE[@LAYERS]:TYPE --device auto|cpu|cuda
            --quant none|int8|int4|auto --prompt-tokens N --new-tokens N
            [--baseline [transformers|llama.cpp]] [--rounds N]
     prefill --model … --device … --quant … --prompt-tokens 4096 [--repeats N] [--baseline llama.cpp]

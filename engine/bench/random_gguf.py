@@ -6,7 +6,10 @@ reused. Shapes: ``llama3-8b``, ``llama3.1-8b`` (the same, stating Llama 3.1's
 131 072-token context), ``qwen2.5-7b``, ``smollm2-1.7b``, ``smollm2-135m``,
 ``gemma3-1b`` (its 256-wide heads, q/k norms and norms after attention and MLP, the
 sliding window in the metadata) and ``phi4-mini`` (fused ``attn_qkv`` and ``ffn_up``,
-96 of each head's 128 dimensions turning, LongRoPE's factors as tensors);
+96 of each head's 128 dimensions turning, LongRoPE's factors as tensors), and the
+mixture of experts ``qwen3-30b-a3b`` (128 experts of which 8 run, each layer's experts
+as 3-D tensors the way llama.cpp's converter stacks them); ``SHAPE@LAYERS`` cuts a
+shape to its first LAYERS layers (``random-gguf:qwen3-30b-a3b@4:q4_k_m``);
 types ``q4_k_m``, ``q4_0``, ``q4_1``, ``q8_0``, each with llama.cpp's own choice of
 block type per tensor (``tensor_type``): Q4_K_M keeps ``output`` (or a tied
 ``token_embd``) and the ``attn_v`` and ``ffn_down`` of the layers ``use_more_bits``
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -60,6 +63,9 @@ class Shape:
     rotary_dim: int | None = None  # each head's turning part, where not all of it (Phi-4-mini's)
     sliding_window: int | None = None
     trained_context: int | None = None  # LongRoPE's original context (Phi-4-mini's)
+    experts: int = 0  # a mixture of experts' experts per layer, each an MLP of ``expert_ffn`` (0: dense)
+    experts_used: int = 0
+    expert_ffn: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -78,6 +84,11 @@ SHAPES = {
                        sliding_window=262144, trained_context=4096),
 }
 LONGROPE_ATTENTION_FACTOR = 1.190238  # sqrt(1 + ln(131072 / 4096) / ln(4096)), as the converter writes it
+MOE_SHAPES = {  # GGUF alone (``random_hf`` writes dense checkpoints)
+    "qwen3-30b-a3b": Shape("qwen3moe", 2048, 6144, 48, 32, 4, 1000000.0, 40960, tied=False, head_size=128,
+                           experts=128, experts_used=8, expert_ffn=768),
+}
+LAYERS_MARK = "@"
 FILE_TYPES = {  # name: (llama.cpp's file type, the block type of most tensors)
     "q4_k_m": (LlamaFileType.MOSTLY_Q4_K_M, Q.Q4_K),
     "q4_0": (LlamaFileType.MOSTLY_Q4_0, Q.Q4_0),
@@ -96,7 +107,8 @@ class TensorSpec:
     name: str
     rows: int
     cols: int  # weights per row (GGUF's ne[0])
-    qtype: GGMLQuantizationType  # F32 for norms and biases
+    qtype: GGMLQuantizationType  # F32 for norms, biases and routers
+    experts: int = 0  # a 3-D tensor of this many [rows, cols] matrices, one per expert (0: one matrix)
 
 
 def is_random_gguf(model: str) -> bool:
@@ -104,8 +116,21 @@ def is_random_gguf(model: str) -> bool:
 
 
 def parse(model: str) -> tuple[str, str]:
-    """``random-gguf:SHAPE:TYPE`` as (shape, type), checked."""
-    return parse_spec(model, PREFIX, "TYPE", FILE_TYPES, RandomGgufError)
+    """``random-gguf:SHAPE[@LAYERS]:TYPE`` as (shape with its layers, type), checked."""
+    name, _, kind = model[len(PREFIX):].partition(":")
+    base, _, layers = name.partition(LAYERS_MARK)
+    if base not in {**SHAPES, **MOE_SHAPES} or kind not in FILE_TYPES or (layers and not layers.isdigit()):
+        raise RandomGgufError(f"{model!r} is not a random-gguf model; write {PREFIX}SHAPE:TYPE or "
+                              f"{PREFIX}SHAPE{LAYERS_MARK}LAYERS:TYPE with SHAPE one of "
+                              f"{', '.join([*SHAPES, *MOE_SHAPES])} and TYPE one of {', '.join(FILE_TYPES)}.")
+    return name, kind
+
+
+def shape_of(name: str) -> Shape:
+    """The ``Shape`` a checked ``SHAPE[@LAYERS]`` names: its first LAYERS layers where it says so."""
+    base, _, layers = name.partition(LAYERS_MARK)
+    shape = {**SHAPES, **MOE_SHAPES}[base]
+    return replace(shape, layers=int(layers)) if layers else shape
 
 
 def parse_spec(model: str, prefix: str, label: str, kinds: Iterable[str], error: type[ValueError],
@@ -138,35 +163,52 @@ def tensor_specs(shape: Shape, ftype: str, vocab: int) -> list[TensorSpec]:
     """Every tensor of the file in llama.cpp's names, in the order ``convert_hf_to_gguf`` writes them."""
     q_rows, kv_rows = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
 
-    def weight(role: str, layer: int, rows: int, cols: int, name: str) -> TensorSpec:
-        return TensorSpec(name, rows, cols, tensor_type(role, layer, cols, shape, ftype))
+    def weight(role: str, layer: int, rows: int, cols: int, name: str, experts: int = 0) -> TensorSpec:
+        return TensorSpec(name, rows, cols, tensor_type(role, layer, cols, shape, ftype), experts)
 
     specs = [weight("token_embd", -1, vocab, shape.hidden, "token_embd.weight")]
     if shape.trained_context:
         specs += [TensorSpec(f"rope_factors_{kind}.weight", 1, shape.rotary_dim // 2, Q.F32) for kind in ("long", "short")]
     for i in range(shape.layers):
         if shape.arch == "phi3":
-            matrices = (("attn_qkv", q_rows + 2 * kv_rows, shape.hidden), ("attn_output", shape.hidden, q_rows),
-                        ("ffn_up", 2 * shape.ffn, shape.hidden), ("ffn_down", shape.hidden, shape.ffn))
+            matrices = (("attn_qkv", q_rows + 2 * kv_rows, shape.hidden), ("attn_output", shape.hidden, q_rows))
         else:
             matrices = (("attn_q", q_rows, shape.hidden), ("attn_k", kv_rows, shape.hidden),
-                        ("attn_v", kv_rows, shape.hidden), ("attn_output", shape.hidden, q_rows),
-                        ("ffn_gate", shape.ffn, shape.hidden), ("ffn_up", shape.ffn, shape.hidden),
-                        ("ffn_down", shape.hidden, shape.ffn))
+                        ("attn_v", kv_rows, shape.hidden), ("attn_output", shape.hidden, q_rows))
         specs.append(TensorSpec(f"blk.{i}.attn_norm.weight", 1, shape.hidden, Q.F32))
         specs += [weight(role, i, rows, cols, f"blk.{i}.{role}.weight") for role, rows, cols in matrices]
         if shape.qkv_bias:
             specs += [TensorSpec(f"blk.{i}.{role}.bias", 1, rows, Q.F32)
                       for role, rows in (("attn_q", q_rows), ("attn_k", kv_rows), ("attn_v", kv_rows))]
         norms = [("ffn_norm", shape.hidden)]
+        if shape.arch.startswith("qwen3"):
+            norms += [("attn_q_norm", shape.head_dim), ("attn_k_norm", shape.head_dim)]
         if shape.arch == "gemma3":  # q/k norms, and norms of the attention's and the MLP's outputs
             norms += [("attn_q_norm", shape.head_dim), ("attn_k_norm", shape.head_dim),
                       ("post_attention_norm", shape.hidden), ("post_ffw_norm", shape.hidden)]
         specs += [TensorSpec(f"blk.{i}.{name}.weight", 1, size, Q.F32) for name, size in norms]
+        specs += _mlp_specs(shape, i, weight)
     specs.append(TensorSpec("output_norm.weight", 1, shape.hidden, Q.F32))
     if not shape.tied:
         specs.append(weight("output", -1, vocab, shape.hidden, "output.weight"))
     return specs
+
+
+def _mlp_specs(shape: Shape, layer: int, weight: Callable[..., TensorSpec]) -> list[TensorSpec]:
+    """A layer's MLP: gate, up and down; or a mixture's router (F32, which llama-quantize leaves alone) and its
+    experts' gate, up and down stacked into 3-D tensors, the down ones in 6 bits where a dense ``ffn_down`` is."""
+    if shape.arch == "phi3":  # gate and up fused, gate's rows first
+        return [weight(role, layer, rows, cols, f"blk.{layer}.{role}.weight") for role, rows, cols in
+                (("ffn_up", 2 * shape.ffn, shape.hidden), ("ffn_down", shape.hidden, shape.ffn))]
+    if not shape.experts:
+        return [weight(role, layer, rows, cols, f"blk.{layer}.{role}.weight") for role, rows, cols in
+                (("ffn_gate", shape.ffn, shape.hidden), ("ffn_up", shape.ffn, shape.hidden),
+                 ("ffn_down", shape.hidden, shape.ffn))]
+    experts, width = shape.experts, shape.expert_ffn
+    router = TensorSpec(f"blk.{layer}.ffn_gate_inp.weight", experts, shape.hidden, Q.F32)
+    return [router] + [weight(role, layer, rows, cols, f"blk.{layer}.{role}_exps.weight", experts)
+                       for role, rows, cols in (("ffn_gate", width, shape.hidden), ("ffn_up", width, shape.hidden),
+                                                ("ffn_down", shape.hidden, width))]
 
 
 def random_gguf_path(model: str) -> Path:
@@ -199,7 +241,7 @@ def written_once(target: Path, write: Callable[[Path], None]) -> Path:
 
 def write_random_gguf(path: Path, shape_name: str, ftype: str, tokenizer_source: Path, seed: int = 0) -> None:
     """Write the file tensor by tensor, so memory holds one tensor at a time."""
-    shape = SHAPES[shape_name]
+    shape = shape_of(shape_name)
     tokenizer_fields = _tokenizer_fields(tokenizer_source)
     vocab = len(tokenizer_fields["tokenizer.ggml.tokens"][0])
     specs = tensor_specs(shape, ftype, vocab)
@@ -217,20 +259,25 @@ def write_random_gguf(path: Path, shape_name: str, ftype: str, tokenizer_source:
 
 
 def _stored_shape(spec: TensorSpec) -> tuple[tuple[int, ...], np.dtype, int]:
-    """(shape, dtype, bytes) as ``add_tensor_info`` takes them: bytes per row for a quantized tensor."""
+    """(shape, dtype, bytes) as ``add_tensor_info`` takes them: bytes per row for a quantized tensor, an expert
+    tensor's experts first."""
+    experts = (spec.experts,) if spec.experts else ()
     if spec.qtype == Q.F32:
-        return (spec.cols,), np.dtype(np.float32), spec.cols * 4
+        rows = (spec.rows,) if spec.rows > 1 else ()
+        return (*rows, spec.cols), np.dtype(np.float32), spec.rows * spec.cols * 4
     block_size, type_size = GGML_QUANT_SIZES[spec.qtype]
     row_bytes = spec.cols // block_size * type_size
-    return (spec.rows, row_bytes), np.dtype(np.uint8), spec.rows * row_bytes
+    return (*experts, spec.rows, row_bytes), np.dtype(np.uint8), max(spec.experts, 1) * spec.rows * row_bytes
 
 
 def _tensor_data(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
     if spec.name.endswith("norm.weight") or spec.name.startswith("rope_factors"):
         return np.ones(spec.cols, dtype=np.float32)  # [hidden], [rotary / 2]: a norm's weight, LongRoPE's divisors
-    if spec.qtype == Q.F32:  # a bias
-        return rng.normal(0.0, WEIGHT_STD, size=spec.cols).astype(np.float32)  # [rows]
-    return random_blocks(spec.qtype, spec.rows, spec.cols, WEIGHT_STD, rng)  # [rows, row bytes]
+    if spec.qtype == Q.F32:  # a bias, or a router [E, hidden]
+        size = (spec.rows, spec.cols) if spec.rows > 1 else spec.cols
+        return rng.normal(0.0, WEIGHT_STD, size=size).astype(np.float32)
+    blocks = random_blocks(spec.qtype, max(spec.experts, 1) * spec.rows, spec.cols, WEIGHT_STD, rng)
+    return blocks.reshape(spec.experts, spec.rows, -1) if spec.experts else blocks  # [(E,) rows, row bytes]
 
 
 def _tokenizer_fields(source: Path) -> dict[str, tuple[object, list[GGUFValueType]]]:
@@ -258,6 +305,10 @@ def _add_metadata(writer: GGUFWriter, shape: Shape, shape_name: str, ftype: str,
     if shape.trained_context:
         writer.add_uint32(f"{arch}.rope.scaling.original_context_length", shape.trained_context)
         writer.add_float32(f"{arch}.rope.scaling.attn_factor", LONGROPE_ATTENTION_FACTOR)
+    if shape.experts:
+        for key, value in (("expert_count", shape.experts), ("expert_used_count", shape.experts_used),
+                           ("expert_feed_forward_length", shape.expert_ffn)):
+            writer.add_uint32(f"{arch}.{key}", value)
     writer.add_float32(f"{arch}.rope.freq_base", shape.rope_theta)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
     for key, (value, types) in tokenizer_fields.items():

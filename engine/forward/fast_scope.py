@@ -13,7 +13,7 @@ from typing import Any
 
 from engine.forward.family import ACTIVATIONS, GEMMA_TYPES, activation_name
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", *GEMMA_TYPES)
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "qwen2_moe", "qwen3_moe", *GEMMA_TYPES)
 ROPE_TYPES = ("default", "llama3", "linear", "longrope")
 
 

@@ -1,8 +1,9 @@
 """The fast path's forward pass for Llama-family models over a block pool (engine thread).
 
-Covers Llama, Mistral, Qwen2, Qwen3, Gemma 2/3 and Phi-3/4: RMSNorm,
+Covers Llama, Mistral, Qwen2, Qwen3, Gemma 2/3, Phi-3/4, Qwen2-MoE and Qwen3-MoE: RMSNorm,
 rotary positions (including Llama 3, linear and LongRoPE scaling, partial rotary, a table per
-layer type), grouped-query attention, a SiLU or GELU gated MLP, optional q/k/v biases and
+layer type), grouped-query attention, a SiLU or GELU gated MLP or a mixture of
+experts (``mlp``, ``experts``: the layer's), optional q/k/v biases and
 RMSNorm of each query and key head, and the steps only some families take, each skipped
 where absent (``family.Family``): Gemma's embedding scale, its norms of the attention's and
 the MLP's outputs, Gemma 2's soft-capped attention scores and logits; over weights built by
@@ -135,7 +136,7 @@ class FastLlama(LlamaWeights):
 
     def mlp(self, layer: LlamaLayer, h: torch.Tensor) -> torch.Tensor:
         """The MLP's output for the normalised ``h`` [R, D] (Gemma's normalised again), [R, D]."""
-        out = layer.down(gated(layer.gate_up(h), self.family.activation))  # [R, D]
+        out = layer.mlp(h)  # [R, D]
         return out if layer.mlp_norm is None else self.normalise(out).mul_(layer.mlp_norm)
 
     def attention_out(self, layer: LlamaLayer, attended: torch.Tensor) -> torch.Tensor:
@@ -245,20 +246,3 @@ def rotate_pairs_(x: torch.Tensor, turns: torch.Tensor) -> None:
     turned = torch.view_as_complex(x.float().unflatten(-1, (-1, 2))) * turns  # [S, N, hd/2]
     x.copy_(torch.view_as_real(turned).flatten(-2))
 
-
-def gated(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
-    """The MLP's gated activation of ``gate_up`` [S, 2F]: [S, F]; ``activation`` "silu" (``swiglu``) or "gelu_tanh"
-    (GELU's tanh approximation of the gate, Gemma's)."""
-    if activation == "silu":
-        return swiglu(gate_up)
-    width = gate_up.shape[1] // 2
-    return F.gelu(gate_up[:, :width], approximate="tanh").mul_(gate_up[:, width:])  # [S, F]
-
-
-def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
-    """SiLU(gate) * up from ``gate_up`` [S, 2F]: [S, F], in Hearth's CPU kernel or in place in its gate half."""
-    if native_norm.swiglu_covers(gate_up):
-        return native_norm.swiglu(gate_up)
-    width = gate_up.shape[1] // 2
-    gate = F.silu(gate_up[:, :width], inplace=True)  # [S, F]
-    return gate.mul_(gate_up[:, width:])

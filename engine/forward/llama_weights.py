@@ -21,6 +21,8 @@ import torch
 
 from engine.forward.family import family_of, head_dim_of
 from engine.forward.rotary_tables import FACTOR_NAMES, rotary_tables
+from engine.forward.experts import ROUTER, MixtureOfExperts, mixture_of_experts
+from engine.forward.mlp import GatedMlp
 from engine.forward.weights.pack_worker import PackWorker
 from engine.forward.weights.quant import PLAIN_DTYPES, Linear, embedding
 from engine.forward.weights.quant_int import INT4_PAIR, Int4Groups, Int4Pair, as_int4_pair
@@ -39,8 +41,7 @@ TABLE, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 class LlamaLayer:
     qkv: Linear  # D -> (H + 2 Hkv) * hd, on the normalised input
     out: Linear  # H * hd -> D
-    gate_up: Linear  # D -> 2 F, on the normalised input
-    down: Linear  # F -> D
+    mlp: GatedMlp | MixtureOfExperts  # D -> D, on the normalised input (a mixture: where the layer has a router)
     head_norms: torch.Tensor | None = None  # [H + Hkv, hd]: Qwen3's per-head q/k RMSNorm weights (q's scaled)
     attention_norm: torch.Tensor | None = None  # [D]: Gemma's RMSNorm weight of the attention's output
     mlp_norm: torch.Tensor | None = None  # [D]: Gemma's RMSNorm weight of the MLP's output
@@ -130,21 +131,36 @@ class LlamaWeights:
                 q, k = _pair_rows(q, self.heads, rotary), _pair_rows(k, self.kv_heads, rotary)
             return _cat_rows([q, k, v])
 
-        def linear(rows: Weight, bias: Weight | None, norm_weight: torch.Tensor | None = None) -> Linear:
+        def linear(rows: Weight, bias: Weight | None, norm_weight: torch.Tensor | None = None,
+                   expert: bool = False) -> Linear:
+            if expert:  # one copy, in the experts' format
+                return Linear(rows, bias, formats.experts, norm_weight, worker=worker)
             return Linear(rows, bias, formats.layers, norm_weight, formats.decode_copy, worker)
+
+        def gated_rows(gate_up: Weight, down: Weight, expert: bool = False,
+                       norm_weight: torch.Tensor | None = None) -> GatedMlp:
+            return GatedMlp(linear(gate_up, None, norm_weight, expert), linear(down, None, expert=expert),
+                            self.family.activation)
+
+        def gated(gate: Weight, up: Weight, down: Weight, expert: bool = False) -> GatedMlp:
+            return gated_rows(_cat_rows([gate, up]), down, expert)
 
         # Gemma normalises the attention's and the MLP's outputs too; its MLP input norm is pre_feedforward's
         post_norms = prefix + "pre_feedforward_layernorm.weight" in state
         mlp_input = "pre_feedforward_layernorm.weight" if post_norms else "post_attention_layernorm.weight"
         qkv = linear(qkv_rows("weight"), qkv_rows("bias"), norm("input_layernorm.weight"))
-        gate_up = optional("mlp.gate_up_proj.weight")  # Phi-3's, gate rows first
-        if gate_up is None:
-            gate_up = _cat_rows([weight("mlp.gate_proj.weight"), weight("mlp.up_proj.weight")])
+        if prefix + ROUTER in state:
+            mlp: GatedMlp | MixtureOfExperts = mixture_of_experts(self.config, weight, lambda name: prefix + name in
+                                                                  state, gated)
+        else:
+            gate_up = optional("mlp.gate_up_proj.weight")  # Phi-3's, gate rows first
+            if gate_up is None:
+                gate_up = _cat_rows([weight("mlp.gate_proj.weight"), weight("mlp.up_proj.weight")])
+            mlp = gated_rows(gate_up, weight("mlp.down_proj.weight"), norm_weight=norm(mlp_input))
         return LlamaLayer(
             qkv=qkv,
             out=linear(weight("self_attn.o_proj.weight"), optional("self_attn.o_proj.bias")),
-            gate_up=linear(gate_up, None, norm(mlp_input)),
-            down=linear(weight("mlp.down_proj.weight"), None),
+            mlp=mlp,
             head_norms=head_norms.to(qkv.compute_dtype) if head_norms is not None else None,
             attention_norm=norm("post_attention_layernorm.weight") if post_norms else None,
             mlp_norm=norm("post_feedforward_layernorm.weight") if post_norms else None,
@@ -167,15 +183,19 @@ class LlamaWeights:
 
     @property
     def weight_bytes(self) -> int:
-        return sum(linear.nbytes for linear in self._linears()) + self.embed.nbytes
+        mlps = sum(layer.mlp.nbytes for layer in self.layers)
+        return sum(linear.nbytes for linear in self._linears()) + mlps + self.embed.nbytes
 
     @property
     def decode_bytes(self) -> int:
-        """Weight bytes one decode step reads (each layer's one-row copy, the output layer); it sets the speed."""
-        return sum(linear.one_row_nbytes for linear in self._linears())
+        """Weight bytes one decode step of one row reads (each layer's one-row copy and its row's experts, the
+        output layer); it sets the speed."""
+        mlps = sum(layer.mlp.one_row_nbytes for layer in self.layers)
+        return sum(linear.one_row_nbytes for linear in self._linears()) + mlps
 
     def _linears(self) -> list[Linear]:
-        return [l for layer in self.layers for l in (layer.qkv, layer.out, layer.gate_up, layer.down)] + [self.lm_head]
+        """The attention's matmuls and the output layer (the MLPs count their own)."""
+        return [l for layer in self.layers for l in (layer.qkv, layer.out)] + [self.lm_head]
 
 
 def _tied_name(config: Any, state: Mapping[str, Weight], name: str, tied_name: str) -> str:

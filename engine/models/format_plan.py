@@ -101,6 +101,13 @@ class FormatPlan:
         return "bf16" if self.device == "cpu" and self.fast_path and self.layers != "fp32" else self.compute
 
     @property
+    def experts(self) -> str:
+        """A mixture of experts' format (``engine.forward.experts``): the 4-bit decode copy alone where the plan
+        has one (the experts are most of such a model's bytes, and a decode row reads few of them), else the
+        layers'."""
+        return self.decode_copy or self.layers
+
+    @property
     def label(self) -> str:
         """The formats as the window and the load line show them, e.g. "fp16 weights, int4 copy for decoding"."""
         label = f"{FORMAT_WORDS.get(self.layers, self.layers)} weights"

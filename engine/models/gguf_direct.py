@@ -26,8 +26,9 @@ Gemma's ``ffn_norm`` is the MLP's input norm after its ``post_attention_norm``, 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -66,6 +67,9 @@ LAYER_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # a mixture of experts' router [E, D]
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 GEMMA_LAYER_NAMES = LAYER_NAMES | {
     "ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
@@ -75,6 +79,11 @@ FAMILY_LAYER_NAMES = {
     "gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
     "phi3": LAYER_NAMES | {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
 }
+EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
+"""A mixture's experts, one 3-D tensor [E, rows, width] each, which ``GGUFState`` hands over expert by expert under
+Hugging Face's names (``mlp.experts.N.gate_proj.weight``): each expert's rows lie one after another in the file."""
+ROUTER_NAMES = ("mlp.gate.weight", "mlp.shared_expert_gate.weight")
+NORMALISED_TOP_K = {"qwen2moe": False, "qwen3moe": True}  # llama.cpp's defaults, where a file does not say
 TABLE_NAMES = ("model.embed_tokens.weight", "lm_head.weight")
 END_TOKEN_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 Progress = Callable[[int, int], None]
@@ -92,12 +101,28 @@ def hf_name(gguf_name: str, architecture: str) -> str | None:
     return None
 
 
+def placed(info: GGUFTensorInfo, architecture: str) -> Iterator[tuple[str, GGUFTensorInfo]]:
+    """The Hugging Face names and tensors ``info`` stands for: itself under ``hf_name``, or an expert tensor's
+    experts, each a matrix of its own (``EXPERT_NAMES``); none for a tensor Hearth does not place."""
+    parts = info.name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in EXPERT_NAMES and len(info.dims) == 3:
+        experts, each = info.dims[2], info.n_bytes // info.dims[2]
+        for index in range(experts):
+            yield (f"model.layers.{parts[1]}.mlp.experts.{index}.{EXPERT_NAMES[parts[2]]}.{parts[3]}",
+                   replace(info, n_elements=info.n_elements // experts, n_bytes=each,
+                           offset=info.offset + index * each, dims=info.dims[:2]))
+        return
+    name = hf_name(info.name, architecture)
+    if name is not None:
+        yield name, info
+
+
 def direct_reason(contents: GGUFContents) -> str | None:
     """Why this file cannot be opened directly (then transformers converts it), or None when it can."""
     architecture = contents.metadata.get("general.architecture")
     if architecture not in DIRECT_ARCHITECTURES:
         return f"architecture {architecture!r}"
-    unknown = [t.name for t in contents.tensors if hf_name(t.name, architecture) is None]
+    unknown = [t.name for t in contents.tensors if next(placed(t, architecture), None) is None]
     return f"tensors Hearth does not place ({', '.join(unknown[:3])})" if unknown else None
 
 
@@ -129,6 +154,7 @@ def hf_config(contents: GGUFContents) -> Any:
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
         attention_bias=any(tensor.name.endswith("attn_q.bias") for tensor in contents.tensors),
         sliding_window=key("attention.sliding_window") or None,
+        **_experts(architecture, key),
     )
     config.model_type = DIRECT_ARCHITECTURES[architecture]
     # set after construction, which checks LongRoPE's factors: ``GGUFState`` hands them over as tensors
@@ -136,6 +162,19 @@ def hf_config(contents: GGUFContents) -> Any:
     if architecture in GEMMA_ARCHITECTURES:
         _gemma_config(config, architecture, key)
     return config
+
+
+def _experts(architecture: str, key: Callable[..., Any]) -> dict[str, Any]:
+    """A mixture of experts' config fields (none for a dense model). Which layers are mixtures the file's tensors
+    say (a router, ``ffn_gate_inp``), so the config names no sparse step."""
+    if key("expert_count") is None:
+        return {}
+    return {
+        "num_experts": key("expert_count"), "num_experts_per_tok": key("expert_used_count"),
+        "moe_intermediate_size": key("expert_feed_forward_length"),
+        "shared_expert_intermediate_size": key("expert_shared_feed_forward_length", 0),
+        "norm_topk_prob": bool(key("expert_weights_norm", NORMALISED_TOP_K.get(architecture, False))),
+    }
 
 
 def _rope_parameters(key: Callable[..., Any], head_dim: int, long_rope: bool) -> dict[str, Any]:
@@ -208,8 +247,7 @@ class GGUFState(LazyTensors):
                  all_groups: bool = False, table_format: str | None = None, cpu_layout: bool = False) -> None:
         self._path, self._start = path, contents.data_start
         architecture = contents.metadata["general.architecture"]
-        named = ((hf_name(t.name, architecture), t) for t in contents.tensors)
-        self._tensors = {name: t for name, t in named if name is not None}
+        self._tensors = dict(pair for tensor in contents.tensors for pair in placed(tensor, architecture))
         self.rotary_pairs = architecture in PERMUTED_ARCHITECTURES
         self.shifted_norms = architecture in GEMMA_ARCHITECTURES
         self._groups, self._all_groups, self._report, self._done = groups, all_groups, report, set()
@@ -252,6 +290,8 @@ class GGUFState(LazyTensors):
                          lambda start, end: dense(blocks[start:end], info.quant_type))
 
     def _decoded(self, name: str, info: GGUFTensorInfo, blocks: np.ndarray) -> Weight:
+        if name.endswith(ROUTER_NAMES):  # a mixture's routing stays in fp32, whatever the layers' format
+            return dense(blocks, info.quant_type).reshape(info.shape)
         if len(info.dims) == 2 and self._all_groups:
             if name in TABLE_NAMES and self._table_format == INT4_PAIR:
                 return requantized_pair(blocks, info.quant_type, self._cpu_layout)

@@ -123,9 +123,11 @@ def is_gguf(plan: LoadPlan) -> bool:
 
 def fast_path_applies(config: Any, device: torch.device) -> bool:
     """Whether the fast path (``llama_forward``) can run this model here (the CPU or a GPU, a Llama-family
-    architecture; on a GPU without sliding windows, which its decode kernel does not take)."""
+    architecture; on a GPU neither sliding windows, which its decode kernel does not take, nor a mixture of experts,
+    whose steps are built and checked on the CPU alone)."""
     windowed = any(window is not None for window in layer_windows(config))
-    return (device.type == "cpu" or (device.type == "cuda" and not windowed)) and unsupported_reason(config) is None
+    gpu_ready = not windowed and not getattr(config, "num_experts", 0)
+    return (device.type == "cpu" or (device.type == "cuda" and gpu_ready)) and unsupported_reason(config) is None
 
 
 def formats_of(plan: LoadPlan, config: Any | None, kept_table: bool = False) -> FormatPlan:

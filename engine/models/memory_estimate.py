@@ -15,7 +15,9 @@ the same call the loader's plan comes from), so the two cannot disagree about fo
   streamed by ``safetensors_state``), is counted as ``FastLlama`` holds it: its layers in the plan's format (int4:
   groups of 32, ``INT4_BYTES`` per weight; fp16 on the CPU as FBGEMM packs it, ``packed_sizes``), the plan's decode
   copy, and the token table and the output layer apart even when the file ties them, each in the plan's format.
-  Its tensors are read one at a time, so the load holds no more than that and one tensor on its way.
+  Its tensors are read one at a time, so the load holds no more than that and one tensor on its way. A mixture of
+  experts' experts (``ModelShape.expert_params``) are held once, in the plan's ``experts`` format: a 4-bit file's
+  in int4 beside fp16 layers too.
   On the CPU ``auto`` picks fp16 (with an int4 decode copy of a 4-bit file) where it fits comfortably, else int4
   alone; a 4-bit file runs int4 alone where its prompts run faster so (``format_plan.four_bit_prompts_faster``).
 * Any other GGUF file goes through transformers, which dequantizes every tensor into
@@ -83,11 +85,20 @@ class ModelShape:
     vocab: int
     intermediate: int
     tied_embeddings: bool
+    experts: int = 0  # a mixture of experts' experts per layer (0: a dense model)
+    expert_intermediate: int = 0  # each expert's MLP width
+    moe_layers: int = 0  # the layers that are mixtures (the rest dense MLPs of ``intermediate``)
 
     @property
     def embedding_params(self) -> int:
         """Parameters of the token embeddings and output head (one matrix if tied)."""
         return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of every layer's experts (gate, up and down each), which the fast path holds in
+        ``FormatPlan.experts``."""
+        return self.moe_layers * self.experts * 3 * self.hidden * self.expert_intermediate
 
 
 @dataclass(frozen=True)
@@ -126,18 +137,31 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
             head_dim=config.get("key_length") or hidden // heads,
             vocab=config.get("vocab_size") or 0, intermediate=config.get("feed_forward_length") or 0,
             tied_embeddings=bool(config.get("tied_embeddings", True)),
+            experts=config.get("expert_count") or 0, expert_intermediate=config.get("expert_feed_forward_length") or 0,
+            moe_layers=config["block_count"] if config.get("expert_count") else 0,
         )
     config = config.get("text_config") or config
     hidden = _required(config, HF_SHAPE_KEYS["hidden"], "hidden size")
     heads = _required(config, HF_SHAPE_KEYS["heads"], "number of attention heads")
+    layers = _required(config, HF_SHAPE_KEYS["layers"], "number of layers")
+    experts = config.get("num_experts") or config.get("num_local_experts") or 0
     return ModelShape(
-        layers=_required(config, HF_SHAPE_KEYS["layers"], "number of layers"), hidden=hidden, heads=heads,
+        layers=layers, hidden=hidden, heads=heads,
         kv_heads=config.get("num_key_value_heads") or heads,
         head_dim=config.get("head_dim") or hidden // heads,
         vocab=config.get("vocab_size") or 0,
         intermediate=config.get("intermediate_size") or config.get("n_inner") or 4 * hidden,
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        experts=experts, expert_intermediate=config.get("moe_intermediate_size") or 0,
+        moe_layers=_moe_layers(config, layers) if experts else 0,
     )
+
+
+def _moe_layers(config: Mapping[str, Any], layers: int) -> int:
+    """How many layers of a Qwen-MoE config are mixtures: every ``decoder_sparse_step``-th, but those in
+    ``mlp_only_layers``."""
+    step, dense = config.get("decoder_sparse_step") or 1, set(config.get("mlp_only_layers") or ())
+    return sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
 
 
 def params_from_config(config: Mapping[str, Any]) -> int:
@@ -150,7 +174,16 @@ def params_from_config(config: Mapping[str, Any]) -> int:
     attention = shape.hidden * shape.head_dim * (2 * shape.heads + 2 * shape.kv_heads)  # q, o, k, v
     mlp = 3 * shape.hidden * shape.intermediate  # gate, up, down
     norms = 2 * shape.hidden
-    return shape.layers * (attention + mlp + norms) + shape.embedding_params + shape.hidden
+    dense = shape.layers * (attention + norms) + (shape.layers - shape.moe_layers) * mlp
+    return dense + _mixture_params(config, shape) + shape.embedding_params + shape.hidden
+
+
+def _mixture_params(config: Mapping[str, Any], shape: ModelShape) -> int:
+    """The mixtures' parameters: the experts, each layer's router, and Qwen2-MoE's shared expert and its gate."""
+    config = config.get("text_config") or config
+    shared = config.get("shared_expert_intermediate_size") or config.get("expert_shared_feed_forward_length") or 0
+    per_layer = shape.experts * shape.hidden + (3 * shape.hidden * shared + shape.hidden if shared else 0)
+    return shape.expert_params + shape.moe_layers * per_layer
 
 
 def estimate_weight_bytes(n_params: int, layers: str, unquantized_params: int = 0) -> int:
@@ -187,9 +220,11 @@ def precision_order(source: ModelSource, device: str) -> tuple[str, ...]:
 
 
 def _fast_weight_bytes(source: ModelSource, shape: ModelShape, formats: FormatPlan) -> int:
-    """What ``FastLlama`` holds for a model it loads in ``formats`` (see the module docstring)."""
-    layer_params = max(source.n_params - shape.embedding_params, 0)
-    layers = layer_params * FAST_LAYER_BYTES[formats.layers]
+    """What ``FastLlama`` holds for a model it loads in ``formats`` (see the module docstring); a mixture's experts
+    in one copy, in ``formats.experts``."""
+    expert_params = min(shape.expert_params, max(source.n_params - shape.embedding_params, 0))
+    layer_params = max(source.n_params - shape.embedding_params - expert_params, 0)
+    layers = layer_params * FAST_LAYER_BYTES[formats.layers] + expert_params * FAST_LAYER_BYTES[formats.experts]
     if formats.device == "cpu" and formats.layers == "fp16":
         layers += _fp16_packing_bytes(shape, formats.decode_copy is not None, formats.host.fp16_math)
     if formats.decode_copy:
@@ -202,10 +237,12 @@ def _fp16_packing_bytes(shape: ModelShape, prompts_only: bool, fp16_math: bool) 
     or with ``prompts_only``, beside a 4-bit decode copy, an fp32 tail of columns): q/k/v, the attention output and
     gate/up are as wide as the hidden size or the heads, down as the MLP; 0 when those are multiples of 512."""
     qkv_rows, attention_width = (shape.heads + 2 * shape.kv_heads) * shape.head_dim, shape.heads * shape.head_dim
-    matrices = ((qkv_rows, shape.hidden), (shape.hidden, attention_width), (2 * shape.intermediate, shape.hidden),
-                (shape.hidden, shape.intermediate))
-    extra = (fp16_packed_bytes(rows, width, prompts_only, fp16_math) - 2 * rows * width for rows, width in matrices)
-    return shape.layers * sum(extra)
+    def extra(rows: int, width: int) -> int:
+        return fp16_packed_bytes(rows, width, prompts_only, fp16_math) - 2 * rows * width
+
+    attention = extra(qkv_rows, shape.hidden) + extra(shape.hidden, attention_width)
+    mlp = extra(2 * shape.intermediate, shape.hidden) + extra(shape.hidden, shape.intermediate)
+    return shape.layers * attention + (shape.layers - shape.moe_layers) * mlp  # experts: at 2 bytes a weight
 
 
 def _table_bytes(shape: ModelShape, formats: FormatPlan, kept_table: int | None) -> float:

@@ -40,6 +40,20 @@ def test_qwen_shape_has_its_attention_biases():
     assert {"blk.27.attn_q.bias", "blk.27.attn_k.bias", "blk.27.attn_v.bias", "output.weight"} <= names
 
 
+def test_the_qwen3_30b_a3b_cut_stacks_each_layers_experts_as_llama_cpp_does():
+    name, ftype = random_gguf.parse("random-gguf:qwen3-30b-a3b@2:q4_k_m")
+    specs = {spec.name: spec for spec in tensor_specs(random_gguf.shape_of(name), ftype, 49152)}
+
+    assert not any(name.startswith("blk.2.") for name in specs)  # the first two of 48 layers
+    gate, down, router = (specs[f"blk.1.{role}.weight"] for role in ("ffn_gate_exps", "ffn_down_exps", "ffn_gate_inp"))
+    assert (gate.experts, gate.rows, gate.cols, gate.qtype) == (128, 768, 2048, Q.Q4_K)
+    assert (down.experts, down.rows, down.cols) == (128, 2048, 768)
+    assert (router.rows, router.cols, router.qtype) == (128, 2048, Q.F32)
+    assert specs["blk.1.ffn_down_exps.weight"].qtype == Q.Q6_K  # llama-quantize's ffn_down rule (last layer of 2)
+    assert specs["blk.0.attn_q.weight"].rows == 32 * 128 and "blk.0.attn_k_norm.weight" in specs
+    assert "blk.0.ffn_gate.weight" not in specs
+
+
 def test_the_smollm2_135m_q4_1_plan_matches_the_built_in_file(default_model_path):
     """The built-in model is a Q4_1 file llama-quantize wrote: same tensors, block types and shapes."""
     reader = GGUFReader(default_model_path)

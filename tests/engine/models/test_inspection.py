@@ -13,7 +13,7 @@ from engine.service.runtime import ModelRuntime
 
 PLENTY = 64 * 1024**3
 # The tiny model: 2 layers × 2 KV heads × head size 16, trained for 1024 tokens.
-KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 2  # bf16, whatever the weights' precision on the CPU fast path
+KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 2  # bf16 on the CPU fast path, but beside fp32 weights (twice that)
 
 
 def _plenty(_device: str) -> int:
@@ -32,7 +32,8 @@ def test_a_folder_is_described_with_an_estimate_per_cpu_precision(tiny_model_dir
     assert found.n_params > 0
     estimates = _by_precision(found)
     assert list(estimates) == ["fp32", "bf16", "fp16", "int4"]
-    assert estimates["fp32"].kv_bytes == KV_BYTES_PER_TOKEN * 1024
+    assert estimates["fp16"].kv_bytes == KV_BYTES_PER_TOKEN * 1024
+    assert estimates["fp32"].kv_bytes == 2 * KV_BYTES_PER_TOKEN * 1024
     assert estimates["bf16"].weight_bytes == found.n_params * 2
     assert {item.verdict for item in found.estimates} == {"fits"}
     assert found.auto_precision == "fp16"  # a Llama folder: the CPU fast path holds fp16 weights
@@ -44,7 +45,7 @@ def test_the_kv_cache_grows_with_the_chosen_context_length(tiny_model_dir: Path)
     found = inspect_for_dialog(str(tiny_model_dir), options, "r2", _plenty, cuda_available=False)
 
     assert found.context_length == 1024
-    assert _by_precision(found)["fp32"].kv_bytes == KV_BYTES_PER_TOKEN * 1024
+    assert _by_precision(found)["fp16"].kv_bytes == KV_BYTES_PER_TOKEN * 1024
 
 
 def test_auto_takes_the_smaller_precision_when_only_it_fits(tiny_model_dir: Path):
