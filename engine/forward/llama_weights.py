@@ -102,6 +102,11 @@ class LlamaWeights:
         in_pairs = getattr(state, "rotary_pairs", False)  # a GGUF file's llama rows: pairs already (``gguf_direct``)
 
         def qkv_rows(kind: str) -> Weight | None:
+            stacked = _stacked(state, [f"{prefix}self_attn.{p}_proj.{kind}" for p in "qkv"]) if in_pairs else None
+            if stacked is not None:
+                if head_norms is None:
+                    stacked.scale_rows_(self.heads * self.head_dim, self.head_dim**-0.5)
+                return stacked
             q, k, v = (optional(f"self_attn.{p}_proj.{kind}") for p in "qkv")
             if q is None or k is None or v is None:
                 return None
@@ -114,7 +119,9 @@ class LlamaWeights:
             return Linear(rows, bias, formats.layers, weight(norm) if norm else None, formats.decode_copy, worker)
 
         qkv = linear(qkv_rows("weight"), qkv_rows("bias"), "input_layernorm.weight")
-        gate_up = _cat_rows([weight("mlp.gate_proj.weight"), weight("mlp.up_proj.weight")])
+        gate_up = _stacked(state, [f"{prefix}mlp.gate_proj.weight", f"{prefix}mlp.up_proj.weight"])
+        if gate_up is None:
+            gate_up = _cat_rows([weight("mlp.gate_proj.weight"), weight("mlp.up_proj.weight")])
         return LlamaLayer(
             qkv=qkv,
             out=linear(weight("self_attn.o_proj.weight"), optional("self_attn.o_proj.bias")),
@@ -188,6 +195,16 @@ def _fp32(weight: Weight, device: torch.device) -> Weight:
 
 def _scaled(weight: Weight, factor: float) -> Weight:
     return weight.scaled(factor) if isinstance(weight, Int4Groups) else weight * factor
+
+
+def _stacked(state: Mapping[str, Weight], names: list[str]) -> Int4Groups | None:
+    """The tensors ``names``' rows one after another, decoded straight into one weight where the state can (a GGUF
+    file's int4 groups, ``GGUFState.stacked``), so ``_cat_rows`` copies nothing; None elsewhere (or where a name is
+    missing: a q/k/v bias)."""
+    stacked = getattr(state, "stacked", None)
+    if stacked is None or not all(name in state for name in names):
+        return None
+    return stacked(names)
 
 
 def _cat_rows(parts: list[Weight]) -> Weight:

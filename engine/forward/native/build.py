@@ -57,7 +57,7 @@ SIGNATURES = {
 
 LAYOUT_SIGNATURES = {
     "gguf_dense_rows": (P, I64, I64, I32, I32, P),
-    "gguf_int4_groups": (P, I64, I64, I32, I32, I32, P, P),
+    "gguf_int4_groups": (P, I64, I64, I32, I32, I32, P, P, I64),
     "int8_layout_from_rows": (P, I64, I32, P, P),
 }
 

@@ -230,11 +230,10 @@ static void row_groups(const uint8_t *row, int type, int width, uint8_t *codes, 
 }
 
 /* rows [rows, row_bytes] of `type`'s blocks as int4 groups of 32: codes, and scales_and_zeros [width / 32, rows, 2]
-   fp32. in_layout: codes [rows, width / 2] in the CPU int4 layout (rows a multiple of 64), else one a byte
-   [rows, width]. */
+   fp32 whose groups lie `pitch` floats apart (2 * rows, or more where they are rows of a larger weight).
+   in_layout: codes [rows, width / 2] in the CPU int4 layout (rows a multiple of 64), else one a byte [rows, width]. */
 void gguf_int4_groups(const uint8_t *blocks, int64_t rows, int64_t row_bytes, int type, int width, int in_layout,
-                      uint8_t *codes, float *scales_and_zeros) {
-    const int64_t pitch = 2 * rows;
+                      uint8_t *codes, float *scales_and_zeros, int64_t pitch) {
     if (!in_layout) {
         #pragma omp parallel
         {

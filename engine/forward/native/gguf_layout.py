@@ -49,13 +49,26 @@ def int4_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType,
     [N, K] uint8, or with ``in_layout`` (N a multiple of 64) the CPU int4 kernel's bytes [N, K / 2]; and scales and
     zeros [K / 32, N, 2] fp32 (bf16 numbers where requantized)."""
     rows, width = blocks.shape[0], _width(blocks, quant_type)
-    if in_layout and rows % CPU_INT4_PACK_ROWS:
-        raise ValueError(f"the int4 layout takes whole blocks of {CPU_INT4_PACK_ROWS} rows, not {rows}")
     codes = torch.empty(rows, width // 2 if in_layout else width, dtype=torch.uint8)
     scales_and_zeros = torch.empty(width // GROUP, rows, 2)  # [G, N, 2]
-    layout_library().gguf_int4_groups(_pointer(blocks), rows, blocks.strides[0], int(quant_type), width,
-                                      int(in_layout), codes.data_ptr(), scales_and_zeros.data_ptr())
+    int4_groups_into(blocks, quant_type, in_layout, codes, scales_and_zeros)
     return codes, scales_and_zeros
+
+
+def int4_groups_into(blocks: np.ndarray, quant_type: GGMLQuantizationType, in_layout: bool, codes: torch.Tensor,
+                     scales_and_zeros: torch.Tensor) -> None:
+    """``int4_groups`` written into ``codes`` (contiguous) and ``scales_and_zeros`` [K / 32, N, 2] fp32 (pairs
+    contiguous): rows of a larger weight, where several tensors' rows go one after another."""
+    rows, width = blocks.shape[0], _width(blocks, quant_type)
+    if in_layout and rows % CPU_INT4_PACK_ROWS:
+        raise ValueError(f"the int4 layout takes whole blocks of {CPU_INT4_PACK_ROWS} rows, not {rows}")
+    if (codes.shape != (rows, width // 2 if in_layout else width) or not codes.is_contiguous()
+            or codes.dtype != torch.uint8 or scales_and_zeros.dtype != torch.float32
+            or scales_and_zeros.shape != (width // GROUP, rows, 2) or scales_and_zeros.stride()[1:] != (2, 1)):
+        raise ValueError("the codes or scales given do not fit these rows")
+    layout_library().gguf_int4_groups(_pointer(blocks), rows, blocks.strides[0], int(quant_type), width,
+                                      int(in_layout), codes.data_ptr(), scales_and_zeros.data_ptr(),
+                                      scales_and_zeros.stride(0))
 
 
 def int8_layout(weight: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> None:

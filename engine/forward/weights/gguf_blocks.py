@@ -22,6 +22,8 @@ wanted in those); every other type (F16, BF16, F32, the rarer quants) is dequant
 
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 import numpy as np
 import torch
 from gguf.constants import GGMLQuantizationType
@@ -86,6 +88,27 @@ def _groups_in_c(blocks: np.ndarray, quant_type: GGMLQuantizationType, in_layout
     """Rows of any ``gguf_layout.TYPES`` type as ``Int4Groups`` of 32 in one pass of C (``native.gguf_layout``):
     a 4-bit type's exactly, any other's requantized; ``in_layout``: in the CPU kernel's layout."""
     codes, scales_and_zeros = gguf_layout.int4_groups(blocks, quant_type, in_layout)
+    return Int4Groups(codes, scales_and_zeros, CPU_INT4_GROUP, in_cpu_layout=in_layout)
+
+
+def stacked_groups(parts: Sequence[tuple[GGMLQuantizationType, int, int]], blocks_of: Callable[[int], np.ndarray],
+                   cpu_layout: bool) -> Int4Groups:
+    """Several matrices' rows one after another as one ``Int4Groups`` of 32, each decoded in C straight into its
+    rows: the same groups as ``Int4Groups.cat`` of each one's ``requantized_groups``, without that copy.
+    ``parts``: each one's type (``gguf_layout.TYPES``), rows and width (all one width); ``blocks_of(i)``: part i's
+    blocks [rows, bytes per row], asked for in turn (they may share a read buffer). ``cpu_layout``: in the CPU
+    kernel's layout where every part comes in whole blocks of 64 rows."""
+    rows = sum(part_rows for _, part_rows, _ in parts)
+    width = parts[0][2]
+    in_layout = cpu_layout and all(r % CPU_INT4_PACK_ROWS == 0 for _, r, _ in parts) and torch_takes_this_layout()
+    codes = torch.empty(rows, width // 2 if in_layout else width, dtype=torch.uint8)  # [N, K / 2] or [N, K]
+    scales_and_zeros = torch.empty(width // CPU_INT4_GROUP, rows, 2)  # [G, N, 2]
+    start = 0
+    for index, (quant_type, part_rows, _) in enumerate(parts):
+        end = start + part_rows
+        gguf_layout.int4_groups_into(blocks_of(index), quant_type, in_layout, codes[start:end],
+                                     scales_and_zeros[:, start:end])
+        start = end
     return Int4Groups(codes, scales_and_zeros, CPU_INT4_GROUP, in_cpu_layout=in_layout)
 
 

@@ -295,6 +295,11 @@ class Int4Groups:
         """Every weight times ``factor``: each group's scale and zero point are."""
         return Int4Groups(self.codes, self.scales_and_zeros.float() * factor, self.group, self.in_cpu_layout)
 
+    def scale_rows_(self, end: int, factor: float) -> None:
+        """Rows 0…``end``'s weights times ``factor``, in place: their groups' scales and zero points, as ``scaled``
+        rounds them."""
+        self.scales_and_zeros[:, :end].mul_(factor)
+
     def dequantize(self) -> torch.Tensor:
         return dequantize_int4(self.q, self.scales_and_zeros, self.group)  # [N, K] fp32
 

@@ -12,12 +12,18 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from gguf.constants import GGMLQuantizationType as Q
 
 from engine.bench.random_blocks import SCALERS, random_blocks
+from engine.chat.chat_template import ChatTemplate
 from engine.forward.native import gguf_layout, int8_matmul
 from engine.forward.weights import gguf_blocks
 from engine.forward.weights.cpu_int4_layout import torch_takes_this_layout
+from engine.models.gguf_direct import GGUFState
+from engine.models.loading import LoadPlan, load_model
+from tests.engine.forward.batch_of_one import prompt_logits
 from tests.engine.forward.test_gguf_blocks import crafted_blocks
+from tests.engine.models.random_gguf import Shape, write_random_gguf
 
 pytestmark = pytest.mark.skipif(not gguf_layout.available(), reason="no C compiler here")
 ROWS, WIDTH = 128, 512
@@ -71,3 +77,26 @@ def test_fp32_rows_take_the_int8_kernels_layout_as_pytorch_lays_them_out(monkeyp
     x = torch.randn(3, WIDTH)
     assert in_c.nbytes == through_torch.nbytes and torch.equal(in_c(x), through_torch(x))
     assert torch.equal(in_c(torch.eye(WIDTH)), through_torch(torch.eye(WIDTH)))  # each weight as the kernel reads it
+
+
+@pytest.mark.parametrize("precision", ["int4", "fp16"])
+@pytest.mark.parametrize(("architecture", "layer_type"), [("llama", Q.Q4_K), ("qwen3", Q.Q4_K), ("llama", Q.Q4_0),
+                                                          ("qwen2", Q.Q4_1)])
+def test_a_layers_matrices_decoded_into_one_weight_answer_as_concatenated_ones(tmp_path, monkeypatch, architecture,
+                                                                               layer_type, precision):
+    """q, k and v (gate and up) decoded straight into one weight (``GGUFState.stacked``) give the logits their
+    concatenation gave, bit for bit: 4-bit layers alone, and an fp16 copy beside them; q/k/v of two types."""
+    path = write_random_gguf(tmp_path / "random.gguf", architecture, layer_type,
+                             Shape(heads=2, kv_heads=1) if architecture == "qwen3" else Shape())
+    stacked = _logits(path, precision)
+    monkeypatch.setattr(GGUFState, "stacked", lambda *_: None)
+    assert all(torch.equal(got, expected) for got, expected in zip(stacked, _logits(path, precision)))
+
+
+def _logits(path, precision: str) -> list[torch.Tensor]:
+    """The last position's logits of a prompt (its fp16 copy, or the 4-bit prompt path) and of a one-token one (the
+    4-bit weights a decode step reads)."""
+    plan = LoadPlan(path, path.stem, torch.device("cpu"), precision, 512, ChatTemplate(None, "test"),
+                    four_bit_source=True)
+    loaded = load_model(plan, lambda *_: None, lambda: False)
+    return [prompt_logits(loaded.backend, ids) for ids in ([5, 77, 140, 3, 200, 18, 96, 41] * 20, [9])]
