@@ -31,6 +31,7 @@ import torch  # first: the library's libgomp.so.1 is PyTorch's
 
 from engine.forward.native.scratch import Scratch
 from engine.forward.native.support import may_run
+from engine.host.cpu_features import has_flags
 from engine.host.paths import cache_dir
 
 SOURCE = Path(__file__).with_name("kernels.c")
@@ -38,6 +39,7 @@ COMPILE_FLAGS = ("-O3", "-Wall", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx
                  "-fopenmp", "-shared", "-fPIC")
 LAYOUT_SOURCE = Path(__file__).with_name("gguf_layout.c")
 LAYOUT_FLAGS = ("-O3", "-Wall", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")  # floats rounded as NumPy's
+LAYOUT_AVX2 = ("avx2", "f16c")  # where the CPU has them, the layout library uses them (a quarter faster)
 COMPILE_TIMEOUT_S = 120
 
 P, I32, I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
@@ -98,7 +100,8 @@ def layout_library() -> ctypes.CDLL | None:
     if compiler is None:
         return None
     try:
-        loaded = _loaded(compiler, LAYOUT_SOURCE, LAYOUT_FLAGS)
+        wider = ("-mavx2", "-mf16c") if has_flags(LAYOUT_AVX2) else ()
+        loaded = _loaded(compiler, LAYOUT_SOURCE, LAYOUT_FLAGS + wider)
     except (OSError, subprocess.SubprocessError) as error:
         log.warning("Hearth's load-time layout functions could not be built (%s); PyTorch's ops run instead.", error)
         return None
