@@ -94,9 +94,20 @@ def test_a_layers_matrices_decoded_into_one_weight_answer_as_concatenated_ones(t
 
 
 def _logits(path, precision: str) -> list[torch.Tensor]:
-    """The last position's logits of a prompt (its fp16 copy, or the 4-bit prompt path) and of a one-token one (the
-    4-bit weights a decode step reads)."""
+    """The last position's logits of a one-token prompt (the 4-bit weights a decode step reads), then of a long one
+    (its fp16 copy, or the 4-bit prompt path), and the weight bytes the load counts."""
     plan = LoadPlan(path, path.stem, torch.device("cpu"), precision, 512, ChatTemplate(None, "test"),
                     four_bit_source=True)
     loaded = load_model(plan, lambda *_: None, lambda: False)
-    return [prompt_logits(loaded.backend, ids) for ids in ([5, 77, 140, 3, 200, 18, 96, 41] * 20, [9])]
+    logits = [prompt_logits(loaded.backend, ids) for ids in ([9], [5, 77, 140, 3, 200, 18, 96, 41] * 20)]
+    return logits + [torch.tensor(float(loaded.weight_bytes))]
+
+
+def test_an_fp16_prompt_copy_packed_on_its_first_call_answers_as_one_packed_at_load(tmp_path, monkeypatch):
+    """A 4-bit file's fp16 copy for prompts is packed when a prompt first needs it, not at load: the same weight
+    bytes counted, and the same logits for a long prompt after a short one, as when the load packed it."""
+    path = write_random_gguf(tmp_path / "random.gguf", "llama", Q.Q4_1)
+    on_first_call = _logits(path, "fp16")
+    monkeypatch.setattr("engine.forward.weights.quant._packs_on_first_call", lambda *_: False)
+    at_load = _logits(path, "fp16")
+    assert all(torch.equal(got, expected) for got, expected in zip(on_first_call, at_load))
