@@ -84,7 +84,7 @@ def kernels() -> NativeKernels:
     if compiler is None:
         return _off("no C compiler was found")
     try:
-        loaded = _loaded(compiler)
+        loaded = _loaded(compiler, SOURCE, COMPILE_FLAGS)
     except (OSError, subprocess.SubprocessError) as error:
         return _off(f"they could not be built: {error}")
     _declare(loaded, SIGNATURES)
@@ -140,7 +140,7 @@ def _off(reason: str) -> NativeKernels:
     return NativeKernels(None, reason)
 
 
-def _loaded(compiler: str, source: Path = SOURCE, flags: tuple[str, ...] = COMPILE_FLAGS) -> ctypes.CDLL:
+def _loaded(compiler: str, source: Path, flags: tuple[str, ...]) -> ctypes.CDLL:
     """The library, built first where needed; a cached copy that does not load (cut short, say) is built again."""
     target = _built(compiler, source, flags)
     try:
@@ -150,7 +150,7 @@ def _loaded(compiler: str, source: Path = SOURCE, flags: tuple[str, ...] = COMPI
         return ctypes.CDLL(str(_built(compiler, source, flags)))
 
 
-def _built(compiler: str, source: Path = SOURCE, flags: tuple[str, ...] = COMPILE_FLAGS) -> Path:
+def _built(compiler: str, source: Path, flags: tuple[str, ...]) -> Path:
     """The library for this source, flags and compiler, compiled first where the cache lacks it; raises OSError with
     the compiler's message where this build failed before (``.failed``) or fails now (and records it)."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
