@@ -263,6 +263,31 @@ void gguf_int4_groups(const uint8_t *blocks, int64_t rows, int64_t row_bytes, in
     }
 }
 
+/* rows [rows, row_bytes] of `type`'s blocks as two planes of int4 groups of 32, codes one a byte [rows, width] and
+   scales and zeros [width / 32, rows, 2] fp32 each (quant_int.Int4Pair.from_rows): the weights requantized, then
+   what that rounding left, w - ((q - 8) * scale + zero), requantized again. */
+void gguf_int4_pair(const uint8_t *blocks, int64_t rows, int64_t row_bytes, int type, int width, uint8_t *coarse,
+                    float *coarse_scales_and_zeros, uint8_t *fine, float *fine_scales_and_zeros) {
+    const int per_block = block_weights(type), size = block_bytes(type);
+    #pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < rows; n++) {
+        float weights[SUPER], rest[GROUP];
+        for (int b = 0; b < width / per_block; b++) {
+            decode_block(blocks + n * row_bytes + (int64_t)b * size, type, weights);
+            for (int g = 0; g < per_block / GROUP; g++) {
+                const int64_t column = (int64_t)b * per_block + g * GROUP, group = column / GROUP;
+                float *coarse_pair = coarse_scales_and_zeros + (group * rows + n) * 2;
+                float *fine_pair = fine_scales_and_zeros + (group * rows + n) * 2;
+                uint8_t *codes = coarse + n * width + column;
+                requantized_group(weights + g * GROUP, codes, coarse_pair, coarse_pair + 1);
+                for (int i = 0; i < GROUP; i++)
+                    rest[i] = weights[g * GROUP + i] - (((float)codes[i] - 8.0f) * coarse_pair[0] + coarse_pair[1]);
+                requantized_group(rest, fine + n * width + column, fine_pair, fine_pair + 1);
+            }
+        }
+    }
+}
+
 /* fp32 rows w [rows, width] (rows a multiple of 64) in the int8 layout: each group of 32's largest magnitude maps
    to 127 under an fp16 scale (int8_matmul.quantize), q + 128 a byte. */
 void int8_layout_from_rows(const float *w, int64_t rows, int width, uint8_t *packed, uint16_t *scales) {

@@ -4,7 +4,8 @@ inside each call).
 ``gguf_layout.c`` decodes Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K rows at memory speed, straight from the bytes
 read from the file, into: their fp32 weights (``dense_rows``, gguf-py's floats bit for bit), int4 groups of 32
 (``int4_groups``: a 4-bit type's own nibbles and scales, any other's weights requantized as
-``quant_int.int4_groups_of`` does), in the CPU int4 kernel's layout where asked; and fp32 rows into the int8
+``quant_int.int4_groups_of`` does), in the CPU int4 kernel's layout where asked, or two planes of them
+(``int4_pair``, as ``quant_int.Int4Pair.from_rows`` makes them); and fp32 rows into the int8
 kernel's layout (``int8_layout``, as ``int8_matmul.quantize`` rounds them). It is portable C that any x86-64 CPU
 runs (``build.layout_library``); where it could not be built (no compiler) ``available()`` is False and the
 callers keep their PyTorch ops, which give the same bytes.
@@ -69,6 +70,19 @@ def int4_groups_into(blocks: np.ndarray, quant_type: GGMLQuantizationType, in_la
     layout_library().gguf_int4_groups(_pointer(blocks), rows, blocks.strides[0], int(quant_type), width,
                                       int(in_layout), codes.data_ptr(), scales_and_zeros.data_ptr(),
                                       scales_and_zeros.stride(0))
+
+
+def int4_pair(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+    """Rows of blocks [N, bytes per row] (``takes``) as two planes of int4 groups of 32, as ``Int4Pair.from_rows``
+    makes them: the coarse plane's and then the fine plane's codes [N, K] uint8 and scales and zeros
+    [K / 32, N, 2] fp32."""
+    rows, width = blocks.shape[0], _width(blocks, quant_type)
+    planes = tuple((torch.empty(rows, width, dtype=torch.uint8), torch.empty(width // GROUP, rows, 2))
+                   for _ in range(2))
+    (coarse, coarse_pairs), (fine, fine_pairs) = planes
+    layout_library().gguf_int4_pair(_pointer(blocks), rows, blocks.strides[0], int(quant_type), width,
+                                    coarse.data_ptr(), coarse_pairs.data_ptr(), fine.data_ptr(), fine_pairs.data_ptr())
+    return planes
 
 
 def int8_layout(weight: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> None:

@@ -147,6 +147,9 @@ def requantized_pair(blocks: np.ndarray, quant_type: GGMLQuantizationType, cpu_l
     two, a few rows at a time."""
     if quant_type in FOUR_BIT_TYPES:
         return Int4Pair(int4_groups(blocks, quant_type, cpu_layout), None)
+    if gguf_layout.takes(blocks, quant_type):  # in C, in one pass
+        coarse, fine = (Int4Groups(*plane, CPU_INT4_GROUP) for plane in gguf_layout.int4_pair(blocks, quant_type))
+        return Int4Pair(coarse, fine)
     return Int4Pair.from_rows(blocks.shape[0], row_width(blocks, quant_type),
                               lambda start, end: _dense_rows(blocks[start:end], quant_type))
 

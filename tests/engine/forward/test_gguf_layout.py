@@ -65,6 +65,17 @@ def test_blocks_become_the_same_int4_groups_as_through_pytorch(quant_type, cpu_l
         assert torch.equal(in_c.cpu_packed(1), through_torch.cpu_packed(1))
 
 
+@pytest.mark.parametrize("quant_type", [Q.Q5_K, Q.Q6_K, Q.Q8_0], ids=lambda t: t.name)
+def test_blocks_become_the_same_two_planes_of_int4_groups_as_through_pytorch(quant_type, monkeypatch):
+    for blocks in blocks_of(quant_type):
+        in_c = gguf_blocks.requantized_pair(blocks, quant_type)
+        with monkeypatch.context() as patched:
+            without_c(patched)
+            through_torch = gguf_blocks.requantized_pair(blocks, quant_type)
+        for got, expected in zip(in_c.planes, through_torch.planes, strict=True):
+            assert torch.equal(got.q, expected.q) and torch.equal(got.scales_and_zeros, expected.scales_and_zeros)
+
+
 def test_fp32_rows_take_the_int8_kernels_layout_as_pytorch_lays_them_out(monkeypatch):
     if not int8_matmul.covers(ROWS, WIDTH):
         pytest.skip("Hearth's int8 kernel does not run here")
