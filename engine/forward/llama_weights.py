@@ -119,6 +119,11 @@ class LlamaWeights:
         rotary = self.family.rotary_dim
 
         def qkv_rows(kind: str) -> Weight | None:
+            stacked = _stacked(state, [f"{prefix}self_attn.{p}_proj.{kind}" for p in "qkv"]) if in_pairs else None
+            if stacked is not None:
+                if head_norms is None:
+                    stacked.scale_rows_(self.heads * self.head_dim, self.family.attention_scale)
+                return stacked
             fused = optional(f"self_attn.qkv_proj.{kind}")  # Phi-3's
             if fused is not None:
                 q, k, v = _split_rows(fused, [self.heads * self.head_dim] + [self.kv_heads * self.head_dim] * 2)
@@ -154,6 +159,8 @@ class LlamaWeights:
                                                                   state, gated)
         else:
             gate_up = optional("mlp.gate_up_proj.weight")  # Phi-3's, gate rows first
+            if gate_up is None:
+                gate_up = _stacked(state, [f"{prefix}mlp.gate_proj.weight", f"{prefix}mlp.up_proj.weight"])
             if gate_up is None:
                 gate_up = _cat_rows([weight("mlp.gate_proj.weight"), weight("mlp.up_proj.weight")])
             mlp = gated_rows(gate_up, weight("mlp.down_proj.weight"), norm_weight=norm(mlp_input))
@@ -217,6 +224,16 @@ def _fp32(weight: Weight, device: torch.device) -> Weight:
 
 def _scaled(weight: Weight, factor: float) -> Weight:
     return weight.scaled(factor) if isinstance(weight, Int4Groups) else weight * factor
+
+
+def _stacked(state: Mapping[str, Weight], names: list[str]) -> Int4Groups | None:
+    """The tensors ``names``' rows one after another, decoded straight into one weight where the state can (a GGUF
+    file's int4 groups, ``GGUFState.stacked``), so ``_cat_rows`` copies nothing; None elsewhere (or where a name is
+    missing: a q/k/v bias)."""
+    stacked = getattr(state, "stacked", None)
+    if stacked is None or not all(name in state for name in names):
+        return None
+    return stacked(names)
 
 
 def _cat_rows(parts: list[Weight]) -> Weight:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -36,11 +36,12 @@ from gguf.constants import GGML_QUANT_SIZES
 
 from engine.forward.llama_weights import Weight
 from engine.forward.rotary_tables import LONG_FACTORS, ROPE_FACTORS, SHORT_FACTORS
+from engine.forward.native import gguf_layout
 from engine.forward.weights.gguf_blocks import (
-    FOUR_BIT_TYPES, BlockTable, dense, int4_groups, requantized_groups, requantized_pair,
+    FOUR_BIT_TYPES, BlockTable, dense, int4_groups, requantized_groups, requantized_pair, stacked_groups,
 )
 from engine.forward.weights.gguf_codes import row_width
-from engine.forward.weights.quant_int import INT4_PAIR
+from engine.forward.weights.quant_int import INT4_PAIR, Int4Groups
 from engine.forward.weights.row_chunks import RowChunks
 from engine.host.allocator import return_freed_memory
 from engine.models.gguf_check import DIRECT_ARCHITECTURES, PLAIN_TYPES, GGUFContents, GGUFTensorInfo
@@ -263,6 +264,27 @@ class GGUFState(LazyTensors):
             weight = self._decoded(name, info, self._blocks(info))
         self._counted(name)
         return weight
+
+    def stacked(self, names: Sequence[str]) -> Int4Groups | None:
+        """The matrices ``names``' rows one after another (a layer's q, k and v, or gate and up) as one
+        ``Int4Groups``, each decoded straight into its rows (``stacked_groups``): no concatenating copy. None where
+        any of them would not come as int4 groups (``__getitem__``) or its type is not read in C; then each is
+        asked for alone."""
+        infos = [self._tensors[name] for name in names]
+        one_width = len({info.dims[0] for info in infos}) == 1
+        if not one_width or not all(self._stacks(name, info) for name, info in zip(names, infos)):
+            return None
+        groups = stacked_groups([(info.quant_type, info.dims[1], info.dims[0]) for info in infos],
+                                lambda index: self._blocks(infos[index]), self._cpu_layout)
+        for name in names:
+            self._counted(name)
+        return groups
+
+    def _stacks(self, name: str, info: GGUFTensorInfo) -> bool:
+        """Whether ``__getitem__`` would hand ``name`` as ``Int4Groups`` that C decodes (``stacked``)."""
+        wanted = self._all_groups or (self._groups and info.quant_type in FOUR_BIT_TYPES)
+        return (len(info.dims) == 2 and name not in TABLE_NAMES and wanted and info.quant_type in gguf_layout.TYPES
+                and gguf_layout.available())
 
     def kept_rows(self, name: str, dtype: torch.dtype) -> BlockTable | None:
         """The token table ``name`` as its blocks (``BlockTable``, read into a buffer of its own, which it keeps),

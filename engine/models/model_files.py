@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.chat.chat_template import find_folder_template
-from engine.models.gguf_check import PLAIN_TYPES, GGUFContents, gguf_config, read_gguf, refuse_unreadable_types
+from engine.models.gguf_check import (
+    DIRECT_ARCHITECTURES, PLAIN_TYPES, GGUFContents, gguf_config, read_gguf, refuse_unreadable_types,
+)
 from engine.models.model_source import ModelFileError, ModelSource, read_model_json
 from engine.models.safetensors_check import (
     INDEX_FILE, SafetensorsHeader, check_config_numbers, read_safetensors_header, read_sharded_headers,
@@ -98,6 +100,10 @@ def quantized_table_bytes(contents: GGUFContents) -> int | None:
 
 
 def _check_gguf_architecture(path: Path, architecture: str) -> None:
+    """Refuse an architecture neither the fast path (``DIRECT_ARCHITECTURES``, checked without importing
+    transformers' GGUF code, a noticeable part of a small model's load) nor transformers reads."""
+    if architecture in DIRECT_ARCHITECTURES:
+        return
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     name = GGUF_ARCHITECTURE_ALIASES.get(architecture, architecture)

@@ -8,6 +8,10 @@ again until the source or the compiler changes. It is built with ``-fopenmp`` an
 after PyTorch, whose ``libgomp.so.1`` it then shares: one pool of threads for both, sized by
 ``torch.set_num_threads``. Nothing here is required: no compiler, a CPU without the
 instructions or a failed build leave ``library()`` None, and ``kernels().off_reason`` says why.
+
+``gguf_layout.c`` (a GGUF file's blocks into the weight formats at load) is built the same way into a library of
+its own, in portable C that any x86-64 CPU runs: ``layout_library()``, None only without a compiler or where the
+build fails.
 """
 
 from __future__ import annotations
@@ -27,11 +31,15 @@ import torch  # first: the library's libgomp.so.1 is PyTorch's
 
 from engine.forward.native.scratch import Scratch
 from engine.forward.native.support import may_run
+from engine.host.cpu_features import has_flags
 from engine.host.paths import cache_dir
 
 SOURCE = Path(__file__).with_name("kernels.c")
 COMPILE_FLAGS = ("-O3", "-Wall", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512vbmi", "-mfma",
                  "-fopenmp", "-shared", "-fPIC")
+LAYOUT_SOURCE = Path(__file__).with_name("gguf_layout.c")
+LAYOUT_FLAGS = ("-O3", "-Wall", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")  # floats rounded as NumPy's
+LAYOUT_AVX2 = ("avx2", "f16c")  # where the CPU has them, the layout library uses them (a quarter faster)
 COMPILE_TIMEOUT_S = 120
 
 P, I32, I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
@@ -47,6 +55,13 @@ SIGNATURES = {
     "int4_layout_from_nibbles": (P, I32, I32, I32, I64, I64, P),
     "int4_matmul_amx": (P, I32, I32, P, P, P, I32, I32, I32, P, P),
     "chunk_attention_amx": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64, I32),
+}
+
+LAYOUT_SIGNATURES = {
+    "gguf_dense_rows": (P, I64, I64, I32, I32, P),
+    "gguf_int4_groups": (P, I64, I64, I32, I32, I32, P, P, I64),
+    "gguf_int4_pair": (P, I64, I64, I32, I32, P, P, P, P),
+    "int8_layout_from_rows": (P, I64, I32, P, P),
 }
 
 log = logging.getLogger("hearth.kernels")
@@ -66,18 +81,43 @@ def kernels() -> NativeKernels:
     """This process's kernels, built or read from the cache on the first call (the module docstring)."""
     if not may_run():
         return NativeKernels(None, "this CPU lacks AVX-512 with VNNI and VBMI")
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    compiler = _compiler()
     if compiler is None:
         return _off("no C compiler was found")
     try:
-        loaded = _loaded(compiler)
+        loaded = _loaded(compiler, SOURCE, COMPILE_FLAGS)
     except (OSError, subprocess.SubprocessError) as error:
         return _off(f"they could not be built: {error}")
-    for name, arguments in SIGNATURES.items():
-        function = getattr(loaded, name)
-        function.argtypes, function.restype = arguments, None
+    _declare(loaded, SIGNATURES)
     loaded.amx_enable.argtypes, loaded.amx_enable.restype = (), I32
     return NativeKernels(loaded)
+
+
+@functools.cache
+def layout_library() -> ctypes.CDLL | None:
+    """The load-time layout functions (``gguf_layout.c``), built or read from the cache on the first call; None
+    without a C compiler or where they could not be built (the loaders' PyTorch ops run instead)."""
+    compiler = _compiler()
+    if compiler is None:
+        return None
+    try:
+        wider = ("-mavx2", "-mf16c") if has_flags(LAYOUT_AVX2) else ()
+        loaded = _loaded(compiler, LAYOUT_SOURCE, LAYOUT_FLAGS + wider)
+    except (OSError, subprocess.SubprocessError) as error:
+        log.warning("Hearth's load-time layout functions could not be built (%s); PyTorch's ops run instead.", error)
+        return None
+    _declare(loaded, LAYOUT_SIGNATURES)
+    return loaded
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+
+
+def _declare(loaded: ctypes.CDLL, signatures: dict[str, tuple]) -> None:
+    for name, arguments in signatures.items():
+        function = getattr(loaded, name)
+        function.argtypes, function.restype = arguments, None
 
 
 def library() -> ctypes.CDLL | None:
@@ -101,23 +141,23 @@ def _off(reason: str) -> NativeKernels:
     return NativeKernels(None, reason)
 
 
-def _loaded(compiler: str) -> ctypes.CDLL:
+def _loaded(compiler: str, source: Path, flags: tuple[str, ...]) -> ctypes.CDLL:
     """The library, built first where needed; a cached copy that does not load (cut short, say) is built again."""
-    target = _built(compiler)
+    target = _built(compiler, source, flags)
     try:
         return ctypes.CDLL(str(target))
     except OSError:
         target.unlink(missing_ok=True)
-        return ctypes.CDLL(str(_built(compiler)))
+        return ctypes.CDLL(str(_built(compiler, source, flags)))
 
 
-def _built(compiler: str) -> Path:
+def _built(compiler: str, source: Path, flags: tuple[str, ...]) -> Path:
     """The library for this source, flags and compiler, compiled first where the cache lacks it; raises OSError with
     the compiler's message where this build failed before (``.failed``) or fails now (and records it)."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), *COMPILE_FLAGS, compiler, version]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([source.read_text(), *flags, compiler, version]).encode()).hexdigest()[:16]
     folder = cache_dir() / "kernels"
-    target = folder / f"hearth-kernels-{key}.so"
+    target = folder / f"hearth-{source.stem}-{key}.so"
     failure = target.with_suffix(".failed")
     if target.exists():
         return target
@@ -127,7 +167,7 @@ def _built(compiler: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
         built = Path(scratch) / target.name
-        result = subprocess.run([compiler, *COMPILE_FLAGS, str(SOURCE), "-o", str(built), "-lm"],
+        result = subprocess.run([compiler, *flags, str(source), "-o", str(built), "-lm"],
                                 capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
         if result.returncode != 0:
             message = result.stderr or f"{compiler} exited with {result.returncode}"

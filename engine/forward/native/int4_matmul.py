@@ -59,18 +59,19 @@ def runs_on_amx() -> bool:
 
 class Int4Matmul:
     """``x`` [M, K] fp32 times the weight [N, K] that ``packed`` [N, K / 2] uint8 (the CPU int4 layout) and
-    ``scales_and_zeros`` [K / group, N, 2] bf16 hold, ``w = (q - 8) * scale + zero``: [M, N] fp32. ``packed`` is
-    kept as it is; the scales and zeros are kept a block of 64 rows together, [N / 64, K / group, 64, 2], so a
-    decode step reads them in order beside the codes (in PyTorch's order each group's lie a row of groups apart,
-    which streams the matrices more slowly). Their addresses are taken once: a call costs one ctypes call beside
-    the kernel."""
+    ``scales_and_zeros`` [K / group, N, 2] hold (bf16, or fp32 rounded to bf16 in the same pass that reorders them),
+    ``w = (q - 8) * scale + zero``: [M, N] fp32. ``packed`` is kept as it is; the scales and zeros are kept a block
+    of 64 rows together, [N / 64, K / group, 64, 2], so a decode step reads them in order beside the codes (in
+    PyTorch's order each group's lie a row of groups apart, which streams the matrices more slowly). Their addresses
+    are taken once: a call costs one ctypes call beside the kernel."""
 
     def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int) -> None:
         self._kernel = library().int4_matmul
         groups, rows, _ = scales_and_zeros.shape
         self._packed = packed
-        self._block_pairs = scales_and_zeros.view(groups, rows // CPU_INT4_PACK_ROWS, CPU_INT4_PACK_ROWS, 2).transpose(
-            0, 1).contiguous()  # [N / 64, G, 64, 2]
+        self._block_pairs = torch.empty(rows // CPU_INT4_PACK_ROWS, groups, CPU_INT4_PACK_ROWS, 2,
+                                        dtype=torch.bfloat16)  # [N / 64, G, 64, 2]
+        self._block_pairs.copy_(scales_and_zeros.reshape(groups, -1, CPU_INT4_PACK_ROWS, 2).transpose(0, 1))  # one pass
         self._addresses = (address(packed), address(self._block_pairs))
         self._rows, self._group = rows, group
         self.on_amx = runs_on_amx() and group % AMX_DEPTH == 0  # then calls of any number of rows run here

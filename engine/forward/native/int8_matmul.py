@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.forward.native import gguf_layout
 from engine.forward.native.build import activation_scratch, address, library
 from engine.forward.weights.packed_sizes import INT8_BLOCK_ROWS as BLOCK_ROWS
 from engine.forward.weights.packed_sizes import INT8_GROUP as GROUP
@@ -58,15 +59,19 @@ class Int8Matmul:
         self.nbytes = int8_bytes(rows, width)
 
     def _lay_out(self, weight: torch.Tensor, first_block: int) -> None:
-        """Rows of the weight [n, K] (whole blocks), from block ``first_block`` on, into the kernel's layout."""
+        """Rows of the weight [n, K] (whole blocks), from block ``first_block`` on, into the kernel's layout: in one
+        pass of C where it is built (``gguf_layout.int8_layout``, the same bytes), else in PyTorch's ops."""
         rows, width = weight.shape
-        codes, scales = quantize(weight)
-        shifted = (codes.to(torch.int16) + OFFSET).to(torch.uint8)  # [n, K]
         blocks, steps = rows // BLOCK_ROWS, width // CODES_PER_DOT
+        packed, scales = self._packed[first_block : first_block + blocks], self._scales[first_block : first_block + blocks]
+        if gguf_layout.available():
+            gguf_layout.int8_layout(weight, packed, scales)
+            return
+        codes, group_scales = quantize(weight)
+        shifted = (codes.to(torch.int16) + OFFSET).to(torch.uint8)  # [n, K]
         # [n/64, 4, 16, K/4, 4] -> [n/64, K/4, 4, 16, 4]: four columns of 16 rows in a vector, four vectors a block
-        self._packed[first_block : first_block + blocks] = shifted.view(blocks, 4, 16, steps, CODES_PER_DOT).permute(
-            0, 3, 1, 2, 4)
-        self._scales[first_block : first_block + blocks] = scales.view(blocks, BLOCK_ROWS, -1).transpose(1, 2)
+        packed.copy_(shifted.view(blocks, 4, 16, steps, CODES_PER_DOT).permute(0, 3, 1, 2, 4))
+        scales.copy_(group_scales.view(blocks, BLOCK_ROWS, -1).transpose(1, 2))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()

@@ -22,11 +22,14 @@ wanted in those); every other type (F16, BF16, F32, the rarer quants) is dequant
 
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 import numpy as np
 import torch
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from engine.forward.native import gguf_layout
 from engine.forward.weights import gguf_codes
 from engine.forward.weights.cpu_int4_layout import packed_from_nibbles, torch_takes_this_layout
 from engine.forward.weights.gguf_codes import (
@@ -41,7 +44,10 @@ FOUR_BIT_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuan
 def dense(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> torch.Tensor:
     """Any readable type's rows of blocks [N, bytes per row] as the fp32 weight they stand for, [N, K], decoded
     ``ROWS_AT_ONCE`` rows at a time into the result: the decoder's own temporaries (several fp32 arrays the
-    size of its input) stay the size of a chunk, not of a large token table."""
+    size of its input) stay the size of a chunk, not of a large token table. In C where it is built
+    (``native.gguf_layout``: in one pass, no temporaries)."""
+    if gguf_layout.takes(blocks, quant_type):
+        return gguf_layout.dense_rows(blocks, quant_type)
     rows = blocks.shape[0]
     first = _dense_rows(blocks[:ROWS_AT_ONCE], quant_type)  # [min(N, ROWS_AT_ONCE), K]
     if rows <= ROWS_AT_ONCE:
@@ -64,14 +70,46 @@ def int4_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType, cpu_layout
     """A 4-bit type's blocks [N, bytes per row] as ``Int4Groups`` of 32 (see the module docstring), decoded
     a few rows at a time (``gguf_codes.chunk_rows``) straight into the result, so no full-size temporaries.
     ``cpu_layout``: the nibbles go straight into the CPU kernel's layout (``cpu_int4_layout``) where the rows come
-    in whole blocks of 64, never through codes of a byte each."""
+    in whole blocks of 64, never through codes of a byte each. In one pass of C where it is built
+    (``native.gguf_layout``), which also takes the 5-, 6- and 8-bit types (``requantized_groups``)."""
     rows, width = blocks.shape[0], row_width(blocks, quant_type)
-    if cpu_layout and rows % CPU_INT4_PACK_ROWS == 0 and torch_takes_this_layout():
+    in_layout = cpu_layout and rows % CPU_INT4_PACK_ROWS == 0 and torch_takes_this_layout()
+    if gguf_layout.takes(blocks, quant_type):
+        return _groups_in_c(blocks, quant_type, in_layout)
+    if in_layout:
         return _cpu_layout_groups(blocks, quant_type, rows, width)
     return Int4Groups.from_row_chunks(
         rows, width, lambda start, end, q: _int4_rows(blocks[start:end], quant_type, q.numpy()),
         chunk_rows(blocks, quant_type),
     )
+
+
+def _groups_in_c(blocks: np.ndarray, quant_type: GGMLQuantizationType, in_layout: bool) -> Int4Groups:
+    """Rows of any ``gguf_layout.TYPES`` type as ``Int4Groups`` of 32 in one pass of C (``native.gguf_layout``):
+    a 4-bit type's exactly, any other's requantized; ``in_layout``: in the CPU kernel's layout."""
+    codes, scales_and_zeros = gguf_layout.int4_groups(blocks, quant_type, in_layout)
+    return Int4Groups(codes, scales_and_zeros, CPU_INT4_GROUP, in_cpu_layout=in_layout)
+
+
+def stacked_groups(parts: Sequence[tuple[GGMLQuantizationType, int, int]], blocks_of: Callable[[int], np.ndarray],
+                   cpu_layout: bool) -> Int4Groups:
+    """Several matrices' rows one after another as one ``Int4Groups`` of 32, each decoded in C straight into its
+    rows: the same groups as ``Int4Groups.cat`` of each one's ``requantized_groups``, without that copy.
+    ``parts``: each one's type (``gguf_layout.TYPES``), rows and width (all one width); ``blocks_of(i)``: part i's
+    blocks [rows, bytes per row], asked for in turn (they may share a read buffer). ``cpu_layout``: in the CPU
+    kernel's layout where every part comes in whole blocks of 64 rows."""
+    rows = sum(part_rows for _, part_rows, _ in parts)
+    width = parts[0][2]
+    in_layout = cpu_layout and all(r % CPU_INT4_PACK_ROWS == 0 for _, r, _ in parts) and torch_takes_this_layout()
+    codes = torch.empty(rows, width // 2 if in_layout else width, dtype=torch.uint8)  # [N, K / 2] or [N, K]
+    scales_and_zeros = torch.empty(width // CPU_INT4_GROUP, rows, 2)  # [G, N, 2]
+    start = 0
+    for index, (quant_type, part_rows, _) in enumerate(parts):
+        end = start + part_rows
+        gguf_layout.int4_groups_into(blocks_of(index), quant_type, in_layout, codes[start:end],
+                                     scales_and_zeros[:, start:end])
+        start = end
+    return Int4Groups(codes, scales_and_zeros, CPU_INT4_GROUP, in_cpu_layout=in_layout)
 
 
 def _cpu_layout_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType, rows: int, width: int) -> Int4Groups:
@@ -90,8 +128,8 @@ def requantized_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType, cpu
     """Any readable type's rows as ``Int4Groups`` of 32: 4-bit types exactly (``cpu_layout``: as ``int4_groups``),
     others quantized (``quant_int.int4_groups_of``, or its equal ``gguf_codes.int4_groups``) a chunk of rows at a
     time, never the whole tensor in fp32."""
-    if quant_type in FOUR_BIT_TYPES:
-        return int4_groups(blocks, quant_type, cpu_layout)
+    if quant_type in FOUR_BIT_TYPES or gguf_layout.takes(blocks, quant_type):
+        return int4_groups(blocks, quant_type, cpu_layout)  # in C, where built, for 5-, 6- and 8-bit types too
     if quant_type in CODE_TYPES:
         return gguf_codes.int4_groups(blocks, quant_type)
 
@@ -109,6 +147,9 @@ def requantized_pair(blocks: np.ndarray, quant_type: GGMLQuantizationType, cpu_l
     two, a few rows at a time."""
     if quant_type in FOUR_BIT_TYPES:
         return Int4Pair(int4_groups(blocks, quant_type, cpu_layout), None)
+    if gguf_layout.takes(blocks, quant_type):  # in C, in one pass
+        coarse, fine = (Int4Groups(*plane, CPU_INT4_GROUP) for plane in gguf_layout.int4_pair(blocks, quant_type))
+        return Int4Pair(coarse, fine)
     return Int4Pair.from_rows(blocks.shape[0], row_width(blocks, quant_type),
                               lambda start, end: _dense_rows(blocks[start:end], quant_type))
 

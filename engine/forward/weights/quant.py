@@ -64,7 +64,8 @@ class Linear:
     steps, and the short prompt chunks beside them) in that format. ``weight`` may come
     as ``Int4Groups`` (a GGUF file's 4-bit blocks): ``int4`` packs them as they are; or as an ``Int4Pair``,
     which ``int4x2`` packs as it is. With a ``worker``, FBGEMM's fp16 prepack runs on it (``pack_worker``): the
-    layer is ready to call once the worker's block is left.
+    layer is ready to call once the worker's block is left. An fp16 copy for prompts beside a 4-bit copy of 4-bit
+    groups is packed by the first call that needs it instead (``_on_first_call``).
     """
 
     def __init__(
@@ -73,8 +74,11 @@ class Linear:
     ) -> None:
         self.fmt = fmt
         self.compute_dtype = compute_dtype(weight.device, fmt)
-        many_rows, self.nbytes = _scaled_pack(weight, bias, fmt, self.compute_dtype, input_scale,
-                                              prompts_only=one_row_fmt is not None, worker=worker)
+        if one_row_fmt is not None and _packs_on_first_call(weight, fmt):
+            many_rows, self.nbytes = _on_first_call(weight, bias, fmt, input_scale)
+        else:
+            many_rows, self.nbytes = _scaled_pack(weight, bias, fmt, self.compute_dtype, input_scale,
+                                                  prompts_only=one_row_fmt is not None, worker=worker)
         self._run, self.one_row_nbytes = many_rows, self.nbytes  # one_row_nbytes: what a one-row call reads
         if one_row_fmt is not None:
             one_row, self.one_row_nbytes = _scaled_pack(weight, bias, one_row_fmt, self.compute_dtype, input_scale,
@@ -85,6 +89,29 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._run(x)  # [..., K] -> [..., N]
+
+
+def _packs_on_first_call(weight: torch.Tensor | Int4Groups | Int4Pair, fmt: str) -> bool:
+    """Whether a prompt-only copy is packed when a call first needs it rather than at load: an fp16 copy of a CPU
+    weight that comes as 4-bit groups (a GGUF file's), which the layer's 4-bit copy holds anyway."""
+    return isinstance(weight, Int4Groups) and fmt == "fp16" and weight.device.type == "cpu"
+
+
+def _on_first_call(weight: Int4Groups, bias: torch.Tensor | None, fmt: str,
+                   input_scale: torch.Tensor | None) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
+    """The prompt-only copy of ``weight`` in ``fmt``, packed by the first call that needs it (the engine thread) and
+    kept: dequantizing and packing every layer was most of a small model's load, and a chat whose prompts stay
+    within ``few_rows()`` never needs it. The bytes are those it will hold once packed."""
+    pending: list[tuple] = [(weight, bias, input_scale)]  # emptied once packed: the groups' fp32 scales go then
+    packed: list[Callable[[torch.Tensor], torch.Tensor]] = []
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        if not packed:
+            groups, with_bias, scale = pending.pop()
+            packed.append(_scaled_pack(groups, with_bias, fmt, torch.float32, scale, prompts_only=True)[0])
+        return packed[0](x)
+
+    return run, fp16_packed_bytes(*weight.shape, prompts_only=True, fp16_math=has_fp16_math())
 
 
 def _scaled_pack(

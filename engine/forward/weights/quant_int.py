@@ -211,9 +211,18 @@ def _int4_linear(weight: torch.Tensor, group: int, tiles: int) -> tuple[Run, int
 
 
 def _int4_packed(groups: Int4Groups, tiles: int) -> tuple[Run, int]:
-    """The groups packed for the device's int4 kernel, with bf16 scales-and-zeros [K / group, N, 2]."""
-    scales_and_zeros, group = groups.scales_and_zeros.to(torch.bfloat16).contiguous(), groups.group
-    on_gpu = groups.device.type == "cuda"
+    """The groups packed for the device's int4 kernel, with bf16 scales-and-zeros [K / group, N, 2] (Hearth's CPU
+    kernel rounds them into its own order itself, in one pass)."""
+    group, on_gpu = groups.group, groups.device.type == "cuda"
+    if not on_gpu and native_int4.covers(*groups.shape, group):
+        packed = groups.cpu_packed(tiles)
+        native = native_int4.Int4Matmul(packed, groups.scales_and_zeros, group)
+        nbytes = packed.numel() + groups.scales_and_zeros.numel() * 2  # codes, and bf16 scales and zeros
+        if native.on_amx:
+            return native, nbytes
+        return _beside_prompt_path(native, packed, native.scales_and_zeros, int4_prompts.covers(packed.shape[0]),
+                                   group), nbytes
+    scales_and_zeros = groups.scales_and_zeros.to(torch.bfloat16).contiguous()
     if on_gpu:
         q = groups.q.to(torch.uint8)
         nibbles = q[:, ::2] << 4 | q[:, 1::2]  # [N, K/2]: even columns in the high nibble
@@ -223,11 +232,6 @@ def _int4_packed(groups: Int4Groups, tiles: int) -> tuple[Run, int]:
         packed, matmul = groups.cpu_packed(tiles), torch.ops.aten._weight_int4pack_mm_for_cpu
     nbytes = packed.numel() * packed.element_size() + scales_and_zeros.numel() * scales_and_zeros.element_size()
     prompt_path = not on_gpu and int4_prompts.covers(packed.shape[0])
-    if not on_gpu and native_int4.covers(*groups.shape, group):  # the kernel keeps the scales in its own order
-        native = native_int4.Int4Matmul(packed, scales_and_zeros, group)
-        if native.on_amx:
-            return native, nbytes
-        return _beside_prompt_path(native, packed, native.scales_and_zeros, prompt_path, group), nbytes
 
     def few_rows(x: torch.Tensor) -> torch.Tensor:
         activations = x.to(torch.bfloat16).contiguous()  # the kernels take bf16 rows; a no-op on the GPU path
@@ -294,6 +298,11 @@ class Int4Groups:
     def scaled(self, factor: float) -> Int4Groups:
         """Every weight times ``factor``: each group's scale and zero point are."""
         return Int4Groups(self.codes, self.scales_and_zeros.float() * factor, self.group, self.in_cpu_layout)
+
+    def scale_rows_(self, end: int, factor: float) -> None:
+        """Rows 0…``end``'s weights times ``factor``, in place: their groups' scales and zero points, as ``scaled``
+        rounds them."""
+        self.scales_and_zeros[:, :end].mul_(factor)
 
     def dequantize(self) -> torch.Tensor:
         return dequantize_int4(self.q, self.scales_and_zeros, self.group)  # [N, K] fp32

@@ -342,7 +342,8 @@ def _chunk_attended_as_sdpa(start: int, length: int, heads: int, kv_heads: int, 
 @needs_kernels
 def test_a_damaged_library_in_the_cache_is_built_again(monkeypatch, tmp_path):
     monkeypatch.setenv("HEARTH_HOME", str(tmp_path))
-    cached = build._built(shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"))
+    cached = build._built(shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"), build.SOURCE,
+                          build.COMPILE_FLAGS)
     cached.write_bytes(b"\x7fELF cut short")  # as an interrupted copy might leave it
     loads = [sys.executable, "-c", "from engine.forward.native.build import library; print(library() is not None)"]
     result = subprocess.run(loads, capture_output=True, text=True, timeout=300, cwd=REPO, check=True)

@@ -1,0 +1,318 @@
+/* A GGUF file's quantized blocks into Hearth's weight formats at load (engine thread; OpenMP threads inside each
+   call). Built by native/build.py as a library of its own, in portable C (no instruction set beyond the compiler's
+   default), so it loads on every x86-64 CPU, with or without Hearth's AVX-512 kernels.
+
+   Built with -ffp-contract=off and without -ffast-math: every float is rounded where gguf-py's and PyTorch's
+   arithmetic rounds it (s = d * sc once, then s * x and - m per weight; a group's bf16 scale and zero point as
+   quant_int.int4_group_params makes them), so the results equal the NumPy/PyTorch decoders' bit for bit.
+
+   The structs are llama.cpp's (ggml-common.h), one row of the weight a run of whole blocks:
+   Q4_0 (32 weights, 18 bytes): d fp16, 16 bytes of nibbles (low: weights 0-15, high: 16-31); w = d * (q - 8).
+   Q4_1 (32, 20): d, m fp16, nibbles as Q4_0; w = d * q + m.
+   Q8_0 (32, 34): d fp16, 32 int8 codes; w = x * d.
+   Q4_K (256, 144): d, dmin fp16, 12 bytes of 6-bit sub-scales and sub-mins, four runs of 32 nibble bytes (low:
+     sub-block 2c, high: 2c + 1); w = d * sc * q - dmin * mn.
+   Q5_K (256, 176): as Q4_K, with 32 bytes of fifth bits (bit j of byte l: weight l of sub-block j) before the
+     nibbles.
+   Q6_K (256, 210): ql[128], qh[64], 16 int8 sub-scales, d fp16; weight 128h + r: low nibble of ql[64h + r % 64]
+     (high nibble from r = 64 on), two bits of qh[32h + r % 32] at bit 2 (r / 32); w = d * sc[k / 16] * (q - 32).
+
+   The CPU int4 layout (cpu_int4_layout.py): each block of 64 rows of a weight [N, K] is [K, 32] bytes, byte (k, j)
+   holding row j's code k in its low nibble and row j + 32's in its high one. The int8 layout (int8_matmul.py):
+   [N / 64, K / 4, 4, 16, 4] bytes q + 128 and fp16 scales [N / 64, K / 32, 64]. */
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  /* GGMLQuantizationType's values */
+#define GROUP 32        /* weights of an int4 group, and of an int8 group */
+#define BLOCK_ROWS 64   /* rows a block of the int4 and int8 layouts holds */
+#define HALF_ROWS 32
+#define SUPER 256       /* weights of a K-quant block */
+#define MAX_WIDTH 65536 /* widest row decoded here (a thread's buffer) */
+
+static float half_float(const uint8_t *at) {
+    _Float16 value;
+    memcpy(&value, at, 2);
+    return (float)value;
+}
+
+static uint16_t half_bits(float value) {
+    _Float16 rounded = (_Float16)value;  /* round to nearest even, as PyTorch's .to(torch.float16) */
+    uint16_t bits;
+    memcpy(&bits, &rounded, 2);
+    return bits;
+}
+
+static float bf16_rounded(float value) {  /* round to nearest even, as PyTorch's .to(torch.bfloat16) */
+    uint32_t bits;
+    memcpy(&bits, &value, 4);
+    bits = isnan(value) ? 0x7FC00000u : ((bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u);
+    memcpy(&value, &bits, 4);
+    return value;
+}
+
+/* round to nearest even (nearbyintf in the default rounding mode) for |x| < 2^22, in plain adds that vectorize; larger
+   values come back at least as large, which every caller clamps to its codes' range anyway. */
+static inline float rounded(float x) {
+    const float magic = 12582912.0f;  /* 1.5 * 2^23 */
+    return (x + magic) - magic;
+}
+
+static inline float clamped(float x, float low, float high) { return x < low ? low : (x > high ? high : x); }
+
+static int block_weights(int type) { return type == Q4_K || type == Q5_K || type == Q6_K ? SUPER : 32; }
+
+static int block_bytes(int type) {
+    switch (type) {
+        case Q4_0: return 18;
+        case Q4_1: return 20;
+        case Q8_0: return 34;
+        case Q4_K: return 144;
+        case Q5_K: return 176;
+        default: return 210;  /* Q6_K */
+    }
+}
+
+/* Q4_K's and Q5_K's 12 bytes as 8 sub-scales and 8 sub-mins (gguf-py's Q4_K.get_scale_min). */
+static void k_scales_and_mins(const uint8_t *packed, uint8_t *scales, uint8_t *mins) {
+    for (int j = 0; j < 4; j++) {
+        scales[j] = packed[j] & 0x3F;
+        mins[j] = packed[j + 4] & 0x3F;
+        scales[j + 4] = (packed[j + 8] & 0x0F) | ((packed[j] >> 2) & 0x30);
+        mins[j + 4] = (packed[j + 8] >> 4) | ((packed[j + 4] >> 2) & 0x30);
+    }
+}
+
+/* One block's weights as gguf-py's dequantize gives them. */
+static void decode_block(const uint8_t *block, int type, float *w) {
+    switch (type) {
+        case Q4_0: {
+            float d = half_float(block);
+            for (int i = 0; i < 16; i++) {
+                w[i] = d * (float)((block[2 + i] & 0x0F) - 8);
+                w[i + 16] = d * (float)((block[2 + i] >> 4) - 8);
+            }
+            return;
+        }
+        case Q4_1: {
+            float d = half_float(block), m = half_float(block + 2);
+            for (int i = 0; i < 16; i++) {
+                w[i] = d * (float)(block[4 + i] & 0x0F) + m;
+                w[i + 16] = d * (float)(block[4 + i] >> 4) + m;
+            }
+            return;
+        }
+        case Q8_0: {
+            float d = half_float(block);
+            for (int i = 0; i < 32; i++) w[i] = (float)(int8_t)block[2 + i] * d;
+            return;
+        }
+        case Q4_K:
+        case Q5_K: {
+            float d = half_float(block), dmin = half_float(block + 2);
+            uint8_t scales[8], mins[8];
+            k_scales_and_mins(block + 4, scales, mins);
+            const uint8_t *high_bits = block + 16, *nibbles = block + (type == Q4_K ? 16 : 48);
+            for (int j = 0; j < 8; j++) {
+                const float scale = d * (float)scales[j], least = dmin * (float)mins[j];
+                const uint8_t *run = nibbles + 32 * (j / 2);
+                const int shift = 4 * (j & 1);
+                float *out = w + 32 * j;
+                if (type == Q4_K)
+                    for (int l = 0; l < 32; l++) out[l] = scale * (float)((run[l] >> shift) & 0x0F) - least;
+                else
+                    for (int l = 0; l < 32; l++)
+                        out[l] = scale * (float)(((run[l] >> shift) & 0x0F) | (((high_bits[l] >> j) & 1) << 4)) - least;
+            }
+            return;
+        }
+        default: {  /* Q6_K: weight 128h + 32j + l */
+            const float d = half_float(block + 208);
+            const int8_t *sub_scales = (const int8_t *)(block + 192);
+            for (int h = 0; h < 2; h++)
+                for (int j = 0; j < 4; j++) {
+                    const uint8_t *low_bytes = block + 64 * h + 32 * (j % 2), *high_bytes = block + 128 + 32 * h;
+                    const int low_shift = 4 * (j / 2), high_shift = 2 * j;
+                    float *out = w + 128 * h + 32 * j;
+                    for (int half = 0; half < 2; half++) {
+                        const float scale = d * (float)sub_scales[8 * h + 2 * j + half];
+                        for (int l = 16 * half; l < 16 * half + 16; l++) {
+                            int q = ((low_bytes[l] >> low_shift) & 0x0F) | (((high_bytes[l] >> high_shift) & 0x03) << 4);
+                            out[l] = scale * (float)(q - 32);
+                        }
+                    }
+                }
+        }
+    }
+}
+
+/* rows [rows, row_bytes] of `type`'s blocks as their fp32 weights out [rows, width]. */
+void gguf_dense_rows(const uint8_t *blocks, int64_t rows, int64_t row_bytes, int type, int width, float *out) {
+    const int per_block = block_weights(type), size = block_bytes(type);
+    #pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < rows; n++)
+        for (int b = 0; b < width / per_block; b++)
+            decode_block(blocks + n * row_bytes + (int64_t)b * size, type, out + n * width + (int64_t)b * per_block);
+}
+
+/* A 4-bit type's block: its nibbles as codes (weight order) and each group of 32's (q - 8) * scale + zero. */
+static void four_bit_groups(const uint8_t *block, int type, uint8_t *codes, float *scales, float *zeros) {
+    if (type == Q4_K) {
+        float d = half_float(block), dmin = half_float(block + 2);
+        uint8_t sub_scales[8], sub_mins[8];
+        k_scales_and_mins(block + 4, sub_scales, sub_mins);
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *run = block + 16 + 32 * (j / 2);
+            int shift = 4 * (j & 1);
+            for (int l = 0; l < 32; l++) codes[32 * j + l] = (run[l] >> shift) & 0x0F;
+            scales[j] = (float)sub_scales[j] * d;
+            zeros[j] = scales[j] * 8.0f - (float)sub_mins[j] * dmin;  /* (q - 8) s + z = s q - min */
+        }
+        return;
+    }
+    const uint8_t *nibbles = block + (type == Q4_1 ? 4 : 2);
+    for (int i = 0; i < 16; i++) {
+        codes[i] = nibbles[i] & 0x0F;
+        codes[i + 16] = nibbles[i] >> 4;
+    }
+    scales[0] = half_float(block);
+    zeros[0] = type == Q4_1 ? half_float(block + 2) + 8.0f * scales[0] : 0.0f;  /* (q - 8) d + z = q d + m */
+}
+
+/* fp32 weights of one group as int4 codes with a bf16 scale and zero point (quant_int.int4_group_params and
+   int4_codes): the scale spans the group's range in 15 steps, q = 0 stands for zero - 8 scale. */
+static void requantized_group(const float *w, uint8_t *codes, float *scale_out, float *zero_out) {
+    float lows[8], highs[8];  /* eight lanes, then across them: exact in any order, and it vectorizes */
+    for (int k = 0; k < 8; k++) lows[k] = highs[k] = w[k];
+    for (int i = 8; i < GROUP; i += 8)
+        for (int k = 0; k < 8; k++) {
+            lows[k] = w[i + k] < lows[k] ? w[i + k] : lows[k];
+            highs[k] = w[i + k] > highs[k] ? w[i + k] : highs[k];
+        }
+    float low = lows[0], high = highs[0];
+    for (int k = 1; k < 8; k++) {
+        low = lows[k] < low ? lows[k] : low;
+        high = highs[k] > high ? highs[k] : high;
+    }
+    const float range = high - low;
+    const float scale = bf16_rounded((range > 1e-6f ? range : 1e-6f) / 15.0f);
+    const float zero = bf16_rounded(low + scale * 8.0f);
+    const float lowest = zero - scale * 8.0f;
+    for (int i = 0; i < GROUP; i++) codes[i] = (uint8_t)clamped(rounded((w[i] - lowest) / scale), 0.0f, 15.0f);
+    *scale_out = scale;
+    *zero_out = zero;
+}
+
+/* One row of blocks as int4 codes [width] and its groups' scales and zeros, written at scales_and_zeros[g * pitch]
+   (two floats each): a 4-bit type exactly, any other decoded to fp32 and requantized. */
+static void row_groups(const uint8_t *row, int type, int width, uint8_t *codes, float *scales_and_zeros,
+                       int64_t pitch, float *weights) {
+    const int per_block = block_weights(type), size = block_bytes(type), groups = per_block / GROUP;
+    const int four_bit = type == Q4_0 || type == Q4_1 || type == Q4_K;
+    for (int b = 0; b < width / per_block; b++) {
+        float scales[8], zeros[8];
+        uint8_t *block_codes = codes + (int64_t)b * per_block;
+        if (four_bit) {
+            four_bit_groups(row + (int64_t)b * size, type, block_codes, scales, zeros);
+        } else {
+            decode_block(row + (int64_t)b * size, type, weights);
+            for (int g = 0; g < groups; g++)
+                requantized_group(weights + g * GROUP, block_codes + g * GROUP, scales + g, zeros + g);
+        }
+        for (int g = 0; g < groups; g++) {
+            float *pair = scales_and_zeros + (int64_t)(b * groups + g) * pitch;
+            pair[0] = scales[g];
+            pair[1] = zeros[g];
+        }
+    }
+}
+
+/* rows [rows, row_bytes] of `type`'s blocks as int4 groups of 32: codes, and scales_and_zeros [width / 32, rows, 2]
+   fp32 whose groups lie `pitch` floats apart (2 * rows, or more where they are rows of a larger weight).
+   in_layout: codes [rows, width / 2] in the CPU int4 layout (rows a multiple of 64), else one a byte [rows, width]. */
+void gguf_int4_groups(const uint8_t *blocks, int64_t rows, int64_t row_bytes, int type, int width, int in_layout,
+                      uint8_t *codes, float *scales_and_zeros, int64_t pitch) {
+    if (!in_layout) {
+        #pragma omp parallel
+        {
+            float weights[SUPER];
+            #pragma omp for schedule(static)
+            for (int64_t n = 0; n < rows; n++)
+                row_groups(blocks + n * row_bytes, type, width, codes + n * width, scales_and_zeros + 2 * n, pitch,
+                           weights);
+        }
+        return;
+    }
+    #pragma omp parallel
+    {
+        static _Thread_local uint8_t low[MAX_WIDTH], high[MAX_WIDTH];
+        float weights[SUPER];
+        #pragma omp for schedule(static)
+        for (int64_t b = 0; b < rows / BLOCK_ROWS; b++) {
+            uint8_t *block = codes + b * BLOCK_ROWS * (width / 2);
+            for (int j = 0; j < HALF_ROWS; j++) {
+                int64_t n = b * BLOCK_ROWS + j;
+                row_groups(blocks + n * row_bytes, type, width, low, scales_and_zeros + 2 * n, pitch, weights);
+                n += HALF_ROWS;
+                row_groups(blocks + n * row_bytes, type, width, high, scales_and_zeros + 2 * n, pitch, weights);
+                for (int k = 0; k < width; k++) block[(int64_t)k * HALF_ROWS + j] = low[k] | (uint8_t)(high[k] << 4);
+            }
+        }
+    }
+}
+
+/* rows [rows, row_bytes] of `type`'s blocks as two planes of int4 groups of 32, codes one a byte [rows, width] and
+   scales and zeros [width / 32, rows, 2] fp32 each (quant_int.Int4Pair.from_rows): the weights requantized, then
+   what that rounding left, w - ((q - 8) * scale + zero), requantized again. */
+void gguf_int4_pair(const uint8_t *blocks, int64_t rows, int64_t row_bytes, int type, int width, uint8_t *coarse,
+                    float *coarse_scales_and_zeros, uint8_t *fine, float *fine_scales_and_zeros) {
+    const int per_block = block_weights(type), size = block_bytes(type);
+    #pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < rows; n++) {
+        float weights[SUPER], rest[GROUP];
+        for (int b = 0; b < width / per_block; b++) {
+            decode_block(blocks + n * row_bytes + (int64_t)b * size, type, weights);
+            for (int g = 0; g < per_block / GROUP; g++) {
+                const int64_t column = (int64_t)b * per_block + g * GROUP, group = column / GROUP;
+                float *coarse_pair = coarse_scales_and_zeros + (group * rows + n) * 2;
+                float *fine_pair = fine_scales_and_zeros + (group * rows + n) * 2;
+                uint8_t *codes = coarse + n * width + column;
+                requantized_group(weights + g * GROUP, codes, coarse_pair, coarse_pair + 1);
+                for (int i = 0; i < GROUP; i++)
+                    rest[i] = weights[g * GROUP + i] - (((float)codes[i] - 8.0f) * coarse_pair[0] + coarse_pair[1]);
+                requantized_group(rest, fine + n * width + column, fine_pair, fine_pair + 1);
+            }
+        }
+    }
+}
+
+/* fp32 rows w [rows, width] (rows a multiple of 64) in the int8 layout: each group of 32's largest magnitude maps
+   to 127 under an fp16 scale (int8_matmul.quantize), q + 128 a byte. */
+void int8_layout_from_rows(const float *w, int64_t rows, int width, uint8_t *packed, uint16_t *scales) {
+    const int groups = width / GROUP;
+    #pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < rows / BLOCK_ROWS; b++)
+        for (int r = 0; r < BLOCK_ROWS; r++) {
+            const float *row = w + (b * BLOCK_ROWS + r) * width;
+            uint8_t *out = packed + b * BLOCK_ROWS * width + (r / 16) * 64 + (r % 16) * 4;
+            for (int g = 0; g < groups; g++) {
+                const float *group = row + g * GROUP;
+                float largests[8] = {0.0f}, largest = 0.0f, codes[GROUP];
+                for (int i = 0; i < GROUP; i += 8)
+                    for (int k = 0; k < 8; k++) {
+                        float magnitude = fabsf(group[i + k]);
+                        largests[k] = magnitude > largests[k] ? magnitude : largests[k];
+                    }
+                for (int k = 0; k < 8; k++) largest = largests[k] > largest ? largests[k] : largest;
+                uint16_t bits = half_bits(largest / 127.0f);
+                scales[(b * groups + g) * BLOCK_ROWS + r] = bits;
+                const float divisor = half_float((const uint8_t *)&bits);
+                for (int i = 0; i < GROUP; i++)
+                    codes[i] = divisor > 0.0f ? clamped(rounded(group[i] / divisor), -127.0f, 127.0f) : 0.0f;
+                for (int i = 0; i < GROUP; i++)  /* four columns of a row a 32-bit lane, 16 rows a vector */
+                    out[(int64_t)(g * GROUP + i) / 4 * 256 + i % 4] = (uint8_t)((int)codes[i] + 128);
+            }
+        }
+}
