@@ -47,7 +47,7 @@ class FastLlama(LlamaWeights):
         self._eps = torch.full((1, 1), self.eps, dtype=self.dtype, device=device)
         self._turns = torch.empty(0, 1, self.head_dim // 2, dtype=torch.complex64, device=device)
         self._attention_kernels = device.type == "cpu" and native_attention.covers(self.heads, self.kv_heads,
-                                                                                   self.head_dim)
+                                                                                   self.head_dim, self.dtype)
         self._mask_dtype = PLAIN_DTYPES[formats.prompt_attention]  # bf16 where 4-bit prompts multiply on AMX's tiles
         self._chunk_tiles = self._mask_dtype == torch.bfloat16 and native_attention.tiles_cover(self.head_dim)
 

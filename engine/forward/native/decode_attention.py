@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from engine.forward.native.build import LANES, address, library
+from engine.forward.native.build import LANES, address, kv_cache_dtype, library
 
 MAX_GROUPS, MAX_HEAD_DIM = 16, 256  # the kernel's per-task arrays (``kernels.c``)
 TILE_DIMS, MAX_TILE_HEAD_DIM = 32, 128  # the tile kernel's head dimensions: whole tile rows, at most its arrays'
@@ -31,9 +31,10 @@ def tiles_cover(head_dim: int) -> bool:
     return head_dim % TILE_DIMS == 0 and head_dim <= MAX_TILE_HEAD_DIM
 
 
-def covers(heads: int, kv_heads: int, head_dim: int) -> bool:
-    return (library() is not None and heads // kv_heads <= MAX_GROUPS and head_dim <= MAX_HEAD_DIM
-            and head_dim % LANES == 0)
+def covers(heads: int, kv_heads: int, head_dim: int, kv_dtype: torch.dtype) -> bool:
+    """Whether the kernels attend for these heads over a K/V cache of ``kv_dtype``."""
+    return (library() is not None and kv_dtype == kv_cache_dtype() and heads // kv_heads <= MAX_GROUPS
+            and head_dim <= MAX_HEAD_DIM and head_dim % LANES == 0)
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from engine.forward.native.build import LANES, address, library
+from engine.forward.native.build import LANES, address, kv_cache_dtype, library
 
 
 def covers(qkv: torch.Tensor, layer_kv: torch.Tensor) -> bool:
-    return (library() is not None and qkv.dtype == torch.float32 and layer_kv.dtype == torch.float32
+    return (library() is not None and qkv.dtype == torch.float32 and layer_kv.dtype == kv_cache_dtype()
             and qkv.device.type == "cpu" and qkv.shape[-1] % LANES == 0)
 
 

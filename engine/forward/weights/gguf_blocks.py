@@ -28,7 +28,7 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from engine.forward.weights import gguf_codes
-from engine.forward.weights.cpu_int4_layout import packed_from_nibbles, torch_takes_this_layout
+from engine.forward.weights.cpu_int4_layout import laid_out_here, packed_from_nibbles
 from engine.forward.weights.gguf_codes import (
     CODE_TYPES, chunk_rows, dense_rows, fp16_field, k_scales_and_mins, row_width,
 )
@@ -66,7 +66,7 @@ def int4_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType, cpu_layout
     ``cpu_layout``: the nibbles go straight into the CPU kernel's layout (``cpu_int4_layout``) where the rows come
     in whole blocks of 64, never through codes of a byte each."""
     rows, width = blocks.shape[0], row_width(blocks, quant_type)
-    if cpu_layout and rows % CPU_INT4_PACK_ROWS == 0 and torch_takes_this_layout():
+    if cpu_layout and laid_out_here(rows):
         return _cpu_layout_groups(blocks, quant_type, rows, width)
     return Int4Groups.from_row_chunks(
         rows, width, lambda start, end, q: _int4_rows(blocks[start:end], quant_type, q.numpy()),

@@ -1,5 +1,6 @@
-"""Hearth's C kernels give what PyTorch's ops give: 4-bit and 8-bit matmuls of a few rows, decode rows' and short prompt
-chunks' attention over a block pool, RMSNorm; where they cannot be built the callers keep PyTorch's ops."""
+"""Hearth's C kernels give what PyTorch's ops give, in every variant this CPU runs (``kernel_variant``): 4-bit and 8-bit
+matmuls of a few rows, decode rows' and short prompt chunks' attention over a block pool, RMSNorm; where they cannot
+be built the callers keep PyTorch's ops."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from engine.forward.attention import attend, attend_runs, causal_mask
 from engine.forward.llama_forward import rotate_pairs_
-from engine.forward.native import activation_codes, build, rotary, support
+from engine.forward.native import activation_codes, build, rotary, support, variants
 from engine.forward.native import decode_attention as native_attention
 from engine.forward.native import int4_matmul as native_int4
 from engine.forward.native import int8_matmul as native_int8
@@ -27,8 +28,13 @@ from engine.forward.weights.quant_int import dequantize_int4, int4_groups_of, pa
 from engine.forward.weights.row_chunks import RowChunks
 
 REPO = Path(__file__).resolve().parents[3]
-needs_kernels = pytest.mark.skipif(build.library() is None, reason="no AVX-512 VNNI/VBMI or no C compiler here")
+needs_kernels = pytest.mark.usefixtures("kernel_variant")  # once with each variant this CPU runs
 needs_amx = pytest.mark.skipif(not native_int4.runs_on_amx(), reason="no AMX bf16 tiles (or no kernels) here")
+
+
+def _kv_cache(*shape: int) -> torch.Tensor:
+    """A random layer of the K/V cache in the dtype the loaded kernels read and write (``build.kv_cache_dtype``)."""
+    return torch.randn(*shape).to(build.kv_cache_dtype() or torch.float32)
 
 
 def _dequantized(groups) -> torch.Tensor:
@@ -175,26 +181,30 @@ def test_a_q8_0_blocks_codes_and_scale_come_back_exactly():
 def test_decode_attention_matches_pytorchs_over_runs_of_the_pool(heads, kv_heads, head_dim):
     torch.manual_seed(0)
     positions = 512
-    layer = torch.randn(2, kv_heads, positions, head_dim)  # [2, Hkv, P, hd]
+    layer = _kv_cache(2, kv_heads, positions, head_dim)  # [2, Hkv, P, hd]
     runs = [(slice(0, 1),), (slice(64, 64 + 130),), (slice(300, 364), slice(400, 411))]  # one, past a tile, two runs
     q = torch.randn(len(runs) + 1, heads, head_dim) * 0.3  # the last row: a prompt chunk's, not attended here
     out = torch.full_like(q, 7.0)
     DecodeRuns.of(list(range(len(runs))), runs).attend(q, out, layer)
     for row, row_runs in enumerate(runs):
-        views = tuple((layer[0, :, r].transpose(1, 2), layer[1, :, r]) for r in row_runs)
+        views = tuple((layer[0, :, r].float().transpose(1, 2), layer[1, :, r].float()) for r in row_runs)
         expected = attend_runs(q[row].view(kv_heads, -1, head_dim), views, torch.empty(kv_heads, heads // kv_heads,
                                                                                        head_dim))
         assert torch.allclose(out[row], expected.view(heads, head_dim), atol=1e-5)
     assert torch.equal(out[-1], torch.full_like(out[-1], 7.0))
 
 
-def test_without_the_kernels_the_callers_keep_pytorchs_ops(monkeypatch):
-    monkeypatch.setattr(build, "may_run", lambda: False)  # a CPU without the instructions
+@pytest.mark.parametrize(("turned_off", "reason"), [("cpu", "lacks AVX2"), ("variable", "HEARTH_KERNELS=none")])
+def test_without_the_kernels_the_callers_keep_pytorchs_ops(monkeypatch, turned_off, reason):
+    if turned_off == "cpu":
+        monkeypatch.setattr(support, "has_flags", lambda flags: False)  # a CPU without the instructions
+    else:
+        monkeypatch.setenv(support.CHOICE_VARIABLE, "none")
     build.kernels.cache_clear()
     try:
         assert build.library() is None and build.kernels_variant("cpu") == "none"
-        assert "lacks AVX-512" in build.off_notices()[0]
-        assert not native_int4.covers(128, 96, 32) and not native_attention.covers(6, 2, 32)
+        assert reason in build.kernel_notices()[0] and "off" in build.kernel_notices()[0]
+        assert not native_int4.covers(128, 96, 32) and not native_attention.covers(6, 2, 32, torch.float32)
         groups = int4_groups_of(torch.randn(128, 96) * 0.05)
         run, _ = pack_quantized(groups, None, "int4")
         x = torch.randn(2, 96)
@@ -204,16 +214,19 @@ def test_without_the_kernels_the_callers_keep_pytorchs_ops(monkeypatch):
 
 
 def test_a_failed_build_is_recorded_and_not_retried_until_the_source_changes(monkeypatch, tmp_path):
-    """A compiler that fails costs one attempt, not one at every start: later starts read its message from the
-    cache and say why the kernels are off, until the source (or the compiler) changes."""
+    """Where the package holds no library (a source checkout), a compiler that fails costs one attempt, not one at
+    every start: later starts read its message from the cache and say why the kernels are off, until the source (or
+    the compiler) changes."""
     attempts = tmp_path / "attempts"
     failing = tmp_path / "cc"
     failing.write_text(f"#!/bin/sh\n[ \"$1\" = --version ] && exit 0\necho x >> {attempts}\n"
                        "echo 'cc: error: no such thing' >&2\nexit 1\n")
     failing.chmod(0o755)
     monkeypatch.setenv("CC", str(failing))
-    monkeypatch.setattr(build, "may_run", lambda: True)
+    monkeypatch.setattr(support, "has_flags", lambda flags: True)  # the first variant, whatever the CPU
     monkeypatch.setattr(build, "cache_dir", lambda: tmp_path)
+    sources = _sources_alone(tmp_path)
+    monkeypatch.setattr(variants, "HERE", sources)
 
     def started() -> build.NativeKernels:
         build.kernels.cache_clear()  # a new process
@@ -224,10 +237,9 @@ def test_a_failed_build_is_recorded_and_not_retried_until_the_source_changes(mon
         assert first.library is None and second.library is None and build.kernels_variant("cpu") == "none"
         assert attempts.read_text().count("x") == 1
         assert "cc: error: no such thing" in first.off_reason and "recorded" in second.off_reason
-        assert "no such thing" in build.off_notices()[0]
-        edited = tmp_path / "kernels.c"
-        edited.write_text(build.SOURCE.read_text() + "\n// edited\n")
-        monkeypatch.setattr(build, "SOURCE", edited)
+        assert "no such thing" in build.kernel_notices()[0]
+        edited = sources / variants.VARIANTS[0].source
+        edited.write_text(edited.read_text() + "\n// edited\n")
         assert started().library is None and attempts.read_text().count("x") == 2
     finally:
         build.kernels.cache_clear()
@@ -248,14 +260,16 @@ def test_rotating_and_storing_new_rows_is_pytorchs_rotation_and_cache_write(leng
     qkv = torch.randn(length, heads + 2 * kv_heads, head_dim)  # [S, H + 2Hkv, hd]
     angles = torch.rand(length, 1, head_dim // 2) * 6.3
     turns = torch.polar(torch.full_like(angles, 0.9), angles)  # [S, 1, hd/2]: scaled, as a rope factor leaves them
-    layer = torch.randn(2, kv_heads, 128, head_dim)  # [2, Hkv, P, hd]
+    layer = _kv_cache(2, kv_heads, 128, head_dim)  # [2, Hkv, P, hd]
     slots = torch.randperm(128)[:length]  # [S]: a batched step's rows land in their own sequences' blocks
     expected_qkv, expected_layer = qkv.clone(), layer.clone()
     rotate_pairs_(expected_qkv[:, : heads + kv_heads], turns)
-    expected_layer[:, :, slots] = expected_qkv[:, heads:].transpose(0, 1).unflatten(0, (2, kv_heads))
+    expected_layer[:, :, slots] = expected_qkv[:, heads:].transpose(0, 1).unflatten(0, (2, kv_heads)).to(layer.dtype)
     rotary.rotate_and_store(qkv, turns, layer, slots, heads)
     assert torch.allclose(qkv[:, :heads], expected_qkv[:, :heads], atol=1e-6)  # the queries, in place
-    assert torch.allclose(layer, expected_layer, atol=1e-6)  # the keys rotated, the values as they were; the rest kept
+    # the keys rotated, the values as they were (each rounded once to the cache's dtype); the rest kept
+    rounding = 0 if layer.dtype == torch.float32 else 2**-8
+    assert torch.allclose(layer.float(), expected_layer.float(), rtol=rounding, atol=1e-6)
 
 
 @needs_kernels
@@ -291,13 +305,13 @@ def test_chunk_attention_on_amx_tiles_matches_sdpa_within_bf16s_rounding(start, 
 
 def _chunk_attended_as_sdpa(start: int, length: int, heads: int, kv_heads: int, head_dim: int, on_tiles: bool) -> None:
     torch.manual_seed(start)
-    layer = torch.randn(2, kv_heads, 1024 + length, head_dim)  # [2, Hkv, P, hd]
+    layer = _kv_cache(2, kv_heads, 1024 + length, head_dim)  # [2, Hkv, P, hd]
     seen = start + length  # a shared prefix of 300 positions, then its own blocks
     runs = (slice(100, 100 + min(seen, 300)),) + ((slice(600, 600 + seen - 300),) if seen > 300 else ())
     q = torch.randn(length + 2, heads, head_dim) * 0.3  # rows 0 and 1: another sequence's
     out = torch.full_like(q, 7.0)
     ChunkRuns.of(2, length, start, runs, on_tiles).attend(q, out, layer)
-    keys, values = (torch.cat([layer[i, :, run] for run in runs], dim=1) for i in (0, 1))  # [Hkv, T, hd]
+    keys, values = (torch.cat([layer[i, :, run].float() for run in runs], dim=1) for i in (0, 1))  # [Hkv, T, hd]
     expected = attend(q[2:], keys, values, causal_mask(start, length, torch.float32, torch.device("cpu")))
     if on_tiles:
         assert ((out[2:] - expected).norm() / expected.norm()).item() < 1e-2
@@ -310,11 +324,22 @@ def _chunk_attended_as_sdpa(start: int, length: int, heads: int, kv_heads: int, 
 @needs_kernels
 def test_a_damaged_library_in_the_cache_is_built_again(monkeypatch, tmp_path):
     monkeypatch.setenv("HEARTH_HOME", str(tmp_path))
-    cached = build._built(shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"))
+    sources = _sources_alone(tmp_path)
+    monkeypatch.setattr(variants, "HERE", sources)
+    cached = build._built(support.chosen()[0], shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"))
     cached.write_bytes(b"\x7fELF cut short")  # as an interrupted copy might leave it
-    loads = [sys.executable, "-c", "from engine.forward.native.build import library; print(library() is not None)"]
+    loads = [sys.executable, "-c", "import sys, pathlib; from engine.forward.native import build, variants; "
+             f"variants.HERE = pathlib.Path({str(sources)!r}); print(build.library() is not None)"]
     result = subprocess.run(loads, capture_output=True, text=True, timeout=300, cwd=REPO, check=True)
     assert result.stdout.strip() == "True" and cached.stat().st_size > 1000
+
+
+def _sources_alone(folder: Path) -> Path:
+    """A copy of the kernels' sources in ``folder``, without the libraries an install may have built beside them:
+    the run-time build's case (a source checkout)."""
+    sources = folder / "sources"
+    shutil.copytree(variants.HERE, sources, ignore=shutil.ignore_patterns("*.so", "*.dll", "__pycache__"))
+    return sources
 
 
 def test_a_scratch_made_under_inference_mode_serves_a_call_outside_it():
