@@ -54,30 +54,38 @@ _ACTIVATION_CODES = Scratch(torch.uint8)
 
 @dataclass(frozen=True)
 class NativeKernels:
-    """The loaded kernels and their variant's name, or None with the reason they are off (in words, for the load's
-    notice)."""
+    """The loaded kernels, their variant's name and the K/V cache dtype their attention takes, or None with the
+    reason they are off (in words, for the load's notice)."""
 
     library: ctypes.CDLL | None
     variant: str = "none"
+    kv_cache: torch.dtype | None = None
     off_reason: str = ""
 
 
 @functools.cache
 def kernels() -> NativeKernels:
     """This process's kernels, loaded, built or read from the cache on the first call (the module docstring)."""
-    variant, reason = support.chosen()
-    if variant is None:
+    runnable, reason = support.candidates()
+    if not runnable:
         return _off(reason)
-    try:
-        loaded = _loaded(variant)
-    except (OSError, subprocess.SubprocessError) as error:
-        return _off(f"they could not be built: {error}")
+    failures = []
+    for variant in runnable:
+        try:
+            return _bound(_loaded(variant), variant)
+        except (OSError, subprocess.SubprocessError) as error:
+            failures.append(f"the {variant.name} variant could not be built: {error}")
+    return _off("; ".join(failures))
+
+
+def _bound(loaded: ctypes.CDLL, variant: Variant) -> NativeKernels:
+    """``loaded`` with its functions' argument types set."""
     for name, arguments in SIGNATURES.items():
         if name in variant.exported():
             function = getattr(loaded, name)
             function.argtypes, function.restype = arguments, None
     loaded.amx_enable.argtypes, loaded.amx_enable.restype = (), I32
-    return NativeKernels(loaded, variant.name)
+    return NativeKernels(loaded, variant.name, getattr(torch, variant.kv_cache))
 
 
 def library() -> ctypes.CDLL | None:
@@ -86,9 +94,8 @@ def library() -> ctypes.CDLL | None:
 
 
 def kv_cache_dtype() -> torch.dtype | None:
-    """The dtype of the K/V cache the loaded kernels' attention reads and rotate_and_store writes."""
-    variant = support.chosen()[0]
-    return getattr(torch, variant.kv_cache) if library() is not None and variant is not None else None
+    """The dtype of the K/V cache the loaded kernels' attention reads and rotate_and_store writes (None: no kernels)."""
+    return kernels().kv_cache
 
 
 def kernels_variant(device: str) -> str:

@@ -27,8 +27,9 @@ TILE_DIMS, MAX_TILE_HEAD_DIM = 32, 128  # the tile kernel's head dimensions: who
 
 
 def tiles_cover(head_dim: int) -> bool:
-    """Whether a chunk of heads of ``head_dim`` may attend on AMX's tiles (``ChunkRuns.on_tiles``)."""
-    return head_dim % TILE_DIMS == 0 and head_dim <= MAX_TILE_HEAD_DIM
+    """Whether a chunk of heads of ``head_dim`` may attend on AMX's tiles (``ChunkRuns.on_tiles``): the loaded
+    variant has them."""
+    return head_dim % TILE_DIMS == 0 and head_dim <= MAX_TILE_HEAD_DIM and hasattr(library(), "chunk_attention_amx")
 
 
 def covers(heads: int, kv_heads: int, head_dim: int, kv_dtype: torch.dtype) -> bool:

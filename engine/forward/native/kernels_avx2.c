@@ -27,7 +27,8 @@ static inline __m256 exp_of_negative(__m256 x) {
     __m256 t = _mm256_mul_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(1.44269504089f));
     __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 f = _mm256_sub_ps(t, n);
-    static const float terms[] = {1.540353e-4f, 1.3333558e-3f, 9.6181291e-3f, 5.5504109e-2f, 0.24022651f, 0.69314718f, 1.0f};
+    static const float terms[] = {1.540353e-4f, 1.3333558e-3f, 9.6181291e-3f, 5.5504109e-2f, 0.24022651f,
+                                  0.69314718f, 1.0f};
     __m256 power = _mm256_set1_ps(terms[0]);
     for (int i = 1; i < 7; i++) power = _mm256_fmadd_ps(power, f, _mm256_set1_ps(terms[i]));
     __m256i two_to_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
@@ -374,7 +375,8 @@ static void chunk_tile(const uint16_t *keys, const uint16_t *values, int64_t slo
             score_keys(keys + (slot + p0) * head_dim, m, head_dim, qt, sums);
         for (int p = 0; p < m; p++)
             for (int v = 0; v < 2; v++) {  /* a query sees the positions before its limit */
-                __m256 seen = _mm256_castsi256_ps(_mm256_cmpgt_epi32(limit[v], _mm256_set1_epi32((int)(logical + p0 + p))));
+                __m256i position = _mm256_set1_epi32((int)(logical + p0 + p));
+                __m256 seen = _mm256_castsi256_ps(_mm256_cmpgt_epi32(limit[v], position));
                 score[p0 + p][v] = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sums[p][v], seen);
             }
     }
@@ -471,12 +473,16 @@ void rms_norm(const float *x, int rows, int width, float eps, float *out) {
         const float *row = x + (size_t)m * width;
         __m256 squares = _mm256_setzero_ps();
         int k = 0;
-        for (; k + 8 <= width; k += 8) squares = _mm256_fmadd_ps(_mm256_loadu_ps(row + k), _mm256_loadu_ps(row + k), squares);
+        for (; k + 8 <= width; k += 8) {
+            __m256 value = _mm256_loadu_ps(row + k);
+            squares = _mm256_fmadd_ps(value, value, squares);
+        }
         float total = sum_of(squares);
         for (; k < width; k++) total += row[k] * row[k];
         const float scale = 1.0f / sqrtf(total / (float)width + eps);
         float *target = out + (size_t)m * width;
-        for (k = 0; k + 8 <= width; k += 8) _mm256_storeu_ps(target + k, _mm256_mul_ps(_mm256_loadu_ps(row + k), _mm256_set1_ps(scale)));
+        for (k = 0; k + 8 <= width; k += 8)
+            _mm256_storeu_ps(target + k, _mm256_mul_ps(_mm256_loadu_ps(row + k), _mm256_set1_ps(scale)));
         for (; k < width; k++) target[k] = row[k] * scale;
     }
 }
@@ -493,12 +499,14 @@ void swiglu(const float *gate_up, int rows, int width, float *out) {
             __m256 e = exp_of_negative(_mm256_or_ps(g, sign));  /* e^-|g| */
             __m256 numerator = _mm256_blendv_ps(one, e, g);  /* e where g's sign bit is set */
             __m256 sigmoid = _mm256_div_ps(numerator, _mm256_add_ps(one, e));
-            _mm256_storeu_ps(out + (size_t)m * width + k, _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), _mm256_loadu_ps(up + k)));
+            __m256 silu = _mm256_mul_ps(g, sigmoid);
+            _mm256_storeu_ps(out + (size_t)m * width + k, _mm256_mul_ps(silu, _mm256_loadu_ps(up + k)));
         }
     }
 }
 
-/* 8 values of x (4 pairs) times the complex numbers turns (cos, sin), pair by pair: (x0 cos - x1 sin, x1 cos + x0 sin). */
+/* 8 values of x (4 pairs) times the complex numbers turns (cos, sin), pair by pair:
+   (x0 cos - x1 sin, x1 cos + x0 sin). */
 static inline __m256 rotated_pairs(const float *x, const float *turns) {
     __m256 v = _mm256_loadu_ps(x), turn = _mm256_loadu_ps(turns);
     __m256 swapped_sin = _mm256_mul_ps(_mm256_permute_ps(v, 0xB1), _mm256_movehdup_ps(turn));  /* x1 s, x0 s */
@@ -515,9 +523,10 @@ void rotate_and_store(float *qkv, const float *turns, int rows, int heads, int k
     for (int s = 0; s < rows; s++) {
         float *row = qkv + (size_t)s * width;
         const float *turn = turns + (size_t)s * head_dim;
-        for (int h = 0; h < heads; h++)
-            for (int k = 0; k < head_dim; k += 8)
-                _mm256_storeu_ps(row + (size_t)h * head_dim + k, rotated_pairs(row + (size_t)h * head_dim + k, turn + k));
+        for (int h = 0; h < heads; h++) {
+            float *query = row + (size_t)h * head_dim;
+            for (int k = 0; k < head_dim; k += 8) _mm256_storeu_ps(query + k, rotated_pairs(query + k, turn + k));
+        }
         for (int h = 0; h < kv_heads; h++) {
             size_t at = ((size_t)h * positions + (size_t)slots[s]) * head_dim;
             const float *key = row + (size_t)(heads + h) * head_dim, *value = key + (size_t)kv_heads * head_dim;
@@ -543,7 +552,8 @@ void int4_layout_from_nibbles(const uint8_t *nibbles, int rows, int runs, int le
         uint8_t *block = out + (size_t)b * BLOCK_ROWS * (width / 2);
         for (int r = 0; r < runs; r++)
             for (int i = 0; i < length; i++) {
-                uint8_t *first = block + ((size_t)r * 2 * length + i) * HALF_ROWS, *second = first + (size_t)length * HALF_ROWS;
+                uint8_t *first = block + ((size_t)r * 2 * length + i) * HALF_ROWS;
+                uint8_t *second = first + (size_t)length * HALF_ROWS;
                 for (int j = 0; j < HALF_ROWS; j++) {
                     const uint8_t low = low_rows[j * row_stride + r * run_stride + i];
                     const uint8_t high = high_rows[j * row_stride + r * run_stride + i];

@@ -17,24 +17,26 @@ from engine.host.cpu_features import has_flags
 CHOICE_VARIABLE = "HEARTH_KERNELS"
 
 
-def chosen() -> tuple[Variant | None, str]:
-    """The variant that runs here, or None and the reason none does (in words, for the load's notice)."""
+def candidates() -> tuple[tuple[Variant, ...], str]:
+    """The variants that may run here, best first (``build`` loads the first whose library it has or can build), or
+    none and the reason (in words, for the load's notice)."""
     asked = os.environ.get(CHOICE_VARIABLE, "")
     if asked == "none":
-        return None, f"{CHOICE_VARIABLE}=none turns them off"
+        return (), f"{CHOICE_VARIABLE}=none turns them off"
     if asked and asked not in NAMES:
-        return None, f"{CHOICE_VARIABLE}={asked} names none of {', '.join(NAMES)}"
-    for variant in (named(asked),) if asked else VARIANTS:
-        if has_flags(variant.cpu_flags):
-            return variant, ""
-    return None, f"this CPU lacks the {asked} variant's instructions" if asked else "this CPU lacks AVX2 with FMA"
+        return (), f"{CHOICE_VARIABLE}={asked} names none of {', '.join(NAMES)}"
+    runnable = tuple(variant for variant in ((named(asked),) if asked else VARIANTS) if has_flags(variant.cpu_flags))
+    if runnable:
+        return runnable, ""
+    return (), f"this CPU lacks the {asked} variant's instructions" if asked else "this CPU lacks AVX2 with FMA"
 
 
 def may_run() -> bool:
-    return chosen()[0] is not None
+    return bool(candidates()[0])
 
 
 def has_amx_kernels() -> bool:
-    """Whether the variant that runs here holds the AMX functions (the CPU and Linux may still refuse the tiles)."""
-    variant = chosen()[0]
-    return variant is not None and variant.amx
+    """Whether the best variant that may run here holds the AMX functions (the CPU and Linux may still refuse the
+    tiles; ``int4_matmul.runs_on_amx`` asks the loaded library)."""
+    runnable = candidates()[0]
+    return bool(runnable) and runnable[0].amx

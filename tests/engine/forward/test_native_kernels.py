@@ -223,7 +223,8 @@ def test_a_failed_build_is_recorded_and_not_retried_until_the_source_changes(mon
                        "echo 'cc: error: no such thing' >&2\nexit 1\n")
     failing.chmod(0o755)
     monkeypatch.setenv("CC", str(failing))
-    monkeypatch.setattr(support, "has_flags", lambda flags: True)  # the first variant, whatever the CPU
+    monkeypatch.setattr(support, "has_flags", lambda flags: True)  # whatever the CPU
+    monkeypatch.setenv(support.CHOICE_VARIABLE, variants.VARIANTS[0].name)
     monkeypatch.setattr(build, "cache_dir", lambda: tmp_path)
     sources = _sources_alone(tmp_path)
     monkeypatch.setattr(variants, "HERE", sources)
@@ -241,6 +242,22 @@ def test_a_failed_build_is_recorded_and_not_retried_until_the_source_changes(mon
         edited = sources / variants.VARIANTS[0].source
         edited.write_text(edited.read_text() + "\n// edited\n")
         assert started().library is None and attempts.read_text().count("x") == 2
+    finally:
+        build.kernels.cache_clear()
+
+
+def test_where_the_best_variant_cannot_be_built_the_next_one_runs(monkeypatch, tmp_path):
+    runnable = support.candidates()[0]
+    if len(runnable) < 2:
+        pytest.skip("this CPU runs one variant at most")
+    monkeypatch.setattr(build, "cache_dir", lambda: tmp_path)
+    sources = _sources_alone(tmp_path)
+    monkeypatch.setattr(variants, "HERE", sources)
+    (sources / runnable[0].source).write_text("#error this compiler cannot\n")
+    build.kernels.cache_clear()
+    try:
+        assert build.kernels_variant("cpu") == runnable[1].name
+        assert build.kernel_notices() == (f"Hearth's CPU kernels run their {runnable[1].name} variant.",)
     finally:
         build.kernels.cache_clear()
 
@@ -326,7 +343,7 @@ def test_a_damaged_library_in_the_cache_is_built_again(monkeypatch, tmp_path):
     monkeypatch.setenv("HEARTH_HOME", str(tmp_path))
     sources = _sources_alone(tmp_path)
     monkeypatch.setattr(variants, "HERE", sources)
-    cached = build._built(support.chosen()[0], shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"))
+    cached = build._built(support.candidates()[0][0], shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"))
     cached.write_bytes(b"\x7fELF cut short")  # as an interrupted copy might leave it
     loads = [sys.executable, "-c", "import sys, pathlib; from engine.forward.native import build, variants; "
              f"variants.HERE = pathlib.Path({str(sources)!r}); print(build.library() is not None)"]
