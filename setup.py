@@ -22,7 +22,8 @@ NATIVE = "engine/forward/native"
 
 def _variants():
     """``variants.py`` by its path: the engine package's imports need PyTorch, which a build need not have."""
-    spec = importlib.util.spec_from_file_location("hearth_kernel_variants", Path(__file__).parent / NATIVE / "variants.py")
+    path = Path(__file__).parent / NATIVE / "variants.py"
+    spec = importlib.util.spec_from_file_location("hearth_kernel_variants", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)

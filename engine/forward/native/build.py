@@ -1,4 +1,5 @@
-"""Loading the variant of Hearth's CPU kernels that runs here (engine thread; ``kernels`` is cached after the first call).
+"""Loading the variant of Hearth's CPU kernels that runs here (engine thread; ``kernels`` is cached after its first
+call).
 
 ``support`` chooses the variant (``variants``). Its library is the one the package build left beside the sources
 (``setup.py``: a wheel, an install or an editable install carry them), found by a name made from the sources and
@@ -150,8 +151,8 @@ def _built(variant: Variant, compiler: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
         built = Path(scratch) / target.name
-        result = subprocess.run([compiler, *variant.flags, "-shared", str(variant.source_path()), "-o", str(built), "-lm"],
-                                capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        command = [compiler, *variant.flags, "-shared", str(variant.source_path()), "-o", str(built), "-lm"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
         if result.returncode != 0:
             message = result.stderr or f"{compiler} exited with {result.returncode}"
             failure.write_text(message)

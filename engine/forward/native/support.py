@@ -1,4 +1,5 @@
-"""Which variant of Hearth's CPU kernels runs here, without building it (any thread; torch is imported when first asked).
+"""Which variants of Hearth's CPU kernels may run here, without building them (any thread; torch is imported when
+first asked).
 
 The best variant (``variants``, best first) whose instructions the CPU offers (``cpu_features``: cpuid's flags, within
 the vector width PyTorch runs at, so ``ATEN_CPU_CAPABILITY=avx2`` chooses "avx2" as on a laptop), or the one the
