@@ -188,50 +188,53 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
    bit gives q as a signed byte, and llama.cpp's sign trick (|q| by x carrying q's sign) keeps vpmaddubsw's pairs
    within int16: 2 x 127 x 127. */
 
-/* 16 rows of a block (`quarter`: rows 16 quarter .. + 15) against `count` (1 or 2) activation rows, two codes a
-   value: y[m, those rows]. */
-static inline __attribute__((always_inline)) void int8_quarter(
-        int count, int quarter, const int8_t *high, const int8_t *low, const float *scales, int width,
-        const uint8_t *block, const uint16_t *weight_scales, int rows, float *y) {
+/* A block of 64 rows against `count` (1 or 2) activation rows, two codes a value: y[m, row0 .. row0 + 63]. A group's
+   columns are 2 KiB of the block, read in order by its four quarters of 16 rows in turn (the later ones from cache),
+   each quarter's sums in eight registers. */
+static inline __attribute__((always_inline)) void int8_block(
+        int count, const int8_t *high, const int8_t *low, const float *scales, int width, const uint8_t *block,
+        const uint16_t *weight_scales, int rows, float *y) {
     const int groups = width / INT8_GROUP;
     const __m256i ones = _mm256_set1_epi16(1), top_bit = _mm256_set1_epi8((char)0x80);
-    __m256 total[2][2];
-    for (int m = 0; m < count; m++) total[m][0] = total[m][1] = _mm256_setzero_ps();
-    for (int g = 0; g < groups; g++) {
-        __m256i high_sums[2][2], low_sums[2][2];
-        for (int m = 0; m < count; m++)
-            for (int i = 0; i < 2; i++) high_sums[m][i] = low_sums[m][i] = _mm256_setzero_si256();
-        for (int k = g * INT8_GROUP; k < (g + 1) * INT8_GROUP; k += 4) {
-            const uint8_t *bytes = block + (size_t)k * BLOCK_ROWS + 64 * quarter;
-            __m256i q[2], size[2];
-            for (int i = 0; i < 2; i++) {
-                q[i] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(bytes + 32 * i)), top_bit);
-                size[i] = _mm256_sign_epi8(q[i], q[i]);  /* |q| */
-            }
-            for (int m = 0; m < count; m++) {
-                __m256i x_high = _mm256_set1_epi32(*(const int32_t *)(high + (size_t)m * width + k));
-                __m256i x_low = _mm256_set1_epi32(*(const int32_t *)(low + (size_t)m * width + k));
+    __m256 total[2][8];
+    for (int m = 0; m < count; m++)
+        for (int i = 0; i < 8; i++) total[m][i] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; g++)
+        for (int quarter = 0; quarter < 4; quarter++) {
+            __m256i high_sums[2][2], low_sums[2][2];
+            for (int m = 0; m < count; m++)
+                for (int i = 0; i < 2; i++) high_sums[m][i] = low_sums[m][i] = _mm256_setzero_si256();
+            for (int k = g * INT8_GROUP; k < (g + 1) * INT8_GROUP; k += 4) {
+                const uint8_t *bytes = block + (size_t)k * BLOCK_ROWS + 64 * quarter;
+                __m256i q[2], size[2];
                 for (int i = 0; i < 2; i++) {
-                    __m256i pairs = _mm256_maddubs_epi16(size[i], _mm256_sign_epi8(x_high, q[i]));
-                    high_sums[m][i] = _mm256_add_epi32(high_sums[m][i], _mm256_madd_epi16(pairs, ones));
-                    pairs = _mm256_maddubs_epi16(size[i], _mm256_sign_epi8(x_low, q[i]));
-                    low_sums[m][i] = _mm256_add_epi32(low_sums[m][i], _mm256_madd_epi16(pairs, ones));
+                    q[i] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(bytes + 32 * i)), top_bit);
+                    size[i] = _mm256_sign_epi8(q[i], q[i]);  /* |q| */
+                }
+                for (int m = 0; m < count; m++) {
+                    __m256i x_high = _mm256_set1_epi32(*(const int32_t *)(high + (size_t)m * width + k));
+                    __m256i x_low = _mm256_set1_epi32(*(const int32_t *)(low + (size_t)m * width + k));
+                    for (int i = 0; i < 2; i++) {
+                        __m256i pairs = _mm256_maddubs_epi16(size[i], _mm256_sign_epi8(x_high, q[i]));
+                        high_sums[m][i] = _mm256_add_epi32(high_sums[m][i], _mm256_madd_epi16(pairs, ones));
+                        pairs = _mm256_maddubs_epi16(size[i], _mm256_sign_epi8(x_low, q[i]));
+                        low_sums[m][i] = _mm256_add_epi32(low_sums[m][i], _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+            }
+            const uint16_t *group_scales = weight_scales + (size_t)g * BLOCK_ROWS + 16 * quarter;
+            for (int i = 0; i < 2; i++) {
+                __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(group_scales + 8 * i)));
+                for (int m = 0; m < count; m++) {
+                    __m256 dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low_sums[m][i]), _mm256_set1_ps(1.0f / LOW_STEPS),
+                                                 _mm256_cvtepi32_ps(high_sums[m][i]));
+                    __m256 factor = _mm256_mul_ps(scale, _mm256_set1_ps(scales[(size_t)m * groups + g]));
+                    total[m][2 * quarter + i] = _mm256_fmadd_ps(dot, factor, total[m][2 * quarter + i]);
                 }
             }
         }
-        const uint16_t *group_scales = weight_scales + (size_t)g * BLOCK_ROWS + 16 * quarter;
-        for (int i = 0; i < 2; i++) {
-            __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(group_scales + 8 * i)));
-            for (int m = 0; m < count; m++) {
-                __m256 dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low_sums[m][i]), _mm256_set1_ps(1.0f / LOW_STEPS),
-                                             _mm256_cvtepi32_ps(high_sums[m][i]));
-                __m256 factor = _mm256_mul_ps(scale, _mm256_set1_ps(scales[(size_t)m * groups + g]));
-                total[m][i] = _mm256_fmadd_ps(dot, factor, total[m][i]);
-            }
-        }
-    }
     for (int m = 0; m < count; m++)
-        for (int i = 0; i < 2; i++) _mm256_storeu_ps(y + (size_t)m * rows + 16 * quarter + 8 * i, total[m][i]);
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(y + (size_t)m * rows + 8 * i, total[m][i]);
 }
 
 /* kernels.c's int8_matmul: y [M, N] = x [M, K] . W^T in the int8 layout (N a multiple of 64, K of 32), weight_scales
@@ -242,22 +245,19 @@ void int8_matmul(const float *x, int count, int width, const uint8_t *packed, co
     int8_t *high = (int8_t *)scratch, *low = high + (size_t)count * width;
     float *scales = (float *)(low + (size_t)count * width), *code_totals = scales + (size_t)count * groups;
     quantize_activations(x, count, width, INT8_GROUP, high, low, scales, code_totals);
-    #pragma omp parallel for collapse(2) schedule(static) if (blocks > 1)
-    for (int b = 0; b < blocks; b++)
-        for (int quarter = 0; quarter < 4; quarter++) {
-            const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * width;
-            const uint16_t *block_scales = weight_scales + (size_t)b * groups * BLOCK_ROWS;
-            for (int m = 0; m < count; m += 2) {
-                size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
-                float *out = y + (size_t)m * rows + (size_t)b * BLOCK_ROWS;
-                if (count - m >= 2)
-                    int8_quarter(2, quarter, high + x_at, low + x_at, scales + group_at, width, block, block_scales,
-                                 rows, out);
-                else
-                    int8_quarter(1, quarter, high + x_at, low + x_at, scales + group_at, width, block, block_scales,
-                                 rows, out);
-            }
+    #pragma omp parallel for schedule(static) if (blocks > 1)
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * width;
+        const uint16_t *block_scales = weight_scales + (size_t)b * groups * BLOCK_ROWS;
+        for (int m = 0; m < count; m += 2) {
+            size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
+            float *out = y + (size_t)m * rows + (size_t)b * BLOCK_ROWS;
+            if (count - m >= 2)
+                int8_block(2, high + x_at, low + x_at, scales + group_at, width, block, block_scales, rows, out);
+            else
+                int8_block(1, high + x_at, low + x_at, scales + group_at, width, block, block_scales, rows, out);
         }
+    }
 }
 
 /* ------------------------------------------------------------------------------------------------------------------
