@@ -96,62 +96,67 @@ static inline void store_rows(float *y, int row0, int high, int j, __m256 sums) 
     _mm_storeu_ps(at + 16, _mm256_extractf128_ps(sums, 1));
 }
 
-/* Half a block (32 rows, one nibble) against `count` (1 or 2) activation rows, one code a value or two (`low` read
-   only then): y[m, its rows]. */
-static inline __attribute__((always_inline)) void int4_half(
-        int count, int two_codes, int high_half, const int8_t *high, const int8_t *low, const float *scales,
-        const float *code_totals, int width, const uint8_t *block, const uint16_t *block_pairs, int rows, int group,
-        float *y, int row0) {
+/* A block of 64 rows against `count` (1 or 2) activation rows, one code a value or two (`low` read only then):
+   y[m, row0 .. row0 + 63]. Each group's bytes are read by the block's two halves (the low nibbles' 32 rows, then the
+   high ones') in turn, the second from cache, each half's sums in registers. */
+static inline __attribute__((always_inline)) void int4_block(
+        int count, int two_codes, const int8_t *high, const int8_t *low, const float *scales, const float *code_totals,
+        int width, const uint8_t *block, const uint16_t *block_pairs, int rows, int group, float *y, int row0) {
     const int groups = width / group;
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 total[2][4];
+    __m256 total[2][8];
     for (int m = 0; m < count; m++)
-        for (int j = 0; j < 4; j++) total[m][j] = _mm256_setzero_ps();
-    for (int g = 0; g < groups; g++) {
-        __m256 dot[2][4];
-        for (int m = 0; m < count; m++)
-            for (int j = 0; j < 4; j++) dot[m][j] = _mm256_setzero_ps();
-        for (int k0 = g * group; k0 < (g + 1) * group; k0 += SUB_COLUMNS) {
-            const int k1 = k0 + SUB_COLUMNS < (g + 1) * group ? k0 + SUB_COLUMNS : (g + 1) * group;
-            __m256i high_sums[2][4], low_sums[2][4];
+        for (int j = 0; j < 8; j++) total[m][j] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; g++)
+        for (int high_half = 0; high_half < 2; high_half++) {
+            __m256 dot[2][4];
             for (int m = 0; m < count; m++)
-                for (int j = 0; j < 4; j++) high_sums[m][j] = low_sums[m][j] = _mm256_setzero_si256();
-            for (int k = k0; k < k1; k += 4) {
-                __m256i codes[4];
-                four_columns(block + (size_t)k * HALF_ROWS, high_half, codes);
-                for (int m = 0; m < count; m++) {
-                    __m256i x = _mm256_set1_epi32(*(const int32_t *)(high + (size_t)m * width + k));
-                    for (int j = 0; j < 4; j++)
-                        high_sums[m][j] = _mm256_add_epi16(high_sums[m][j], _mm256_maddubs_epi16(codes[j], x));
-                    if (two_codes) {
-                        __m256i x_low = _mm256_set1_epi32(*(const int32_t *)(low + (size_t)m * width + k));
+                for (int j = 0; j < 4; j++) dot[m][j] = _mm256_setzero_ps();
+            for (int k0 = g * group; k0 < (g + 1) * group; k0 += SUB_COLUMNS) {
+                const int k1 = k0 + SUB_COLUMNS < (g + 1) * group ? k0 + SUB_COLUMNS : (g + 1) * group;
+                __m256i high_sums[2][4], low_sums[2][4];
+                for (int m = 0; m < count; m++)
+                    for (int j = 0; j < 4; j++) high_sums[m][j] = low_sums[m][j] = _mm256_setzero_si256();
+                for (int k = k0; k < k1; k += 4) {
+                    __m256i codes[4];
+                    four_columns(block + (size_t)k * HALF_ROWS, high_half, codes);
+                    for (int m = 0; m < count; m++) {
+                        __m256i x = _mm256_set1_epi32(*(const int32_t *)(high + (size_t)m * width + k));
                         for (int j = 0; j < 4; j++)
-                            low_sums[m][j] = _mm256_add_epi16(low_sums[m][j], _mm256_maddubs_epi16(codes[j], x_low));
+                            high_sums[m][j] = _mm256_add_epi16(high_sums[m][j], _mm256_maddubs_epi16(codes[j], x));
+                        if (two_codes) {
+                            __m256i x_low = _mm256_set1_epi32(*(const int32_t *)(low + (size_t)m * width + k));
+                            for (int j = 0; j < 4; j++)
+                                low_sums[m][j] = _mm256_add_epi16(low_sums[m][j],
+                                                                  _mm256_maddubs_epi16(codes[j], x_low));
+                        }
                     }
                 }
+                for (int m = 0; m < count; m++)
+                    for (int j = 0; j < 4; j++) {
+                        __m256 part = _mm256_cvtepi32_ps(_mm256_madd_epi16(high_sums[m][j], ones));
+                        if (two_codes)
+                            part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(low_sums[m][j], ones)),
+                                                   _mm256_set1_ps(1.0f / LOW_STEPS), part);
+                        dot[m][j] = _mm256_add_ps(dot[m][j], part);
+                    }
             }
-            for (int m = 0; m < count; m++)
-                for (int j = 0; j < 4; j++) {
-                    __m256 part = _mm256_cvtepi32_ps(_mm256_madd_epi16(high_sums[m][j], ones));
-                    if (two_codes)
-                        part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(low_sums[m][j], ones)),
-                                               _mm256_set1_ps(1.0f / LOW_STEPS), part);
-                    dot[m][j] = _mm256_add_ps(dot[m][j], part);
+            const uint16_t *pairs = block_pairs + (size_t)g * BLOCK_ROWS * 2;
+            for (int j = 0; j < 4; j++) {
+                __m256 scale, offset;
+                group_scale_and_offset(pairs, high_half, j, &scale, &offset);
+                for (int m = 0; m < count; m++) {
+                    size_t at = (size_t)m * groups + g;
+                    __m256 d = _mm256_fmadd_ps(offset, _mm256_set1_ps(code_totals[at]),
+                                               _mm256_mul_ps(dot[m][j], scale));
+                    total[m][4 * high_half + j] = _mm256_fmadd_ps(d, _mm256_set1_ps(scales[at]),
+                                                                  total[m][4 * high_half + j]);
                 }
-        }
-        const uint16_t *pairs = block_pairs + (size_t)g * BLOCK_ROWS * 2;
-        for (int j = 0; j < 4; j++) {
-            __m256 scale, offset;
-            group_scale_and_offset(pairs, high_half, j, &scale, &offset);
-            for (int m = 0; m < count; m++) {
-                size_t at = (size_t)m * groups + g;
-                __m256 d = _mm256_fmadd_ps(offset, _mm256_set1_ps(code_totals[at]), _mm256_mul_ps(dot[m][j], scale));
-                total[m][j] = _mm256_fmadd_ps(d, _mm256_set1_ps(scales[at]), total[m][j]);
             }
         }
-    }
     for (int m = 0; m < count; m++)
-        for (int j = 0; j < 4; j++) store_rows(y + (size_t)m * rows, row0, high_half, j, total[m][j]);
+        for (int half = 0; half < 2; half++)
+            for (int j = 0; j < 4; j++) store_rows(y + (size_t)m * rows, row0, half, j, total[m][4 * half + j]);
 }
 
 /* kernels.c's int4_matmul: y [M, N] = x [M, K] . W^T in the int4 layout (N a multiple of 64, K of group, group of
@@ -163,24 +168,23 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
     int8_t *high = (int8_t *)scratch, *low = high + (size_t)count * width;
     float *scales = (float *)(low + (size_t)count * width), *code_totals = scales + (size_t)count * groups;
     quantize_activations(x, count, width, group, high, two_codes ? low : NULL, scales, code_totals);
-    #pragma omp parallel for collapse(2) schedule(static) if (blocks > 1)
-    for (int b = 0; b < blocks; b++)
-        for (int half = 0; half < 2; half++) {
-            const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * (width / 2);
-            const uint16_t *block_pairs = scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2;
-            for (int m = 0; m < count; m += tile) {
-                size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
-                const int8_t *row_low = two_codes ? low + x_at : NULL;
-                float *out = y + (size_t)m * rows;
-                #define INT4_ROWS(n, two) int4_half(n, two, half, high + x_at, row_low, scales + group_at, \
-                                                    code_totals + group_at, width, block, block_pairs, rows, group, \
-                                                    out, b * BLOCK_ROWS)
-                if (two_codes) INT4_ROWS(1, 1);
-                else if (count - m >= 2) INT4_ROWS(2, 0);
-                else INT4_ROWS(1, 0);
-                #undef INT4_ROWS
-            }
+    #pragma omp parallel for schedule(static) if (blocks > 1)
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * (width / 2);
+        const uint16_t *block_pairs = scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2;
+        for (int m = 0; m < count; m += tile) {
+            size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
+            const int8_t *row_low = two_codes ? low + x_at : NULL;
+            float *out = y + (size_t)m * rows;
+            #define INT4_ROWS(n, two) int4_block(n, two, high + x_at, row_low, scales + group_at, \
+                                                 code_totals + group_at, width, block, block_pairs, rows, group, \
+                                                 out, b * BLOCK_ROWS)
+            if (two_codes) INT4_ROWS(1, 1);
+            else if (count - m >= 2) INT4_ROWS(2, 0);
+            else INT4_ROWS(1, 0);
+            #undef INT4_ROWS
         }
+    }
 }
 
 /* ------------------------------------------------------------------------------------------------------------------
