@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.forward.fast_scope import config_view, unsupported_reason
-from engine.forward.native.support import may_run
+from engine.forward.native.support import has_amx_kernels, may_run
 from engine.forward.weights.packed_sizes import INT4_PAIR, int8_kernel_takes
 from engine.host.cpu_features import has_amx_tiles, has_fp16_math, has_int8_dot
 from engine.models.gguf_check import DIRECT_ARCHITECTURES
@@ -51,8 +51,7 @@ class HostFeatures:
 
 def this_host() -> HostFeatures:
     """This machine's ``HostFeatures`` (tests replace it to plan for another CPU)."""
-    native = may_run()
-    return HostFeatures(native, native and has_amx_tiles(), has_int8_dot(), has_fp16_math())
+    return HostFeatures(may_run(), has_amx_kernels() and has_amx_tiles(), has_int8_dot(), has_fp16_math())
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from engine.forward.cpu_backend import FastLlamaBackend
 from engine.forward.llama_forward import FastLlama
 from engine.forward.fast_scope import unsupported_reason
 from engine.forward.windows import layer_windows
-from engine.forward.native.build import off_notices
+from engine.forward.native.build import kernel_notices
 from engine.host.allocator import return_freed_memory
 from engine.models import gguf_direct
 from engine.models.format_plan import FormatPlan, ModelTraits, choose_formats
@@ -147,7 +147,7 @@ def _fast_backend(config: Any, state: Any, formats: FormatPlan, plan: LoadPlan) 
     if plan.device.type != "cuda":
         model = FastLlama(config, state, formats, plan.device, plan.context_length)
         return_freed_memory()  # the last tensors' temporaries
-        return model, FastLlamaBackend(model), replace(plan, notices=plan.notices + off_notices())
+        return model, FastLlamaBackend(model), replace(plan, notices=plan.notices + kernel_notices())
     from engine.forward.cuda_backend import open_gpu_backend
 
     backend = open_gpu_backend(config, state, formats, plan.device, plan.context_length)

@@ -31,13 +31,15 @@ TILE_DIMS, MAX_TILE_HEAD_DIM = 32, 128  # the tile kernel's head dimensions: who
 
 
 def tiles_cover(head_dim: int) -> bool:
-    """Whether a chunk of heads of ``head_dim`` may attend on AMX's tiles (``ChunkRuns.on_tiles``)."""
-    return head_dim % TILE_DIMS == 0 and head_dim <= MAX_TILE_HEAD_DIM
+    """Whether a chunk of heads of ``head_dim`` may attend on AMX's tiles (``ChunkRuns.on_tiles``): the loaded
+    variant has them."""
+    return head_dim % TILE_DIMS == 0 and head_dim <= MAX_TILE_HEAD_DIM and hasattr(library(), "chunk_attention_amx")
 
 
-def covers(heads: int, kv_heads: int, head_dim: int) -> bool:
-    return (library() is not None and heads // kv_heads <= MAX_GROUPS and head_dim <= MAX_HEAD_DIM
-            and head_dim % LANES == 0)
+def covers(heads: int, kv_heads: int, head_dim: int, kv_dtype: torch.dtype) -> bool:
+    """Whether the kernels attend for these heads over a K/V cache of ``kv_dtype``."""
+    return (library() is not None and kv_dtype == torch.bfloat16 and heads // kv_heads <= MAX_GROUPS
+            and head_dim <= MAX_HEAD_DIM and head_dim % LANES == 0)
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,6 @@ dequantized copy spent most of a small call on.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from engine.forward.native import activation_codes
@@ -46,15 +44,10 @@ def covers(rows: int, width: int, group: int) -> bool:
             and width % group == 0)
 
 
-@functools.cache
-def _built_with_tiles() -> bool:
-    return library().amx_enable() == 0
-
-
 def runs_on_amx() -> bool:
     """Whether calls of many rows multiply on AMX's bf16 tiles here: the CPU has them, Linux grants their state
-    and Hearth's kernels are built with them."""
-    return has_amx_tiles() and library() is not None and _built_with_tiles()
+    and the variant of Hearth's kernels that runs here is built with them."""
+    return has_amx_tiles() and library() is not None and library().amx_enable() == 0
 
 
 class Int4Matmul:

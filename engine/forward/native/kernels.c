@@ -1,6 +1,6 @@
-/* Hearth's CPU kernels (engine thread; OpenMP threads inside each call). Built by native/build.py with AVX-512
-   (F, BW, VL, VNNI, VBMI), the AMX functions for their own target, and loaded with ctypes; every pointer is a
-   contiguous tensor's data. */
+/* Hearth's CPU kernels, variants.py's "avx512" variant (engine thread; OpenMP threads inside each call). Built by
+   setup.py (or native/build.py in a source checkout) with AVX-512 (F, BW, VL, VNNI, VBMI), the AMX functions for
+   their own target, and loaded with ctypes; every pointer is a contiguous tensor's data. */
 
 #include <immintrin.h>
 #include <math.h>
@@ -10,41 +10,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define BLOCK_ROWS 64     /* rows per block of the int4 layout (cpu_int4_layout) */
-#define ROW_TILE 2        /* activation rows per pass over a block: their sums fill the registers */
-#define LOW_STEPS 254.0f  /* an activation's second code counts in steps of 1/254 of its first's */
-#define POSITIONS 64      /* attention: positions scored at a time */
-#define MAX_GROUPS 16
-#define MAX_HEAD_DIM 256
+#include "kernels_common.h"
 
-/* x [M, K] as int8 codes per group of `group`: x ~ scale * high, |high| <= 127 (llama.cpp's Q8_0), and where `low`
-   is given a second code a value, x ~ scale * (high + low / LOW_STEPS) (about 15 bits). code_totals [M, K / group]:
-   each group's codes summed, high + low / LOW_STEPS. A kernel meets the weights' offsets with these sums rather than
-   the exact ones, so that its product is exactly that of the rounded activations: its error is then the weights
-   times the rounding, where the exact sums would leave the unsigned codes times it, about twice as large. */
-static void quantize_activations(const float *x, int rows, int width, int group, int8_t *high, int8_t *low,
-                                 float *scales, float *code_totals) {
-    int groups = width / group;
-    for (int m = 0; m < rows; m++)
-        for (int g = 0; g < groups; g++) {
-            size_t at = (size_t)m * width + (size_t)g * group;
-            float largest = 0.0f;
-            for (int i = 0; i < group; i++) largest = fmaxf(largest, fabsf(x[at + i]));
-            float scale = largest > 0.0f ? largest / 127.0f : 1.0f, inverse = 1.0f / scale;
-            int high_total = 0, low_total = 0;
-            for (int i = 0; i < group; i++) {
-                float scaled = x[at + i] * inverse, rounded = nearbyintf(scaled);
-                high[at + i] = (int8_t)rounded;
-                high_total += high[at + i];
-                if (low) {
-                    low[at + i] = (int8_t)nearbyintf((scaled - rounded) * LOW_STEPS);
-                    low_total += low[at + i];
-                }
-            }
-            scales[(size_t)m * groups + g] = scale;
-            code_totals[(size_t)m * groups + g] = (float)high_total + (float)low_total / LOW_STEPS;
-        }
-}
+#define ROW_TILE 2        /* activation rows per pass over a block: their sums fill the registers */
 
 static inline __m512 bf16_in_low_half(__m512i pairs) { return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)); }
 
@@ -187,9 +155,6 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
         }
     }
 }
-
-#define INT8_GROUP 32  /* columns a weight scale covers (the int8 layout, native/int8_matmul.py) */
-#define INT8_OFFSET 128.0f  /* a weight's code is q + 128, an unsigned byte: vpdpbusd multiplies u8 by s8 */
 
 /* One block of 64 int8 weight rows against `count` (1 or ROW_TILE) activation rows, two codes a value:
    y[m, row0 .. row0 + 63]. code_totals [M, K / 32]: each group's codes summed, which take the offset out. */

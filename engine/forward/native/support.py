@@ -1,17 +1,43 @@
-"""Whether Hearth's CPU kernels may run here, without building them (any thread; torch is imported when first asked).
+"""Which variants of Hearth's CPU kernels may run here, without building them (any thread; torch is imported when
+first asked).
 
-The CPU's flags (``cpu_features``: cpuid's, within the vector width PyTorch runs at, so
-``ATEN_CPU_CAPABILITY=avx2`` turns them off); ``build.library()`` then also needs a C compiler
-and a build that succeeds. ``format_plan`` counts formats by this before a load. Tests that need the
-kernels off replace ``may_run`` (``docs/development.md``).
+The best variant (``variants``, best first) whose instructions the CPU offers (``cpu_features``: cpuid's flags, within
+the vector width PyTorch runs at, so ``ATEN_CPU_CAPABILITY=avx2`` chooses "avx2" as on a laptop), or the one the
+environment variable ``HEARTH_KERNELS`` names: "avx512", "avx2" (each only where the CPU runs it), or "none", which
+turns the kernels off (tests and benchmarks compare the variants so). ``build.library()`` then also needs the
+package's library or a C compiler. ``format_plan`` counts formats by this before a load.
 """
 
 from __future__ import annotations
 
+import os
+
+from engine.forward.native.variants import NAMES, VARIANTS, Variant, named
 from engine.host.cpu_features import has_flags
 
-CPU_FLAGS = ("avx512_f", "avx512_bw", "avx512_vl", "avx512_vnni", "avx512_vbmi")
+CHOICE_VARIABLE = "HEARTH_KERNELS"
+
+
+def candidates() -> tuple[tuple[Variant, ...], str]:
+    """The variants that may run here, best first (``build`` loads the first whose library it has or can build), or
+    none and the reason (in words, for the load's notice)."""
+    asked = os.environ.get(CHOICE_VARIABLE, "")
+    if asked == "none":
+        return (), f"{CHOICE_VARIABLE}=none turns them off"
+    if asked and asked not in NAMES:
+        return (), f"{CHOICE_VARIABLE}={asked} names none of {', '.join(NAMES)}"
+    runnable = tuple(variant for variant in ((named(asked),) if asked else VARIANTS) if has_flags(variant.cpu_flags))
+    if runnable:
+        return runnable, ""
+    return (), f"this CPU lacks the {asked} variant's instructions" if asked else "this CPU lacks AVX2 with FMA"
 
 
 def may_run() -> bool:
-    return has_flags(CPU_FLAGS)
+    return bool(candidates()[0])
+
+
+def has_amx_kernels() -> bool:
+    """Whether the best variant that may run here holds the AMX functions (the CPU and Linux may still refuse the
+    tiles; ``int4_matmul.runs_on_amx`` asks the loaded library)."""
+    runnable = candidates()[0]
+    return bool(runnable) and runnable[0].amx

@@ -11,9 +11,10 @@ a byte too, so a block of rows takes two shifts and masks of its bytes and one
 transposing copy, much less work than decoding them into codes and packing those; where Hearth's
 kernels are built, one pass in C instead (``native``), faster still.
 
-That is the layout of PyTorch's AVX-512 build of the kernel; its AVX2 and plain builds (a laptop's CPU, or
-``ATEN_CPU_CAPABILITY=avx2``) block the rows otherwise, so there (``torch_takes_this_layout``) the op lays the
-codes out and nothing here writes or reads its bytes.
+That is the layout of PyTorch's AVX-512 build of the kernel, and the one every variant of Hearth's int4 kernel
+takes; PyTorch's AVX2 and plain builds (a laptop's CPU, or ``ATEN_CPU_CAPABILITY=avx2``) block the rows otherwise,
+so where neither Hearth's kernels nor that build run (``laid_out_here``), the op lays the codes out and nothing here
+writes or reads its bytes.
 """
 
 from __future__ import annotations
@@ -31,10 +32,16 @@ def torch_takes_this_layout() -> bool:
     return torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
+def laid_out_here(rows: int) -> bool:
+    """Whether a weight of ``rows`` rows is kept in this layout: whole blocks, where Hearth's int4 kernel runs (any
+    variant) or PyTorch's kernel takes the layout."""
+    return rows % CPU_INT4_PACK_ROWS == 0 and (library() is not None or torch_takes_this_layout())
+
+
 def packed_from_codes(q: torch.Tensor, tiles: int) -> torch.Tensor:
     """q [N, K] in 0…15 as the kernel's bytes [N, K / 2] uint8; a last block of fewer than 64 rows, or every row
-    where the kernel takes another layout, goes through the op."""
-    if not torch_takes_this_layout():
+    where PyTorch's kernel takes another layout and Hearth's does not take these rows, goes through the op."""
+    if not torch_takes_this_layout() and not laid_out_here(q.shape[0]):
         return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), tiles)
     rows, width = q.shape
     whole = rows // CPU_INT4_PACK_ROWS * CPU_INT4_PACK_ROWS

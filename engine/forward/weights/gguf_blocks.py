@@ -31,7 +31,7 @@ from gguf.quants import dequantize
 
 from engine.forward.native import gguf_layout
 from engine.forward.weights import gguf_codes
-from engine.forward.weights.cpu_int4_layout import packed_from_nibbles, torch_takes_this_layout
+from engine.forward.weights.cpu_int4_layout import laid_out_here, packed_from_nibbles
 from engine.forward.weights.gguf_codes import (
     CODE_TYPES, chunk_rows, dense_rows, fp16_field, k_scales_and_mins, row_width,
 )
@@ -73,7 +73,7 @@ def int4_groups(blocks: np.ndarray, quant_type: GGMLQuantizationType, cpu_layout
     in whole blocks of 64, never through codes of a byte each. In one pass of C where it is built
     (``native.gguf_layout``), which also takes the 5-, 6- and 8-bit types (``requantized_groups``)."""
     rows, width = blocks.shape[0], row_width(blocks, quant_type)
-    in_layout = cpu_layout and rows % CPU_INT4_PACK_ROWS == 0 and torch_takes_this_layout()
+    in_layout = cpu_layout and laid_out_here(rows)
     if gguf_layout.takes(blocks, quant_type):
         return _groups_in_c(blocks, quant_type, in_layout)
     if in_layout:
@@ -100,7 +100,7 @@ def stacked_groups(parts: Sequence[tuple[GGMLQuantizationType, int, int]], block
     kernel's layout where every part comes in whole blocks of 64 rows."""
     rows = sum(part_rows for _, part_rows, _ in parts)
     width = parts[0][2]
-    in_layout = cpu_layout and all(r % CPU_INT4_PACK_ROWS == 0 for _, r, _ in parts) and torch_takes_this_layout()
+    in_layout = cpu_layout and all(laid_out_here(part_rows) for _, part_rows, _ in parts)
     codes = torch.empty(rows, width // 2 if in_layout else width, dtype=torch.uint8)  # [N, K / 2] or [N, K]
     scales_and_zeros = torch.empty(width // CPU_INT4_GROUP, rows, 2)  # [G, N, 2]
     start = 0

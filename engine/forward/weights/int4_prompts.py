@@ -33,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from engine.forward.weights.cpu_int4_layout import torch_takes_this_layout
+from engine.forward.weights.cpu_int4_layout import laid_out_here
 from engine.forward.weights.packed_sizes import CPU_INT4_PACK_ROWS as BLOCK_ROWS  # the kernel layout's row blocks
 from engine.forward.native.scratch import Scratch
 from engine.host.cpu_features import has_int8_dot
@@ -58,7 +58,7 @@ _CODES, _WEIGHTS, _FP32_WEIGHTS = Scratch(torch.int16), Scratch(torch.int8), Scr
 def covers(rows: int) -> bool:
     """Whether a weight of ``rows`` rows takes this path: whole blocks of the kernel's layout only, where the kernel
     takes Hearth's layout (``cpu_int4_layout``)."""
-    return rows % BLOCK_ROWS == 0 and torch_takes_this_layout()
+    return laid_out_here(rows)
 
 
 ScalesOfRows = Callable[[int, int], torch.Tensor]  # (start, end) -> those rows' scales and zeros [K / group, n, 2]

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.forward.backend import PREFILL_CHUNK
-from engine.forward.native.build import library as native_kernels
+from engine.forward.native.build import kernels_variant
 from engine.forward.weights.pack_worker import Packed, PackWorker
 from engine.forward.weights.packed_sizes import fp16_packed_bytes, fp16_tail_width, runs_on_onednn
 from engine.forward.weights.quant_int import (
@@ -47,13 +47,14 @@ FEW_ROWS = 16
 the 4-bit copy reads about a quarter of fp16's bytes, and whole decode steps run faster on it at these row counts
 (a prompt chunk of a few dozen rows beside decode rows is faster in fp16)."""
 FEW_ROWS_NATIVE = 64
-"""``FEW_ROWS`` where Hearth's int4 kernel runs the 4-bit copy (``native.int4_matmul``): with it whole decode steps run
-faster on the 4-bit copy than on fp16 at these row counts."""
+"""``FEW_ROWS`` where Hearth's avx512 int4 kernel runs the 4-bit copy (``native.int4_matmul``): with it whole decode
+steps run faster on the 4-bit copy than on fp16 at these row counts. The avx2 kernel's dot products cost about three
+times as much (no VNNI), so there a 48-row prompt chunk took twice as long on it as in fp16: it keeps ``FEW_ROWS``."""
 
 
 def few_rows() -> int:
     """The most rows a call answers from a ``Linear``'s ``one_row_fmt`` copy."""
-    return FEW_ROWS_NATIVE if native_kernels() is not None else FEW_ROWS
+    return FEW_ROWS_NATIVE if kernels_variant("cpu") == "avx512" else FEW_ROWS
 
 
 class Linear:

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.forward.native.support import CPU_FLAGS
+from engine.forward.native.variants import named
 from engine.host import cpu_features
 
 REPO = Path(__file__).resolve().parents[3]
+CPU_FLAGS = named("avx512").cpu_flags
 
 
 @pytest.mark.parametrize("flags, int8_dot", [
@@ -99,24 +100,27 @@ def test_the_flags_need_no_proc_cpuinfo(monkeypatch):
         cpu_features._flags.cache_clear()
 
 
-def test_an_avx2_only_cpu_runs_none_of_hearths_avx512_kernels():
+def test_an_avx2_only_cpu_runs_hearths_avx2_kernels():
     asks = ("from engine.forward.native import build, support; from engine.host import cpu_features; "
             "print(support.may_run(), cpu_features.has_flags(('avx512_f',)), build.library() is None, "
-            "build.kernels_variant('cpu'), build.off_notices())")
+            "build.kernels_variant('cpu'), build.kernel_notices())")
     environment = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "PYTHONPATH": str(REPO)}
+    environment.pop("HEARTH_KERNELS", None)
     result = subprocess.run([sys.executable, "-c", asks], capture_output=True, text=True, timeout=300, cwd=REPO,
                             env=environment, check=True)
     may_run, avx512, off, variant, notices = result.stdout.strip().split(" ", 4)
-    assert (may_run, avx512, off, variant) == ("False", "False", "True", "none")
-    assert "lacks AVX-512" in notices
+    assert (may_run, avx512, off, variant) == ("True", "False", "False", "avx2")
+    assert "avx2 variant" in notices
 
 
-def test_on_an_avx2_only_cpu_the_built_in_model_still_answers(default_model_path: Path):
-    """PyTorch's AVX2 build of its int4 kernel blocks the rows otherwise than its AVX-512 one, so the 4-bit decode
-    copy is laid out by PyTorch there (``cpu_int4_layout``): given the AVX-512 layout it answered noise."""
+@pytest.mark.parametrize(("kernels", "notice"), [("avx2", "avx2 variant"), ("none", "kernels are off")])
+def test_on_an_avx2_only_cpu_the_built_in_model_still_answers(default_model_path: Path, kernels: str, notice: str):
+    """On Hearth's AVX2 kernels the 4-bit decode copy keeps Hearth's layout; without them, PyTorch's AVX2 build of
+    its int4 kernel blocks the rows otherwise than its AVX-512 one, so PyTorch lays the copy out
+    (``cpu_int4_layout``): given the AVX-512 layout it answered noise."""
     ask = [sys.executable, "-m", "engine", "chat", "--model", str(default_model_path), "--device", "cpu",
            "--prompt", "What is the capital of France?", "--max-tokens", "12"]
-    environment = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "PYTHONPATH": str(REPO)}
+    environment = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "PYTHONPATH": str(REPO), "HEARTH_KERNELS": kernels}
     result = subprocess.run(ask, capture_output=True, text=True, timeout=600, cwd=REPO, env=environment, check=True)
-    assert "int4 copy for decoding" in result.stderr and "kernels are off" in result.stderr
+    assert "int4 copy for decoding" in result.stderr and notice in result.stderr
     assert "Paris" in result.stdout

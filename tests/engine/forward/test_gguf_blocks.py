@@ -16,7 +16,6 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as Q
 
-from engine.forward.native import build
 from engine.bench.random_blocks import SCALERS, random_blocks
 from engine.forward.weights.gguf_blocks import FOUR_BIT_TYPES, dense, int4_groups, requantized_groups, requantized_pair
 from engine.forward.weights.gguf_codes import CODE_TYPES
@@ -71,12 +70,10 @@ def test_four_bit_blocks_become_int4_groups_that_stand_for_the_same_weights(quan
 @pytest.mark.parametrize("in_c", [True, False], ids=["hearths-kernel", "torch-ops"])
 @pytest.mark.parametrize("quant_type", FOUR_BIT_TYPES, ids=lambda t: t.name)
 def test_four_bit_blocks_go_straight_into_the_cpu_kernels_layout_as_the_same_groups(quant_type: Q, in_c: bool,
-                                                                                    monkeypatch):
+                                                                                    kernel_variant: str, monkeypatch):
     """Rows in whole blocks of 64, laid out for the kernel without codes (here 64 rows at a time), in one pass of
-    Hearth's C where it is built, else in PyTorch's ops: the same groups, the same bytes as packing the codes, and
+    Hearth's C (each variant's), else in PyTorch's ops: the same groups, the same bytes as packing the codes, and
     the same products; other row counts keep the codes."""
-    if in_c and build.library() is None:
-        pytest.skip("no AVX-512 VNNI/VBMI or no C compiler here")
     if not in_c:
         monkeypatch.setattr("engine.forward.weights.cpu_int4_layout.library", lambda: None)
     monkeypatch.setattr("engine.forward.weights.gguf_blocks.chunk_rows", lambda *_: 64)

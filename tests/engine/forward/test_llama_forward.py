@@ -58,7 +58,7 @@ def _fast(hf_model, tokenizer, precision):
     return _wrap(hf_model, tokenizer, "random:tiny", precision)
 
 
-def test_fp32_greedy_tokens_equal_hf_generate(hf_model, tokenizer, prompt_ids):
+def test_fp32_greedy_tokens_equal_hf_generate(hf_model, tokenizer, prompt_ids, kernel_variant):
     loaded = _fast(hf_model, tokenizer, "fp32")
     assert isinstance(loaded.backend, FastLlamaBackend)
     expected = hf_model.generate(torch.tensor([prompt_ids]), max_new_tokens=40, min_new_tokens=40, do_sample=False)

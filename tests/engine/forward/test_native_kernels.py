@@ -1,5 +1,6 @@
-"""Hearth's C kernels give what PyTorch's ops give: 4-bit and 8-bit matmuls of a few rows, decode rows' and short prompt
-chunks' attention over a block pool, RMSNorm; where they cannot be built the callers keep PyTorch's ops."""
+"""Hearth's C kernels give what PyTorch's ops give, in every variant this CPU runs (``kernel_variant``): 4-bit and 8-bit
+matmuls of a few rows, decode rows' and short prompt chunks' attention over a block pool, RMSNorm; where they cannot
+be built the callers keep PyTorch's ops."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from engine.forward.attention import attend, attend_runs, causal_mask
 from engine.forward.llama_forward import rotate_pairs_
-from engine.forward.native import activation_codes, build, rotary, support
+from engine.forward.native import activation_codes, build, rotary, support, variants
 from engine.forward.native import decode_attention as native_attention
 from engine.forward.native import int4_matmul as native_int4
 from engine.forward.native import int8_matmul as native_int8
@@ -28,7 +29,7 @@ from engine.forward.weights.row_chunks import RowChunks
 from engine.forward.windows import window_start
 
 REPO = Path(__file__).resolve().parents[3]
-needs_kernels = pytest.mark.skipif(build.library() is None, reason="no AVX-512 VNNI/VBMI or no C compiler here")
+needs_kernels = pytest.mark.usefixtures("kernel_variant")  # once with each variant this CPU runs
 needs_amx = pytest.mark.skipif(not native_int4.runs_on_amx(), reason="no AMX bf16 tiles (or no kernels) here")
 
 
@@ -182,7 +183,7 @@ def test_decode_attention_matches_pytorchs_over_runs_of_the_bf16_pool(heads, kv_
     out = torch.full_like(q, 7.0)
     DecodeRuns.of(list(range(len(runs))), runs).attend(q, out, layer)
     for row, row_runs in enumerate(runs):
-        views = tuple((layer[0, :, r].transpose(1, 2), layer[1, :, r]) for r in row_runs)
+        views = tuple((layer[0, :, r].float().transpose(1, 2), layer[1, :, r].float()) for r in row_runs)
         expected = attend_runs(q[row].view(kv_heads, -1, head_dim), views, torch.empty(kv_heads, heads // kv_heads,
                                                                                        head_dim))
         assert torch.allclose(out[row], expected.view(heads, head_dim), atol=1e-5)
@@ -196,32 +197,40 @@ def test_the_attention_kernels_refuse_a_pool_they_would_misread():
         DecodeRuns.of([0], [(slice(0, 4),)]).attend(q, torch.empty_like(q), torch.randn(2, 2, 8, 32))
 
 
-def test_without_the_kernels_the_callers_keep_pytorchs_ops(monkeypatch):
-    monkeypatch.setattr(build, "may_run", lambda: False)  # a CPU without the instructions
+@pytest.mark.parametrize(("turned_off", "reason"), [("cpu", "lacks AVX2"), ("variable", "HEARTH_KERNELS=none")])
+def test_without_the_kernels_the_callers_keep_pytorchs_ops(monkeypatch, turned_off, reason):
+    if turned_off == "cpu":
+        monkeypatch.setattr(support, "has_flags", lambda flags: False)  # a CPU without the instructions
+    else:
+        monkeypatch.setenv(support.CHOICE_VARIABLE, "none")
     build.kernels.cache_clear()
     try:
         assert build.library() is None and build.kernels_variant("cpu") == "none"
-        assert "lacks AVX-512" in build.off_notices()[0]
-        assert not native_int4.covers(128, 96, 32) and not native_attention.covers(6, 2, 32)
+        assert reason in build.kernel_notices()[0] and "off" in build.kernel_notices()[0]
+        assert not native_int4.covers(128, 96, 32) and not native_attention.covers(6, 2, 32, torch.float32)
         groups = int4_groups_of(torch.randn(128, 96) * 0.05)
         run, _ = pack_quantized(groups, None, "int4")
         x = torch.randn(2, 96)
         assert torch.allclose(run(x), x @ _dequantized(groups).t(), atol=1e-2)
     finally:
-        build.kernels.cache_clear()  # built again, where it may, once ``may_run`` is restored
+        build.kernels.cache_clear()  # built again, where it may, once the CPU's flags are restored
 
 
 def test_a_failed_build_is_recorded_and_not_retried_until_the_source_changes(monkeypatch, tmp_path):
-    """A compiler that fails costs one attempt, not one at every start: later starts read its message from the
-    cache and say why the kernels are off, until the source (or the compiler) changes."""
+    """Where the package holds no library (a source checkout), a compiler that fails costs one attempt, not one at
+    every start: later starts read its message from the cache and say why the kernels are off, until the source (or
+    the compiler) changes."""
     attempts = tmp_path / "attempts"
     failing = tmp_path / "cc"
     failing.write_text(f"#!/bin/sh\n[ \"$1\" = --version ] && exit 0\necho x >> {attempts}\n"
                        "echo 'cc: error: no such thing' >&2\nexit 1\n")
     failing.chmod(0o755)
     monkeypatch.setenv("CC", str(failing))
-    monkeypatch.setattr(build, "may_run", lambda: True)
+    monkeypatch.setattr(support, "has_flags", lambda flags: True)  # whatever the CPU
+    monkeypatch.setenv(support.CHOICE_VARIABLE, variants.VARIANTS[0].name)
     monkeypatch.setattr(build, "cache_dir", lambda: tmp_path)
+    sources = _sources_alone(tmp_path)
+    monkeypatch.setattr(variants, "HERE", sources)
 
     def started() -> build.NativeKernels:
         build.kernels.cache_clear()  # a new process
@@ -232,11 +241,26 @@ def test_a_failed_build_is_recorded_and_not_retried_until_the_source_changes(mon
         assert first.library is None and second.library is None and build.kernels_variant("cpu") == "none"
         assert attempts.read_text().count("x") == 1
         assert "cc: error: no such thing" in first.off_reason and "recorded" in second.off_reason
-        assert "no such thing" in build.off_notices()[0]
-        edited = tmp_path / "kernels.c"
-        edited.write_text(build.SOURCE.read_text() + "\n// edited\n")
-        monkeypatch.setattr(build, "SOURCE", edited)
+        assert "no such thing" in build.kernel_notices()[0]
+        edited = sources / variants.VARIANTS[0].source
+        edited.write_text(edited.read_text() + "\n// edited\n")
         assert started().library is None and attempts.read_text().count("x") == 2
+    finally:
+        build.kernels.cache_clear()
+
+
+def test_where_the_best_variant_cannot_be_built_the_next_one_runs(monkeypatch, tmp_path):
+    runnable = support.candidates()[0]
+    if len(runnable) < 2:
+        pytest.skip("this CPU runs one variant at most")
+    monkeypatch.setattr(build, "cache_dir", lambda: tmp_path)
+    sources = _sources_alone(tmp_path)
+    monkeypatch.setattr(variants, "HERE", sources)
+    (sources / runnable[0].source).write_text("#error this compiler cannot\n")
+    build.kernels.cache_clear()
+    try:
+        assert build.kernels_variant("cpu") == runnable[1].name
+        assert build.kernel_notices() == (f"Hearth's CPU kernels run their {runnable[1].name} variant.",)
     finally:
         build.kernels.cache_clear()
 
@@ -342,12 +366,22 @@ def _chunk_attended_as_sdpa(start: int, length: int, heads: int, kv_heads: int, 
 @needs_kernels
 def test_a_damaged_library_in_the_cache_is_built_again(monkeypatch, tmp_path):
     monkeypatch.setenv("HEARTH_HOME", str(tmp_path))
-    cached = build._built(shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"), build.SOURCE,
-                          build.COMPILE_FLAGS)
+    sources = _sources_alone(tmp_path)
+    monkeypatch.setattr(variants, "HERE", sources)
+    cached = build._built(support.candidates()[0][0], shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc"))
     cached.write_bytes(b"\x7fELF cut short")  # as an interrupted copy might leave it
-    loads = [sys.executable, "-c", "from engine.forward.native.build import library; print(library() is not None)"]
+    loads = [sys.executable, "-c", "import sys, pathlib; from engine.forward.native import build, variants; "
+             f"variants.HERE = pathlib.Path({str(sources)!r}); print(build.library() is not None)"]
     result = subprocess.run(loads, capture_output=True, text=True, timeout=300, cwd=REPO, check=True)
     assert result.stdout.strip() == "True" and cached.stat().st_size > 1000
+
+
+def _sources_alone(folder: Path) -> Path:
+    """A copy of the kernels' sources in ``folder``, without the libraries an install may have built beside them:
+    the run-time build's case (a source checkout)."""
+    sources = folder / "sources"
+    shutil.copytree(variants.HERE, sources, ignore=shutil.ignore_patterns("*.so", "*.dll", "__pycache__"))
+    return sources
 
 
 def test_a_scratch_made_under_inference_mode_serves_a_call_outside_it():

@@ -1,0 +1,572 @@
+/* Hearth's CPU kernels for AVX2 with FMA and F16C (variants.py's "avx2": most laptops' CPUs, Intel's since Haswell and
+   AMD's before Zen 4), with kernels.c's exported functions and arguments (engine thread; OpenMP threads inside each
+   call). Where kernels.c multiplies int8 codes with AVX-512's vpdpbusd, these use llama.cpp's AVX2 products: vpmaddubsw
+   (unsigned by signed bytes, adjacent pairs summed in int16) and vpmaddwd (int16 pairs summed in int32). The K/V cache
+   is bf16 (uint16 storage): a value's fp32 is its 16 bits above 16 zero bits. No AMX here: amx_enable says so. */
+
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels_common.h"
+
+#define HALF_ROWS 32      /* a block's rows one nibble of its bytes holds (cpu_int4_layout) */
+#define SUB_COLUMNS 32    /* columns whose vpmaddubsw pairs add up in int16: 8 x 2 x 15 x 127 stays below 2^15 */
+
+static inline float sum_of(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* e^x for x <= 0: 2^(x log2 e) as 2^n (built in the exponent's bits) times a degree-6 polynomial of 2^f, |f| <= 1/2;
+   x is first raised to -87, where 2^n is still a normal float (e^-87 ~ 1.6e-38 stands for anything smaller). */
+static inline __m256 exp_of_negative(__m256 x) {
+    __m256 t = _mm256_mul_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(1.44269504089f));
+    __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_sub_ps(t, n);
+    static const float terms[] = {1.540353e-4f, 1.3333558e-3f, 9.6181291e-3f, 5.5504109e-2f, 0.24022651f,
+                                  0.69314718f, 1.0f};
+    __m256 power = _mm256_set1_ps(terms[0]);
+    for (int i = 1; i < 7; i++) power = _mm256_fmadd_ps(power, f, _mm256_set1_ps(terms[i]));
+    __m256i two_to_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(power, _mm256_castsi256_ps(two_to_n));
+}
+
+/* 8 consecutive bf16 values as fp32. */
+static inline __m256 bf16_load(const uint16_t *values) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)values)), 16));
+}
+
+static inline __m256 bf16_broadcast(const uint16_t *value) {
+    return _mm256_castsi256_ps(_mm256_set1_epi32((int)((uint32_t)*value << 16)));
+}
+
+/* 8 fp32 values as bf16, rounded to nearest even as PyTorch rounds (a NaN stays a NaN). */
+static inline void bf16_store(uint16_t *target, __m256 x) {
+    __m256i bits = _mm256_castps_si256(x);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    rounded = _mm256_blendv_epi8(rounded, _mm256_or_si256(bits, _mm256_set1_epi32(0x00400000)), nan);
+    rounded = _mm256_srli_epi32(rounded, 16);
+    _mm_storeu_si128((__m128i *)target,
+                     _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1)));
+}
+
+/* ------------------------------------------------------------------------------------------------------------------
+   int4: a block of 64 rows is [K, 32] bytes, byte (k, j) row j's code k in its low nibble and row j + 32's in its
+   high one. Four columns' 32 bytes, interleaved by vpunpck{l,h}bw and then {l,h}wd, give four vectors of a row's four
+   codes in each 32-bit lane: lanes 0-3 rows 4j .. 4j + 3, lanes 4-7 rows 4j + 16 .. 4j + 19 (vector j). */
+
+/* Four columns k .. k + 3 of a block's 32 rows of one nibble (`high`: rows 32-63) as vectors of a row's four codes. */
+static inline __attribute__((always_inline)) void four_columns(const uint8_t *bytes, int high, __m256i codes[4]) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    __m256i c[4];
+    for (int i = 0; i < 4; i++) {
+        c[i] = _mm256_loadu_si256((const __m256i *)(bytes + 32 * i));
+        c[i] = _mm256_and_si256(high ? _mm256_srli_epi16(c[i], 4) : c[i], nibble);
+    }
+    __m256i low01 = _mm256_unpacklo_epi8(c[0], c[1]), high01 = _mm256_unpackhi_epi8(c[0], c[1]);
+    __m256i low23 = _mm256_unpacklo_epi8(c[2], c[3]), high23 = _mm256_unpackhi_epi8(c[2], c[3]);
+    codes[0] = _mm256_unpacklo_epi16(low01, low23);
+    codes[1] = _mm256_unpackhi_epi16(low01, low23);
+    codes[2] = _mm256_unpacklo_epi16(high01, high23);
+    codes[3] = _mm256_unpackhi_epi16(high01, high23);
+}
+
+/* A group's bf16 (scale, zero) pairs (pairs [64, 2]) of vector j's rows in half `high` as the scale and the offset
+   z - 8s: w = (q - 8) * s + z = q * s + offset. */
+static inline __attribute__((always_inline)) void group_scale_and_offset(const uint16_t *pairs, int high, int j,
+                                                                         __m256 *scale, __m256 *offset) {
+    const uint16_t *rows = pairs + 2 * (HALF_ROWS * high + 4 * j);
+    __m256i pair = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(rows + 32)),
+                                    _mm_loadu_si128((const __m128i *)rows));
+    *scale = _mm256_castsi256_ps(_mm256_slli_epi32(pair, 16));
+    *offset = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), *scale,
+                               _mm256_castsi256_ps(_mm256_and_si256(pair, _mm256_set1_epi32((int)0xFFFF0000))));
+}
+
+/* Stores vector j's eight sums of half `high` at their rows of y (row0: the block's first). */
+static inline void store_rows(float *y, int row0, int high, int j, __m256 sums) {
+    float *at = y + row0 + HALF_ROWS * high + 4 * j;
+    _mm_storeu_ps(at, _mm256_castps256_ps128(sums));
+    _mm_storeu_ps(at + 16, _mm256_extractf128_ps(sums, 1));
+}
+
+/* A block of 64 rows against `count` (1 or 2) activation rows, one code a value or two (`low` read only then):
+   y[m, row0 .. row0 + 63]. Each group's bytes are read by the block's two halves (the low nibbles' 32 rows, then the
+   high ones') in turn, the second from cache, each half's sums in registers. */
+static inline __attribute__((always_inline)) void int4_block(
+        int count, int two_codes, const int8_t *high, const int8_t *low, const float *scales, const float *code_totals,
+        int width, const uint8_t *block, const uint16_t *block_pairs, int rows, int group, float *y, int row0) {
+    const int groups = width / group;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 total[2][8];
+    for (int m = 0; m < count; m++)
+        for (int j = 0; j < 8; j++) total[m][j] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; g++)
+        for (int high_half = 0; high_half < 2; high_half++) {
+            __m256 dot[2][4];
+            for (int m = 0; m < count; m++)
+                for (int j = 0; j < 4; j++) dot[m][j] = _mm256_setzero_ps();
+            for (int k0 = g * group; k0 < (g + 1) * group; k0 += SUB_COLUMNS) {
+                const int k1 = k0 + SUB_COLUMNS < (g + 1) * group ? k0 + SUB_COLUMNS : (g + 1) * group;
+                __m256i high_sums[2][4], low_sums[2][4];
+                for (int m = 0; m < count; m++)
+                    for (int j = 0; j < 4; j++) high_sums[m][j] = low_sums[m][j] = _mm256_setzero_si256();
+                for (int k = k0; k < k1; k += 4) {
+                    __m256i codes[4];
+                    four_columns(block + (size_t)k * HALF_ROWS, high_half, codes);
+                    for (int m = 0; m < count; m++) {
+                        __m256i x = _mm256_set1_epi32(*(const int32_t *)(high + (size_t)m * width + k));
+                        for (int j = 0; j < 4; j++)
+                            high_sums[m][j] = _mm256_add_epi16(high_sums[m][j], _mm256_maddubs_epi16(codes[j], x));
+                        if (two_codes) {
+                            __m256i x_low = _mm256_set1_epi32(*(const int32_t *)(low + (size_t)m * width + k));
+                            for (int j = 0; j < 4; j++)
+                                low_sums[m][j] = _mm256_add_epi16(low_sums[m][j],
+                                                                  _mm256_maddubs_epi16(codes[j], x_low));
+                        }
+                    }
+                }
+                for (int m = 0; m < count; m++)
+                    for (int j = 0; j < 4; j++) {
+                        __m256 part = _mm256_cvtepi32_ps(_mm256_madd_epi16(high_sums[m][j], ones));
+                        if (two_codes)
+                            part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(low_sums[m][j], ones)),
+                                                   _mm256_set1_ps(1.0f / LOW_STEPS), part);
+                        dot[m][j] = _mm256_add_ps(dot[m][j], part);
+                    }
+            }
+            const uint16_t *pairs = block_pairs + (size_t)g * BLOCK_ROWS * 2;
+            for (int j = 0; j < 4; j++) {
+                __m256 scale, offset;
+                group_scale_and_offset(pairs, high_half, j, &scale, &offset);
+                for (int m = 0; m < count; m++) {
+                    size_t at = (size_t)m * groups + g;
+                    __m256 d = _mm256_fmadd_ps(offset, _mm256_set1_ps(code_totals[at]),
+                                               _mm256_mul_ps(dot[m][j], scale));
+                    total[m][4 * high_half + j] = _mm256_fmadd_ps(d, _mm256_set1_ps(scales[at]),
+                                                                  total[m][4 * high_half + j]);
+                }
+            }
+        }
+    for (int m = 0; m < count; m++)
+        for (int half = 0; half < 2; half++)
+            for (int j = 0; j < 4; j++) store_rows(y + (size_t)m * rows, row0, half, j, total[m][4 * half + j]);
+}
+
+/* kernels.c's int4_matmul: y [M, N] = x [M, K] . W^T in the int4 layout (N a multiple of 64, K of group, group of
+   4), scales_and_zeros [N / 64, K / group, 64, 2] bf16, 1 or 2 int8 codes an activation; scratch: M * (2K + 8K /
+   group) bytes. Each half block meets two activation rows at a time with one code, one row with two. */
+void int4_matmul(const float *x, int count, int width, const uint8_t *packed, const uint16_t *scales_and_zeros,
+                 int rows, int group, int codes, void *scratch, float *y) {
+    const int blocks = rows / BLOCK_ROWS, groups = width / group, two_codes = codes == 2, tile = two_codes ? 1 : 2;
+    int8_t *high = (int8_t *)scratch, *low = high + (size_t)count * width;
+    float *scales = (float *)(low + (size_t)count * width), *code_totals = scales + (size_t)count * groups;
+    quantize_activations(x, count, width, group, high, two_codes ? low : NULL, scales, code_totals);
+    #pragma omp parallel for schedule(static) if (blocks > 1)
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * (width / 2);
+        const uint16_t *block_pairs = scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2;
+        for (int m = 0; m < count; m += tile) {
+            size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
+            const int8_t *row_low = two_codes ? low + x_at : NULL;
+            float *out = y + (size_t)m * rows;
+            #define INT4_ROWS(n, two) int4_block(n, two, high + x_at, row_low, scales + group_at, \
+                                                 code_totals + group_at, width, block, block_pairs, rows, group, \
+                                                 out, b * BLOCK_ROWS)
+            if (two_codes) INT4_ROWS(1, 1);
+            else if (count - m >= 2) INT4_ROWS(2, 0);
+            else INT4_ROWS(1, 0);
+            #undef INT4_ROWS
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------------------------
+   int8: packed [N / 64, K / 4, 4, 16, 4] uint8 holds q + 128; 32 bytes are eight rows' four columns. Flipping the top
+   bit gives q as a signed byte, and llama.cpp's sign trick (|q| by x carrying q's sign) keeps vpmaddubsw's pairs
+   within int16: 2 x 127 x 127. */
+
+/* A block of 64 rows against `count` (1 or 2) activation rows, two codes a value: y[m, row0 .. row0 + 63]. A group's
+   columns are 2 KiB of the block, read in order by its four quarters of 16 rows in turn (the later ones from cache),
+   each quarter's sums in eight registers. */
+static inline __attribute__((always_inline)) void int8_block(
+        int count, const int8_t *high, const int8_t *low, const float *scales, int width, const uint8_t *block,
+        const uint16_t *weight_scales, int rows, float *y) {
+    const int groups = width / INT8_GROUP;
+    const __m256i ones = _mm256_set1_epi16(1), top_bit = _mm256_set1_epi8((char)0x80);
+    __m256 total[2][8];
+    for (int m = 0; m < count; m++)
+        for (int i = 0; i < 8; i++) total[m][i] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; g++)
+        for (int quarter = 0; quarter < 4; quarter++) {
+            __m256i high_sums[2][2], low_sums[2][2];
+            for (int m = 0; m < count; m++)
+                for (int i = 0; i < 2; i++) high_sums[m][i] = low_sums[m][i] = _mm256_setzero_si256();
+            for (int k = g * INT8_GROUP; k < (g + 1) * INT8_GROUP; k += 4) {
+                const uint8_t *bytes = block + (size_t)k * BLOCK_ROWS + 64 * quarter;
+                __m256i q[2], size[2];
+                for (int i = 0; i < 2; i++) {
+                    q[i] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(bytes + 32 * i)), top_bit);
+                    size[i] = _mm256_sign_epi8(q[i], q[i]);  /* |q| */
+                }
+                for (int m = 0; m < count; m++) {
+                    __m256i x_high = _mm256_set1_epi32(*(const int32_t *)(high + (size_t)m * width + k));
+                    __m256i x_low = _mm256_set1_epi32(*(const int32_t *)(low + (size_t)m * width + k));
+                    for (int i = 0; i < 2; i++) {
+                        __m256i pairs = _mm256_maddubs_epi16(size[i], _mm256_sign_epi8(x_high, q[i]));
+                        high_sums[m][i] = _mm256_add_epi32(high_sums[m][i], _mm256_madd_epi16(pairs, ones));
+                        pairs = _mm256_maddubs_epi16(size[i], _mm256_sign_epi8(x_low, q[i]));
+                        low_sums[m][i] = _mm256_add_epi32(low_sums[m][i], _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+            }
+            const uint16_t *group_scales = weight_scales + (size_t)g * BLOCK_ROWS + 16 * quarter;
+            for (int i = 0; i < 2; i++) {
+                __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(group_scales + 8 * i)));
+                for (int m = 0; m < count; m++) {
+                    __m256 dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low_sums[m][i]), _mm256_set1_ps(1.0f / LOW_STEPS),
+                                                 _mm256_cvtepi32_ps(high_sums[m][i]));
+                    __m256 factor = _mm256_mul_ps(scale, _mm256_set1_ps(scales[(size_t)m * groups + g]));
+                    total[m][2 * quarter + i] = _mm256_fmadd_ps(dot, factor, total[m][2 * quarter + i]);
+                }
+            }
+        }
+    for (int m = 0; m < count; m++)
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(y + (size_t)m * rows + 8 * i, total[m][i]);
+}
+
+/* kernels.c's int8_matmul: y [M, N] = x [M, K] . W^T in the int8 layout (N a multiple of 64, K of 32), weight_scales
+   [N / 64, K / 32, 64] fp16, w = q * scale; two codes an activation; scratch: M * (2K + 8K / 32) bytes. */
+void int8_matmul(const float *x, int count, int width, const uint8_t *packed, const uint16_t *weight_scales,
+                 int rows, void *scratch, float *y) {
+    const int blocks = rows / BLOCK_ROWS, groups = width / INT8_GROUP;
+    int8_t *high = (int8_t *)scratch, *low = high + (size_t)count * width;
+    float *scales = (float *)(low + (size_t)count * width), *code_totals = scales + (size_t)count * groups;
+    quantize_activations(x, count, width, INT8_GROUP, high, low, scales, code_totals);
+    #pragma omp parallel for schedule(static) if (blocks > 1)
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * width;
+        const uint16_t *block_scales = weight_scales + (size_t)b * groups * BLOCK_ROWS;
+        for (int m = 0; m < count; m += 2) {
+            size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
+            float *out = y + (size_t)m * rows + (size_t)b * BLOCK_ROWS;
+            if (count - m >= 2)
+                int8_block(2, high + x_at, low + x_at, scales + group_at, width, block, block_scales, rows, out);
+            else
+                int8_block(1, high + x_at, low + x_at, scales + group_at, width, block, block_scales, rows, out);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------------------------
+   Attention over a block pool's layer [2, Hkv, P, hd] bf16 (keys, then values; hd a multiple of 16). */
+
+/* score[0 .. count - 1] as e^(score - most), returning their sum. */
+static float weights_of(float *score, int count, float most) {
+    __m256 sum = _mm256_setzero_ps();
+    int p = 0;
+    for (; p + 8 <= count; p += 8) {
+        __m256 weight = exp_of_negative(_mm256_sub_ps(_mm256_loadu_ps(score + p), _mm256_set1_ps(most)));
+        _mm256_storeu_ps(score + p, weight);
+        sum = _mm256_add_ps(sum, weight);
+    }
+    float total = sum_of(sum);
+    for (; p < count; p++) {
+        score[p] = expf(score[p] - most);
+        total += score[p];
+    }
+    return total;
+}
+
+/* kernels.c's decode_attention: query row rows[i] of q [R, H, hd] (already scaled) attends to the positions
+   runs[2j] .. runs[2j + 1] - 1 for first_run[i] <= j < first_run[i + 1]; query head h uses kv head h / (H / Hkv);
+   out [R, H, hd]. A running maximum over tiles of positions: every position is read once. */
+void decode_attention(const float *q, float *out, const uint16_t *layer, const int32_t *rows, int row_count,
+                      const int32_t *first_run, const int32_t *runs, int heads, int kv_heads, int head_dim,
+                      int64_t positions) {
+    const int groups = heads / kv_heads, vectors = head_dim / 8;
+    #pragma omp parallel for collapse(2) schedule(static) if (row_count * kv_heads > 1)
+    for (int i = 0; i < row_count; i++)
+        for (int h = 0; h < kv_heads; h++) {
+            const float *queries = q + ((size_t)rows[i] * heads + (size_t)h * groups) * head_dim;
+            const uint16_t *keys = layer + (size_t)h * positions * head_dim;
+            const uint16_t *values = layer + ((size_t)kv_heads + h) * positions * head_dim;
+            __m256 query[MAX_GROUPS][MAX_HEAD_DIM / 8], acc[MAX_GROUPS][MAX_HEAD_DIM / 8];
+            float best[MAX_GROUPS], weight_sum[MAX_GROUPS], score[MAX_GROUPS][POSITIONS];
+            for (int g = 0; g < groups; g++) {
+                best[g] = -INFINITY;
+                weight_sum[g] = 0.0f;
+                for (int v = 0; v < vectors; v++) {
+                    query[g][v] = _mm256_loadu_ps(queries + (size_t)g * head_dim + 8 * v);
+                    acc[g][v] = _mm256_setzero_ps();
+                }
+            }
+            for (int j = first_run[i]; j < first_run[i + 1]; j++)
+                for (int64_t start = runs[2 * j]; start < runs[2 * j + 1]; start += POSITIONS) {
+                    int count = (int)(runs[2 * j + 1] - start < POSITIONS ? runs[2 * j + 1] - start : POSITIONS);
+                    for (int p = 0; p < count; p++) {
+                        const uint16_t *key_bits = keys + (size_t)(start + p) * head_dim;
+                        __m256 key[MAX_HEAD_DIM / 8];
+                        for (int v = 0; v < vectors; v++) key[v] = bf16_load(key_bits + 8 * v);
+                        for (int g = 0; g < groups; g++) {
+                            __m256 dot = _mm256_mul_ps(query[g][0], key[0]);
+                            for (int v = 1; v < vectors; v++) dot = _mm256_fmadd_ps(query[g][v], key[v], dot);
+                            score[g][p] = sum_of(dot);
+                        }
+                    }
+                    for (int g = 0; g < groups; g++) {
+                        float most = best[g];
+                        for (int p = 0; p < count; p++) most = fmaxf(most, score[g][p]);
+                        float kept = expf(best[g] - most);  /* 0 at the first tile */
+                        weight_sum[g] = weight_sum[g] * kept + weights_of(score[g], count, most);
+                        for (int v = 0; v < vectors; v++) acc[g][v] = _mm256_mul_ps(acc[g][v], _mm256_set1_ps(kept));
+                        best[g] = most;
+                    }
+                    for (int p = 0; p < count; p++) {
+                        const uint16_t *value = values + (size_t)(start + p) * head_dim;
+                        for (int v = 0; v < vectors; v++) {
+                            __m256 part = bf16_load(value + 8 * v);
+                            for (int g = 0; g < groups; g++)
+                                acc[g][v] = _mm256_fmadd_ps(_mm256_set1_ps(score[g][p]), part, acc[g][v]);
+                        }
+                    }
+                }
+            for (int g = 0; g < groups; g++) {
+                float *target = out + ((size_t)rows[i] * heads + (size_t)h * groups + g) * head_dim;
+                __m256 inverse = _mm256_set1_ps(1.0f / weight_sum[g]);
+                for (int v = 0; v < vectors; v++) _mm256_storeu_ps(target + 8 * v, _mm256_mul_ps(acc[g][v], inverse));
+            }
+        }
+}
+
+#define CHUNK_QUERIES 16  /* a chunk task's queries (rows times query heads of one kv head): two vectors */
+#define KEYS_AT_ONCE 6    /* positions scored together: 12 running sums beside the two query vectors */
+#define DIMS_AT_ONCE 4    /* value dimensions summed together, likewise */
+
+/* The scores of `m` (at most KEYS_AT_ONCE) consecutive keys against a chunk task's queries: sums[p][v]. */
+static inline __attribute__((always_inline)) void score_keys(const uint16_t *keys, int m, int head_dim,
+                                                             const float (*qt)[CHUNK_QUERIES],
+                                                             __m256 sums[KEYS_AT_ONCE][2]) {
+    for (int p = 0; p < KEYS_AT_ONCE; p++) sums[p][0] = sums[p][1] = _mm256_setzero_ps();
+    for (int d = 0; d < head_dim; d++) {
+        __m256 q0 = _mm256_load_ps(qt[d]), q1 = _mm256_load_ps(qt[d] + 8);
+        for (int p = 0; p < m; p++) {
+            __m256 k = bf16_broadcast(keys + p * head_dim + d);
+            sums[p][0] = _mm256_fmadd_ps(q0, k, sums[p][0]);
+            sums[p][1] = _mm256_fmadd_ps(q1, k, sums[p][1]);
+        }
+    }
+}
+
+/* A chunk task's score and value sums over the positions slot .. slot + n - 1 (logical positions logical ..).
+   qt [hd][16]: the task's queries, transposed; acc [hd][16]: its weighted values; best, total: per query. */
+static void chunk_tile(const uint16_t *keys, const uint16_t *values, int64_t slot, int n, int64_t logical,
+                       int head_dim, const float (*qt)[CHUNK_QUERIES], float (*acc)[CHUNK_QUERIES],
+                       const __m256i limit[2], __m256 best[2], __m256 total[2]) {
+    __m256 score[POSITIONS][2];
+    for (int p0 = 0; p0 < n; p0 += KEYS_AT_ONCE) {
+        int m = n - p0 < KEYS_AT_ONCE ? n - p0 : KEYS_AT_ONCE;
+        __m256 sums[KEYS_AT_ONCE][2];
+        if (m == KEYS_AT_ONCE)
+            score_keys(keys + (slot + p0) * head_dim, KEYS_AT_ONCE, head_dim, qt, sums);
+        else
+            score_keys(keys + (slot + p0) * head_dim, m, head_dim, qt, sums);
+        for (int p = 0; p < m; p++)
+            for (int v = 0; v < 2; v++) {  /* a query sees the positions before its limit */
+                __m256i position = _mm256_set1_epi32((int)(logical + p0 + p));
+                __m256 seen = _mm256_castsi256_ps(_mm256_cmpgt_epi32(limit[v], position));
+                score[p0 + p][v] = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sums[p][v], seen);
+            }
+    }
+    __m256 kept[2];
+    for (int v = 0; v < 2; v++) {
+        __m256 most = best[v];
+        for (int p = 0; p < n; p++) most = _mm256_max_ps(most, score[p][v]);
+        kept[v] = exp_of_negative(_mm256_sub_ps(best[v], most));  /* ~0 at the first tile */
+        total[v] = _mm256_mul_ps(total[v], kept[v]);
+        for (int p = 0; p < n; p++) {
+            score[p][v] = exp_of_negative(_mm256_sub_ps(score[p][v], most));
+            total[v] = _mm256_add_ps(total[v], score[p][v]);
+        }
+        best[v] = most;
+    }
+    for (int d0 = 0; d0 < head_dim; d0 += DIMS_AT_ONCE) {
+        __m256 sums[DIMS_AT_ONCE][2];
+        for (int i = 0; i < DIMS_AT_ONCE; i++)
+            for (int v = 0; v < 2; v++) sums[i][v] = _mm256_mul_ps(_mm256_load_ps(acc[d0 + i] + 8 * v), kept[v]);
+        for (int p = 0; p < n; p++) {
+            const uint16_t *value = values + (slot + p) * head_dim + d0;
+            for (int i = 0; i < DIMS_AT_ONCE; i++) {
+                __m256 part = bf16_broadcast(value + i);
+                sums[i][0] = _mm256_fmadd_ps(score[p][0], part, sums[i][0]);
+                sums[i][1] = _mm256_fmadd_ps(score[p][1], part, sums[i][1]);
+            }
+        }
+        for (int i = 0; i < DIMS_AT_ONCE; i++)
+            for (int v = 0; v < 2; v++) _mm256_store_ps(acc[d0 + i] + 8 * v, sums[i][v]);
+    }
+}
+
+/* kernels.c's chunk_attention: rows first_row .. first_row + count - 1 of q [R, H, hd] (already scaled), row r at
+   position start + r, each attending to the sequence's first start + r + 1 positions, which lie in the runs
+   runs[2j] .. runs[2j + 1] - 1 (j < run_count, in order). Each task takes one kv head and a few rows, its queries in
+   the lanes of two vectors. */
+void chunk_attention(const float *q, float *out, const uint16_t *layer, int first_row, int count, int start,
+                     const int32_t *runs, int run_count, int heads, int kv_heads, int head_dim, int64_t positions) {
+    const int groups = heads / kv_heads;
+    const int rows_per_task = CHUNK_QUERIES / groups;
+    const int blocks = (count + rows_per_task - 1) / rows_per_task;
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int h = 0; h < kv_heads; h++)
+        for (int b = 0; b < blocks; b++) {
+            const int r0 = b * rows_per_task, r1 = r0 + rows_per_task < count ? r0 + rows_per_task : count;
+            const int queries = (r1 - r0) * groups;
+            const uint16_t *keys = layer + (size_t)h * positions * head_dim;
+            const uint16_t *values = layer + ((size_t)kv_heads + h) * positions * head_dim;
+            float qt[MAX_HEAD_DIM][CHUNK_QUERIES] __attribute__((aligned(32)));
+            float acc[MAX_HEAD_DIM][CHUNK_QUERIES] __attribute__((aligned(32)));
+            int32_t limits[CHUNK_QUERIES] __attribute__((aligned(32)));
+            for (int j = 0; j < CHUNK_QUERIES; j++) {
+                const float *query = q + ((size_t)(first_row + r0 + j / groups) * heads + (size_t)h * groups
+                                          + j % groups) * head_dim;
+                for (int d = 0; d < head_dim; d++) {
+                    qt[d][j] = j < queries ? query[d] : 0.0f;
+                    acc[d][j] = 0.0f;
+                }
+                limits[j] = j < queries ? start + r0 + j / groups + 1 : 1 << 30;  /* padding lanes see everything */
+            }
+            __m256i limit[2] = {_mm256_load_si256((const __m256i *)limits),
+                                _mm256_load_si256((const __m256i *)(limits + 8))};
+            __m256 best[2] = {_mm256_set1_ps(-INFINITY), _mm256_set1_ps(-INFINITY)};
+            __m256 total[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+            const int64_t seen = start + r1;  /* positions the block's last row sees */
+            int64_t logical = 0;
+            for (int j = 0; j < run_count && logical < seen; j++)
+                for (int64_t slot = runs[2 * j]; slot < runs[2 * j + 1] && logical < seen; slot += POSITIONS) {
+                    int64_t n = runs[2 * j + 1] - slot;
+                    n = n < POSITIONS ? n : POSITIONS;
+                    n = n < seen - logical ? n : seen - logical;
+                    chunk_tile(keys, values, slot, (int)n, logical, head_dim, (const float (*)[CHUNK_QUERIES])qt,
+                               acc, limit, best, total);
+                    logical += n;
+                }
+            float totals[CHUNK_QUERIES] __attribute__((aligned(32)));
+            _mm256_store_ps(totals, total[0]);
+            _mm256_store_ps(totals + 8, total[1]);
+            for (int j = 0; j < queries; j++) {
+                float *target = out + ((size_t)(first_row + r0 + j / groups) * heads + (size_t)h * groups
+                                       + j % groups) * head_dim;
+                for (int d = 0; d < head_dim; d++) target[d] = acc[d][j] / totals[j];
+            }
+        }
+}
+
+/* ------------------------------------------------------------------------------------------------------------------
+   Norm, activation, rotation. */
+
+/* out [M, K] = x [M, K] over each row's root mean square. */
+void rms_norm(const float *x, int rows, int width, float eps, float *out) {
+    #pragma omp parallel for schedule(static) if (rows >= 64)
+    for (int m = 0; m < rows; m++) {
+        const float *row = x + (size_t)m * width;
+        __m256 squares = _mm256_setzero_ps();
+        int k = 0;
+        for (; k + 8 <= width; k += 8) {
+            __m256 value = _mm256_loadu_ps(row + k);
+            squares = _mm256_fmadd_ps(value, value, squares);
+        }
+        float total = sum_of(squares);
+        for (; k < width; k++) total += row[k] * row[k];
+        const float scale = 1.0f / sqrtf(total / (float)width + eps);
+        float *target = out + (size_t)m * width;
+        for (k = 0; k + 8 <= width; k += 8)
+            _mm256_storeu_ps(target + k, _mm256_mul_ps(_mm256_loadu_ps(row + k), _mm256_set1_ps(scale)));
+        for (; k < width; k++) target[k] = row[k] * scale;
+    }
+}
+
+/* out [M, F] = SiLU(gate) * up for gate_up [M, 2F] (F a multiple of 8): sigmoid(g) = 1 / (1 + e^-g), or
+   e^g / (1 + e^g) for g < 0, so e's argument is never positive. */
+void swiglu(const float *gate_up, int rows, int width, float *out) {
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    #pragma omp parallel for schedule(static) if (rows >= 16)
+    for (int m = 0; m < rows; m++) {
+        const float *gate = gate_up + (size_t)m * 2 * width, *up = gate + width;
+        for (int k = 0; k < width; k += 8) {
+            __m256 g = _mm256_loadu_ps(gate + k);
+            __m256 e = exp_of_negative(_mm256_or_ps(g, sign));  /* e^-|g| */
+            __m256 numerator = _mm256_blendv_ps(one, e, g);  /* e where g's sign bit is set */
+            __m256 sigmoid = _mm256_div_ps(numerator, _mm256_add_ps(one, e));
+            __m256 silu = _mm256_mul_ps(g, sigmoid);
+            _mm256_storeu_ps(out + (size_t)m * width + k, _mm256_mul_ps(silu, _mm256_loadu_ps(up + k)));
+        }
+    }
+}
+
+/* 8 values of x (4 pairs) times the complex numbers turns (cos, sin), pair by pair:
+   (x0 cos - x1 sin, x1 cos + x0 sin). */
+static inline __m256 rotated_pairs(const float *x, const float *turns) {
+    __m256 v = _mm256_loadu_ps(x), turn = _mm256_loadu_ps(turns);
+    __m256 swapped_sin = _mm256_mul_ps(_mm256_permute_ps(v, 0xB1), _mm256_movehdup_ps(turn));  /* x1 s, x0 s */
+    return _mm256_fmaddsub_ps(v, _mm256_moveldup_ps(turn), swapped_sin);
+}
+
+/* kernels.c's rotate_and_store: qkv [S, H + 2Hkv, hd], turns [S, hd / 2, 2], slots [S]. The queries are rotated in
+   place, the keys rotated into layer [2, Hkv, P, hd] bf16 at their slots and the values stored there, both rounded
+   to nearest even. */
+void rotate_and_store(float *qkv, const float *turns, int rows, int heads, int kv_heads, int head_dim, uint16_t *layer,
+                      int64_t positions, const int64_t *slots) {
+    const int width = (heads + 2 * kv_heads) * head_dim;
+    #pragma omp parallel for schedule(static) if (rows >= 16)
+    for (int s = 0; s < rows; s++) {
+        float *row = qkv + (size_t)s * width;
+        const float *turn = turns + (size_t)s * head_dim;
+        for (int h = 0; h < heads; h++) {
+            float *query = row + (size_t)h * head_dim;
+            for (int k = 0; k < head_dim; k += 8) _mm256_storeu_ps(query + k, rotated_pairs(query + k, turn + k));
+        }
+        for (int h = 0; h < kv_heads; h++) {
+            size_t at = ((size_t)h * positions + (size_t)slots[s]) * head_dim;
+            const float *key = row + (size_t)(heads + h) * head_dim, *value = key + (size_t)kv_heads * head_dim;
+            uint16_t *values = layer + (size_t)kv_heads * positions * head_dim;
+            for (int k = 0; k < head_dim; k += 8) {
+                bf16_store(layer + at + k, rotated_pairs(key + k, turn + k));
+                bf16_store(values + at + k, _mm256_loadu_ps(value + k));
+            }
+        }
+    }
+}
+
+/* kernels.c's int4_layout_from_nibbles: a 4-bit GGUF type's nibble bytes of `rows` rows (a multiple of 64; byte i of
+   run r of a row at row * row_stride + r * run_stride + i holds its code 2Lr + i low and 2Lr + L + i high) into the
+   int4 layout out [rows, K / 2], a block at a time: rows j and j + 32's bytes become two output bytes. */
+void int4_layout_from_nibbles(const uint8_t *nibbles, int rows, int runs, int length, int64_t row_stride,
+                              int64_t run_stride, uint8_t *out) {
+    const int blocks = rows / BLOCK_ROWS, width = runs * 2 * length;
+    #pragma omp parallel for schedule(static)
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t *low_rows = nibbles + (int64_t)b * BLOCK_ROWS * row_stride;
+        const uint8_t *high_rows = low_rows + (int64_t)HALF_ROWS * row_stride;
+        uint8_t *block = out + (size_t)b * BLOCK_ROWS * (width / 2);
+        for (int r = 0; r < runs; r++)
+            for (int i = 0; i < length; i++) {
+                uint8_t *first = block + ((size_t)r * 2 * length + i) * HALF_ROWS;
+                uint8_t *second = first + (size_t)length * HALF_ROWS;
+                for (int j = 0; j < HALF_ROWS; j++) {
+                    const uint8_t low = low_rows[j * row_stride + r * run_stride + i];
+                    const uint8_t high = high_rows[j * row_stride + r * run_stride + i];
+                    first[j] = (uint8_t)((low & 0x0F) | (high << 4));
+                    second[j] = (uint8_t)((low >> 4) | (high & 0xF0));
+                }
+            }
+    }
+}
+
+/* No AMX functions in this variant. */
+int amx_enable(void) { return -1; }

@@ -1,0 +1,48 @@
+/* What every variant of Hearth's CPU kernels shares (variants.py): the layouts' constants and the rounding of a
+   matmul's activations to int8 codes, in plain C (each variant compiles it with its own flags). */
+
+#ifndef HEARTH_KERNELS_COMMON_H
+#define HEARTH_KERNELS_COMMON_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define BLOCK_ROWS 64     /* rows per block of the int4 layout (cpu_int4_layout) */
+#define LOW_STEPS 254.0f  /* an activation's second code counts in steps of 1/254 of its first's */
+#define POSITIONS 64      /* attention: positions scored at a time */
+#define MAX_GROUPS 16
+#define MAX_HEAD_DIM 256
+#define INT8_GROUP 32  /* columns a weight scale covers (the int8 layout, native/int8_matmul.py) */
+#define INT8_OFFSET 128.0f  /* a weight's code is q + 128, an unsigned byte: the dot products multiply u8 by s8 */
+
+/* x [M, K] as int8 codes per group of `group`: x ~ scale * high, |high| <= 127 (llama.cpp's Q8_0), and where `low`
+   is given a second code a value, x ~ scale * (high + low / LOW_STEPS) (about 15 bits). code_totals [M, K / group]:
+   each group's codes summed, high + low / LOW_STEPS. A kernel meets the weights' offsets with these sums rather than
+   the exact ones, so that its product is exactly that of the rounded activations: its error is then the weights
+   times the rounding, where the exact sums would leave the unsigned codes times it, about twice as large. */
+static void quantize_activations(const float *x, int rows, int width, int group, int8_t *high, int8_t *low,
+                                 float *scales, float *code_totals) {
+    int groups = width / group;
+    for (int m = 0; m < rows; m++)
+        for (int g = 0; g < groups; g++) {
+            size_t at = (size_t)m * width + (size_t)g * group;
+            float largest = 0.0f;
+            for (int i = 0; i < group; i++) largest = fmaxf(largest, fabsf(x[at + i]));
+            float scale = largest > 0.0f ? largest / 127.0f : 1.0f, inverse = 1.0f / scale;
+            int high_total = 0, low_total = 0;
+            for (int i = 0; i < group; i++) {
+                float scaled = x[at + i] * inverse, rounded = nearbyintf(scaled);
+                high[at + i] = (int8_t)rounded;
+                high_total += high[at + i];
+                if (low) {
+                    low[at + i] = (int8_t)nearbyintf((scaled - rounded) * LOW_STEPS);
+                    low_total += low[at + i];
+                }
+            }
+            scales[(size_t)m * groups + g] = scale;
+            code_totals[(size_t)m * groups + g] = (float)high_total + (float)low_total / LOW_STEPS;
+        }
+}
+
+#endif

@@ -1,0 +1,82 @@
+"""The instruction-set variants of Hearth's CPU kernels: their sources, compiler flags and library names (any thread;
+imports nothing of Hearth's, so that ``setup.py`` reads it by path while building the package).
+
+Each variant is one library with the same exported functions: "avx512" (``kernels.c``: AVX-512 F, BW, VL, VNNI and
+VBMI, with the AMX functions for their own target) and "avx2" (``kernels_avx2.c``: AVX2, FMA and F16C, as on most
+laptops). ``setup.py`` compiles every variant its compiler can into the package; ``build`` loads the best one the CPU
+runs, or compiles it at run time where the package holds none (a source checkout). A library's name carries a hash of
+its sources and flags, so a library built from other sources is never loaded for these.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).parent
+COMMON_HEADER = "kernels_common.h"  # included by every variant's source
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One library: ``name`` as benchmarks record it, its C source beside this module, the flags GCC and clang take
+    and those MSVC takes, the CPU flags it needs (``torch.cpu.get_capabilities``' names) and whether it holds the
+    AMX functions (``AMX_EXPORTED``)."""
+
+    name: str
+    source: str
+    flags: tuple[str, ...]
+    msvc_flags: tuple[str, ...]
+    cpu_flags: tuple[str, ...]
+    amx: bool = False
+
+    def exported(self) -> tuple[str, ...]:
+        return (*EXPORTED, *(AMX_EXPORTED if self.amx else ()))
+
+    def source_path(self) -> Path:
+        return HERE / self.source
+
+    def packaged_library(self) -> Path:
+        """Where ``setup.py`` leaves this variant's library, built from these sources."""
+        return HERE / self.library_name()
+
+    def key(self, *extra: str) -> str:
+        """A hash of the sources, the flags and ``extra`` (the run-time build adds its compiler's path and version)."""
+        texts = [path.read_text() for path in (self.source_path(), HERE / COMMON_HEADER)]
+        return hashlib.sha256("\0".join([*texts, *self.flags, *extra]).encode()).hexdigest()[:16]
+
+    def library_name(self, *extra: str) -> str:
+        return f"hearth-kernels-{self.name}-{self.key(*extra)}{LIBRARY_SUFFIX}"
+
+
+LIBRARY_SUFFIX = ".dll" if sys.platform == "win32" else ".so"
+UNIX_FLAGS = ("-O3", "-Wall", "-fopenmp", "-fPIC")
+VARIANTS = (  # best first
+    Variant("avx512", "kernels.c",
+            (*UNIX_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512vbmi", "-mfma"),
+            ("/O2", "/openmp", "/arch:AVX512"),
+            ("avx512_f", "avx512_bw", "avx512_vl", "avx512_vnni", "avx512_vbmi"), amx=True),
+    Variant("avx2", "kernels_avx2.c", (*UNIX_FLAGS, "-mavx2", "-mfma", "-mf16c"), ("/O2", "/openmp", "/arch:AVX2"),
+            ("avx2", "fma3", "f16c")),
+)
+NAMES = (*(variant.name for variant in VARIANTS), "none")
+EXPORTED = ("int4_matmul", "int8_matmul", "decode_attention", "chunk_attention", "rms_norm", "swiglu",
+            "rotate_and_store", "int4_layout_from_nibbles", "amx_enable")
+"""What every variant's library exports (``amx_enable`` returns -1 where the variant has no AMX functions)."""
+AMX_EXPORTED = ("int4_matmul_amx", "chunk_attention_amx")  # only where ``Variant.amx``
+
+
+def named(name: str) -> Variant:
+    return next(variant for variant in VARIANTS if variant.name == name)
+
+LAYOUT_FLAGS = ("-O3", "-Wall", "-ffp-contract=off", "-fopenmp", "-fPIC")  # floats rounded as NumPy's
+LAYOUT_AVX2 = ("avx2", "f16c")  # where the CPU has them, the layout library uses them (a quarter faster)
+
+
+def layout_variant(avx2: bool) -> Variant:
+    """The load-time layout library (``gguf_layout.c``: portable C, AVX2 and F16C where ``avx2``), compiled at run
+    time for the CPU at hand, never packaged (its flags follow the CPU)."""
+    flags = (*LAYOUT_FLAGS, "-mavx2", "-mf16c") if avx2 else LAYOUT_FLAGS
+    return Variant("layout-avx2" if avx2 else "layout", "gguf_layout.c", flags, (), ())
