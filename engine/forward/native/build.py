@@ -41,13 +41,13 @@ SIGNATURES = {
     "int4_matmul": (P, I32, I32, P, P, I32, I32, I32, P, P),
     "int8_matmul": (P, I32, I32, P, P, I32, P, P),
     "decode_attention": (P, P, P, P, I32, P, P, I32, I32, I32, I64),
-    "chunk_attention": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64),
+    "chunk_attention": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64, I32),
     "rms_norm": (P, I32, I32, ctypes.c_float, P),
     "swiglu": (P, I32, I32, P),
     "rotate_and_store": (P, P, I32, I32, I32, I32, P, I64, P),
     "int4_layout_from_nibbles": (P, I32, I32, I32, I64, I64, P),
     "int4_matmul_amx": (P, I32, I32, P, P, P, I32, I32, I32, P, P),
-    "chunk_attention_amx": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64),
+    "chunk_attention_amx": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64, I32),
 }
 
 LAYOUT_SIGNATURES = {

@@ -368,7 +368,7 @@ static inline __attribute__((always_inline)) void score_keys(const uint16_t *key
    qt [hd][16]: the task's queries, transposed; acc [hd][16]: its weighted values; best, total: per query. */
 static void chunk_tile(const uint16_t *keys, const uint16_t *values, int64_t slot, int n, int64_t logical,
                        int head_dim, const float (*qt)[CHUNK_QUERIES], float (*acc)[CHUNK_QUERIES],
-                       const __m256i limit[2], __m256 best[2], __m256 total[2]) {
+                       const __m256i limit[2], const __m256i low[2], __m256 best[2], __m256 total[2]) {
     __m256 score[POSITIONS][2];
     for (int p0 = 0; p0 < n; p0 += KEYS_AT_ONCE) {
         int m = n - p0 < KEYS_AT_ONCE ? n - p0 : KEYS_AT_ONCE;
@@ -378,9 +378,10 @@ static void chunk_tile(const uint16_t *keys, const uint16_t *values, int64_t slo
         else
             score_keys(keys + (slot + p0) * head_dim, m, head_dim, qt, sums);
         for (int p = 0; p < m; p++)
-            for (int v = 0; v < 2; v++) {  /* a query sees the positions before its limit */
+            for (int v = 0; v < 2; v++) {  /* a query sees the positions from its low on, before its limit */
                 __m256i position = _mm256_set1_epi32((int)(logical + p0 + p));
-                __m256 seen = _mm256_castsi256_ps(_mm256_cmpgt_epi32(limit[v], position));
+                __m256 seen = _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(low[v], position),
+                                                                      _mm256_cmpgt_epi32(limit[v], position)));
                 score[p0 + p][v] = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sums[p][v], seen);
             }
     }
@@ -414,11 +415,12 @@ static void chunk_tile(const uint16_t *keys, const uint16_t *values, int64_t slo
 }
 
 /* kernels.c's chunk_attention: rows first_row .. first_row + count - 1 of q [R, H, hd] (already scaled), row r at
-   position start + r, each attending to the sequence's first start + r + 1 positions, which lie in the runs
-   runs[2j] .. runs[2j + 1] - 1 (j < run_count, in order). Each task takes one kv head and a few rows, its queries in
-   the lanes of two vectors. */
+   position start + r counted from the first position the runs hold, each attending to the positions up to its own
+   (with window > 0 only the last `window` of them), which lie in the runs runs[2j] .. runs[2j + 1] - 1 (j <
+   run_count, in order). Each task takes one kv head and a few rows, its queries in the lanes of two vectors. */
 void chunk_attention(const float *q, float *out, const uint16_t *layer, int first_row, int count, int start,
-                     const int32_t *runs, int run_count, int heads, int kv_heads, int head_dim, int64_t positions) {
+                     const int32_t *runs, int run_count, int heads, int kv_heads, int head_dim, int64_t positions,
+                     int window) {
     const int groups = heads / kv_heads;
     const int rows_per_task = CHUNK_QUERIES / groups;
     const int blocks = (count + rows_per_task - 1) / rows_per_task;
@@ -432,6 +434,7 @@ void chunk_attention(const float *q, float *out, const uint16_t *layer, int firs
             float qt[MAX_HEAD_DIM][CHUNK_QUERIES] __attribute__((aligned(32)));
             float acc[MAX_HEAD_DIM][CHUNK_QUERIES] __attribute__((aligned(32)));
             int32_t limits[CHUNK_QUERIES] __attribute__((aligned(32)));
+            int32_t lows[CHUNK_QUERIES] __attribute__((aligned(32)));
             for (int j = 0; j < CHUNK_QUERIES; j++) {
                 const float *query = q + ((size_t)(first_row + r0 + j / groups) * heads + (size_t)h * groups
                                           + j % groups) * head_dim;
@@ -440,20 +443,23 @@ void chunk_attention(const float *q, float *out, const uint16_t *layer, int firs
                     acc[d][j] = 0.0f;
                 }
                 limits[j] = j < queries ? start + r0 + j / groups + 1 : 1 << 30;  /* padding lanes see everything */
+                lows[j] = j < queries && window > 0 ? limits[j] - window : -(1 << 30);
             }
             __m256i limit[2] = {_mm256_load_si256((const __m256i *)limits),
                                 _mm256_load_si256((const __m256i *)(limits + 8))};
+            __m256i low[2] = {_mm256_load_si256((const __m256i *)lows), _mm256_load_si256((const __m256i *)(lows + 8))};
             __m256 best[2] = {_mm256_set1_ps(-INFINITY), _mm256_set1_ps(-INFINITY)};
             __m256 total[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
             const int64_t seen = start + r1;  /* positions the block's last row sees */
-            int64_t logical = 0;
+            int64_t logical = window_skip(runs, run_count, window > 0 ? start + r0 + 1 - window : 0);
             for (int j = 0; j < run_count && logical < seen; j++)
-                for (int64_t slot = runs[2 * j]; slot < runs[2 * j + 1] && logical < seen; slot += POSITIONS) {
+                for (int64_t slot = run_slot(runs, j, logical); slot < runs[2 * j + 1] && logical < seen;
+                     slot += POSITIONS) {
                     int64_t n = runs[2 * j + 1] - slot;
                     n = n < POSITIONS ? n : POSITIONS;
                     n = n < seen - logical ? n : seen - logical;
                     chunk_tile(keys, values, slot, (int)n, logical, head_dim, (const float (*)[CHUNK_QUERIES])qt,
-                               acc, limit, best, total);
+                               acc, limit, low, best, total);
                     logical += n;
                 }
             float totals[CHUNK_QUERIES] __attribute__((aligned(32)));

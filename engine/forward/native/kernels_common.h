@@ -45,4 +45,19 @@ static void quantize_activations(const float *x, int rows, int width, int group,
         }
 }
 
+/* The first position of the runs (runs[2j] .. runs[2j + 1] - 1, in order, from position 0) that a task reads: `from`
+   (the window's start of its first row) where it lies in them, else 0. */
+static inline int64_t window_skip(const int32_t *runs, int run_count, int64_t from) {
+    int64_t held = 0;
+    for (int j = 0; j < run_count; j++) held += runs[2 * j + 1] - runs[2 * j];
+    return from > 0 && from < held ? from : 0;
+}
+
+/* Where run j's positions from `logical` on start: its first slot, or later where `logical` lies inside it. */
+static inline int64_t run_slot(const int32_t *runs, int j, int64_t logical) {
+    int64_t before = 0;
+    for (int i = 0; i < j; i++) before += runs[2 * i + 1] - runs[2 * i];
+    return logical > before ? runs[2 * j] + (logical - before) : runs[2 * j];
+}
+
 #endif
