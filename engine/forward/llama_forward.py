@@ -71,8 +71,8 @@ class FastLlama(LlamaWeights):
         self._turns = [torch.empty(0, 1, self.head_dim // 2, dtype=torch.complex64, device=device)] * len(self.rotary)
         self.kv_dtype = PLAIN_DTYPES[formats.kv_cache]  # the block pool's (bf16 on the CPU)
         self._softcap = self.family.attention_softcap  # the kernels do not cap scores: torch ops take those models
-        self._attention_kernels = (device.type == "cpu" and self.kv_dtype == torch.bfloat16 and self._softcap is None
-                                   and native_attention.covers(self.heads, self.kv_heads, self.head_dim))
+        self._attention_kernels = (device.type == "cpu" and self._softcap is None
+                                   and native_attention.covers(self.heads, self.kv_heads, self.head_dim, self.kv_dtype))
         self._mask_dtype = PLAIN_DTYPES[formats.prompt_attention]  # bf16 where 4-bit prompts multiply on AMX's tiles
         self._chunk_tiles = self._mask_dtype == torch.bfloat16 and native_attention.tiles_cover(self.head_dim)
         self.kv_groups = KVGroups.of(layer_windows(config))

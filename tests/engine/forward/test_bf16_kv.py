@@ -47,7 +47,7 @@ def test_pytorchs_ops_read_the_bf16_pool_as_the_kernels_do(tiny_model_dir: Path,
     plan = LoadPlan(tiny_model_dir, "tiny", torch.device("cpu"), "fp16", 1024, ChatTemplate(source, origin))
     kernels_on = load_model(plan, lambda done, total: None, lambda: False)
     with_kernels = _steps(kernels_on.backend)
-    monkeypatch.setattr(build, "kernels", lambda: build.NativeKernels(None, "off for this test"))
+    monkeypatch.setattr(build, "kernels", lambda: build.NativeKernels(None, off_reason="off for this test"))
     without = load_model(plan, lambda done, total: None, lambda: False)  # the same, with the kernels off
     assert kernels_on.backend.new_pool(1, BLOCK).buffer.dtype == without.backend.new_pool(1, BLOCK).buffer.dtype == \
         torch.bfloat16
