@@ -14,6 +14,9 @@ from llguidance import LLMatcher
 
 from engine.protocol.messages import CONSTRAINT_KINDS, Constraint
 
+JSON_OPTIONS = {"whitespace_flexible": False}  # ", " and ": " between items: a small model at temperature 1 would
+# otherwise spend its tokens on runs of blank lines (a schema's "x-guidance" may still ask for flexible whitespace)
+
 
 class ConstraintError(ValueError):
     """A constraint that cannot be compiled; the message says what is wrong with it."""
@@ -23,9 +26,9 @@ def grammar_of(constraint: Constraint) -> str:
     """llguidance's grammar for ``constraint``; ``ConstraintError`` for an unknown kind or a malformed spec."""
     kind, spec = constraint.kind, constraint.spec
     if kind == "json_object":
-        return LLMatcher.grammar_from_json_schema({"type": "object"})
+        return LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
     if kind == "json_schema":
-        return LLMatcher.grammar_from_json_schema(_schema(spec))
+        return LLMatcher.grammar_from_json_schema(_schema(spec), defaults=JSON_OPTIONS)
     if kind == "regex":
         return LLMatcher.grammar_from_regex(spec)
     if kind == "choice":
