@@ -14,8 +14,9 @@ from llguidance import LLMatcher
 
 from engine.protocol.messages import CONSTRAINT_KINDS, Constraint
 
-JSON_OPTIONS = {"whitespace_flexible": False}  # ", " and ": " between items: a small model at temperature 1 would
-# otherwise spend its tokens on runs of blank lines (a schema's "x-guidance" may still ask for flexible whitespace)
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""JSON as ``json.dumps`` writes it, on one line: with flexible whitespace a small model at temperature 1 spends its
+tokens on runs of blank lines (a schema's own ``x-guidance`` options still apply)."""
 
 
 class ConstraintError(ValueError):

@@ -68,7 +68,7 @@ class ConstraintVocabulary:
     def _vocabulary(self) -> LLTokenizer:
         if self._tokenizer is None:
             try:
-                self._tokenizer = from_tokenizer(self._hf_tokenizer, eos_token=self._eos_ids)
+                self._tokenizer = from_tokenizer(self._hf_tokenizer, eos_token=self._eos_ids or None)  # None: its own
             except ValueError as exc:  # a slow (Python) tokenizer: llguidance reads fast ones only
                 raise ConstraintError(f"This model's tokenizer cannot be constrained: {exc}") from None
             self._executor = LLExecutor()
