@@ -4,10 +4,11 @@
 sampled token and tells when the reply stops (end-of-sequence, a stop string, a
 complete constraint, the token budget, a full context or a cancel) and why. A
 constrained reply samples among the tokens its mask allows (the runner computes the
-masks, ``token_masks``) and its matcher advances with each token said. ``CachedSequence`` is one
-conversation's KV cache over a single-sequence backend, which ``reuse_prefix``
-crops to what a new prompt shares with it and ``feed`` extends. The runners in
-``engine/service`` (``batch_runner``, ``sequence_runner``) drive these a step at a time.
+masks, ``token_masks``) and its matcher advances with each token said.
+``CachedSequence`` is one conversation's KV cache over a single-sequence backend,
+which ``reuse_prefix`` crops to what a new prompt shares with it and ``feed``
+extends. The runners in ``engine/service`` (``batch_runner``, ``sequence_runner``)
+drive these a step at a time.
 """
 
 from __future__ import annotations
@@ -100,8 +101,8 @@ class ReplyState:
         self._unshown_logprobs: list[TokenLogprob] = []  # of tokens whose text has not gone out yet
 
     def sample(self, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> int:
-        """The next token from ``logits`` [V] among the ``allowed`` ones (bool [V], a constraint's mask; None: any)
-        (a host sync)."""
+        """The next token from ``logits`` [V] among the ``allowed`` ones (bool [T] over the tokenizer's tokens, a
+        constraint's mask; None: any) (a host sync)."""
         if allowed is not None:
             logits = logits.masked_fill(_refused(allowed, logits.numel()).to(logits.device), float("-inf"))  # [V]
         token = self.sampler(logits, self._seen()).item()

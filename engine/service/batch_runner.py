@@ -3,12 +3,12 @@
 A step is planned by ``engine/scheduler`` (which tokens of which sequences), then run
 here: copies of shared blocks, one ``forward_batch`` over every running sequence, and
 for each sequence whose chunk reached its last token, a sampled token said through its
-own ``ReplyState`` (sampler, detokenizer, stop strings) and ``ReplyEvents``. A request
-with a ``Constraint`` samples among the tokens its mask allows; the masks of a step's
-constrained requests are computed on a helper thread while the forward pass runs, so
-constrained and free requests share the batch. So every
+own ``ReplyState`` (sampler, detokenizer, stop strings) and ``ReplyEvents``. So every
 request gets its own ``PrefillDone``, ``TokenStreamed`` and ``ReplyFinished`` or
-``ReplyFailed``, with the figures the single-stream path gives. ``BatchSampled`` goes
+``ReplyFailed``, with the figures the single-stream path gives. A request with a
+``Constraint`` samples among the tokens its mask allows; the masks of a step's
+constrained requests are computed on a helper thread while the forward pass runs, so
+constrained and free requests share the batch. ``BatchSampled`` goes
 out after steps that changed the batch, at most ``1 / SAMPLE_INTERVAL_S`` times a second.
 """
 

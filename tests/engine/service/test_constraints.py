@@ -149,3 +149,22 @@ def test_the_engine_refuses_a_broken_constraint_and_goes_on(engine_driver, tiny_
 
     assert failed.request_id == "bad" and "regex" in failed.message
     assert re.fullmatch("[a-c]{2}", good.text)
+
+
+def test_the_one_at_a_time_runner_constrains_too(tiny_loaded) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from engine.forward.backend import HFBackend
+    from engine.service.sequence_runner import SequenceRunner
+
+    hf_model = AutoModelForCausalLM.from_pretrained(tiny_loaded.path).eval()
+    loaded = replace(tiny_loaded, backend=HFBackend(hf_model))
+    recorder = _Recorder()
+    runner = SequenceRunner(loaded, lambda request_id: False)
+    prompt = _prompt(loaded, "Your number?")
+    events = ReplyEvents(recorder, "phone", PromptPlan(prompt, ()), 0.0, 1024, 0.0)
+    runner.add("phone", "phone", prompt, WARM, events, Constraint("regex", PHONE))
+    while runner.has_work:
+        runner.step(lambda held: None)
+
+    assert re.fullmatch(PHONE, recorder.finished("phone").text)
