@@ -23,9 +23,17 @@ def completion_logprobs(entries: Sequence[TokenLogprob], text_offset: int) -> di
     return {
         "tokens": [entry.chosen.token for entry in entries],
         "token_logprobs": [entry.chosen.logprob for entry in entries],
-        "top_logprobs": [{c.token: c.logprob for c in entry.top} for entry in entries],
+        "top_logprobs": [_by_text(entry.top) for entry in entries],
         "text_offset": offsets,
     }
+
+
+def _by_text(choices: Sequence[TokenChoice]) -> dict[str, float]:
+    """``{token: logprob}``, best first; of tokens that read alike (parts of one character) the likeliest stays."""
+    top: dict[str, float] = {}
+    for choice in choices:
+        top.setdefault(choice.token, choice.logprob)
+    return top
 
 
 def _chat_choice(choice: TokenChoice) -> dict:

@@ -76,12 +76,18 @@ def test_twenty_random_schemas_are_each_followed_at_temperature_one(client) -> N
 
 
 def test_json_object_mode_answers_a_json_object(client) -> None:
-    reply = client.chat.completions.create(
-        model="default", messages=[{"role": "user", "content": "Hello there!"}],
-        response_format={"type": "json_object"}, temperature=1.0, seed=3, max_tokens=300,
-    )
+    def ask(seed: int):
+        return client.chat.completions.create(
+            model="default", response_format={"type": "json_object"}, temperature=1.0, seed=seed, max_tokens=200,
+            messages=[{"role": "system", "content": "You answer in JSON."},
+                      {"role": "user", "content": "Give me a JSON object describing a cat, with its name and age."}],
+        ).choices[0]
 
-    assert isinstance(json.loads(reply.choices[0].message.content), dict)
+    with ThreadPoolExecutor(3) as pool:
+        replies = list(pool.map(ask, range(3)))
+
+    assert all(isinstance(json.loads(reply.message.content), dict) for reply in replies)
+    assert all(reply.finish_reason == "stop" for reply in replies)
 
 
 def test_a_streamed_schema_reply_joins_into_valid_json_with_a_logprob_per_token(client) -> None:
@@ -179,7 +185,8 @@ def test_completion_logprobs_are_the_models_log_softmax_at_temperature_one(tiny_
         token_id = _token_id(tokenizer, token, logprob, reference)
         assert logprob == pytest.approx(reference[token_id], abs=2e-3)
         best = sorted(reference, reverse=True)[:3]
-        assert sorted(top.values(), reverse=True) == pytest.approx(best, abs=2e-3)
+        assert max(top.values()) == pytest.approx(best[0], abs=2e-3)  # tokens that read alike share one key
+        assert all(any(abs(value - b) < 2e-3 for b in best) for value in top.values())
         ids.append(token_id)
     assert "".join(logprobs.tokens) == reply.choices[0].text
     assert logprobs.text_offset[0] == 0
