@@ -27,6 +27,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from engine.chat.grammar import ConstraintError
 from engine.chat.prompt import ContextOverflow, PromptPlan, plan_prompt, plan_raw_prompt, reply_budget
 from engine.forward.backend import HFBackend
 from engine.host.allocator import keep_freed_buffers
@@ -38,6 +39,7 @@ from engine.models.model_source import ModelFileError
 from engine.protocol.channels import CancelWatch, EventSink
 from engine.protocol.messages import (
     Cancel,
+    Constraint,
     Event,
     ForgetConversation,
     Generate,
@@ -73,7 +75,7 @@ class Runner(Protocol):
     def has_work(self) -> bool: ...
 
     def add(self, request_id: str, conversation_id: str, prompt_ids: list[int], sampling: SamplingParams,
-            events: ReplyEvents) -> None: ...
+            events: ReplyEvents, constraint: Constraint | None = None) -> None: ...
 
     def step(self, memory: MemoryReading) -> None: ...
 
@@ -266,7 +268,12 @@ class ModelRuntime:
         self._emit(StatusChanged("generating", loaded.name))
         events = ReplyEvents(self._reply_event, request.request_id, plan, tokenize_ms, loaded.context_length, started)
         sampling = replace(request.sampling, stop=request.sampling.stop + loaded.template.stop_strings)
-        self._runner.add(request.request_id, request.conversation_id, plan.token_ids, sampling, events)
+        try:
+            self._runner.add(request.request_id, request.conversation_id, plan.token_ids, sampling, events,
+                             request.constraint)
+        except ConstraintError as exc:
+            self._reply_event(ReplyFailed(request.request_id, str(exc)))
+            self._emit_ready()
 
     def _admit_waiting(self) -> None:
         """The requests that waited for a model start on the one now loaded."""

@@ -18,8 +18,17 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from engine.api.server.engine_link import EngineLink, RequestStream
 from engine.api.server.errors import ApiError, error_body
+from engine.api.server.logprob_shapes import chat_logprobs, completion_logprobs
 from engine.api.server.openai_schema import CompletionAsk, choice, envelope, finish_reason, parse_chat, parse_completion, usage
-from engine.protocol.messages import ENGINE_FAILURE, Event, PrefillDone, ReplyFailed, ReplyFinished, TokenStreamed
+from engine.protocol.messages import (
+    ENGINE_FAILURE,
+    Event,
+    PrefillDone,
+    ReplyFailed,
+    ReplyFinished,
+    TokenLogprob,
+    TokenStreamed,
+)
 
 T = TypeVar("T")
 BODY_TIMEOUT_S = 60.0  # a slow client may not hold a request open longer while sending its body
@@ -126,12 +135,16 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _whole_reply(stream: RequestStream, ask: CompletionAsk, chat: bool, event: Event) -> JSONResponse:
+    entries: list[TokenLogprob] = []
     while not isinstance(event, (ReplyFinished, ReplyFailed)):
+        if isinstance(event, TokenStreamed):
+            entries.extend(event.logprobs)
         event = await stream.next()
     if isinstance(event, ReplyFailed):
         raise ApiError(500, event.message, code="generation_failed")
     reply = envelope(stream.request_id, ask.model, chat, streamed=False)
-    reply["choices"] = [choice(chat, False, event.text, finish_reason(event.stats.finish_reason))]
+    logprobs = _logprobs(ask, chat, entries, 0)
+    reply["choices"] = [choice(chat, False, event.text, finish_reason(event.stats.finish_reason), logprobs=logprobs)]
     reply["usage"] = usage(stream.prefill, event.stats.tokens_generated)
     return JSONResponse(reply)
 
@@ -139,9 +152,12 @@ async def _whole_reply(stream: RequestStream, ask: CompletionAsk, chat: bool, ev
 async def _sse(link: EngineLink, stream: RequestStream, ask: CompletionAsk, chat: bool, event: Event) -> AsyncIterator[str]:
     """Server-sent events until ``[DONE]``; if the client goes away first, the request is cancelled."""
     finished = False
+    shown = 0  # characters of reply text sent so far
     try:
         while True:
-            chunk = _chunk(stream, ask, chat, event)
+            chunk = _chunk(stream, ask, chat, event, shown)
+            if isinstance(event, TokenStreamed):
+                shown += len(event.text)
             if chunk is not None:
                 yield _data(chunk)
             if isinstance(event, (ReplyFinished, ReplyFailed)):
@@ -158,7 +174,8 @@ async def _sse(link: EngineLink, stream: RequestStream, ask: CompletionAsk, chat
             link.cancel(stream)
 
 
-def _chunk(stream: RequestStream, ask: CompletionAsk, chat: bool, event: Event) -> dict | None:
+def _chunk(stream: RequestStream, ask: CompletionAsk, chat: bool, event: Event, shown: int) -> dict | None:
+    """The chunk ``event`` makes, if any; ``shown``: the characters of reply text sent before it."""
     if isinstance(event, ReplyFailed):
         return error_body(500, event.message, code="generation_failed")
     if isinstance(event, PrefillDone):
@@ -168,7 +185,7 @@ def _chunk(stream: RequestStream, ask: CompletionAsk, chat: bool, event: Event) 
     elif isinstance(event, TokenStreamed):
         if not event.text:
             return None
-        parts = [choice(chat, True, event.text, None)]
+        parts = [choice(chat, True, event.text, None, logprobs=_logprobs(ask, chat, event.logprobs, shown))]
     elif isinstance(event, ReplyFinished):
         parts = [choice(chat, True, None if chat else "", finish_reason(event.stats.finish_reason))]
     else:
@@ -178,6 +195,14 @@ def _chunk(stream: RequestStream, ask: CompletionAsk, chat: bool, event: Event) 
     if ask.include_usage:
         chunk["usage"] = None
     return chunk
+
+
+def _logprobs(ask: CompletionAsk, chat: bool, entries: list[TokenLogprob] | tuple[TokenLogprob, ...],
+              text_offset: int) -> dict | None:
+    """``entries`` in the endpoint's shape, or None when the request did not ask for log-probabilities."""
+    if ask.sampling.logprobs is None:
+        return None
+    return chat_logprobs(entries) if chat else completion_logprobs(entries, text_offset)
 
 
 def _data(payload: dict) -> str:

@@ -119,7 +119,8 @@ class EngineLink:
         self._streams[stream.request_id] = stream
         self._metrics.waiting += 1
         self._report(stream, force=True)
-        request = Generate(stream.request_id, conversation_key(ask), ask.messages, ask.sampling, "stop", ask.prompt)
+        request = Generate(stream.request_id, conversation_key(ask), ask.messages, ask.sampling, "stop", ask.prompt,
+                           ask.constraint)
         self._hub.submit(request, self._from_engine)
         return stream
 

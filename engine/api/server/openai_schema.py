@@ -4,7 +4,8 @@ Validation is strict where a wrong value would silently do something else
 (``max_tokens: -5``, an unknown model, ``n: 3``, ``tools`` Hearth cannot call):
 such a request gets a 400 naming the field. Fields that change nothing Hearth
 does (``user``, ``metadata``, ``store`` …) are ignored, and so are the neutral
-values of unsupported features (``tools: []``, penalties of 0, ``logprobs: false``).
+values of unsupported features (``tools: []``, penalties of 0). ``response_format`` and
+``logprobs`` are read by ``output_options``.
 A ``null`` field means the field is unset. Sampling follows OpenAI's defaults
 (temperature 1, top_p 1, no top-k or min-p cut); a request without ``max_tokens``
 gets ``default_max_tokens``, which ``GET /v1/models`` states.
@@ -13,28 +14,26 @@ gets ``default_max_tokens``, which ``GET /v1/models`` states.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from engine.api.server.errors import ApiError
-from engine.protocol.messages import ChatMessage, FinishReason, PrefillDone, SamplingParams
+from engine.api.server.output_options import OutputOptions, chat_output_options, completion_output_options
+from engine.protocol.messages import ChatMessage, Constraint, FinishReason, PrefillDone, SamplingParams
 
 MAX_STOP_STRINGS = 4
 DEFAULT_MAX_TOKENS = 2048
 MODEL_ALIAS = "default"  # what ``serve --model`` calls the built-in model; a request may name it so
 SEED_RANGE = range(-(2**63), 2**63)  # OpenAI's 64-bit seed; torch's generator takes no more
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-_FINISH = {"eos": "stop", "stop_string": "stop", "max_tokens": "length", "context_full": "length"}
+_FINISH = {"eos": "stop", "stop_string": "stop", "constraint": "stop", "max_tokens": "length", "context_full": "length"}
 
 # Fields of features Hearth lacks, with the values that ask for nothing (accepted); any other value is refused.
 _NEUTRAL_CHAT: dict[str, Callable[[Any], bool]] = {
-    "response_format": lambda v: v == {"type": "text"},
     "tools": lambda v: v == [],
     "functions": lambda v: v == [],
     "tool_choice": lambda v: v in ("none", "auto"),
     "function_call": lambda v: v in ("none", "auto"),
-    "logprobs": lambda v: v is False,
-    "top_logprobs": lambda v: _is_int(v) and v == 0,
 }
 _NEUTRAL_BOTH: dict[str, Callable[[Any], bool]] = {
     "frequency_penalty": lambda v: _is_number(v) and v == 0,
@@ -42,7 +41,6 @@ _NEUTRAL_BOTH: dict[str, Callable[[Any], bool]] = {
     "logit_bias": lambda v: v == {},
 }
 _NEUTRAL_COMPLETION: dict[str, Callable[[Any], bool]] = {
-    "logprobs": lambda v: v is False or (_is_int(v) and v == 0),
     "echo": lambda v: v is False,
     "suffix": lambda v: v == "",
     "best_of": lambda v: _is_int(v) and v == 1,
@@ -51,7 +49,8 @@ _NEUTRAL_COMPLETION: dict[str, Callable[[Any], bool]] = {
 
 @dataclass(frozen=True)
 class CompletionAsk:
-    """One validated request: a chat (``messages``) or a raw ``prompt`` to continue."""
+    """One validated request: a chat (``messages``) or a raw ``prompt`` to continue; ``constraint``: what the reply
+    must match (``response_format``), None for free text."""
 
     model: str
     messages: tuple[ChatMessage, ...]
@@ -59,6 +58,7 @@ class CompletionAsk:
     sampling: SamplingParams
     stream: bool
     include_usage: bool
+    constraint: Constraint | None = None
 
 
 def default_max_tokens(context_length: int) -> int:
@@ -70,7 +70,7 @@ def parse_chat(body: Any, model_id: str, context_length: int) -> CompletionAsk:
     body = _object(body)
     _refuse_unsupported(body, {**_NEUTRAL_CHAT, **_NEUTRAL_BOTH})
     messages = _messages(body.get("messages"))
-    return _ask(body, model_id, context_length, messages, None)
+    return _ask(body, model_id, context_length, messages, None, chat_output_options(body))
 
 
 def parse_completion(body: Any, model_id: str, context_length: int) -> CompletionAsk:
@@ -81,7 +81,7 @@ def parse_completion(body: Any, model_id: str, context_length: int) -> Completio
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
         raise ApiError(400, "'prompt' must be a non-empty string (one prompt per request).", "prompt")
-    return _ask(body, model_id, context_length, (), _text(prompt, "prompt"))
+    return _ask(body, model_id, context_length, (), _text(prompt, "prompt"), completion_output_options(body))
 
 
 def _refuse_unsupported(body: dict, neutral: dict[str, Callable[[Any], bool]]) -> None:
@@ -92,7 +92,8 @@ def _refuse_unsupported(body: dict, neutral: dict[str, Callable[[Any], bool]]) -
 
 
 def _ask(
-    body: dict, model_id: str, context_length: int, messages: tuple[ChatMessage, ...], prompt: str | None
+    body: dict, model_id: str, context_length: int, messages: tuple[ChatMessage, ...], prompt: str | None,
+    output: OutputOptions,
 ) -> CompletionAsk:
     _check_model(body.get("model"), model_id)
     if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):
@@ -104,7 +105,8 @@ def _ask(
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object.", "stream_options")
     include_usage = bool(options.get("include_usage", False))
-    return CompletionAsk(model_id, messages, prompt, _sampling(body, context_length), bool(stream), include_usage)
+    sampling = replace(_sampling(body, context_length), logprobs=output.logprobs)
+    return CompletionAsk(model_id, messages, prompt, sampling, bool(stream), include_usage, output.constraint)
 
 
 def _object(body: Any) -> dict:
@@ -226,13 +228,16 @@ def envelope(request_id: str, model: str, chat: bool, streamed: bool) -> dict:
     return {"id": request_id, "object": kind, "created": int(time.time()), "model": model}
 
 
-def choice(chat: bool, streamed: bool, text: str | None, reason: str | None, first: bool = False) -> dict:
-    """One entry of ``choices``; ``text`` None in a chunk means no new text."""
+def choice(chat: bool, streamed: bool, text: str | None, reason: str | None, first: bool = False,
+           logprobs: dict | None = None) -> dict:
+    """One entry of ``choices``; ``text`` None in a chunk means no new text; ``logprobs`` in ``logprob_shapes``'
+    shape (None when not asked for)."""
     if not chat:
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+        return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
     if not streamed:
-        return {"index": 0, "message": {"role": "assistant", "content": text or ""}, "finish_reason": reason}
+        message = {"role": "assistant", "content": text or ""}
+        return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
     delta: dict = {"role": "assistant"} if first else {}
     if text is not None:
         delta["content"] = text
-    return {"index": 0, "delta": delta, "finish_reason": reason}
+    return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
