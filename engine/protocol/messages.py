@@ -10,18 +10,34 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Union
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
 FinishReason = Literal["eos", "stop_string", "max_tokens", "context_full", "cancelled", "error"]
 OverflowPolicy = Literal["drop_oldest", "stop"]
 EngineState = Literal["idle", "fetching", "loading", "ready", "generating", "error"]
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A function call the model made: ``arguments`` is the JSON text of the arguments object."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    """One turn of a conversation as the model sees it."""
+    """One turn of a conversation as the model sees it.
+
+    An assistant turn may carry the ``tool_calls`` it made; a ``"tool"`` turn is a call's result, naming the
+    call it answers (``tool_call_id``) and the function (``name``).
+    """
 
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,6 +91,15 @@ class RemoteServer:
     api_key: str = field(default="", repr=False)
 
 
+@dataclass(frozen=True)
+class Constraint:
+    """What the reply must match: ``kind`` one of "json_object" (``spec`` ""), "json_schema" (the schema as JSON
+    text), "regex", "choice" (a JSON list of strings), "grammar" (a llguidance Lark grammar)."""
+
+    kind: str
+    spec: str
+
+
 # ---------------------------------------------------------------- requests
 
 
@@ -105,6 +130,10 @@ class Generate:
     sampling: SamplingParams = SamplingParams()
     overflow: OverflowPolicy = "drop_oldest"
     prompt: str | None = None
+    tools: tuple[str, ...] = ()
+    """The functions the model may call, each as the JSON text of OpenAI's ``{"type": "function", "function": …}``;
+    the chat template shows them to the model."""
+    constraint: Constraint | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +230,7 @@ class ModelLoaded:
     memory: MemoryStats = MemoryStats()
     notices: tuple[str, ...] = ()  # things the user should know (e.g. "no chat template: using a plain one")
     server: str = ""  # the remote server's base URL when the model runs there; "" for a model in this process
+    tool_format: str = "hermes"  # how the model writes tool calls (``engine.chat.tool_formats``)
 
 
 @dataclass(frozen=True)
