@@ -19,6 +19,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from engine.api.server.engine_link import EngineLink, RequestStream
 from engine.api.server.errors import ApiError, error_body
 from engine.api.server.openai_schema import CompletionAsk, choice, envelope, finish_reason, parse_chat, parse_completion, usage
+from engine.api.server.tool_replies import call_delta_choices, message_choice, with_calls
+from engine.chat.tool_calls import Piece, ToolCallParser, split_reply
 from engine.protocol.messages import ENGINE_FAILURE, Event, PrefillDone, ReplyFailed, ReplyFinished, TokenStreamed
 
 T = TypeVar("T")
@@ -34,7 +36,7 @@ async def chat_completions(request: Request) -> Response:
     link: EngineLink = request.app.state.link
     body = await read_json(request)
     model = link.ready_model()
-    return await _answer(request, parse_chat(body, model.name, model.context_length), chat=True)
+    return await _answer(request, parse_chat(body, model.name, model.context_length, model.tool_format), chat=True)
 
 
 async def completions(request: Request) -> Response:
@@ -131,7 +133,13 @@ async def _whole_reply(stream: RequestStream, ask: CompletionAsk, chat: bool, ev
     if isinstance(event, ReplyFailed):
         raise ApiError(500, event.message, code="generation_failed")
     reply = envelope(stream.request_id, ask.model, chat, streamed=False)
-    reply["choices"] = [choice(chat, False, event.text, finish_reason(event.stats.finish_reason))]
+    reason = finish_reason(event.stats.finish_reason)
+    tools = ask.tool_use if chat else None
+    if tools is None or tools.choice == "none":
+        reply["choices"] = [choice(chat, False, event.text, reason)]
+    else:
+        content, calls, _ = split_reply(tools.tool_format, event.text, tools.parallel)
+        reply["choices"] = [message_choice(content, calls, reason)]
     reply["usage"] = usage(stream.prefill, event.stats.tokens_generated)
     return JSONResponse(reply)
 
@@ -139,10 +147,10 @@ async def _whole_reply(stream: RequestStream, ask: CompletionAsk, chat: bool, ev
 async def _sse(link: EngineLink, stream: RequestStream, ask: CompletionAsk, chat: bool, event: Event) -> AsyncIterator[str]:
     """Server-sent events until ``[DONE]``; if the client goes away first, the request is cancelled."""
     finished = False
+    parser = ask.tool_use.parser() if chat and ask.tool_use else None
     try:
         while True:
-            chunk = _chunk(stream, ask, chat, event)
-            if chunk is not None:
+            for chunk in _chunks(stream, ask, chat, event, parser):
                 yield _data(chunk)
             if isinstance(event, (ReplyFinished, ReplyFailed)):
                 break
@@ -158,23 +166,38 @@ async def _sse(link: EngineLink, stream: RequestStream, ask: CompletionAsk, chat
             link.cancel(stream)
 
 
-def _chunk(stream: RequestStream, ask: CompletionAsk, chat: bool, event: Event) -> dict | None:
+def _chunks(stream: RequestStream, ask: CompletionAsk, chat: bool, event: Event, parser: ToolCallParser | None) -> list[dict]:
+    """The chunks ``event`` sends; with ``parser``, text goes out as it settles and each call once it is whole."""
     if isinstance(event, ReplyFailed):
-        return error_body(500, event.message, code="generation_failed")
+        return [error_body(500, event.message, code="generation_failed")]
     if isinstance(event, PrefillDone):
-        if not chat:
-            return None
-        parts = [choice(chat, True, "", None, first=True)]
+        parts = [choice(chat, True, "", None, first=True)] if chat else []
     elif isinstance(event, TokenStreamed):
-        if not event.text:
-            return None
-        parts = [choice(chat, True, event.text, None)]
+        parts = _piece_choices(chat, parser.feed(event.text) if parser else [event.text], parser)
     elif isinstance(event, ReplyFinished):
-        parts = [choice(chat, True, None if chat else "", finish_reason(event.stats.finish_reason))]
+        parts = _piece_choices(chat, parser.finish(), parser) if parser else []
+        reason = with_calls(finish_reason(event.stats.finish_reason), parser.calls if parser else [])
+        parts.append(choice(chat, True, None if chat else "", reason))
     else:
-        return None
+        parts = []
+    return [_chunk(stream, ask, chat, part) for part in parts]
+
+
+def _piece_choices(chat: bool, pieces: list[Piece], parser: ToolCallParser | None) -> list[dict]:
+    parts = []
+    for piece in pieces:
+        if isinstance(piece, str):
+            if piece:
+                parts.append(choice(chat, True, piece, None))
+        else:
+            assert parser is not None
+            parts += call_delta_choices(piece, parser.calls.index(piece))
+    return parts
+
+
+def _chunk(stream: RequestStream, ask: CompletionAsk, chat: bool, part: dict) -> dict:
     chunk = envelope(stream.request_id, ask.model, chat, streamed=True)
-    chunk["choices"] = parts
+    chunk["choices"] = [part]
     if ask.include_usage:
         chunk["usage"] = None
     return chunk

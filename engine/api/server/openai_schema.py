@@ -1,10 +1,12 @@
 """OpenAI's request bodies in, OpenAI's reply shapes out (server thread).
 
 Validation is strict where a wrong value would silently do something else
-(``max_tokens: -5``, an unknown model, ``n: 3``, ``tools`` Hearth cannot call):
+(``max_tokens: -5``, an unknown model, ``n: 3``, a tool that is not a function):
 such a request gets a 400 naming the field. Fields that change nothing Hearth
 does (``user``, ``metadata``, ``store`` …) are ignored, and so are the neutral
-values of unsupported features (``tools: []``, penalties of 0, ``logprobs: false``).
+values of unsupported features (``functions: []``, penalties of 0, ``logprobs: false``).
+Tools and tool turns are read by ``tool_use`` and here; the calls a reply makes
+come back as ``tool_calls`` (``tool_replies``).
 A ``null`` field means the field is unset. Sampling follows OpenAI's defaults
 (temperature 1, top_p 1, no top-k or min-p cut); a request without ``max_tokens``
 gets ``default_max_tokens``, which ``GET /v1/models`` states.
@@ -13,25 +15,24 @@ gets ``default_max_tokens``, which ``GET /v1/models`` states.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from engine.api.server.errors import ApiError
-from engine.protocol.messages import ChatMessage, FinishReason, PrefillDone, SamplingParams
+from engine.api.server.tool_use import ToolUse, parse_openai_tools
+from engine.protocol.messages import ChatMessage, FinishReason, PrefillDone, SamplingParams, ToolCall
 
 MAX_STOP_STRINGS = 4
 DEFAULT_MAX_TOKENS = 2048
 MODEL_ALIAS = "default"  # what ``serve --model`` calls the built-in model; a request may name it so
 SEED_RANGE = range(-(2**63), 2**63)  # OpenAI's 64-bit seed; torch's generator takes no more
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 _FINISH = {"eos": "stop", "stop_string": "stop", "max_tokens": "length", "context_full": "length"}
 
 # Fields of features Hearth lacks, with the values that ask for nothing (accepted); any other value is refused.
 _NEUTRAL_CHAT: dict[str, Callable[[Any], bool]] = {
     "response_format": lambda v: v == {"type": "text"},
-    "tools": lambda v: v == [],
     "functions": lambda v: v == [],
-    "tool_choice": lambda v: v in ("none", "auto"),
     "function_call": lambda v: v in ("none", "auto"),
     "logprobs": lambda v: v is False,
     "top_logprobs": lambda v: _is_int(v) and v == 0,
@@ -59,6 +60,7 @@ class CompletionAsk:
     sampling: SamplingParams
     stream: bool
     include_usage: bool
+    tool_use: ToolUse | None = None
 
 
 def default_max_tokens(context_length: int) -> int:
@@ -66,11 +68,12 @@ def default_max_tokens(context_length: int) -> int:
     return max(1, min(DEFAULT_MAX_TOKENS, context_length // 2))
 
 
-def parse_chat(body: Any, model_id: str, context_length: int) -> CompletionAsk:
+def parse_chat(body: Any, model_id: str, context_length: int, tool_format: str = "hermes") -> CompletionAsk:
+    """A chat request; ``tool_format``: how the served model writes tool calls (``tool_formats.FORMATS``)."""
     body = _object(body)
     _refuse_unsupported(body, {**_NEUTRAL_CHAT, **_NEUTRAL_BOTH})
     messages = _messages(body.get("messages"))
-    return _ask(body, model_id, context_length, messages, None)
+    return replace(_ask(body, model_id, context_length, messages, None), tool_use=parse_openai_tools(body, tool_format))
 
 
 def parse_completion(body: Any, model_id: str, context_length: int) -> CompletionAsk:
@@ -133,8 +136,37 @@ def _message(item: Any, index: int) -> ChatMessage:
         raise ApiError(400, f"{param} must be an object with 'role' and 'content'.", param)
     role = item.get("role")
     if not isinstance(role, str) or role not in _ROLES:
-        raise ApiError(400, f"{param}.role must be system, developer, user or assistant.", f"{param}.role")
-    return ChatMessage(_ROLES[role], _content(item.get("content"), f"{param}.content"))  # type: ignore[arg-type]
+        raise ApiError(400, f"{param}.role must be system, developer, user, assistant or tool.", f"{param}.role")
+    calls = _tool_calls(item.get("tool_calls"), param) if role == "assistant" else ()
+    content = item.get("content")
+    text = "" if content is None and calls else _content(content, f"{param}.content")
+    if role != "tool":
+        return ChatMessage(_ROLES[role], text, tool_calls=calls)  # type: ignore[arg-type]
+    call_id = item.get("tool_call_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise ApiError(400, f"{param}.tool_call_id must name the call this result answers.", f"{param}.tool_call_id")
+    name = item.get("name")
+    return ChatMessage("tool", text, tool_call_id=call_id, name=name if isinstance(name, str) else "")
+
+
+def _tool_calls(value: Any, param: str) -> tuple[ToolCall, ...]:
+    """An assistant turn's ``tool_calls``: ``[{"id", "type": "function", "function": {"name", "arguments"}}]``."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ApiError(400, f"{param}.tool_calls must be a list.", f"{param}.tool_calls")
+    calls = []
+    for index, call in enumerate(value):
+        where = f"{param}.tool_calls[{index}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ApiError(400, f"{where} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
+                                f"\"arguments\"}}}}.", where)
+        arguments = function.get("arguments", "{}")
+        if not isinstance(arguments, str):
+            raise ApiError(400, f"{where}.function.arguments must be JSON text.", where)
+        calls.append(ToolCall(str(call.get("id") or f"call_{index}"), function["name"], _text(arguments, where)))
+    return tuple(calls)
 
 
 def _content(content: Any, param: str) -> str:
