@@ -86,29 +86,40 @@ def _refuse_constant(name: str) -> object:
     raise ValueError(f"{name} is not a JSON number")
 
 
-async def _answer(request: Request, ask: CompletionAsk, chat: bool) -> Response:
+async def start_reply(request: Request, ask: CompletionAsk) -> tuple[RequestStream, Event]:
+    """Submit ``ask`` and await its first event; ``ClientGone`` (the request cancelled) if the client leaves first,
+    ``ApiError`` when the engine refuses the prompt (400) or breaks (500) before any token."""
     link: EngineLink = request.app.state.link
-    stream = link.open(ask, _client_label(request), request.url.path)
+    stream = link.open(ask, client_label(request), request.url.path)
     try:
-        first = await _unless_gone(request, stream.next())
+        first = await unless_gone(request, stream.next())
     except ClientGone:
         link.cancel(stream)
-        return Response(status_code=499)
-    if isinstance(first, ReplyFailed):  # refused before any token: the prompt (400), unless the engine broke (500)
+        raise
+    if isinstance(first, ReplyFailed):
         if first.message.startswith(ENGINE_FAILURE):
             raise ApiError(500, first.message, code="generation_failed")
         raise ApiError(400, first.message, code="prompt_refused")
+    return stream, first
+
+
+async def _answer(request: Request, ask: CompletionAsk, chat: bool) -> Response:
+    link: EngineLink = request.app.state.link
+    try:
+        stream, first = await start_reply(request, ask)
+    except ClientGone:
+        return Response(status_code=499)
     if ask.stream:
         events = _sse(link, stream, ask, chat, first)
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
     try:
-        return await _unless_gone(request, _whole_reply(stream, ask, chat, first))
+        return await unless_gone(request, _whole_reply(stream, ask, chat, first))
     except ClientGone:
         link.cancel(stream)
         return Response(status_code=499)
 
 
-async def _unless_gone(request: Request, work: Awaitable[T]) -> T:
+async def unless_gone(request: Request, work: Awaitable[T]) -> T:
     """``work``'s result, or ``ClientGone`` as soon as the client disconnects."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnected(request))
@@ -207,7 +218,7 @@ def _data(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def _client_label(request: Request) -> str:
+def client_label(request: Request) -> str:
     peer = request.client.host if request.client else "?"
     agent = request.headers.get("user-agent", "")
     return f"{peer} · {agent[:40]}" if agent else peer

@@ -35,7 +35,7 @@ _NEUTRAL_CHAT: dict[str, Callable[[Any], bool]] = {
     "functions": lambda v: v == [],
     "function_call": lambda v: v in ("none", "auto"),
     "logprobs": lambda v: v is False,
-    "top_logprobs": lambda v: _is_int(v) and v == 0,
+    "top_logprobs": lambda v: is_int(v) and v == 0,
 }
 _NEUTRAL_BOTH: dict[str, Callable[[Any], bool]] = {
     "frequency_penalty": lambda v: _is_number(v) and v == 0,
@@ -43,10 +43,10 @@ _NEUTRAL_BOTH: dict[str, Callable[[Any], bool]] = {
     "logit_bias": lambda v: v == {},
 }
 _NEUTRAL_COMPLETION: dict[str, Callable[[Any], bool]] = {
-    "logprobs": lambda v: v is False or (_is_int(v) and v == 0),
+    "logprobs": lambda v: v is False or (is_int(v) and v == 0),
     "echo": lambda v: v is False,
     "suffix": lambda v: v == "",
-    "best_of": lambda v: _is_int(v) and v == 1,
+    "best_of": lambda v: is_int(v) and v == 1,
 }
 
 
@@ -84,7 +84,7 @@ def parse_completion(body: Any, model_id: str, context_length: int) -> Completio
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
         raise ApiError(400, "'prompt' must be a non-empty string (one prompt per request).", "prompt")
-    return _ask(body, model_id, context_length, (), _text(prompt, "prompt"))
+    return _ask(body, model_id, context_length, (), unicode_text(prompt, "prompt"))
 
 
 def _refuse_unsupported(body: dict, neutral: dict[str, Callable[[Any], bool]]) -> None:
@@ -97,7 +97,7 @@ def _refuse_unsupported(body: dict, neutral: dict[str, Callable[[Any], bool]]) -
 def _ask(
     body: dict, model_id: str, context_length: int, messages: tuple[ChatMessage, ...], prompt: str | None
 ) -> CompletionAsk:
-    _check_model(body.get("model"), model_id)
+    check_model(body.get("model"), model_id)
     if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):
         raise ApiError(400, "Only n = 1 is supported: ask once per reply.", "n", "unsupported_parameter")
     stream = body.get("stream")
@@ -116,7 +116,7 @@ def _object(body: Any) -> dict:
     return body
 
 
-def _check_model(model: Any, model_id: str) -> None:
+def check_model(model: Any, model_id: str) -> None:
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' is required: use the id that GET /v1/models lists.", "model")
     if model not in (model_id, MODEL_ALIAS):
@@ -165,21 +165,21 @@ def _tool_calls(value: Any, param: str) -> tuple[ToolCall, ...]:
         arguments = function.get("arguments", "{}")
         if not isinstance(arguments, str):
             raise ApiError(400, f"{where}.function.arguments must be JSON text.", where)
-        calls.append(ToolCall(str(call.get("id") or f"call_{index}"), function["name"], _text(arguments, where)))
+        calls.append(ToolCall(str(call.get("id") or f"call_{index}"), function["name"], unicode_text(arguments, where)))
     return tuple(calls)
 
 
 def _content(content: Any, param: str) -> str:
     """A string, or a list of text parts (images and audio are refused)."""
     if isinstance(content, str):
-        return _text(content, param)
+        return unicode_text(content, param)
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
         if all(isinstance(part.get("text"), str) for part in content):
-            return _text("".join(part["text"] for part in content), param)
+            return unicode_text("".join(part["text"] for part in content), param)
     raise ApiError(400, f"{param} must be a string or a list of text parts; Hearth's models read text only.", param)
 
 
-def _text(value: str, param: str) -> str:
+def unicode_text(value: str, param: str) -> str:
     """``value`` if it is Unicode text that UTF-8 can hold (JSON lets a lone surrogate such as ``\\ud800`` through)."""
     try:
         value.encode("utf-8")
@@ -193,15 +193,15 @@ def _sampling(body: dict, context_length: int) -> SamplingParams:
     max_tokens = body.get(param)
     if max_tokens is None:
         max_tokens = default_max_tokens(context_length)
-    elif not _is_int(max_tokens) or not 1 <= max_tokens <= context_length:
+    elif not is_int(max_tokens) or not 1 <= max_tokens <= context_length:
         raise ApiError(400, f"'{param}' must be a whole number from 1 to the model's context of {context_length}.", param)
     seed = body.get("seed")
-    if seed is not None and (not _is_int(seed) or seed not in SEED_RANGE):
+    if seed is not None and (not is_int(seed) or seed not in SEED_RANGE):
         raise ApiError(400, "'seed' must be a whole number from -2^63 to 2^63 - 1.", "seed")
     return SamplingParams(
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        temperature=number_field(body, "temperature", 1.0, 0.0, 2.0),
         top_k=0,
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+        top_p=number_field(body, "top_p", 1.0, 0.0, 1.0),
         min_p=0.0,
         repetition_penalty=1.0,
         max_new_tokens=max_tokens,
@@ -210,7 +210,7 @@ def _sampling(body: dict, context_length: int) -> SamplingParams:
     )
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -218,7 +218,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
+def number_field(body: dict, name: str, default: float, low: float, high: float) -> float:
     value = body.get(name)
     if value is None:
         return default
@@ -233,7 +233,7 @@ def _stop(value: Any) -> tuple[str, ...]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or len(stops) > MAX_STOP_STRINGS or not all(isinstance(s, str) and s for s in stops):
         raise ApiError(400, f"'stop' must be a non-empty string or a list of up to {MAX_STOP_STRINGS} of them.", "stop")
-    return tuple(_text(stop, "stop") for stop in stops)
+    return tuple(unicode_text(stop, "stop") for stop in stops)
 
 
 # ---------------------------------------------------------------- replies
