@@ -91,16 +91,23 @@ class RemoteServer:
     api_key: str = field(default="", repr=False)
 
 
+# ---------------------------------------------------------------- requests
+
+
+CONSTRAINT_KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
+
+
 @dataclass(frozen=True)
 class Constraint:
-    """What the reply must match: ``kind`` one of "json_object" (``spec`` ""), "json_schema" (the schema as JSON
-    text), "regex", "choice" (a JSON list of strings), "grammar" (a llguidance Lark grammar)."""
+    """What the reply must match, token by token: ``kind`` one of ``CONSTRAINT_KINDS``.
+
+    ``spec``: "" for ``json_object`` (any JSON object), the schema as JSON text for ``json_schema``, the pattern for
+    ``regex``, a JSON list of strings for ``choice`` (the reply is one of them), a llguidance Lark grammar for
+    ``grammar``.
+    """
 
     kind: str
-    spec: str
-
-
-# ---------------------------------------------------------------- requests
+    spec: str = ""
 
 
 @dataclass(frozen=True)
@@ -130,10 +137,10 @@ class Generate:
     sampling: SamplingParams = SamplingParams()
     overflow: OverflowPolicy = "drop_oldest"
     prompt: str | None = None
+    constraint: Constraint | None = None
     tools: tuple[str, ...] = ()
     """The functions the model may call, each as the JSON text of OpenAI's ``{"type": "function", "function": …}``;
     the chat template shows them to the model."""
-    constraint: Constraint | None = None
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,7 @@ class EngineLink:
         self._report(stream, force=True)
         tools = ask.tool_use
         request = Generate(stream.request_id, conversation_key(ask), ask.messages, ask.sampling, "stop", ask.prompt,
-                           tools.tools if tools else (), tools.constraint if tools else None)
+                           tools.constraint if tools else None, tools.tools if tools else ())
         self._hub.submit(request, self._from_engine)
         return stream
 
