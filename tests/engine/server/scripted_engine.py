@@ -8,6 +8,8 @@ it at once with the next scripted reply, a few characters per ``TokenStreamed`` 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from engine.api.server.config import ServerConfig
 from engine.api.server.server import ApiServer
@@ -55,8 +57,9 @@ class ScriptedHub:
         owner(ReplyFinished(rid, text, RequestStats(tokens_generated=len(text) // PIECE_CHARS + 1, finish_reason=finish)))
 
 
-def serve_scripted(tool_format: str):
-    """A server over a ``ScriptedHub``: yields ``(hub, server)``, stops the server afterwards."""
+@contextmanager
+def serve_scripted(tool_format: str) -> Iterator[tuple[ScriptedHub, ApiServer]]:
+    """A server over a ``ScriptedHub`` as ``(hub, server)``; stopped on leaving."""
     hub = ScriptedHub(tool_format)
     server = ApiServer(hub, ServerConfig(port=0))  # type: ignore[arg-type]
     server.start()

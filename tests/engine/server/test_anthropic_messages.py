@@ -25,7 +25,8 @@ def tiny_client(served_tiny) -> anthropic.Anthropic:
 
 @pytest.fixture(scope="module")
 def scripted():
-    yield from serve_scripted("hermes")
+    with serve_scripted("hermes") as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")

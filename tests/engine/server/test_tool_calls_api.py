@@ -25,7 +25,8 @@ QWEN_TWO_CALLS = (
 
 @pytest.fixture(scope="module")
 def scripted():
-    yield from serve_scripted("hermes")
+    with serve_scripted("hermes") as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +158,24 @@ def test_a_tool_turn_without_its_call_id_is_refused(client) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=MODEL, messages=ASK + [{"role": "tool", "content": "21"}])
     assert refused.value.body["param"] == "messages[1].tool_call_id"
+
+
+@pytest.mark.parametrize("tool_format, reply", [
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": {}}'),
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]'),
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}'),
+])
+def test_each_family_s_calls_are_read_as_its_template_writes_them(tool_format, reply) -> None:
+    with serve_scripted(tool_format) as (hub, server):
+        family = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=30)
+        hub.script(reply)
+        hub.script(reply)
+        whole = ask(family)
+        chunks = list(ask(family, stream=True))
+
+        expected = [("get_weather", {"city": "Paris"}), ("get_time", {})]
+        assert arguments_of(whole.choices[0].message.tool_calls) == expected
+        assert whole.choices[0].finish_reason == "tool_calls"
+        parts = [part for chunk in chunks for part in (chunk.choices[0].delta.tool_calls or [])]
+        assert [part.function.name for part in parts if part.id] == ["get_weather", "get_time"]
+        assert not any(chunk.choices[0].delta.content for chunk in chunks)
