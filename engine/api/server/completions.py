@@ -5,6 +5,9 @@ into OpenAI's JSON, whole or as server-sent events. The first event is awaited
 before any reply starts, so a prompt the engine refuses (too long for the
 context) still gets a proper 400. A client that goes away, while waiting or while
 streaming, cancels its request: the engine stops at its next decode step.
+A chat request with tools has its reply read by a ``ToolCallParser``: text goes
+out as it settles, each call as ``tool_calls`` once whole (``tool_replies``).
+``start_reply``, ``read_json`` and ``unless_gone`` serve ``/v1/messages`` too.
 """
 
 from __future__ import annotations
