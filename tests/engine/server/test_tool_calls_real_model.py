@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import get_args
 
+import anthropic
 import openai
 import pytest
 
@@ -71,3 +72,19 @@ def test_a_tool_result_fed_back_gets_a_text_answer(client, served_default) -> No
     assert reply.choices[0].message.content
     assert reply.choices[0].message.tool_calls is None
     assert reply.usage.prompt_tokens > 60  # the tool description, the call and its result reached the prompt
+
+
+@needs_constraints
+def test_anthropic_s_any_choice_makes_the_real_model_use_a_tool(served_default) -> None:
+    client = anthropic.Anthropic(base_url=served_default.root, api_key="unused", max_retries=0, timeout=300)
+    weather = WEATHER["function"]
+    message = client.messages.create(
+        model=served_default.model_id, max_tokens=80, messages=ASK,
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        tools=[{"name": weather["name"], "description": weather["description"], "input_schema": weather["parameters"]}],
+        extra_body={"temperature": 0},
+    )
+
+    assert message.stop_reason == "tool_use"
+    [use] = [block for block in message.content if block.type == "tool_use"]
+    assert use.name == "get_weather" and isinstance(use.input["city"], str)
