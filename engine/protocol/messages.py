@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Union
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
 FinishReason = Literal["eos", "stop_string", "constraint", "max_tokens", "context_full", "cancelled", "error"]
 """``constraint``: the request's ``Constraint`` was complete, so the reply could say nothing more."""
 OverflowPolicy = Literal["drop_oldest", "stop"]
@@ -18,11 +18,27 @@ EngineState = Literal["idle", "fetching", "loading", "ready", "generating", "err
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A function call the model made: ``arguments`` is the JSON text of the arguments object."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    """One turn of a conversation as the model sees it."""
+    """One turn of a conversation as the model sees it.
+
+    An assistant turn may carry the ``tool_calls`` it made; a ``"tool"`` turn is a call's result, naming the
+    call it answers (``tool_call_id``) and the function (``name``).
+    """
 
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -124,6 +140,9 @@ class Generate:
     overflow: OverflowPolicy = "drop_oldest"
     prompt: str | None = None
     constraint: Constraint | None = None
+    tools: tuple[str, ...] = ()
+    """The functions the model may call, each as the JSON text of OpenAI's ``{"type": "function", "function": …}``;
+    the chat template shows them to the model."""
 
 
 @dataclass(frozen=True)
@@ -220,6 +239,7 @@ class ModelLoaded:
     memory: MemoryStats = MemoryStats()
     notices: tuple[str, ...] = ()  # things the user should know (e.g. "no chat template: using a plain one")
     server: str = ""  # the remote server's base URL when the model runs there; "" for a model in this process
+    tool_format: str = "hermes"  # how the model writes tool calls (``engine.chat.tool_formats``)
 
 
 @dataclass(frozen=True)

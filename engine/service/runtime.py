@@ -23,6 +23,7 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Callable, Protocol
 
 import torch
@@ -219,7 +220,7 @@ class ModelRuntime:
         notices = loaded.notices + ((ONE_AT_A_TIME_NOTICE,) if isinstance(loaded.backend, HFBackend) else ())
         self._emit(ModelLoaded(
             load.request.request_id, loaded.name, loaded.path, loaded.device, loaded.precision_label,
-            loaded.context_length, loaded.load_s, self._memory(0), notices,
+            loaded.context_length, loaded.load_s, self._memory(0), notices, tool_format=loaded.template.tool_format,
         ))
         self._admit_waiting()
 
@@ -291,7 +292,8 @@ class ModelRuntime:
         if request.prompt is not None:
             return plan_raw_prompt(request.prompt, loaded.tokenize, loaded.context_length, budget)
         return plan_prompt(
-            request.messages, loaded.render, loaded.tokenize, loaded.context_length, budget, request.overflow
+            request.messages, partial(loaded.render, tools=request.tools), loaded.tokenize, loaded.context_length,
+            budget, request.overflow,
         )
 
     def _memory(self, request_bytes: int) -> MemoryStats:

@@ -135,6 +135,13 @@ def test_bad_logprobs_fields_are_refused_by_name(served_default, fields, param) 
     assert_openai_error(call(served_default.root, "POST", CHAT, chat(served_default, **fields)), 400, param)
 
 
+def test_a_response_format_is_refused_when_tool_choice_requires_a_call(served_default) -> None:
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+    body = chat(served_default, tools=[tool], tool_choice="required", response_format={"type": "json_object"})
+
+    assert_openai_error(call(served_default.root, "POST", CHAT, body), 400, "response_format")
+
+
 def test_a_completions_logprobs_count_is_checked(served_default) -> None:
     body = {"model": "default", "prompt": "Once", "max_tokens": 2}
 
