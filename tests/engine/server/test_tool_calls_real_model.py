@@ -77,3 +77,15 @@ def test_anthropic_s_any_choice_makes_the_real_model_use_a_tool(served_default) 
     assert message.stop_reason == "tool_use"
     [use] = [block for block in message.content if block.type == "tool_use"]
     assert use.name == "get_weather" and isinstance(use.input["city"], str)
+
+
+def test_a_streamed_call_carries_the_same_logprobs_as_the_whole_reply(client, served_default) -> None:
+    ask = dict(model=served_default.model_id, messages=ASK, tools=[WEATHER], tool_choice="required", temperature=0,
+               parallel_tool_calls=False, max_tokens=80, logprobs=True)
+    whole = client.chat.completions.create(**ask)
+    chunks = list(client.chat.completions.create(**ask, stream=True))
+
+    streamed = [entry.token for chunk in chunks if chunk.choices[0].logprobs
+                for entry in chunk.choices[0].logprobs.content]
+    assert whole.choices[0].message.tool_calls
+    assert streamed == [entry.token for entry in whole.choices[0].logprobs.content]
