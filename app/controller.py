@@ -24,6 +24,7 @@ from engine.protocol.messages import (
     BatchSampled,
     Cancel,
     ChatMessage,
+    Constraint,
     EngineError,
     Event,
     FetchProgress,
@@ -162,10 +163,11 @@ class EngineController(QObject):
         conversation_id: str,
         messages: tuple[ChatMessage, ...],
         sampling: SamplingParams = SamplingParams(),
+        constraint: Constraint | None = None,
     ) -> str:
-        """Ask for a reply to the last user message; returns the request id."""
+        """Ask for a reply to the last user message, under ``constraint`` if any; returns the request id."""
         request_id = new_request_id()
-        self.submit(Generate(request_id, conversation_id, messages, sampling))
+        self.submit(Generate(request_id, conversation_id, messages, sampling, constraint=constraint))
         return request_id
 
     def stop(self, request_id: str) -> None:

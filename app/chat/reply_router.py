@@ -91,7 +91,8 @@ class ReplyRouter(QObject):
             return None
         message.waiting = True
         sampling = self._journal.sampling_for(conversation)
-        request_id = self._controller.send_prompt(conversation.id, history, sampling)
+        constraint = conversation.reply_format.constraint()
+        request_id = self._controller.send_prompt(conversation.id, history, sampling, constraint)
         reply = LiveReply(request_id, conversation, message, sources)
         self._by_request[request_id] = reply
         self._by_conversation[conversation.id] = reply

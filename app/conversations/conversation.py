@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Literal
 
+from app.conversations.reply_format import ReplyFormat
 from app.storage.settings import SamplingSettings
 from engine.protocol.messages import ChatMessage, Role
 
@@ -57,6 +58,8 @@ class Conversation:
         self.system_prompt = ""
         self.sampling: SamplingSettings | None = None
         """This conversation's own sampling; None follows the global defaults."""
+        self.reply_format = ReplyFormat()
+        """Free text, JSON or JSON of a schema: the constraint of its replies."""
         self._messages: list[DisplayMessage] = list(messages)
 
     @property

@@ -1,15 +1,18 @@
-"""Conversation > Conversation settings…: this conversation's system prompt and sampling (GUI thread).
+"""Conversation > Conversation settings…: this conversation's system prompt, sampling and reply format (GUI thread).
 
 "Use the default sampling" stores no sampling of its own, so later changes to the defaults
-apply; unticked, the values shown are kept with the conversation. Saving goes through the
-journal (a new conversation is saved first); a failure is shown and the dialog stays open.
+apply; unticked, the values shown are kept with the conversation. The reply format makes
+the engine answer in free text, any JSON object, or JSON of a pasted schema; a schema
+that cannot be used is named under the fields and nothing is saved. Saving goes through
+the journal (a new conversation is saved first); a failure is shown and the dialog stays open.
 """
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QCheckBox, QLabel, QPlainTextEdit, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QComboBox, QLabel, QPlainTextEdit, QVBoxLayout, QWidget
 
 from app.conversations.conversation import Conversation
+from app.conversations.reply_format import REPLY_KINDS, ReplyFormat
 from app.conversations.persistence import ConversationJournal
 from app.settings.sampling_form import SamplingForm
 from app.settings.saving_dialog import SavingDialog
@@ -17,7 +20,7 @@ from app.storage import SamplingSettings
 
 
 class ConversationSettingsDialog(SavingDialog):
-    """Edits one conversation's system prompt and sampling."""
+    """Edits one conversation's system prompt, sampling and reply format."""
 
     def __init__(
         self, conversation: Conversation, journal: ConversationJournal, defaults: SamplingSettings, parent: QWidget | None = None
@@ -38,13 +41,39 @@ class ConversationSettingsDialog(SavingDialog):
         self.sampling.set_values(conversation.sampling or defaults)
         self.sampling.setEnabled(conversation.sampling is not None)
         self.use_defaults.toggled.connect(lambda checked: self.sampling.setEnabled(not checked))
+        self.reply_kind = QComboBox(self)
+        self.reply_kind.setAccessibleName("Reply format")
+        for kind, label in REPLY_KINDS.items():
+            self.reply_kind.addItem(label, kind)
+        self.reply_kind.setCurrentIndex(list(REPLY_KINDS).index(conversation.reply_format.kind))
+        self.schema = QPlainTextEdit(conversation.reply_format.schema, self)
+        self.schema.setAccessibleName("JSON schema")
+        self.schema.setPlaceholderText('{"type": "object", "properties": {"answer": {"type": "string"}}}')
+        self.schema.setTabChangesFocus(True)
+        self.reply_kind.currentIndexChanged.connect(self._show_schema)
+        self._show_schema()
         self._lay_out()
+
+    def reply_format(self) -> ReplyFormat:
+        """The reply format as the fields stand."""
+        return ReplyFormat(self.reply_kind.currentData(), self.schema.toPlainText())
 
     def accept(self) -> None:
         sampling = None if self.use_defaults.isChecked() else self.sampling.values()
+        reply_format = self.reply_format()
+        problem = reply_format.schema_problem()
+        if problem:
+            self.error_label.setText(problem)
+            self.error_label.show()
+            return
         self.save_then_close(
-            lambda: self._journal.set_conversation_settings(self._conversation, self.system_prompt.toPlainText(), sampling)
+            lambda: self._journal.set_conversation_settings(
+                self._conversation, self.system_prompt.toPlainText(), sampling, reply_format
+            )
         )
+
+    def _show_schema(self) -> None:
+        self.schema.setVisible(self.reply_kind.currentData() == "json_schema")
 
     def _lay_out(self) -> None:
         layout = QVBoxLayout(self)
@@ -54,6 +83,11 @@ class ConversationSettingsDialog(SavingDialog):
         layout.addWidget(self.system_prompt)
         layout.addWidget(self.use_defaults)
         layout.addWidget(self.sampling)
+        format_label = QLabel("&Reply format", self)
+        format_label.setBuddy(self.reply_kind)
+        layout.addWidget(format_label)
+        layout.addWidget(self.reply_kind)
+        layout.addWidget(self.schema)
         layout.addWidget(self.error_label)
         layout.addWidget(self.save_cancel_buttons())
 

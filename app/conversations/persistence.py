@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from app.conversations.conversation import Conversation, DisplayMessage
+from app.conversations.reply_format import ReplyFormat
 from app.storage import ChatStore, ReplyRecorder, SamplingSettings, Settings, StorageError
 from app.storage import Conversation as StoredConversation
 from app.storage import Message as StoredMessage
@@ -146,13 +147,16 @@ class ConversationJournal:
         return changed
 
     def set_conversation_settings(
-        self, conversation: Conversation, system_prompt: str, sampling: SamplingSettings | None
+        self, conversation: Conversation, system_prompt: str, sampling: SamplingSettings | None,
+        reply_format: ReplyFormat = ReplyFormat(),
     ) -> None:
-        """Save the conversation's own system prompt and sampling (None: follow the defaults)."""
+        """Save the conversation's own system prompt and sampling (None: follow the defaults), and set its reply
+        format (kept while the window is open)."""
         self._ensure_saved(conversation)
         self.store.set_conversation_settings(conversation.id, system_prompt, sampling)
         conversation.system_prompt = system_prompt
         conversation.sampling = sampling
+        conversation.reply_format = reply_format
 
     def _ensure_saved(self, conversation: Conversation) -> None:
         if conversation.saved:

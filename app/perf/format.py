@@ -13,6 +13,7 @@ _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 _FINISH_REASONS = {
     "eos": "end of reply",
     "stop_string": "stop string",
+    "constraint": "reply format complete",
     "max_tokens": "token limit reached",
     "context_full": "context full",
     "cancelled": "cancelled",

@@ -10,7 +10,7 @@
            [--memory-limit-gb G]
     batched --model GGUF --sequences 1 8 16 [--prompt-tokens N] [--new-tokens N]
     serve  --model … --concurrency 1,2,4,8,16 [--prompt-tokens N] [--new-tokens N] [--shared-prefix N] [--rounds N]
-           [--join [--join-tokens N] [--step-tokens N]]
+           [--constrained-half] [--join [--join-tokens N] [--step-tokens N]]
     serve-api --model default|PATH --new-tokens N [--rounds N] [--clients N]   (``serve_api``: what the API server adds)
     remote --url URL --model ID [--api-key KEY] [--new-tokens N] [--rounds N]
 
@@ -107,6 +107,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--shared-prefix", type=int, default=0, help="tokens every prompt starts with")
     serve.add_argument("--rounds", type=int, default=1,
                        help="runs of every level (taking turns with llama.cpp) and of the join, reported by medians")
+    serve.add_argument("--constrained-half", action="store_true",
+                       help="every other request decodes under a JSON schema (constrained and free in one batch)")
     serve.add_argument("--join", action="store_true", help="a request arriving while 7 others stream")
     serve.add_argument("--join-tokens", type=int, default=2000, help="the arriving request's prompt tokens")
     serve.add_argument("--step-tokens", type=int, default=None, help="the joining test's tokens per step (scheduler's default)")
@@ -400,7 +402,8 @@ def _serve(args: argparse.Namespace, show) -> dict[str, Any]:
         for level, rate in _peer_batched_rates(args, levels).items():
             peer_runs[int(level)].append(rate)
         for level in levels:
-            runs[level].append(serve.run_level(loaded, level, args.prompt_tokens, args.new_tokens, args.shared_prefix))
+            runs[level].append(serve.run_level(loaded, level, args.prompt_tokens, args.new_tokens, args.shared_prefix,
+                                               args.constrained_half))
     rows = [_median_level(runs[level], peer_runs[level]) for level in levels]
     for row in rows:
         show(row)

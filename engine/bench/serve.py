@@ -5,7 +5,9 @@ ignored) on a fresh KV pool and runs the engine's own ``BatchRunner`` until all
 finish. ``--shared-prefix N`` starts every prompt with the same N tokens; ``--join``
 lets 7 streams run, then a request with ``--join-tokens`` prompt tokens arrives, and
 reports its time to first token against its time alone and the running streams'
-inter-token times while it is prefilled.
+inter-token times while it is prefilled. ``--constrained-half`` decodes every other
+request under ``BENCH_SCHEMA`` (a JSON schema long enough to fill ``--new-tokens``), so
+constrained and free requests share the batch as they do behind the API server.
 
 ``aggregate_decode_tok_s`` counts every token after each request's first over the whole
 run, prefills of later requests included; ``steady_decode_tok_s`` counts the stretch in
@@ -17,6 +19,7 @@ each level's line by the command (``engine.bench.cli``), from its own process.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -26,13 +29,18 @@ from engine.bench.measure import filler_prompt
 from engine.chat.prompt import PromptPlan
 from engine.host.memory import read_memory
 from engine.models.loading import LoadedModel
-from engine.protocol.messages import ReplyFinished, SamplingParams, TokenStreamed
+from engine.protocol.messages import Constraint, ReplyFinished, SamplingParams, TokenStreamed
 from engine.scheduler.scheduler import DEFAULT_STEP_TOKENS
 from engine.service.batch_runner import BatchRunner
 from engine.service.reply_events import ReplyEvents
 
 JOIN_STREAMS = 7
 JOIN_WARM_STEPS = 8  # steps the streams run before the request joins, for their inter-token times alone
+BENCH_SCHEMA = {  # at least 64 notes: the grammar stays open for any --new-tokens the bench uses
+    "type": "object",
+    "properties": {"notes": {"type": "array", "items": {"type": "string"}, "minItems": 64}},
+    "required": ["notes"],
+}
 
 
 @dataclass
@@ -81,11 +89,12 @@ class _Bench:
         self.runner = BatchRunner(self.loaded, self.timeline, self.cancelled.__contains__, step_tokens=step_tokens)
         self.peak = (0, 0)  # (bytes of blocks in use, ideal bytes) when most blocks were in use
 
-    def add(self, request_id: str, prompt_ids: list[int], new_tokens: int | None = None) -> None:
+    def add(self, request_id: str, prompt_ids: list[int], new_tokens: int | None = None,
+            constraint: Constraint | None = None) -> None:
         sampling = self.sampling if new_tokens is None else replace(self.sampling, max_new_tokens=new_tokens)
         events = ReplyEvents(self.timeline, request_id, PromptPlan(prompt_ids, ()), 0.0,
                              self.loaded.context_length, time.perf_counter())
-        self.runner.add(request_id, request_id, prompt_ids, sampling, events)
+        self.runner.add(request_id, request_id, prompt_ids, sampling, events, constraint)
 
     def step(self) -> None:
         self.runner.step(lambda held: read_memory(self.loaded.device, 0, held, 0))
@@ -114,10 +123,13 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else 0.0
 
 
-def run_level(loaded: LoadedModel, concurrency: int, prompt_tokens: int, new_tokens: int, shared_prefix: int) -> dict[str, Any]:
+def run_level(loaded: LoadedModel, concurrency: int, prompt_tokens: int, new_tokens: int, shared_prefix: int,
+              constrained_half: bool = False) -> dict[str, Any]:
+    """One concurrency level; with ``constrained_half`` every odd request decodes under ``BENCH_SCHEMA``."""
     bench = _Bench(loaded, new_tokens)
+    schema = Constraint("json_schema", json.dumps(BENCH_SCHEMA))
     for index, prompt in enumerate(prompts_for(loaded, concurrency, prompt_tokens, shared_prefix)):
-        bench.add(f"r{index}", prompt)
+        bench.add(f"r{index}", prompt, constraint=schema if constrained_half and index % 2 else None)
     bench.run_until(lambda: False)
     stats = [reply.stats for reply in bench.timeline.finished.values()]
     span = max(s.finished_at for s in stats) - min(s.started_at + s.ttft_ms / 1000 for s in stats)
@@ -125,6 +137,7 @@ def run_level(loaded: LoadedModel, concurrency: int, prompt_tokens: int, new_tok
     ttfts = [s.ttft_ms for s in stats]
     return {
         "concurrency": concurrency, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "shared_prefix": shared_prefix,
+        "constrained": concurrency // 2 if constrained_half else 0,
         "aggregate_decode_tok_s": round(sum(s.tokens_generated - 1 for s in stats) / span, 1),
         "steady_decode_tok_s": round(bench.timeline.steady_tok_s(), 1),
         "per_request_decode_tok_s": round(statistics.median(s.decode_tok_s for s in stats), 1),

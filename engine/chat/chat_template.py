@@ -34,6 +34,8 @@ from pathlib import Path
 
 from engine.chat.template_renderer import RENDERER, RenderFailure
 from engine.chat.template_sandbox import MEMORY_LIMIT_BYTES
+from engine.chat.tool_formats import detect_tool_format, template_shows_tools
+from engine.chat.tool_prompt import template_turns
 from engine.models.model_source import ModelFileError, ModelSource, read_model_json
 from engine.protocol.messages import ChatMessage
 
@@ -77,6 +79,9 @@ class ChatTemplate:
         self.notice = FALLBACK_NOTICE if source is None else None
         self.stop_strings: tuple[str, ...] = FALLBACK_STOP_STRINGS if source is None else ()
         self._source = FALLBACK_TEMPLATE if source is None else source
+        self.shows_tools = template_shows_tools(source)
+        self.tool_format = detect_tool_format(source) if self.shows_tools else "hermes"
+        """How this model writes tool calls (``tool_formats.FORMATS``); "hermes" where Hearth describes the tools."""
         self._run(None)
 
     @classmethod
@@ -96,13 +101,16 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         bos_token: str = "",
         eos_token: str = "",
+        tools: Sequence[str] = (),
     ) -> str:
-        """The prompt text for ``messages``; raises ``ChatTemplateError`` if the template fails."""
-        turns = [{"role": message.role, "content": message.content} for message in messages]
-        return self._run(
-            {"messages": turns, "add_generation_prompt": add_generation_prompt,
-             "bos_token": bos_token, "eos_token": eos_token}
-        )
+        """The prompt text for ``messages`` with the functions ``tools`` (each OpenAI's tool object as JSON text)
+        offered; raises ``ChatTemplateError`` if the template fails."""
+        turns, tool_list = template_turns(messages, tools, self.shows_tools)
+        variables: dict[str, object] = {"messages": turns, "add_generation_prompt": add_generation_prompt,
+                                        "bos_token": bos_token, "eos_token": eos_token}
+        if tool_list:
+            variables["tools"] = tool_list
+        return self._run(variables)
 
     def _run(self, variables: dict[str, object] | None) -> str:
         try:

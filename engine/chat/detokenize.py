@@ -6,6 +6,10 @@ decode a short window that ends at the newest token and emit only what that wind
 adds, holding back a trailing replacement character until its bytes are complete.
 Stop strings are held back the same way: text that could still become a stop
 string is not shown until it cannot.
+
+Special tokens are left out of the text, except the markers that open tool calls
+(``TOOL_CALL_MARKERS``: Llama's ``<|python_tag|>``, Mistral's ``[TOOL_CALLS]`` and
+``[ARGS]``), which ``tool_calls`` needs to see where a call begins.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 _INCOMPLETE = "\ufffd"
+TOOL_CALL_MARKERS = frozenset({"<|python_tag|>", "[TOOL_CALLS]", "[ARGS]"})
 
 
 class IncrementalDetokenizer:
@@ -20,6 +25,8 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
+        added = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
+        self._markers = {token_id: text for text, token_id in added.items() if text in TOOL_CALL_MARKERS}
         self._ids: list[int] = []
         self._prefix_start = 0  # window start: earlier tokens are already shown and settled
         self._read_start = 0  # tokens before this are already shown
@@ -35,7 +42,17 @@ class IncrementalDetokenizer:
         return window[len(shown) :]
 
     def _decode(self, ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=True)
+        """The text of ``ids`` without special tokens, tool-call markers kept."""
+        if not self._markers or not any(token_id in self._markers for token_id in ids):
+            return self._tokenizer.decode(ids, skip_special_tokens=True)
+        parts, segment = [], []
+        for token_id in ids:
+            if token_id in self._markers:
+                parts += [self._tokenizer.decode(segment, skip_special_tokens=True), self._markers[token_id]]
+                segment = []
+            else:
+                segment.append(token_id)
+        return "".join(parts) + self._tokenizer.decode(segment, skip_special_tokens=True)
 
 
 class StopStringFilter:

@@ -1,11 +1,14 @@
 """One reply's generation, whichever runner steps it (engine thread).
 
 ``ReplyState`` is one reply's sampler, detokenizer and stop strings: it says each
-sampled token and tells when the reply stops (end-of-sequence, a stop string, the
-token budget, a full context or a cancel) and why. ``CachedSequence`` is one
-conversation's KV cache over a single-sequence backend, which ``reuse_prefix``
-crops to what a new prompt shares with it and ``feed`` extends. The runners in
-``engine/service`` (``batch_runner``, ``sequence_runner``) drive these a step at a time.
+sampled token and tells when the reply stops (end-of-sequence, a stop string, a
+complete constraint, the token budget, a full context or a cancel) and why. A
+constrained reply samples among the tokens its mask allows (the runner computes the
+masks, ``token_masks``) and its matcher advances with each token said.
+``CachedSequence`` is one conversation's KV cache over a single-sequence backend,
+which ``reuse_prefix`` crops to what a new prompt shares with it and ``feed``
+extends. The runners in ``engine/service`` (``batch_runner``, ``sequence_runner``)
+drive these a step at a time.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from typing import Any, Callable, Sequence
 import torch
 
 from engine.chat.detokenize import IncrementalDetokenizer, StopStringFilter
+from engine.chat.logprobs import token_logprob
 from engine.chat.sampling import Sampler
+from engine.chat.token_masks import ConstraintMatcher
 from engine.forward.backend import Backend
-from engine.protocol.messages import FinishReason, SamplingParams
+from engine.protocol.messages import FinishReason, SamplingParams, TokenLogprob
 from engine.scheduler.block_pool import common_prefix_length
 
-OnText = Callable[[str, int], None]  # (new text, tokens generated so far)
+OnText = Callable[[str, int, tuple[TokenLogprob, ...]], None]  # (new text, tokens so far, their logprobs if asked)
 
 
 @dataclass
@@ -71,13 +76,17 @@ def feed(backend: Backend, seq: CachedSequence, token_ids: Sequence[int]) -> tor
 
 
 class ReplyState:
-    """One reply's sampler, detokenizer and stop-string filter, and the tokens it has said so far.
+    """One reply's sampler, detokenizer and stop-string filter, its constraint's matcher (or None), and the tokens
+    it has said so far.
 
     A runner (``engine/service``) keeps one per request.
     """
 
     def __init__(self, tokenizer: Any, sampling: SamplingParams, eos_ids: frozenset[int], context_length: int,
-                 device: torch.device, prompt_ids: Sequence[int], on_text: OnText) -> None:
+                 device: torch.device, prompt_ids: Sequence[int], on_text: OnText,
+                 constraint: ConstraintMatcher | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.constraint = constraint
         self.sampling = sampling
         self.eos_ids = eos_ids
         self.context_length = context_length
@@ -89,16 +98,26 @@ class ReplyState:
         self.stops = StopStringFilter(sampling.stop)
         self.generated: list[int] = []
         self.pieces: list[str] = []
+        self._unshown_logprobs: list[TokenLogprob] = []  # of tokens whose text has not gone out yet
 
-    def sample(self, logits: torch.Tensor) -> int:
-        """The next token from ``logits`` [V] (a host sync)."""
-        return self.sampler(logits, self._seen()).item()
+    def sample(self, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> int:
+        """The next token from ``logits`` [V] among the ``allowed`` ones (bool [T] over the tokenizer's tokens, a
+        constraint's mask; None: any) (a host sync)."""
+        if allowed is not None:
+            logits = logits.masked_fill(_refused(allowed, logits.numel()).to(logits.device), float("-inf"))  # [V]
+        token = self.sampler(logits, self._seen()).item()
+        if self.sampling.logprobs is not None:
+            self._unshown_logprobs.append(token_logprob(logits, token, self.sampling.logprobs, self.tokenizer))
+        return token
 
     def accept(self, token: int, cached_positions: int, is_cancelled: Callable[[], bool]) -> FinishReason | None:
         """Say ``token`` (unless it ends the reply); why the reply stops here, or ``None`` to feed it and go on."""
         if token in self.eos_ids:
+            self._unshown_logprobs.clear()  # the end of the reply is no token of its text
             return "eos"
         self.generated.append(token)
+        if self.constraint is not None:
+            self.constraint.accept(token)
         shown = self.stops.feed(self.detokenizer.push(token))
         if shown:
             self._say(shown)
@@ -113,11 +132,14 @@ class ReplyState:
 
     def _say(self, text: str) -> None:
         self.pieces.append(text)
-        self.on_text(text, len(self.generated))
+        logprobs, self._unshown_logprobs = tuple(self._unshown_logprobs), []
+        self.on_text(text, len(self.generated), logprobs)
 
     def _why_stop(self, cached_positions: int, is_cancelled: Callable[[], bool]) -> FinishReason | None:
         if self.stops.stopped:
             return "stop_string"
+        if self.constraint is not None and self.constraint.complete:
+            return "constraint"
         if len(self.generated) >= self.sampling.max_new_tokens:
             return "max_tokens"
         if cached_positions + 1 >= self.context_length:
@@ -130,3 +152,11 @@ class ReplyState:
         if self.sampling.repetition_penalty == 1.0:
             return torch.empty(0, dtype=torch.long, device=self.device)
         return torch.tensor([*self.prompt_ids, *self.generated], dtype=torch.long, device=self.device)  # [N]
+
+
+def _refused(allowed: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """bool [vocab_size]: the tokens ``allowed`` (bool [T]) does not allow, and any past its T."""
+    refused = torch.ones(vocab_size, dtype=torch.bool)
+    width = min(vocab_size, allowed.numel())
+    refused[:width] = ~allowed[:width]
+    return refused

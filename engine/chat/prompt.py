@@ -66,15 +66,18 @@ def plan_raw_prompt(text: str, tokenize: Tokenize, context_length: int, budget: 
 
 
 def _oldest_droppable(messages: Sequence[ChatMessage], kept: list[int]) -> set[int] | None:
-    """The oldest user turn still kept and the assistant reply after it; never the system prompt or the last message."""
+    """The oldest user turn still kept and what answered it before the next user turn (the assistant's reply, its
+    tool calls and their results, which mean nothing apart); never the system prompt or the last message."""
     candidates = [i for i in kept[:-1] if messages[i].role != "system"]
     if not candidates:
         return None
     first = candidates[0]
     drop = {first}
-    following = [i for i in candidates if i > first]
-    if following and messages[first].role == "user" and messages[following[0]].role == "assistant":
-        drop.add(following[0])
+    if messages[first].role == "user":
+        for i in candidates[1:]:
+            if messages[i].role == "user":
+                break
+            drop.add(i)
     return drop
 
 

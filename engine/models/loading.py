@@ -65,11 +65,12 @@ class LoadedModel:
     notices: tuple[str, ...] = ()
     kv_budget_bytes: int | None = None  # what the KV block pool may take (``context_choice``); None: not planned
 
-    def render(self, messages: Sequence[ChatMessage]) -> str:
-        """The chat as prompt text, ending where the assistant's reply begins (sandboxed template)."""
+    def render(self, messages: Sequence[ChatMessage], tools: Sequence[str] = ()) -> str:
+        """The chat as prompt text, ending where the assistant's reply begins (sandboxed template), with the
+        functions ``tools`` offered (``ChatTemplate.render``)."""
         bos = self.tokenizer.bos_token or ""
         eos = self.tokenizer.eos_token or ""
-        return self.template.render(messages, add_generation_prompt=True, bos_token=bos, eos_token=eos)
+        return self.template.render(messages, add_generation_prompt=True, bos_token=bos, eos_token=eos, tools=tools)
 
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]

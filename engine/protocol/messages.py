@@ -10,18 +10,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Union
 
-Role = Literal["system", "user", "assistant"]
-FinishReason = Literal["eos", "stop_string", "max_tokens", "context_full", "cancelled", "error"]
+Role = Literal["system", "user", "assistant", "tool"]
+FinishReason = Literal["eos", "stop_string", "constraint", "max_tokens", "context_full", "cancelled", "error"]
+"""``constraint``: the request's ``Constraint`` was complete, so the reply could say nothing more."""
 OverflowPolicy = Literal["drop_oldest", "stop"]
 EngineState = Literal["idle", "fetching", "loading", "ready", "generating", "error"]
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A function call the model made: ``arguments`` is the JSON text of the arguments object."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    """One turn of a conversation as the model sees it."""
+    """One turn of a conversation as the model sees it.
+
+    An assistant turn may carry the ``tool_calls`` it made; a ``"tool"`` turn is a call's result, naming the
+    call it answers (``tool_call_id``) and the function (``name``).
+    """
 
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -36,6 +53,7 @@ class SamplingParams:
     max_new_tokens: int = 512
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    logprobs: int | None = None  # None: none; k: each token's log-probability and its k likeliest rivals (k <= 20)
 
     @property
     def greedy(self) -> bool:
@@ -78,6 +96,22 @@ class RemoteServer:
 # ---------------------------------------------------------------- requests
 
 
+CONSTRAINT_KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the reply must match, token by token: ``kind`` one of ``CONSTRAINT_KINDS``.
+
+    ``spec``: "" for ``json_object`` (any JSON object), the schema as JSON text for ``json_schema``, the pattern for
+    ``regex``, a JSON list of strings for ``choice`` (the reply is one of them), a llguidance Lark grammar for
+    ``grammar``.
+    """
+
+    kind: str
+    spec: str = ""
+
+
 @dataclass(frozen=True)
 class LoadModel:
     """Load ``path`` ("default" for the built-in model, a folder or a .gguf file).
@@ -105,6 +139,10 @@ class Generate:
     sampling: SamplingParams = SamplingParams()
     overflow: OverflowPolicy = "drop_oldest"
     prompt: str | None = None
+    constraint: Constraint | None = None
+    tools: tuple[str, ...] = ()
+    """The functions the model may call, each as the JSON text of OpenAI's ``{"type": "function", "function": …}``;
+    the chat template shows them to the model."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +239,7 @@ class ModelLoaded:
     memory: MemoryStats = MemoryStats()
     notices: tuple[str, ...] = ()  # things the user should know (e.g. "no chat template: using a plain one")
     server: str = ""  # the remote server's base URL when the model runs there; "" for a model in this process
+    tool_format: str = "hermes"  # how the model writes tool calls (``engine.chat.tool_formats``)
 
 
 @dataclass(frozen=True)
@@ -225,14 +264,37 @@ class PrefillDone:
 
 
 @dataclass(frozen=True)
+class TokenChoice:
+    """A token as the model weighed it: its text, its UTF-8 bytes (a token may hold part of a character) and its
+    log-probability (natural log, after a constraint's mask, before temperature and top-p)."""
+
+    token: str
+    token_bytes: tuple[int, ...]
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One sampled token's ``TokenChoice`` and the likeliest ``top`` ones at its place, best first."""
+
+    chosen: TokenChoice
+    top: tuple[TokenChoice, ...] = ()
+
+
+@dataclass(frozen=True)
 class TokenStreamed:
-    """New reply text. ``text`` may hold several tokens' worth, or none (a split character)."""
+    """New reply text. ``text`` may hold several tokens' worth, or none (a split character).
+
+    ``logprobs``: when ``SamplingParams.logprobs`` asked for them, one entry per token whose text this event
+    (first) shows.
+    """
 
     request_id: str
     text: str
     tokens_generated: int
     decode_tok_s: float
     timestamp: float
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,10 @@ here: copies of shared blocks, one ``forward_batch`` over every running sequence
 for each sequence whose chunk reached its last token, a sampled token said through its
 own ``ReplyState`` (sampler, detokenizer, stop strings) and ``ReplyEvents``. So every
 request gets its own ``PrefillDone``, ``TokenStreamed`` and ``ReplyFinished`` or
-``ReplyFailed``, with the figures the single-stream path gives. ``BatchSampled`` goes
+``ReplyFailed``, with the figures the single-stream path gives. A request with a
+``Constraint`` samples among the tokens its mask allows; the masks of a step's
+constrained requests are computed on a helper thread while the forward pass runs, so
+constrained and free requests share the batch. ``BatchSampled`` goes
 out after steps that changed the batch, at most ``1 / SAMPLE_INTERVAL_S`` times a second.
 """
 
@@ -15,17 +18,27 @@ import collections
 import itertools
 import gc
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from engine.chat.generation import ReplyOutcome, ReplyState
+from engine.chat.token_masks import ConstraintVocabulary
 from engine.forward.paged_kv import BatchRow
 from engine.host.memory import kv_pool_budget
 from engine.models.loading import LoadedModel
 from engine.protocol.channels import EventSink
-from engine.protocol.messages import BatchSampled, FinishReason, KVPoolStats, MemoryStats, ReplyFailed, SamplingParams
+from engine.protocol.messages import (
+    BatchSampled,
+    Constraint,
+    FinishReason,
+    KVPoolStats,
+    MemoryStats,
+    ReplyFailed,
+    SamplingParams,
+)
 from engine.scheduler.block_pool import BlockPool
 from engine.scheduler.conversation_chains import ConversationChains
 from engine.scheduler.scheduler import Scheduler, Step
@@ -37,6 +50,7 @@ SAMPLE_INTERVAL_S = 0.1
 THROUGHPUT_WINDOW_S = 3.0
 
 MemoryReading = Callable[[int], MemoryStats]  # (this request's KV bytes) -> the memory figures
+Masks = dict[str, torch.Tensor]  # request id -> the tokens its constraint allows next, bool [T]
 
 
 @dataclass
@@ -91,16 +105,20 @@ class BatchRunner:
         self._active: dict[str, _Active] = {}
         self._sampled_tokens: collections.deque[tuple[float, int]] = collections.deque()
         self._last_sample = (0.0, None)
+        self.constraints = ConstraintVocabulary(loaded.tokenizer, loaded.eos_ids)
+        self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="hearth-masks")  # started on first use
 
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work
 
     def add(self, request_id: str, conversation_id: str, prompt_ids: list[int], sampling: SamplingParams,
-            events: ReplyEvents) -> None:
+            events: ReplyEvents, constraint: Constraint | None = None) -> None:
+        """The request joins the batch; ``ConstraintError`` (nothing joins) when its constraint cannot be used."""
         loaded = self._loaded
+        matcher = self.constraints.matcher(constraint) if constraint is not None else None
         reply = ReplyState(loaded.tokenizer, sampling, loaded.eos_ids, loaded.context_length, self._backend.device,
-                           prompt_ids, events.token)
+                           prompt_ids, events.token, matcher)
         self._active[request_id] = _Active(conversation_id, events, reply, time.perf_counter())
         self.scheduler.add(request_id, prompt_ids)
 
@@ -125,13 +143,15 @@ class BatchRunner:
             self._active.pop(request_id, None)
         if step.chunks or step.copies:
             started = time.perf_counter()
+            masks = self._start_masks(step)
             logits = self._run(step)
+            allowed = masks.result() if masks is not None else {}
             if logits is not None:
                 self._paced(step, (time.perf_counter() - started) * 1000)
                 self.scheduler.complete(step)
                 sampling = [(i, c.request_id) for i, c in enumerate(step.chunks) if c.samples]
                 for index, request_id in sampling:
-                    self._sampled_or_failed(request_id, logits[index], memory)
+                    self._sampled_or_failed(request_id, logits[index], allowed.get(request_id), memory)
                 self._sampled_tokens.append((time.perf_counter(), len(sampling)))
         self._report(force=not self.has_work)  # the last step's state always goes out: the panel shows it idle
 
@@ -170,20 +190,33 @@ class BatchRunner:
             gc.collect()
             return None
 
-    def _sampled_or_failed(self, request_id: str, logits: torch.Tensor, memory: MemoryReading) -> None:
+    def _start_masks(self, step: Step) -> Future[Masks] | None:
+        """The masks of the step's constrained requests that sample, computing on the mask thread (which the
+        forward pass leaves the GIL to); None when no such request is in the step."""
+        sampling = [c.request_id for c in step.chunks if c.samples]
+        constrained = [(r, self._active[r].reply.constraint) for r in sampling if self._active[r].reply.constraint]
+        if not constrained:
+            return None
+        request_ids = [request_id for request_id, _ in constrained]
+        matchers = [matcher for _, matcher in constrained]
+        return self._mask_thread.submit(lambda: dict(zip(request_ids, self.constraints.allowed_tokens(matchers))))
+
+    def _sampled_or_failed(self, request_id: str, logits: torch.Tensor, allowed: torch.Tensor | None,
+                           memory: MemoryReading) -> None:
         """``_sampled``; a failure there (a sampler's bad input, say) ends this request alone."""
         try:
-            self._sampled(request_id, logits, memory)
+            self._sampled(request_id, logits, allowed, memory)
         except Exception as exc:
             self.scheduler.finish(request_id)  # its keys and values are whole: only the sampling failed
             active = self._active.pop(request_id, None)
             if active is not None:
                 active.events.failed(exc)
 
-    def _sampled(self, request_id: str, logits: torch.Tensor, memory: MemoryReading) -> None:
+    def _sampled(self, request_id: str, logits: torch.Tensor, allowed: torch.Tensor | None,
+                 memory: MemoryReading) -> None:
         active = self._active[request_id]
         seq = self.scheduler.get(request_id)
-        token = active.reply.sample(logits)
+        token = active.reply.sample(logits, allowed)
         if not active.first_token_at:
             active.prefill_ms = (time.perf_counter() - active.queued_at) * 1000
             active.events.prefilled(seq.reused, active.prefill_ms)

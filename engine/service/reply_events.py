@@ -13,7 +13,15 @@ import torch
 from engine.chat.generation import ReplyOutcome
 from engine.chat.prompt import PromptPlan
 from engine.protocol.channels import EventSink
-from engine.protocol.messages import MemoryStats, PrefillDone, ReplyFailed, ReplyFinished, RequestStats, TokenStreamed
+from engine.protocol.messages import (
+    MemoryStats,
+    PrefillDone,
+    ReplyFailed,
+    ReplyFinished,
+    RequestStats,
+    TokenLogprob,
+    TokenStreamed,
+)
 
 OUT_OF_MEMORY_MESSAGE = (
     "The model ran out of memory while replying. The partial reply is kept, and the next "
@@ -55,12 +63,12 @@ class ReplyEvents:
             self._context_length, self._plan.dropped_turns,
         ))
 
-    def token(self, text: str, count: int) -> None:
+    def token(self, text: str, count: int, logprobs: tuple[TokenLogprob, ...] = ()) -> None:
         now = time.perf_counter()
         self.text += text
         elapsed = now - self._first_at
         rate = (count - 1) / elapsed if elapsed > 0 else 0.0
-        self._emit(TokenStreamed(self.request_id, text, count, rate, now))
+        self._emit(TokenStreamed(self.request_id, text, count, rate, now, logprobs))
 
     def finished(self, outcome: ReplyOutcome, memory: MemoryStats) -> None:
         decode_steps = max(outcome.tokens_generated - 1, 0)

@@ -23,10 +23,12 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Callable, Protocol
 
 import torch
 
+from engine.chat.grammar import ConstraintError
 from engine.chat.prompt import ContextOverflow, PromptPlan, plan_prompt, plan_raw_prompt, reply_budget
 from engine.forward.backend import HFBackend
 from engine.host.allocator import keep_freed_buffers
@@ -38,6 +40,7 @@ from engine.models.model_source import ModelFileError
 from engine.protocol.channels import CancelWatch, EventSink
 from engine.protocol.messages import (
     Cancel,
+    Constraint,
     Event,
     ForgetConversation,
     Generate,
@@ -73,7 +76,7 @@ class Runner(Protocol):
     def has_work(self) -> bool: ...
 
     def add(self, request_id: str, conversation_id: str, prompt_ids: list[int], sampling: SamplingParams,
-            events: ReplyEvents) -> None: ...
+            events: ReplyEvents, constraint: Constraint | None = None) -> None: ...
 
     def step(self, memory: MemoryReading) -> None: ...
 
@@ -217,7 +220,7 @@ class ModelRuntime:
         notices = loaded.notices + ((ONE_AT_A_TIME_NOTICE,) if isinstance(loaded.backend, HFBackend) else ())
         self._emit(ModelLoaded(
             load.request.request_id, loaded.name, loaded.path, loaded.device, loaded.precision_label,
-            loaded.context_length, loaded.load_s, self._memory(0), notices,
+            loaded.context_length, loaded.load_s, self._memory(0), notices, tool_format=loaded.template.tool_format,
         ))
         self._admit_waiting()
 
@@ -266,7 +269,12 @@ class ModelRuntime:
         self._emit(StatusChanged("generating", loaded.name))
         events = ReplyEvents(self._reply_event, request.request_id, plan, tokenize_ms, loaded.context_length, started)
         sampling = replace(request.sampling, stop=request.sampling.stop + loaded.template.stop_strings)
-        self._runner.add(request.request_id, request.conversation_id, plan.token_ids, sampling, events)
+        try:
+            self._runner.add(request.request_id, request.conversation_id, plan.token_ids, sampling, events,
+                             request.constraint)
+        except ConstraintError as exc:
+            self._reply_event(ReplyFailed(request.request_id, str(exc)))
+            self._emit_ready()
 
     def _admit_waiting(self) -> None:
         """The requests that waited for a model start on the one now loaded."""
@@ -284,7 +292,8 @@ class ModelRuntime:
         if request.prompt is not None:
             return plan_raw_prompt(request.prompt, loaded.tokenize, loaded.context_length, budget)
         return plan_prompt(
-            request.messages, loaded.render, loaded.tokenize, loaded.context_length, budget, request.overflow
+            request.messages, partial(loaded.render, tools=request.tools), loaded.tokenize, loaded.context_length,
+            budget, request.overflow,
         )
 
     def _memory(self, request_bytes: int) -> MemoryStats:

@@ -22,9 +22,10 @@ import torch
 
 from engine.chat.cache_store import CacheStore
 from engine.chat.generation import CachedSequence, ReplyOutcome, ReplyState, feed, reuse_prefix
+from engine.chat.token_masks import ConstraintVocabulary
 from engine.host.memory import KV_CACHE_BUDGET_BYTES
 from engine.models.loading import LoadedModel
-from engine.protocol.messages import FinishReason, SamplingParams
+from engine.protocol.messages import Constraint, FinishReason, SamplingParams
 from engine.service.batch_runner import MemoryReading
 from engine.service.reply_events import ReplyEvents, is_out_of_memory
 
@@ -57,16 +58,19 @@ class SequenceRunner:
         self.caches = CacheStore(self._backend.new_cache, self._backend.cache_bytes, budget)
         self._queue: collections.deque[_Request] = collections.deque()
         self._running: _Request | None = None
+        self.constraints = ConstraintVocabulary(loaded.tokenizer, loaded.eos_ids)
 
     @property
     def has_work(self) -> bool:
         return self._running is not None or bool(self._queue)
 
     def add(self, request_id: str, conversation_id: str, prompt_ids: list[int], sampling: SamplingParams,
-            events: ReplyEvents) -> None:
+            events: ReplyEvents, constraint: Constraint | None = None) -> None:
+        """The request queues; ``ConstraintError`` (nothing queues) when its constraint cannot be used."""
         loaded = self._loaded
+        matcher = self.constraints.matcher(constraint) if constraint is not None else None
         reply = ReplyState(loaded.tokenizer, sampling, loaded.eos_ids, loaded.context_length, self._backend.device,
-                           prompt_ids, events.token)
+                           prompt_ids, events.token, matcher)
         self._queue.append(_Request(request_id, conversation_id, prompt_ids, events, reply))
 
     def forget_conversation(self, conversation_id: str) -> None:
@@ -122,7 +126,9 @@ class SequenceRunner:
                 return
         else:
             logits = feed(self._backend, seq, [request.next_token])
-        token = request.reply.sample(logits)  # the step's host sync
+        constraint = request.reply.constraint
+        allowed = self.constraints.allowed_tokens([constraint])[0] if constraint is not None else None
+        token = request.reply.sample(logits, allowed)  # the step's host sync
         if not request.first_token_at:
             self._prefilled(request)
         reason = request.reply.accept(token, len(seq.token_ids), lambda: self._is_cancelled(request.request_id))

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from engine.api.remote.http_stream import Oversized, RemoteError, error_text, not_json_message
-from engine.protocol.messages import ChatMessage, FinishReason, RemoteFigures, SamplingParams
+from engine.protocol.messages import ChatMessage, Constraint, FinishReason, RemoteFigures, SamplingParams
 
 CHAT_PATH = "/v1/chat/completions"
 MODELS_PATH = "/v1/models"
@@ -25,8 +25,10 @@ MAX_EVENT_CHARS = 1024 * 1024
 FINISH_REASONS: dict[str, FinishReason] = {"stop": "eos", "length": "max_tokens"}
 
 
-def chat_request(model: str, messages: tuple[ChatMessage, ...], sampling: SamplingParams) -> dict[str, object]:
-    """The streamed request, with only the sampling fields the OpenAI API itself defines."""
+def chat_request(model: str, messages: tuple[ChatMessage, ...], sampling: SamplingParams,
+                 constraint: Constraint | None = None) -> dict[str, object]:
+    """The streamed request, with only the sampling fields the OpenAI API itself defines; a JSON ``constraint`` as
+    ``response_format`` (the API has no field for the other kinds: they are not sent)."""
     body: dict[str, object] = {
         "model": model,
         "messages": [{"role": message.role, "content": message.content} for message in messages],
@@ -40,6 +42,11 @@ def chat_request(model: str, messages: tuple[ChatMessage, ...], sampling: Sampli
         body["seed"] = sampling.seed
     if sampling.stop:
         body["stop"] = list(sampling.stop)
+    if constraint is not None and constraint.kind == "json_object":
+        body["response_format"] = {"type": "json_object"}
+    elif constraint is not None and constraint.kind == "json_schema":
+        schema = {"name": "reply", "schema": json.loads(constraint.spec)}
+        body["response_format"] = {"type": "json_schema", "json_schema": schema}
     return body
 
 

@@ -75,7 +75,7 @@ class RemoteReply:
     def run(self, is_cancelled: Callable[[], bool]) -> None:
         self._started = time.perf_counter()
         request = self._request
-        body = chat_request(self._model, request.messages, request.sampling)
+        body = chat_request(self._model, request.messages, request.sampling, request.constraint)
         try:
             stream = open_stream(self._server, CHAT_PATH, body, is_cancelled)
         except RemoteError as error:

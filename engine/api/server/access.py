@@ -43,7 +43,8 @@ def _host_name(header: str) -> str:
 
 
 class AccessGuard:
-    """ASGI middleware: checks ``Host`` on every request and the API key on all but ``/health``."""
+    """ASGI middleware: checks ``Host`` on every request and the API key (``Authorization: Bearer KEY`` or
+    Anthropic's ``x-api-key: KEY``) on all but ``/health``."""
 
     def __init__(self, app: ASGIApp, config: ServerConfig) -> None:
         self._app = app
@@ -68,7 +69,10 @@ class AccessGuard:
         preflight = scope["method"] == "OPTIONS" and bool(self._config.cors_origins)
         if key and scope["path"] not in OPEN_PATHS and not preflight:
             given = headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-                message = "An API key is required: send 'Authorization: Bearer KEY'." if not given else "The API key is wrong."
+            anthropic_key = headers.get("x-api-key", "")  # how Anthropic's clients send it
+            if not (hmac.compare_digest(given.encode(), f"Bearer {key}".encode())
+                    or hmac.compare_digest(anthropic_key.encode(), key.encode())):
+                message = ("An API key is required: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'."
+                           if not (given or anthropic_key) else "The API key is wrong.")
                 return error_response(401, message, code="invalid_api_key")
         return None

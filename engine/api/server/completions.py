@@ -5,6 +5,9 @@ into OpenAI's JSON, whole or as server-sent events. The first event is awaited
 before any reply starts, so a prompt the engine refuses (too long for the
 context) still gets a proper 400. A client that goes away, while waiting or while
 streaming, cancels its request: the engine stops at its next decode step.
+A chat request with tools has its reply read by a ``ToolCallParser``: text goes
+out as it settles, each call as ``tool_calls`` once whole (``tool_replies``).
+``start_reply``, ``read_json`` and ``unless_gone`` serve ``/v1/messages`` too.
 """
 
 from __future__ import annotations
@@ -18,8 +21,19 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from engine.api.server.engine_link import EngineLink, RequestStream
 from engine.api.server.errors import ApiError, error_body
+from engine.api.server.logprob_shapes import chat_logprobs, completion_logprobs
 from engine.api.server.openai_schema import CompletionAsk, choice, envelope, finish_reason, parse_chat, parse_completion, usage
-from engine.protocol.messages import ENGINE_FAILURE, Event, PrefillDone, ReplyFailed, ReplyFinished, TokenStreamed
+from engine.api.server.tool_replies import call_delta_choices, message_choice, with_calls
+from engine.chat.tool_calls import Piece, ToolCallParser, split_reply
+from engine.protocol.messages import (
+    ENGINE_FAILURE,
+    Event,
+    PrefillDone,
+    ReplyFailed,
+    ReplyFinished,
+    TokenLogprob,
+    TokenStreamed,
+)
 
 T = TypeVar("T")
 BODY_TIMEOUT_S = 60.0  # a slow client may not hold a request open longer while sending its body
@@ -34,7 +48,7 @@ async def chat_completions(request: Request) -> Response:
     link: EngineLink = request.app.state.link
     body = await read_json(request)
     model = link.ready_model()
-    return await _answer(request, parse_chat(body, model.name, model.context_length), chat=True)
+    return await _answer(request, parse_chat(body, model.name, model.context_length, model.tool_format), chat=True)
 
 
 async def completions(request: Request) -> Response:
@@ -84,29 +98,40 @@ def _refuse_constant(name: str) -> object:
     raise ValueError(f"{name} is not a JSON number")
 
 
-async def _answer(request: Request, ask: CompletionAsk, chat: bool) -> Response:
+async def start_reply(request: Request, ask: CompletionAsk) -> tuple[RequestStream, Event]:
+    """Submit ``ask`` and await its first event; ``ClientGone`` (the request cancelled) if the client leaves first,
+    ``ApiError`` when the engine refuses the prompt (400) or breaks (500) before any token."""
     link: EngineLink = request.app.state.link
-    stream = link.open(ask, _client_label(request), request.url.path)
+    stream = link.open(ask, client_label(request), request.url.path)
     try:
-        first = await _unless_gone(request, stream.next())
+        first = await unless_gone(request, stream.next())
     except ClientGone:
         link.cancel(stream)
-        return Response(status_code=499)
-    if isinstance(first, ReplyFailed):  # refused before any token: the prompt (400), unless the engine broke (500)
+        raise
+    if isinstance(first, ReplyFailed):
         if first.message.startswith(ENGINE_FAILURE):
             raise ApiError(500, first.message, code="generation_failed")
         raise ApiError(400, first.message, code="prompt_refused")
+    return stream, first
+
+
+async def _answer(request: Request, ask: CompletionAsk, chat: bool) -> Response:
+    link: EngineLink = request.app.state.link
+    try:
+        stream, first = await start_reply(request, ask)
+    except ClientGone:
+        return Response(status_code=499)
     if ask.stream:
         events = _sse(link, stream, ask, chat, first)
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
     try:
-        return await _unless_gone(request, _whole_reply(stream, ask, chat, first))
+        return await unless_gone(request, _whole_reply(stream, ask, chat, first))
     except ClientGone:
         link.cancel(stream)
         return Response(status_code=499)
 
 
-async def _unless_gone(request: Request, work: Awaitable[T]) -> T:
+async def unless_gone(request: Request, work: Awaitable[T]) -> T:
     """``work``'s result, or ``ClientGone`` as soon as the client disconnects."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnected(request))
@@ -126,12 +151,23 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _whole_reply(stream: RequestStream, ask: CompletionAsk, chat: bool, event: Event) -> JSONResponse:
+    entries: list[TokenLogprob] = []
     while not isinstance(event, (ReplyFinished, ReplyFailed)):
+        if isinstance(event, TokenStreamed):
+            entries.extend(event.logprobs)
         event = await stream.next()
     if isinstance(event, ReplyFailed):
         raise ApiError(500, event.message, code="generation_failed")
     reply = envelope(stream.request_id, ask.model, chat, streamed=False)
-    reply["choices"] = [choice(chat, False, event.text, finish_reason(event.stats.finish_reason))]
+    reason = finish_reason(event.stats.finish_reason)
+    tools = ask.tool_use if chat else None
+    if tools is None or tools.choice == "none":
+        reply_choice = choice(chat, False, event.text, reason)
+    else:
+        content, calls, _ = split_reply(tools.tool_format, event.text, tools.parallel)
+        reply_choice = message_choice(content, calls, reason)
+    reply_choice["logprobs"] = _logprobs(ask, chat, entries, 0)
+    reply["choices"] = [reply_choice]
     reply["usage"] = usage(stream.prefill, event.stats.tokens_generated)
     return JSONResponse(reply)
 
@@ -139,11 +175,23 @@ async def _whole_reply(stream: RequestStream, ask: CompletionAsk, chat: bool, ev
 async def _sse(link: EngineLink, stream: RequestStream, ask: CompletionAsk, chat: bool, event: Event) -> AsyncIterator[str]:
     """Server-sent events until ``[DONE]``; if the client goes away first, the request is cancelled."""
     finished = False
+    parser = ask.tool_use.parser() if chat and ask.tool_use else None
+    held: list[TokenLogprob] = []  # log-probabilities of tokens whose text no chunk has carried yet
+    shown = 0  # characters of reply text streamed before this event
     try:
         while True:
-            chunk = _chunk(stream, ask, chat, event)
-            if chunk is not None:
-                yield _data(chunk)
+            if isinstance(event, TokenStreamed):
+                held.extend(event.logprobs)
+            parts = _choices(chat, event, parser)
+            if held and parts:
+                parts[0]["logprobs"] = _logprobs(ask, chat, held, shown)
+                held = []
+            if isinstance(event, TokenStreamed):
+                shown += len(event.text)
+            if isinstance(event, ReplyFailed):
+                yield _data(error_body(500, event.message, code="generation_failed"))
+            for part in parts:
+                yield _data(_chunk(stream, ask, chat, part))
             if isinstance(event, (ReplyFinished, ReplyFailed)):
                 break
             event = await stream.next()
@@ -158,33 +206,55 @@ async def _sse(link: EngineLink, stream: RequestStream, ask: CompletionAsk, chat
             link.cancel(stream)
 
 
-def _chunk(stream: RequestStream, ask: CompletionAsk, chat: bool, event: Event) -> dict | None:
-    if isinstance(event, ReplyFailed):
-        return error_body(500, event.message, code="generation_failed")
+def _choices(chat: bool, event: Event, parser: ToolCallParser | None) -> list[dict]:
+    """The ``choices`` entries ``event`` sends; with ``parser``, text goes out as it settles and each call once it
+    is whole."""
     if isinstance(event, PrefillDone):
-        if not chat:
-            return None
-        parts = [choice(chat, True, "", None, first=True)]
+        parts = [choice(chat, True, "", None, first=True)] if chat else []
     elif isinstance(event, TokenStreamed):
-        if not event.text:
-            return None
-        parts = [choice(chat, True, event.text, None)]
+        parts = _piece_choices(chat, parser.feed(event.text) if parser else [event.text], parser)
     elif isinstance(event, ReplyFinished):
-        parts = [choice(chat, True, None if chat else "", finish_reason(event.stats.finish_reason))]
+        parts = _piece_choices(chat, parser.finish(), parser) if parser else []
+        reason = with_calls(finish_reason(event.stats.finish_reason), parser.calls if parser else [])
+        parts.append(choice(chat, True, None if chat else "", reason))
     else:
-        return None
+        parts = []
+    return parts
+
+
+def _piece_choices(chat: bool, pieces: list[Piece], parser: ToolCallParser | None) -> list[dict]:
+    parts = []
+    for piece in pieces:
+        if isinstance(piece, str):
+            if piece:
+                parts.append(choice(chat, True, piece, None))
+        else:
+            assert parser is not None
+            parts += call_delta_choices(piece, parser.calls.index(piece))
+    return parts
+
+
+def _chunk(stream: RequestStream, ask: CompletionAsk, chat: bool, part: dict) -> dict:
     chunk = envelope(stream.request_id, ask.model, chat, streamed=True)
-    chunk["choices"] = parts
+    chunk["choices"] = [part]
     if ask.include_usage:
         chunk["usage"] = None
     return chunk
+
+
+def _logprobs(ask: CompletionAsk, chat: bool, entries: list[TokenLogprob] | tuple[TokenLogprob, ...],
+              text_offset: int) -> dict | None:
+    """``entries`` in the endpoint's shape, or None when the request did not ask for log-probabilities."""
+    if ask.sampling.logprobs is None:
+        return None
+    return chat_logprobs(entries) if chat else completion_logprobs(entries, text_offset)
 
 
 def _data(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def _client_label(request: Request) -> str:
+def client_label(request: Request) -> str:
     peer = request.client.host if request.client else "?"
     agent = request.headers.get("user-agent", "")
     return f"{peer} · {agent[:40]}" if agent else peer

@@ -44,6 +44,7 @@ OnActivity = Callable[[ServerRequestInfo], None]
 class ServedModel:
     name: str
     context_length: int
+    tool_format: str = "hermes"  # how it writes tool calls (``tool_formats.FORMATS``)
 
 
 def conversation_key(ask: CompletionAsk) -> str:
@@ -119,7 +120,9 @@ class EngineLink:
         self._streams[stream.request_id] = stream
         self._metrics.waiting += 1
         self._report(stream, force=True)
-        request = Generate(stream.request_id, conversation_key(ask), ask.messages, ask.sampling, "stop", ask.prompt)
+        tools = ask.tool_use.tools if ask.tool_use else ()
+        request = Generate(stream.request_id, conversation_key(ask), ask.messages, ask.sampling, "stop", ask.prompt,
+                           ask.constraint, tools)
         self._hub.submit(request, self._from_engine)
         return stream
 
@@ -137,7 +140,7 @@ class EngineLink:
         if isinstance(event, StatusChanged):
             self._state = event.state
         elif isinstance(event, ModelLoaded):
-            self._model = ServedModel(event.name, event.context_length)
+            self._model = ServedModel(event.name, event.context_length, event.tool_format)
         elif isinstance(event, (MemorySampled, BatchSampled)):
             self._metrics.sampled(event)
         stream = self._streams.get(getattr(event, "request_id", ""))

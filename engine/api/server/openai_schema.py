@@ -1,10 +1,12 @@
 """OpenAI's request bodies in, OpenAI's reply shapes out (server thread).
 
 Validation is strict where a wrong value would silently do something else
-(``max_tokens: -5``, an unknown model, ``n: 3``, ``tools`` Hearth cannot call):
+(``max_tokens: -5``, an unknown model, ``n: 3``, a tool that is not a function):
 such a request gets a 400 naming the field. Fields that change nothing Hearth
 does (``user``, ``metadata``, ``store`` …) are ignored, and so are the neutral
-values of unsupported features (``tools: []``, penalties of 0, ``logprobs: false``).
+values of unsupported features (``functions: []``, penalties of 0). ``response_format`` and
+``logprobs`` are read by ``output_options``; tools and tool turns by ``tool_use`` and
+here, and the calls a reply makes come back as ``tool_calls`` (``tool_replies``).
 A ``null`` field means the field is unset. Sampling follows OpenAI's defaults
 (temperature 1, top_p 1, no top-k or min-p cut); a request without ``max_tokens``
 gets ``default_max_tokens``, which ``GET /v1/models`` states.
@@ -13,28 +15,25 @@ gets ``default_max_tokens``, which ``GET /v1/models`` states.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from engine.api.server.errors import ApiError
-from engine.protocol.messages import ChatMessage, FinishReason, PrefillDone, SamplingParams
+from engine.api.server.output_options import OutputOptions, chat_output_options, completion_output_options
+from engine.api.server.tool_use import ToolUse, parse_openai_tools
+from engine.protocol.messages import ChatMessage, Constraint, FinishReason, PrefillDone, SamplingParams, ToolCall
 
 MAX_STOP_STRINGS = 4
 DEFAULT_MAX_TOKENS = 2048
 MODEL_ALIAS = "default"  # what ``serve --model`` calls the built-in model; a request may name it so
 SEED_RANGE = range(-(2**63), 2**63)  # OpenAI's 64-bit seed; torch's generator takes no more
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-_FINISH = {"eos": "stop", "stop_string": "stop", "max_tokens": "length", "context_full": "length"}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+_FINISH = {"eos": "stop", "stop_string": "stop", "constraint": "stop", "max_tokens": "length", "context_full": "length"}
 
 # Fields of features Hearth lacks, with the values that ask for nothing (accepted); any other value is refused.
 _NEUTRAL_CHAT: dict[str, Callable[[Any], bool]] = {
-    "response_format": lambda v: v == {"type": "text"},
-    "tools": lambda v: v == [],
     "functions": lambda v: v == [],
-    "tool_choice": lambda v: v in ("none", "auto"),
     "function_call": lambda v: v in ("none", "auto"),
-    "logprobs": lambda v: v is False,
-    "top_logprobs": lambda v: _is_int(v) and v == 0,
 }
 _NEUTRAL_BOTH: dict[str, Callable[[Any], bool]] = {
     "frequency_penalty": lambda v: _is_number(v) and v == 0,
@@ -42,16 +41,17 @@ _NEUTRAL_BOTH: dict[str, Callable[[Any], bool]] = {
     "logit_bias": lambda v: v == {},
 }
 _NEUTRAL_COMPLETION: dict[str, Callable[[Any], bool]] = {
-    "logprobs": lambda v: v is False or (_is_int(v) and v == 0),
     "echo": lambda v: v is False,
     "suffix": lambda v: v == "",
-    "best_of": lambda v: _is_int(v) and v == 1,
+    "best_of": lambda v: is_int(v) and v == 1,
 }
 
 
 @dataclass(frozen=True)
 class CompletionAsk:
-    """One validated request: a chat (``messages``) or a raw ``prompt`` to continue."""
+    """One validated request: a chat (``messages``) or a raw ``prompt`` to continue; ``constraint``: what the reply
+    must match (``response_format``, or the tool grammar of a required or named call), None for free text;
+    ``tool_use``: the tools offered, None when none are."""
 
     model: str
     messages: tuple[ChatMessage, ...]
@@ -59,6 +59,8 @@ class CompletionAsk:
     sampling: SamplingParams
     stream: bool
     include_usage: bool
+    constraint: Constraint | None = None
+    tool_use: ToolUse | None = None
 
 
 def default_max_tokens(context_length: int) -> int:
@@ -66,11 +68,19 @@ def default_max_tokens(context_length: int) -> int:
     return max(1, min(DEFAULT_MAX_TOKENS, context_length // 2))
 
 
-def parse_chat(body: Any, model_id: str, context_length: int) -> CompletionAsk:
+def parse_chat(body: Any, model_id: str, context_length: int, tool_format: str = "hermes") -> CompletionAsk:
+    """A chat request; ``tool_format``: how the served model writes tool calls (``tool_formats.FORMATS``)."""
     body = _object(body)
     _refuse_unsupported(body, {**_NEUTRAL_CHAT, **_NEUTRAL_BOTH})
     messages = _messages(body.get("messages"))
-    return _ask(body, model_id, context_length, messages, None)
+    output = chat_output_options(body)
+    tools = parse_openai_tools(body, tool_format)
+    if tools and tools.constraint:
+        if output.constraint:
+            raise ApiError(400, "'response_format' cannot shape a reply that 'tool_choice' requires to be a call.",
+                           "response_format")
+        output = replace(output, constraint=tools.constraint)
+    return replace(_ask(body, model_id, context_length, messages, None, output), tool_use=tools)
 
 
 def parse_completion(body: Any, model_id: str, context_length: int) -> CompletionAsk:
@@ -81,7 +91,7 @@ def parse_completion(body: Any, model_id: str, context_length: int) -> Completio
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
         raise ApiError(400, "'prompt' must be a non-empty string (one prompt per request).", "prompt")
-    return _ask(body, model_id, context_length, (), _text(prompt, "prompt"))
+    return _ask(body, model_id, context_length, (), unicode_text(prompt, "prompt"), completion_output_options(body))
 
 
 def _refuse_unsupported(body: dict, neutral: dict[str, Callable[[Any], bool]]) -> None:
@@ -92,9 +102,10 @@ def _refuse_unsupported(body: dict, neutral: dict[str, Callable[[Any], bool]]) -
 
 
 def _ask(
-    body: dict, model_id: str, context_length: int, messages: tuple[ChatMessage, ...], prompt: str | None
+    body: dict, model_id: str, context_length: int, messages: tuple[ChatMessage, ...], prompt: str | None,
+    output: OutputOptions,
 ) -> CompletionAsk:
-    _check_model(body.get("model"), model_id)
+    check_model(body.get("model"), model_id)
     if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):
         raise ApiError(400, "Only n = 1 is supported: ask once per reply.", "n", "unsupported_parameter")
     stream = body.get("stream")
@@ -104,7 +115,8 @@ def _ask(
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object.", "stream_options")
     include_usage = bool(options.get("include_usage", False))
-    return CompletionAsk(model_id, messages, prompt, _sampling(body, context_length), bool(stream), include_usage)
+    sampling = replace(_sampling(body, context_length), logprobs=output.logprobs)
+    return CompletionAsk(model_id, messages, prompt, sampling, bool(stream), include_usage, output.constraint)
 
 
 def _object(body: Any) -> dict:
@@ -113,7 +125,7 @@ def _object(body: Any) -> dict:
     return body
 
 
-def _check_model(model: Any, model_id: str) -> None:
+def check_model(model: Any, model_id: str) -> None:
     if not isinstance(model, str) or not model:
         raise ApiError(400, "'model' is required: use the id that GET /v1/models lists.", "model")
     if model not in (model_id, MODEL_ALIAS):
@@ -133,21 +145,50 @@ def _message(item: Any, index: int) -> ChatMessage:
         raise ApiError(400, f"{param} must be an object with 'role' and 'content'.", param)
     role = item.get("role")
     if not isinstance(role, str) or role not in _ROLES:
-        raise ApiError(400, f"{param}.role must be system, developer, user or assistant.", f"{param}.role")
-    return ChatMessage(_ROLES[role], _content(item.get("content"), f"{param}.content"))  # type: ignore[arg-type]
+        raise ApiError(400, f"{param}.role must be system, developer, user, assistant or tool.", f"{param}.role")
+    calls = _tool_calls(item.get("tool_calls"), param) if role == "assistant" else ()
+    content = item.get("content")
+    text = "" if content is None and calls else _content(content, f"{param}.content")
+    if role != "tool":
+        return ChatMessage(_ROLES[role], text, tool_calls=calls)  # type: ignore[arg-type]
+    call_id = item.get("tool_call_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise ApiError(400, f"{param}.tool_call_id must name the call this result answers.", f"{param}.tool_call_id")
+    name = item.get("name")
+    return ChatMessage("tool", text, tool_call_id=call_id, name=name if isinstance(name, str) else "")
+
+
+def _tool_calls(value: Any, param: str) -> tuple[ToolCall, ...]:
+    """An assistant turn's ``tool_calls``: ``[{"id", "type": "function", "function": {"name", "arguments"}}]``."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ApiError(400, f"{param}.tool_calls must be a list.", f"{param}.tool_calls")
+    calls = []
+    for index, call in enumerate(value):
+        where = f"{param}.tool_calls[{index}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ApiError(400, f"{where} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
+                                f"\"arguments\"}}}}.", where)
+        arguments = function.get("arguments", "{}")
+        if not isinstance(arguments, str):
+            raise ApiError(400, f"{where}.function.arguments must be JSON text.", where)
+        calls.append(ToolCall(str(call.get("id") or f"call_{index}"), function["name"], unicode_text(arguments, where)))
+    return tuple(calls)
 
 
 def _content(content: Any, param: str) -> str:
     """A string, or a list of text parts (images and audio are refused)."""
     if isinstance(content, str):
-        return _text(content, param)
+        return unicode_text(content, param)
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
         if all(isinstance(part.get("text"), str) for part in content):
-            return _text("".join(part["text"] for part in content), param)
+            return unicode_text("".join(part["text"] for part in content), param)
     raise ApiError(400, f"{param} must be a string or a list of text parts; Hearth's models read text only.", param)
 
 
-def _text(value: str, param: str) -> str:
+def unicode_text(value: str, param: str) -> str:
     """``value`` if it is Unicode text that UTF-8 can hold (JSON lets a lone surrogate such as ``\\ud800`` through)."""
     try:
         value.encode("utf-8")
@@ -161,15 +202,15 @@ def _sampling(body: dict, context_length: int) -> SamplingParams:
     max_tokens = body.get(param)
     if max_tokens is None:
         max_tokens = default_max_tokens(context_length)
-    elif not _is_int(max_tokens) or not 1 <= max_tokens <= context_length:
+    elif not is_int(max_tokens) or not 1 <= max_tokens <= context_length:
         raise ApiError(400, f"'{param}' must be a whole number from 1 to the model's context of {context_length}.", param)
     seed = body.get("seed")
-    if seed is not None and (not _is_int(seed) or seed not in SEED_RANGE):
+    if seed is not None and (not is_int(seed) or seed not in SEED_RANGE):
         raise ApiError(400, "'seed' must be a whole number from -2^63 to 2^63 - 1.", "seed")
     return SamplingParams(
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        temperature=number_field(body, "temperature", 1.0, 0.0, 2.0),
         top_k=0,
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+        top_p=number_field(body, "top_p", 1.0, 0.0, 1.0),
         min_p=0.0,
         repetition_penalty=1.0,
         max_new_tokens=max_tokens,
@@ -178,7 +219,7 @@ def _sampling(body: dict, context_length: int) -> SamplingParams:
     )
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -186,7 +227,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
+def number_field(body: dict, name: str, default: float, low: float, high: float) -> float:
     value = body.get(name)
     if value is None:
         return default
@@ -201,7 +242,7 @@ def _stop(value: Any) -> tuple[str, ...]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or len(stops) > MAX_STOP_STRINGS or not all(isinstance(s, str) and s for s in stops):
         raise ApiError(400, f"'stop' must be a non-empty string or a list of up to {MAX_STOP_STRINGS} of them.", "stop")
-    return tuple(_text(stop, "stop") for stop in stops)
+    return tuple(unicode_text(stop, "stop") for stop in stops)
 
 
 # ---------------------------------------------------------------- replies
@@ -226,13 +267,16 @@ def envelope(request_id: str, model: str, chat: bool, streamed: bool) -> dict:
     return {"id": request_id, "object": kind, "created": int(time.time()), "model": model}
 
 
-def choice(chat: bool, streamed: bool, text: str | None, reason: str | None, first: bool = False) -> dict:
-    """One entry of ``choices``; ``text`` None in a chunk means no new text."""
+def choice(chat: bool, streamed: bool, text: str | None, reason: str | None, first: bool = False,
+           logprobs: dict | None = None) -> dict:
+    """One entry of ``choices``; ``text`` None in a chunk means no new text; ``logprobs`` in ``logprob_shapes``'
+    shape (None when not asked for)."""
     if not chat:
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+        return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
     if not streamed:
-        return {"index": 0, "message": {"role": "assistant", "content": text or ""}, "finish_reason": reason}
+        message = {"role": "assistant", "content": text or ""}
+        return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
     delta: dict = {"role": "assistant"} if first else {}
     if text is not None:
         delta["content"] = text
-    return {"index": 0, "delta": delta, "finish_reason": reason}
+    return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}

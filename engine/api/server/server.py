@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from engine.api.server.access import AccessGuard
+from engine.api.server.anthropic_messages import messages
 from engine.api.server.config import ServerConfig
 from engine.api.server.completions import chat_completions, completions
 from engine.api.server.engine_link import EngineLink, OnActivity
@@ -81,12 +82,13 @@ def build_app(config: ServerConfig, link: EngineLink, figures: ServerMetrics) ->
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
     ]
     middleware = [Middleware(AccessGuard, config=config)]
     if config.cors_origins:
         middleware.append(Middleware(
             CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["Authorization", "Content-Type", "X-Api-Key", "Anthropic-Version", "Anthropic-Beta"],
         ))
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=HANDLERS)  # type: ignore[arg-type]
     app.state.config, app.state.link, app.state.metrics = config, link, figures

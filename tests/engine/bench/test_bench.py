@@ -88,3 +88,11 @@ def test_serve_reports_each_concurrency_level_a_shared_prefix_and_a_join(tmp_pat
     assert levels[1]["kv_bytes"] < 4 * levels[0]["kv_bytes"], "the four prompts' shared 32 tokens are held once"
     assert joined["join_prompt_tokens"] == 64 and joined["join_ttft_ms"] > 0 and joined["running_itl_ms_p50"] > 0
     assert summary["ok"] and summary["aggregate_over_single"]["1"] == 1.0
+
+
+def test_serve_runs_half_its_requests_under_a_json_schema(tmp_path):
+    done, lines = _bench(tmp_path, "serve", "--model", "random:tiny", "--concurrency", "4", "--prompt-tokens", "24",
+                         "--new-tokens", "12", "--constrained-half")
+    assert done.returncode == 0, done.stderr
+    level = lines[0]
+    assert level["constrained"] == 2 and level["aggregate_decode_tok_s"] > 0

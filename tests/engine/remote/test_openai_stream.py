@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.api.remote.openai_stream import SseDecoder, listed_models, parse_chunk, remote_figures
+from engine.api.remote.openai_stream import SseDecoder, chat_request, listed_models, parse_chunk, remote_figures
 from engine.api.remote.http_stream import RemoteError, normalize_base_url
+from engine.protocol.messages import ChatMessage, Constraint, SamplingParams
 
 
 def test_events_are_framed_by_blank_lines_and_comments_are_skipped():
@@ -58,3 +59,13 @@ def test_addresses_are_normalized(typed, base):
 def test_bad_addresses_say_what_is_wrong(typed, message):
     with pytest.raises(ValueError, match=message):
         normalize_base_url(typed)
+
+
+def test_a_json_reply_format_is_asked_of_a_remote_server_as_response_format():
+    messages = (ChatMessage("user", "hi"),)
+    schema = chat_request("m", messages, SamplingParams(), Constraint("json_schema", '{"type": "object"}'))
+    json_object = chat_request("m", messages, SamplingParams(), Constraint("json_object", ""))
+
+    assert schema["response_format"] == {"type": "json_schema", "json_schema": {"name": "reply", "schema": {"type": "object"}}}
+    assert json_object["response_format"] == {"type": "json_object"}
+    assert "response_format" not in chat_request("m", messages, SamplingParams())

@@ -81,7 +81,8 @@ def test_an_unknown_model_is_a_404(served_tiny) -> None:
     ({"n": 3}, "n"),
     ({"stream": "yes"}, "stream"),
     ({"messages": []}, "messages"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "critic", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages[0].content"),
     ({"model": None}, "model"),
 ])

@@ -115,12 +115,6 @@ def test_json_with_a_charset_is_served(served_tiny) -> None:
 
 
 @pytest.mark.parametrize("fields, param", [
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"response_format": "json"}, "response_format"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"logprobs": True}, "logprobs"),
-    ({"top_logprobs": 3}, "top_logprobs"),
     ({"frequency_penalty": 0.5}, "frequency_penalty"),
     ({"presence_penalty": -1}, "presence_penalty"),
     ({"presence_penalty": "high"}, "presence_penalty"),
