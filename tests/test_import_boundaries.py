@@ -26,8 +26,8 @@ import importlib, json, pkgutil, sys
 package = importlib.import_module({package!r})
 names = [package.__name__] + [
     info.name for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
-    if not info.name.endswith(".__main__")
-]
+    if not info.name.endswith(".__main__") and info.name.rpartition(".")[2].isidentifier()
+]  # a name no import statement can spell is a kernel library beside its sources (``native.variants``), not a module
 for name in names:
     importlib.import_module(name)
 print(json.dumps({{"imported": names, "loaded": sorted(sys.modules)}}))
