@@ -1,6 +1,6 @@
 """``POST /v1/messages``: Anthropic's Messages API, as llama-server, Ollama and LM Studio serve it (server loop).
 
-The request runs through the engine like a chat completion (``start_reply``),
+The request runs through the engine like a chat completion (``completions.answer``),
 and comes back as one ``message`` or as Anthropic's server-sent events::
 
     message_start, then per content block: content_block_start, content_block_delta…, content_block_stop,
@@ -19,7 +19,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from engine.api.server.anthropic_schema import (
     anthropic_error,
@@ -29,7 +29,7 @@ from engine.api.server.anthropic_schema import (
     tool_use_block,
     tool_use_id,
 )
-from engine.api.server.completions import SSE_HEADERS, ClientGone, read_json, start_reply, unless_gone
+from engine.api.server.completions import answer, read_json
 from engine.api.server.engine_link import EngineLink, RequestStream
 from engine.api.server.errors import ApiError
 from engine.api.server.openai_schema import CompletionAsk
@@ -49,19 +49,9 @@ async def _messages(request: Request) -> Response:
     body = await read_json(request)
     model = link.ready_model()
     ask = parse_messages(body, model.name, model.context_length, model.tool_format)
-    try:
-        stream, first = await start_reply(request, ask)
-    except ClientGone:
-        return Response(status_code=499)
     message_id = "msg_" + uuid.uuid4().hex[:24]
-    if ask.stream:
-        events = MessageEvents(link, stream, ask, message_id).events(first)
-        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
-    try:
-        return await unless_gone(request, _whole_message(stream, ask, message_id, first))
-    except ClientGone:
-        link.cancel(stream)
-        return Response(status_code=499)
+    return await answer(request, ask, lambda stream, first: MessageEvents(link, stream, ask, message_id).events(first),
+                        lambda stream, first: _whole_message(stream, ask, message_id, first))
 
 
 async def _whole_message(stream: RequestStream, ask: CompletionAsk, message_id: str, event: Event) -> JSONResponse:

@@ -7,14 +7,14 @@ context) still gets a proper 400. A client that goes away, while waiting or whil
 streaming, cancels its request: the engine stops at its next decode step.
 A chat request with tools has its reply read by a ``ToolCallParser``: text goes
 out as it settles, each call as ``tool_calls`` once whole (``tool_replies``).
-``start_reply``, ``read_json`` and ``unless_gone`` serve ``/v1/messages`` too.
+``answer`` and ``read_json`` serve ``/v1/messages`` too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import AsyncIterator, Awaitable, TypeVar
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -98,13 +98,13 @@ def _refuse_constant(name: str) -> object:
     raise ValueError(f"{name} is not a JSON number")
 
 
-async def start_reply(request: Request, ask: CompletionAsk) -> tuple[RequestStream, Event]:
+async def _start_reply(request: Request, ask: CompletionAsk) -> tuple[RequestStream, Event]:
     """Submit ``ask`` and await its first event; ``ClientGone`` (the request cancelled) if the client leaves first,
     ``ApiError`` when the engine refuses the prompt (400) or breaks (500) before any token."""
     link: EngineLink = request.app.state.link
     stream = link.open(ask, client_label(request), request.url.path)
     try:
-        first = await unless_gone(request, stream.next())
+        first = await _unless_gone(request, stream.next())
     except ClientGone:
         link.cancel(stream)
         raise
@@ -117,21 +117,28 @@ async def start_reply(request: Request, ask: CompletionAsk) -> tuple[RequestStre
 
 async def _answer(request: Request, ask: CompletionAsk, chat: bool) -> Response:
     link: EngineLink = request.app.state.link
+    return await answer(request, ask, lambda stream, first: _sse(link, stream, ask, chat, first),
+                        lambda stream, first: _whole_reply(stream, ask, chat, first))
+
+
+async def answer(request: Request, ask: CompletionAsk, events: Callable[[RequestStream, Event], AsyncIterator[str]],
+                 whole: Callable[[RequestStream, Event], Awaitable[Response]]) -> Response:
+    """The reply to ``ask`` from its first event on: ``events`` streamed as server-sent events, or the ``whole``
+    reply; a client gone before the first event, or while the whole reply is made, gets 499 and cancels it."""
     try:
-        stream, first = await start_reply(request, ask)
+        stream, first = await _start_reply(request, ask)
     except ClientGone:
         return Response(status_code=499)
     if ask.stream:
-        events = _sse(link, stream, ask, chat, first)
-        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        return StreamingResponse(events(stream, first), media_type="text/event-stream", headers=SSE_HEADERS)
     try:
-        return await unless_gone(request, _whole_reply(stream, ask, chat, first))
+        return await _unless_gone(request, whole(stream, first))
     except ClientGone:
-        link.cancel(stream)
+        request.app.state.link.cancel(stream)
         return Response(status_code=499)
 
 
-async def unless_gone(request: Request, work: Awaitable[T]) -> T:
+async def _unless_gone(request: Request, work: Awaitable[T]) -> T:
     """``work``'s result, or ``ClientGone`` as soon as the client disconnects."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnected(request))
