@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from engine.scheduler.block_pool import BlockPool
-from engine.scheduler.scheduler import Scheduler, Step
+from engine.scheduler.scheduler import ScheduledChunk, Scheduler, Step
 
 VOCAB = 97
 
@@ -51,14 +51,9 @@ class FakeRunner:
             self.store[copy.target][: copy.tokens] = self.store[copy.source][: copy.tokens]
         sampled = {}
         for chunk in step.chunks:
-            size = self.scheduler.pool.block_size
-            for offset, token in enumerate(chunk.token_ids):
-                position = chunk.start + offset
-                self.store[chunk.block_ids[position // size]][position % size] = token
-            if chunk.samples:
-                end = chunk.start + len(chunk.token_ids)
-                context = [self.store[chunk.block_ids[p // size]][p % size] for p in range(end)]
-                sampled[chunk.request_id] = next_token(context)
+            token = self.feed(chunk)
+            if token is not None:
+                sampled[chunk.request_id] = token
         self.scheduler.complete(step)
         for request_id, token in sampled.items():
             self.replies[request_id].append(token)
@@ -66,6 +61,17 @@ class FakeRunner:
                 self.scheduler.finish(request_id)
             else:
                 self.scheduler.append(request_id, token)
+
+    def feed(self, chunk: ScheduledChunk) -> int | None:
+        """Writes ``chunk``'s tokens into its blocks; the token it samples, if it samples, from what they hold."""
+        size = self.scheduler.pool.block_size
+        for offset, token in enumerate(chunk.token_ids):
+            position = chunk.start + offset
+            self.store[chunk.block_ids[position // size]][position % size] = token
+        if not chunk.samples:
+            return None
+        end = chunk.start + len(chunk.token_ids)
+        return next_token([self.store[chunk.block_ids[p // size]][p % size] for p in range(end)])
 
     def run(self, limit: int = 10_000) -> None:
         for _ in range(limit):

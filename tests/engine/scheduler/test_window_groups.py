@@ -9,7 +9,7 @@ early, an evicted shadow or a wrong copy changes the text.
 from __future__ import annotations
 
 from engine.scheduler.block_pool import BlockPool
-from engine.scheduler.scheduler import RELEASED, Scheduler
+from engine.scheduler.scheduler import RELEASED, ScheduledChunk, Scheduler
 from tests.engine.scheduler.test_scheduler import FakeRunner, next_token, prompt
 
 SIZE = 4
@@ -30,30 +30,16 @@ def alone(prompt_ids: list[int], new_tokens: int, windows: tuple[int | None, ...
 class GroupsRunner(FakeRunner):
     """``FakeRunner`` over every table of a chunk: each group's keys are written and read through its own."""
 
-    def step(self) -> None:
-        step = self.scheduler.schedule()
-        self.steps.append(step)
-        self.rejected.update(step.rejected)
-        for copy in step.copies:
-            self.store[copy.target][: copy.tokens] = self.store[copy.source][: copy.tokens]
-        sampled = {}
-        for chunk in step.chunks:
-            tables = (chunk.block_ids, *chunk.group_tables)
-            end = chunk.start + len(chunk.token_ids)
-            for table in tables:
-                for offset, token in enumerate(chunk.token_ids):
-                    self._write(table, chunk.start + offset, token)
-            if chunk.samples:
-                sampled[chunk.request_id] = sum(
-                    next_token([self._read(table, p) for p in range(end - len(seen(range(end), window)), end)])
-                    for table, window in zip(tables, self.scheduler.windows)) % 97
-        self.scheduler.complete(step)
-        for request_id, token in sampled.items():
-            self.replies[request_id].append(token)
-            if len(self.replies[request_id]) >= self.budgets[request_id]:
-                self.scheduler.finish(request_id)
-            else:
-                self.scheduler.append(request_id, token)
+    def feed(self, chunk: ScheduledChunk) -> int | None:
+        tables = (chunk.block_ids, *chunk.group_tables)
+        end = chunk.start + len(chunk.token_ids)
+        for table in tables:
+            for offset, token in enumerate(chunk.token_ids):
+                self._write(table, chunk.start + offset, token)
+        if not chunk.samples:
+            return None
+        return sum(next_token([self._read(table, p) for p in range(end - len(seen(range(end), window)), end)])
+                   for table, window in zip(tables, self.scheduler.windows)) % 97
 
     def _write(self, table, position: int, token: int) -> None:
         block = table[position // SIZE]
