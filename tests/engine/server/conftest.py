@@ -13,6 +13,7 @@ from engine.api.server.config import ServerConfig
 from engine.api.server.server import ApiServer
 from engine.protocol.messages import Cancel, Generate, LoadModel, ModelLoaded, Request
 from engine.service.fanout import EngineHub
+from tests.engine.server.scripted_engine import serve_scripted
 
 
 class RecordingHub(EngineHub):
@@ -90,3 +91,8 @@ def served_default(default_model_path):
     yield from serve(str(default_model_path), ServerConfig(port=0))
 
 
+@pytest.fixture(scope="module")
+def scripted():
+    """A server over the scripted engine (``scripted_engine``) of a Hermes-style model, per module: (hub, server)."""
+    with serve_scripted("hermes") as pair:
+        yield pair

@@ -9,7 +9,7 @@ import anthropic
 import pytest
 
 from engine.api.server.config import ServerConfig
-from tests.engine.server.scripted_engine import MODEL, serve_scripted
+from tests.engine.server.scripted_engine import MODEL
 
 HELLO = [{"role": "user", "content": "The quick brown fox"}]
 GREEDY = {"temperature": 0}  # the SDK no longer has a sampling argument; servers such as llama-server read it
@@ -21,12 +21,6 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 @pytest.fixture(scope="module")
 def tiny_client(served_tiny) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=served_tiny.root, api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def scripted():
-    with serve_scripted("hermes") as pair:
-        yield pair
 
 
 @pytest.fixture(scope="module")

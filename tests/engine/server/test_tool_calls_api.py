@@ -24,12 +24,6 @@ QWEN_TWO_CALLS = (
 
 
 @pytest.fixture(scope="module")
-def scripted():
-    with serve_scripted("hermes") as pair:
-        yield pair
-
-
-@pytest.fixture(scope="module")
 def client(scripted) -> openai.OpenAI:
     _, server = scripted
     return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=30)
