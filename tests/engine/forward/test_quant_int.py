@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,6 @@ from engine.forward.weights.quant_int import (
     CPU_INT4_GROUP, INT4_PAIR, Int4Groups, Int4Pair, _int4_packed, as_int4_pair, dequantize_int4,
     int4_groups_of, int4_layout, pack_quantized, quantize_int4, quantize_int8,
 )
-from engine.host.allocator import return_freed_memory
 from engine.host.cpu_features import has_fp16_math
 from engine.models.random_models import build_hf_model
 from tests.engine.forward.batch_of_one import prompt_logits
@@ -242,10 +244,33 @@ def test_triton_int8_kernel_matches_the_reference_in_the_interpreter():
     assert_passes_in_the_interpreter(script)
 
 
-def _resident_bytes() -> int:
+_HELD_BYTES_SCRIPT = """
+import json, os, sys
+import torch
+from engine.forward.weights.quant import Linear
+from engine.host.allocator import return_freed_memory
+
+def resident_bytes():
     return_freed_memory()
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+rows, width, decode_copy = json.loads(sys.argv[1])
+weight = torch.randn(rows, width)  # [N, K]
+copy_bytes = Linear(weight, None, decode_copy).nbytes if decode_copy else 0
+before = resident_bytes()
+layers = [Linear(weight, None, "fp16", one_row_fmt=decode_copy) for _ in range(8)]
+print(json.dumps({"grown": resident_bytes() - before, "nbytes": layers[0].nbytes, "copy_bytes": copy_bytes}))
+"""
+
+
+def _held_bytes(rows: int, width: int, decode_copy: str | None) -> dict[str, int]:
+    """Builds eight fp16 layers in a fresh interpreter, whose heap holds no freed pages of earlier tests that the
+    layers could reuse unseen, and returns how far its resident set grew beside what the layers say they hold."""
+    environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 17)}
+    done = subprocess.run([sys.executable, "-c", _HELD_BYTES_SCRIPT, json.dumps([rows, width, decode_copy])],
+                          capture_output=True, text=True, env=environment, timeout=300, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident size from /proc")
@@ -257,13 +282,9 @@ def test_an_fp16_layers_bytes_are_what_its_packing_holds(rows: int, width: int, 
     """FBGEMM packs the width in blocks of 512, padding the last. Beside a decode copy SmolLM2's 576 keeps its last
     64 columns in fp32 instead (less than 448 columns of zeros) where the rows are many (2048); Qwen2.5-0.5B's 896
     is padded to 1024 either way. The figure counts what is held (the decode copy's bytes apart)."""
-    weight = torch.randn(rows, width)  # [N, K]
-    copy_bytes = Linear(weight, None, decode_copy).nbytes if decode_copy else 0
-    before = _resident_bytes()
-    layers = [Linear(weight, None, "fp16", one_row_fmt=decode_copy) for _ in range(8)]
-    grown = _resident_bytes() - before
-    assert layers[0].nbytes == rows * row_bytes + copy_bytes
-    assert abs(grown - 8 * layers[0].nbytes) <= 0.1 * 8 * layers[0].nbytes
+    held = _held_bytes(rows, width, decode_copy)
+    assert held["nbytes"] == rows * row_bytes + held["copy_bytes"]
+    assert abs(held["grown"] - 8 * held["nbytes"]) <= 0.1 * 8 * held["nbytes"]
 
 
 @pytest.mark.skipif(not has_fp16_math(), reason="oneDNN's fp16 matmul is used only where the CPU has AVX512-FP16")
