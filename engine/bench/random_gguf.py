@@ -6,7 +6,8 @@ reused. Shapes: ``llama3-8b``, ``llama3.1-8b`` (the same, stating Llama 3.1's
 131 072-token context), ``qwen2.5-7b``, ``smollm2-1.7b``, ``smollm2-135m``,
 ``gemma3-1b`` (its 256-wide heads, q/k norms and norms after attention and MLP, the
 sliding window in the metadata) and ``phi4-mini`` (fused ``attn_qkv`` and ``ffn_up``,
-96 of each head's 128 dimensions turning, LongRoPE's factors as tensors), and the
+96 of each head's 128 dimensions turning, LongRoPE's factors as tensors), ``granite3.1-2b``
+(Granite's four multipliers in the metadata), and the
 mixture of experts ``qwen3-30b-a3b`` (128 experts of which 8 run, each layer's experts
 as 3-D tensors the way llama.cpp's converter stacks them); ``SHAPE@LAYERS`` cuts a
 shape to its first LAYERS layers (``random-gguf:qwen3-30b-a3b@4:q4_k_m``);
@@ -66,6 +67,7 @@ class Shape:
     experts: int = 0  # a mixture of experts' experts per layer, each an MLP of ``expert_ffn`` (0: dense)
     experts_used: int = 0
     expert_ffn: int = 0
+    scales: tuple[tuple[str, float], ...] = ()  # float keys of the architecture, e.g. Granite's multipliers
 
     @property
     def head_dim(self) -> int:
@@ -82,6 +84,9 @@ SHAPES = {
                        sliding_window=512),
     "phi4-mini": Shape("phi3", 3072, 8192, 32, 24, 8, 10000.0, 131072, tied=True, rotary_dim=96,
                        sliding_window=262144, trained_context=4096),
+    "granite3.1-2b": Shape("granite", 2048, 8192, 40, 32, 8, 5000000.0, 131072, tied=True,
+                           scales=(("embedding_scale", 12.0), ("residual_scale", 0.22),
+                                   ("attention.scale", 0.015625), ("logit_scale", 8.0))),
 }
 LONGROPE_ATTENTION_FACTOR = 1.190238  # sqrt(1 + ln(131072 / 4096) / ln(4096)), as the converter writes it
 MOE_SHAPES = {  # GGUF alone (``random_hf`` writes dense checkpoints)
@@ -311,6 +316,8 @@ def _add_metadata(writer: GGUFWriter, shape: Shape, shape_name: str, ftype: str,
             writer.add_uint32(f"{arch}.{key}", value)
     writer.add_float32(f"{arch}.rope.freq_base", shape.rope_theta)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    for key, value in shape.scales:
+        writer.add_float32(f"{arch}.{key}", value)
     for key, (value, types) in tokenizer_fields.items():
         sub_type = types[-1] if types[0] == GGUFValueType.ARRAY else None
         writer.add_key_value(key, value, types[0], sub_type=sub_type)

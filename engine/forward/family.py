@@ -5,7 +5,9 @@ Llama, Mistral, Qwen2/3, Gemma 2/3 and Phi-3/4 share ``FastLlama``'s one forward
 unless the config says otherwise: Gemma's RMSNorm weights are ``1 + w`` and its token
 embeddings are scaled by sqrt(hidden); its MLP gates with GELU's tanh approximation; its
 attention scale is ``query_pre_attn_scalar ** -0.5``; Gemma 2 soft-caps attention scores
-and logits; Phi-3's rotary turns only the first part of each head.
+and logits; Phi-3's rotary turns only the first part of each head. Granite scales its
+embeddings, its attention scores, each layer's attention and MLP outputs before they join the
+residual stream, and its logits, each by a multiplier of its config.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 GEMMA_TYPES = ("gemma2", "gemma3_text")
+GRANITE_TYPE = "granite"
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # config name -> the fast path's gate
 
 
@@ -26,6 +29,8 @@ class Family:
     attention_softcap: float | None  # scores become cap * tanh(scores / cap) before the softmax (Gemma 2)
     final_softcap: float | None  # logits likewise (Gemma 2)
     rotary_dim: int  # each head's leading dimensions that turn (Phi-3's partial rotary); the rest pass as they are
+    residual_scale: float | None = None  # the attention's and the MLP's outputs' factor (Granite's); None: none
+    logit_scale: float | None = None  # the logits' factor (Granite's 1 / logits_scaling); None: none
 
 
 def activation_name(config: Any) -> str:
@@ -47,6 +52,8 @@ def rotary_dim_of(config: Any) -> int:
 
 def family_of(config: Any) -> Family:
     """``config``'s family traits (a transformers config, or ``gguf_direct.hf_config``'s)."""
+    if getattr(config, "model_type", None) == GRANITE_TYPE:
+        return _granite(config)
     gemma = getattr(config, "model_type", None) in GEMMA_TYPES
     scalar = getattr(config, "query_pre_attn_scalar", None) if gemma else None
     return Family(
@@ -58,3 +65,23 @@ def family_of(config: Any) -> Family:
         final_softcap=getattr(config, "final_logit_softcapping", None) if gemma else None,
         rotary_dim=rotary_dim_of(config),
     )
+
+
+def _granite(config: Any) -> Family:
+    """Granite's multipliers (transformers' ``GraniteConfig`` names; 1.0, Llama's value, where absent)."""
+    return Family(
+        norm_shift=0.0,
+        embed_scale=_factor(getattr(config, "embedding_multiplier", 1.0)),
+        activation=ACTIVATIONS[activation_name(config)],
+        attention_scale=getattr(config, "attention_multiplier", None) or head_dim_of(config) ** -0.5,
+        attention_softcap=None,
+        final_softcap=None,
+        rotary_dim=rotary_dim_of(config),
+        residual_scale=_factor(getattr(config, "residual_multiplier", 1.0)),
+        logit_scale=_factor(1.0 / (getattr(config, "logits_scaling", None) or 1.0)),
+    )
+
+
+def _factor(value: float) -> float | None:
+    """``value`` as a step's factor: None where it is 1 (the step is skipped)."""
+    return None if value == 1.0 else float(value)

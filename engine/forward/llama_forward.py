@@ -1,12 +1,12 @@
 """The fast path's forward pass for Llama-family models over a block pool (engine thread).
 
-Covers Llama, Mistral, Qwen2, Qwen3, Gemma 2/3, Phi-3/4, Qwen2-MoE and Qwen3-MoE: RMSNorm,
+Covers Llama, Mistral, Qwen2, Qwen3, Gemma 2/3, Phi-3/4, Granite, Qwen2-MoE and Qwen3-MoE: RMSNorm,
 rotary positions (including Llama 3, linear and LongRoPE scaling, partial rotary, a table per
 layer type), grouped-query attention, a SiLU or GELU gated MLP or a mixture of
 experts (``mlp``, ``experts``: the layer's), optional q/k/v biases and
 RMSNorm of each query and key head, and the steps only some families take, each skipped
 where absent (``family.Family``): Gemma's embedding scale, its norms of the attention's and
-the MLP's outputs, Gemma 2's soft-capped attention scores and logits; over weights built by
+the MLP's outputs, Gemma 2's soft-capped attention scores and logits, Granite's multipliers; over weights built by
 ``llama_weights``. Every reply goes through ``forward_batch``: a step
 of one or more sequences' new tokens, their keys and values kept in a ``PagedKV``.
 Layers with a sliding window (``windows.layer_windows``) attend over their window
@@ -135,18 +135,26 @@ class FastLlama(LlamaWeights):
         return x if self.family.embed_scale is None else x.mul_(self.family.embed_scale)
 
     def mlp(self, layer: LlamaLayer, h: torch.Tensor) -> torch.Tensor:
-        """The MLP's output for the normalised ``h`` [R, D] (Gemma's normalised again), [R, D]."""
+        """The MLP's output for the normalised ``h`` [R, D] (Gemma's normalised again, Granite's scaled), [R, D]."""
         out = layer.mlp(h)  # [R, D]
-        return out if layer.mlp_norm is None else self.normalise(out).mul_(layer.mlp_norm)
+        return self._residual(out if layer.mlp_norm is None else self.normalise(out).mul_(layer.mlp_norm))
 
     def attention_out(self, layer: LlamaLayer, attended: torch.Tensor) -> torch.Tensor:
-        """The attention's output projection of ``attended`` [R, H * hd] (Gemma's normalised), [R, D]."""
+        """The attention's output projection of ``attended`` [R, H * hd] (Gemma's normalised, Granite's scaled),
+        [R, D]."""
         out = layer.out(attended)  # [R, D]
-        return out if layer.attention_norm is None else self.normalise(out).mul_(layer.attention_norm)
+        return self._residual(out if layer.attention_norm is None else self.normalise(out).mul_(layer.attention_norm))
+
+    def _residual(self, out: torch.Tensor) -> torch.Tensor:
+        """A layer's attention or MLP output ``out`` [R, D] as it joins the residual stream (Granite's scaled)."""
+        scale = self.family.residual_scale
+        return out if scale is None else out.mul_(scale)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """The output layer's fp32 logits of ``x`` [B, D], [B, V] (Gemma 2's soft-capped)."""
+        """The output layer's fp32 logits of ``x`` [B, D], [B, V] (Gemma 2's soft-capped, Granite's scaled)."""
         logits = self.lm_head(self.normalise(x)).float()  # [B, V]
+        if self.family.logit_scale is not None:
+            logits.mul_(self.family.logit_scale)
         cap = self.family.final_softcap
         return logits if cap is None else logits.div_(cap).tanh_().mul_(cap)
 

@@ -313,7 +313,8 @@ def refuse_unreadable_types(path: Path, contents: GGUFContents) -> None:
 # GGUF architectures read tensor by tensor into the fast path (``gguf_direct``), by their model_type there;
 # the others go through transformers, which dequantizes the whole file into fp32 first.
 DIRECT_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
-                        "gemma3": "gemma3_text", "phi3": "phi3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
+                        "gemma3": "gemma3_text", "phi3": "phi3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe",
+                        "granite": "granite"}
 
 
 # Per-architecture metadata keys ("{arch}.KEY") copied into ``ModelSource.config``.

@@ -12,7 +12,7 @@ buffer the state keeps (``REUSED_READ_BYTES``), since reading each into fresh me
 page fault per 4 KiB, a noticeable part of a large model's load.
 
 llama.cpp's converter reorders the query and key rows of llama-architecture models
-(Llama, Mistral) for its rotary layout, rows 2i and 2i + 1 of each head a pair: the order
+(Llama, Mistral, Granite) for its rotary layout, rows 2i and 2i + 1 of each head a pair: the order
 ``FastLlama`` turns Hugging Face's into. So ``GGUFState`` hands them over as the file
 keeps them and says so (``rotary_pairs``), where putting them back in Hugging Face's
 order, as transformers does, and then into pairs again copied every query and key
@@ -47,10 +47,12 @@ from engine.host.allocator import return_freed_memory
 from engine.models.gguf_check import DIRECT_ARCHITECTURES, PLAIN_TYPES, GGUFContents, GGUFTensorInfo
 from engine.models.tensor_reads import LazyTensors, read_exactly
 
-PERMUTED_ARCHITECTURES = ("llama",)
+PERMUTED_ARCHITECTURES = ("llama", "granite")  # llama.cpp's ``GraniteModel`` is its ``LlamaModel``'s
 GEMMA_ARCHITECTURES = ("gemma2", "gemma3")  # their norms hold 1 + w (``shifted_norms``)
 GEMMA_ATTENTION_SCALE_LAYERS = {"gemma2": 46, "gemma3": 62}  # the 27B models' blocks: llama.cpp's sign of
 # their attention scale, hidden / heads rather than the head size (the files do not state it)
+GRANITE_MULTIPLIERS = {"embedding_multiplier": "embedding_scale", "residual_multiplier": "residual_scale",
+                       "attention_multiplier": "attention.scale", "logits_scaling": "logit_scale"}
 SLIDING_PATTERNS = {"gemma2": 2, "gemma3": 6}  # every n-th layer attends to all, as llama.cpp sets them
 GEMMA_LOCAL_ROPE_BASE = 10000.0
 REUSED_READ_BYTES = 64 * 1024**2  # the kept read buffer: an 8B model's largest layer tensor (Q6_K down) is 48 MB;
@@ -162,7 +164,17 @@ def hf_config(contents: GGUFContents) -> Any:
     config.rope_parameters = _rope_parameters(key, head_dim, "rope_factors_long.weight" in names)
     if architecture in GEMMA_ARCHITECTURES:
         _gemma_config(config, architecture, key)
+    if architecture == "granite":
+        _granite_config(config, key)
     return config
+
+
+def _granite_config(config: Any, key: Callable[..., Any]) -> None:
+    """Granite's multipliers under transformers' names, from the keys llama.cpp's converter writes (each only
+    where the model has it)."""
+    for name, gguf_key in GRANITE_MULTIPLIERS.items():
+        if key(gguf_key) is not None:
+            setattr(config, name, float(key(gguf_key)))
 
 
 def _experts(architecture: str, key: Callable[..., Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Gemma 2, Gemma 3 and Phi-3/4 run on the fast path with transformers' own logits.
+"""Gemma 2, Gemma 3, Phi-3/4 and Granite run on the fast path with transformers' own logits.
 
 Tiny random models of each family's real config (a few small layers), saved as Hugging Face
 folders and written as GGUF files in llama.cpp's converter's layout
@@ -70,7 +70,19 @@ def phi3_model():
     return _randomised(Phi3ForCausalLM(config), 1.0)
 
 
-FAMILIES = {"gemma3": gemma3_model, "gemma2": gemma2_model, "phi3": phi3_model}
+def granite_model():
+    """Granite 3.1 2B's multipliers on a small Llama shape (grouped queries, untied output layer)."""
+    from transformers import GraniteConfig, GraniteForCausalLM
+
+    config = GraniteConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, embedding_multiplier=12.0, residual_multiplier=0.22,
+        attention_multiplier=0.015625 * 4, logits_scaling=8.0, tie_word_embeddings=False,
+    )
+    return _randomised(GraniteForCausalLM(config), 1.0)
+
+
+FAMILIES = {"gemma3": gemma3_model, "gemma2": gemma2_model, "phi3": phi3_model, "granite": granite_model}
 
 
 def _randomised(model, norm_centre: float):

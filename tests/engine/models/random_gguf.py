@@ -160,15 +160,20 @@ def _write_layer(prefix: str, architecture: str, shape: Shape, matrix, vector, s
         vector(prefix + "attn_k_norm.weight", shape.head_dim)
 
 
-CONVERTED_ARCHITECTURES = {"Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3", "Phi3ForCausalLM": "phi3"}
+CONVERTED_ARCHITECTURES = {"Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3", "Phi3ForCausalLM": "phi3",
+                           "GraniteForCausalLM": "granite"}
+GRANITE_KEYS = {"embedding_multiplier": gguf.Keys.LLM.EMBEDDING_SCALE, "residual_multiplier": gguf.Keys.LLM.RESIDUAL_SCALE,
+                "attention_multiplier": gguf.Keys.Attention.SCALE, "logits_scaling": gguf.Keys.LLM.LOGIT_SCALE}
 
 
 def write_converted_gguf(path: Path, model) -> Path:
-    """``model`` (a transformers ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM`` or ``Phi3ForCausalLM`` whose
-    vocabulary is this module's byte-level one) as llama.cpp's converter (``Gemma2Model``, ``Gemma3Model``,
-    ``Phi3MiniModel``) writes it, every tensor in F32: gguf-py's tensor names (Phi-3's fused ``attn_qkv`` and
-    ``ffn_up``), Gemma's norm weights plus one, no tied output layer, the metadata keys the converter sets
-    (llama.cpp assumes Gemma's sliding pattern and local rope base), Phi-3's LongRoPE factors as tensors."""
+    """``model`` (a transformers ``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``, ``Phi3ForCausalLM`` or
+    ``GraniteForCausalLM`` whose vocabulary is this module's byte-level one) as llama.cpp's converter
+    (``Gemma2Model``, ``Gemma3Model``, ``Phi3MiniModel``, ``GraniteModel``) writes it, every tensor in F32: gguf-py's
+    tensor names (Phi-3's fused ``attn_qkv`` and ``ffn_up``), Gemma's norm weights plus one, Granite's query and key
+    rows paired for llama.cpp's rotary as ``LlamaModel`` permutes them, no tied output layer, the metadata keys the
+    converter sets (llama.cpp assumes Gemma's sliding pattern and local rope base), Phi-3's LongRoPE factors as
+    tensors."""
     config, architecture = model.config, CONVERTED_ARCHITECTURES[type(model).__name__]
     writer = gguf.GGUFWriter(str(path), architecture)
     _write_converted_metadata(writer, config, architecture)
@@ -179,6 +184,9 @@ def write_converted_gguf(path: Path, model) -> Path:
             continue
         if architecture.startswith("gemma") and name.endswith("norm.weight"):
             tensor = tensor + 1  # Gemma's RMSNorm multiplies by (1 + w)
+        if architecture == "granite" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config.num_attention_heads if name.endswith("q_proj.weight") else config.num_key_value_heads
+            tensor = _paired_rotary_rows(tensor, heads)
         writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), tensor.float().numpy())
     rope = config.rope_parameters
     if rope.get("rope_type") == "longrope":
@@ -216,6 +224,16 @@ def _write_converted_metadata(writer: gguf.GGUFWriter, config, architecture: str
             writer.add_rope_scaling_factor(full["factor"])
     if architecture == "phi3":
         _write_phi3_rope(writer, config)
+    if architecture == "granite":
+        writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+        for name, key in GRANITE_KEYS.items():
+            writer.add_float32(key.format(arch=architecture), getattr(config, name))
+
+
+def _paired_rotary_rows(weight, heads: int):
+    """A query or key weight [heads * hd, D] with each head's rows in llama.cpp's rotary order (rows i and
+    hd/2 + i become rows 2i and 2i + 1), as ``LlamaModel.permute`` writes them."""
+    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
 def _write_phi3_rope(writer: gguf.GGUFWriter, config) -> None:
