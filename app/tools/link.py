@@ -76,7 +76,7 @@ class ServerLink:
                 raise ServerProblem(f"{_named(self.config)} stopped during the call.{self._stderr_tail()}") from error
             raise ServerProblem(f"{_named(self.config)} refused the call: {error.message}", False) from error
         except Exception as error:
-            raise ServerProblem(f"The call to {_named(self.config)} failed: {_describe(error)}") from error
+            raise ServerProblem(f"{_named(self.config)} failed during the call: {_describe(error)}") from error
         return ToolReply(result.is_error, _result_text(result))
 
     def stop(self) -> asyncio.Task[None]:
@@ -128,7 +128,7 @@ class ServerLink:
         if isinstance(cause, MCPError) and cause.code == CONNECTION_CLOSED:
             return f"{_named(self.config)} stopped before it answered.{self._stderr_tail()}"
         where = f" at {self.config.url}" if self.config.transport == "http" else ""
-        return f"Could not connect to {_named(self.config)}{where}: {_describe(cause)}{self._stderr_tail()}"
+        return f"{_named(self.config)} could not be reached{where}: {_describe(cause)}.{self._stderr_tail()}"
 
     def _stderr_tail(self) -> str:
         """The end of what the server wrote to stderr, as a sentence to append ("" when nothing)."""

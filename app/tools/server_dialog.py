@@ -16,6 +16,7 @@ from app.storage.settings import ToolServerConfig
 
 TRANSPORT_LABELS = {"stdio": "Command Hearth starts (stdio)", "http": "Address of a running server (HTTP)"}
 URL_EXAMPLE = "http://localhost:8000/mcp"
+MIN_WIDTH = 560  # room for a command with its arguments
 
 
 def read_server(
@@ -78,6 +79,7 @@ class ServerDialog(QDialog):
         self.setObjectName("toolServerDialog")
         self.setWindowTitle("Edit tool server" if server else "Add tool server")
         self.setAccessibleName(self.windowTitle())
+        self.setMinimumWidth(MIN_WIDTH)
         self.config: ToolServerConfig | None = None
         self._taken_names = taken_names
         self._original = server

@@ -39,6 +39,8 @@ class ToolsPage(QWidget):
         """The Add or Edit dialog while it is open."""
         self.server_list = QListWidget(self)
         self.server_list.setAccessibleName("Tool servers")
+        self.server_list.setTextElideMode(Qt.TextElideMode.ElideMiddle)  # long commands: the name and the end stay
+        self.server_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.add_button = self._button("&Add…", self._add)
         self.edit_button = self._button("&Edit…", self._edit)
         self.remove_button = self._button("&Remove", self._remove)
@@ -80,6 +82,7 @@ class ToolsPage(QWidget):
         self.server_list.clear()
         for server in self._servers:
             item = QListWidgetItem(_summary(server), self.server_list)
+            item.setToolTip(item.text())
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
             item.setCheckState(Qt.CheckState.Checked if server.enabled else Qt.CheckState.Unchecked)
         self.server_list.blockSignals(False)

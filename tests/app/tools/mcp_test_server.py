@@ -2,6 +2,7 @@
 
 Built with the SDK's ``MCPServer`` (mcp 1's ``FastMCP``). It appends its process id to the
 file named by ``HEARTH_TEST_PID_FILE`` when it starts, so the tests can see it stopped.
+With ``HEARTH_TEST_HTTP_PORT`` set it serves streamable HTTP at ``http://127.0.0.1:PORT/mcp`` instead.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def add(a: float, b: float) -> str:
 
 @server.tool()
 def fail(message: str) -> str:
-    """Fail with ``message``."""
+    """Fail with the message given."""
     raise ToolError(message)
 
 
@@ -45,4 +46,8 @@ def crash() -> str:
 if __name__ == "__main__":
     with open(os.environ["HEARTH_TEST_PID_FILE"], "a", encoding="utf-8") as pid_file:
         pid_file.write(f"{os.getpid()}\n")
-    server.run()
+    http_port = os.environ.get("HEARTH_TEST_HTTP_PORT")
+    if http_port:
+        server.run("streamable-http", port=int(http_port))
+    else:
+        server.run()
