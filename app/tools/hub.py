@@ -62,10 +62,10 @@ class ToolOutcome:
 
 
 class ToolHub:
-    """The tools of the servers in ``settings`` (GUI thread; coroutines on the qasync loop)."""
+    """The tools of the servers in ``holder``'s settings (GUI thread; coroutines on the qasync loop)."""
 
-    def __init__(self, settings: SettingsHolder, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-        self._settings = settings
+    def __init__(self, holder: SettingsHolder, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        self._settings = holder
         self._connect_timeout_s = connect_timeout_s
         self._links: dict[str, ServerLink] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -75,7 +75,7 @@ class ToolHub:
         """The connection part (``_connection_of``) of each server's entry when it was last connected or tried."""
         self._stopping: set[asyncio.Task[None]] = set()
         self._closed = False
-        settings.changed.connect(self._follow_settings)
+        holder.changed.connect(self._follow_settings)
 
     async def tools(self) -> tuple[ToolSpec, ...]:
         """The tools of every enabled server, connecting to those not connected yet (concurrently)."""
@@ -104,8 +104,8 @@ class ToolHub:
             attempt.cancel()  # not awaited: a hung server may hold it; the link's stop ends it
             self._drop(tool.server)
             status, text = "timeout", (
-                f"The tool “{tool.name}” of “{tool.server}” did not finish within {timeout_s:g} s. "
-                "The server was stopped; it starts again for the next call."
+                f"The tool “{tool.name}” of “{tool.server}” did not finish within {timeout_s:g} s, so Hearth "
+                "closed the connection (stopping the server if Hearth started it). The next call connects again."
             )
         return ToolOutcome(status, text, time.monotonic() - started)
 
@@ -149,19 +149,22 @@ class ToolHub:
             link = self._links.get(config.name)
             if link is not None and link.alive:
                 return link
+            self._drop(config.name)  # a link the server ended: ``close`` still waits for its process
             waited = time.monotonic() - self._failed_at.get(config.name, -RETRY_AFTER_S)
             if self._closed or (not retry_now and waited < RETRY_AFTER_S):
                 return None
-            self._tried[config.name] = _connection_of(config)
+            connection = _connection_of(config)
+            self._tried[config.name] = connection
             try:
                 link = await _open_link(config, timeout_s)
             except ServerProblem as problem:
-                self._problems[config.name], self._failed_at[config.name] = str(problem), time.monotonic()
+                if self._tried.get(config.name) == connection:  # else its settings changed meanwhile
+                    self._problems[config.name], self._failed_at[config.name] = str(problem), time.monotonic()
                 return None
             self._problems.pop(config.name, None)
             self._failed_at.pop(config.name, None)
             self._links[config.name] = link
-            if self._closed:
+            if self._closed or self._tried.get(config.name) != connection:
                 self._drop(config.name)
                 return None
             return link

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+from collections.abc import Callable
 from dataclasses import replace
 
 from PySide6.QtCore import Qt
@@ -59,7 +60,7 @@ class ToolsPage(QWidget):
     def servers(self) -> tuple[ToolServerConfig, ...]:
         return tuple(self._servers)
 
-    def _button(self, text: str, slot) -> QPushButton:
+    def _button(self, text: str, slot: Callable[[], object]) -> QPushButton:
         button = QPushButton(text, self)
         button.clicked.connect(slot)
         return button

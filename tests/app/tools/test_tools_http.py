@@ -55,7 +55,7 @@ def test_an_http_server_lists_answers_and_times_out_like_a_started_one(hub, hold
     again = run(hub.call(specs["add"], {"a": 1, "b": 1}, 10))
 
     assert (added.status, added.text) == ("done", "9")
-    assert hung.status == "timeout" and hung.seconds < 1.5
+    assert hung.status == "timeout" and hung.seconds < 6
     assert (again.status, again.text) == ("done", "2")
 
 

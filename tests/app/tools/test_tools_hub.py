@@ -51,10 +51,10 @@ def test_a_hung_tool_times_out_its_server_is_stopped_and_the_next_call_starts_it
     after = run(hub.call(_named(specs, "add"), {"a": 1, "b": 1}, 30))
 
     assert hung.status == "timeout" and "sleep_forever" in hung.text and "1 s" in hung.text
-    assert hung.seconds < HUNG_TIMEOUT_S + 0.5
+    assert hung.seconds < HUNG_TIMEOUT_S + 5  # far below the 30 s a connection may take
     assert (after.status, after.text) == ("done", "2")
     first, second = started_pids(pid_file)
-    qtbot.waitUntil(lambda: not is_running(first), timeout=10_000)
+    qtbot.waitUntil(lambda: not is_running(first), timeout=30_000)
     assert is_running(second)
 
 
@@ -121,7 +121,7 @@ def test_turning_a_server_off_stops_it_and_hides_its_tools(hub, holder, numbers,
 
     assert run(hub.tools()) == ()
     (pid,) = started_pids(pid_file)
-    qtbot.waitUntil(lambda: not is_running(pid), timeout=10_000)
+    qtbot.waitUntil(lambda: not is_running(pid), timeout=30_000)
 
 
 def test_close_stops_every_server(holder, pid_file, run):

@@ -18,7 +18,7 @@ def test_the_hub_calls_tools_under_the_apps_loop_and_quitting_stops_its_server(r
     real_app.run(scenario)
 
     assert (outcomes["add"].status, outcomes["add"].text) == ("done", "42")
-    assert outcomes["hung"].status == "timeout" and outcomes["hung"].seconds < 1.5
+    assert outcomes["hung"].status == "timeout" and outcomes["hung"].seconds < 6
     assert (outcomes["again"].status, outcomes["again"].text) == ("done", "3")
     pids = started_pids(pid_file)
     assert len(pids) == 2 and not any(is_running(pid) for pid in pids)
