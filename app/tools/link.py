@@ -84,6 +84,8 @@ class ServerLink:
         if self._client is None:
             self._holder.cancel()  # still connecting: nothing to close gracefully
         self._stop.set()
+        if self._errlog is not None:  # kept open until now: a call's failure may quote it after the server ended
+            self._holder.add_done_callback(lambda _holder: self._errlog.close())
         return self._holder
 
     def _connected(self) -> Client:
@@ -105,8 +107,6 @@ class ServerLink:
                 self._ready.set_exception(ServerProblem(self._connect_problem(error)))
         finally:
             self._client = None
-            if self._errlog is not None:
-                self._errlog.close()
 
     def _transport(self) -> AbstractAsyncContextManager:
         if self.config.transport == "http":
