@@ -75,6 +75,7 @@ async def run_window(model_path: str, engine_factory: Callable[[], AsyncEngine] 
     controller.start(engine_factory())
     window.model_loader.load(model_path)
     await closed.wait()
+    await window.tool_hub.close()  # stops the MCP servers it started
     controller.close(ENGINE_STOP_TIMEOUT_S)
     collector.stop()
     return 0

@@ -55,6 +55,7 @@ def _add_menus(window, manager: ConversationManager, sidebar: Sidebar) -> None:
     add_action(chat_menu, "Go to the message box", "Ctrl+M", window.input_bar.prompt.setFocus)
     settings_menu = menu_named(window, "&Settings")
     add_action(settings_menu, "&Default settings…", QKeySequence.StandardKey.Preferences, lambda: open_settings_dialog(window))
+    add_action(settings_menu, "&Tools (MCP servers)…", None, lambda: open_settings_dialog(window).show_tools())
 
 
 def _export(window, manager: ConversationManager, sidebar: Sidebar) -> None:

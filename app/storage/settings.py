@@ -7,8 +7,8 @@ fall back to their defaults, and ``LoadedSettings.notice`` says so. A file over
 (``MAX_TEXT_CHARS``, ``MAX_SYSTEM_PROMPT_CHARS``) counts as damaged too. Keys Hearth does not
 know are ignored (and dropped on the next save). A file the user made read-only (no owner
 write permission) is never replaced: ``save_settings`` leaves it, and the load notice says so
-once. The file may hold the API keys of remote servers and of Hearth's own API server, so it
-is written readable by the user alone (mode 0600).
+once. The file may hold the API keys of remote servers and of Hearth's own API server, and the
+environment (tokens) of MCP tool servers, so it is written readable by the user alone (mode 0600).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ THEMES: tuple[str, ...] = ("system", "light", "dark")
 SETTINGS_NAME = "settings.json"
 RECENT_MODELS_LIMIT = 10
 REMOTE_SERVERS_LIMIT = 10
+TOOL_SERVERS_LIMIT = 32
 SETTINGS_MODE = 0o600
 MAX_SETTINGS_BYTES = 1024**2
 MAX_SYSTEM_PROMPT_CHARS = 100_000
@@ -132,6 +133,54 @@ class ServerSettings:
         return cls(_read_text(host), port, _read_text(api_key))
 
 
+ToolTransport = Literal["stdio", "http"]
+TOOL_TRANSPORTS: tuple[str, ...] = ("stdio", "http")
+
+
+@dataclass(frozen=True)
+class ToolServerConfig:
+    """An MCP server from Settings › Tools: a command Hearth starts ("stdio") or an address ("http").
+
+    ``env`` adds environment variables for the command (often tokens: kept only in the settings
+    file, never in a repr); ``always_allowed`` names this server's tools that run without asking.
+    """
+
+    name: str
+    transport: ToolTransport = "stdio"
+    command: str = ""
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    url: str = ""
+    enabled: bool = True
+    always_allowed: tuple[str, ...] = ()
+
+    def same_target(self, other: ToolServerConfig) -> bool:
+        """True when both start the same command or reach the same address (the environment aside)."""
+        return (self.transport, self.command, self.args, self.url) == (other.transport, other.command, other.args, other.url)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "args": list(self.args), "env": dict(self.env), "always_allowed": list(self.always_allowed)}
+
+    @classmethod
+    def from_dict(cls, data: object) -> ToolServerConfig:
+        """Read what ``to_dict`` wrote; raises ValueError on a bad entry (not shown: it may hold a token)."""
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            raise ValueError("expected a tool server with a name")
+        transport, env, enabled = data.get("transport", "stdio"), data.get("env", {}), data.get("enabled", True)
+        if transport not in TOOL_TRANSPORTS or not isinstance(env, dict) or not isinstance(enabled, bool):
+            raise ValueError(f"the tool server {_shortened(data['name'])} has a bad transport, env or enabled")
+        return cls(
+            name=_read_text(data["name"]),
+            transport=transport,
+            command=_read_text(data.get("command", "")),
+            args=_read_texts(data.get("args", [])),
+            env=tuple((_read_text(key), _read_text(value)) for key, value in env.items()),
+            url=_read_text(data.get("url", "")),
+            enabled=enabled,
+            always_allowed=_read_texts(data.get("always_allowed", [])),
+        )
+
+
 @dataclass(frozen=True)
 class Settings:
     system_prompt: str = ""
@@ -141,6 +190,17 @@ class Settings:
     recent_models: tuple[str, ...] = ()
     remote_servers: tuple[RemoteConnection, ...] = ()
     server: ServerSettings = field(default_factory=ServerSettings)
+    tool_servers: tuple[ToolServerConfig, ...] = ()
+
+    def with_tool_allowed(self, server: str, tool: str) -> Settings:
+        """These settings with ``tool`` of the server named ``server`` always allowed (unchanged if no such server)."""
+        servers = tuple(
+            replace(config, always_allowed=(*config.always_allowed, tool))
+            if config.name == server and tool not in config.always_allowed
+            else config
+            for config in self.tool_servers
+        )
+        return replace(self, tool_servers=servers)
 
     def with_remote_connection(self, connection: RemoteConnection) -> Settings:
         """These settings with ``connection`` first among the remote servers (one entry per address)."""
@@ -236,6 +296,12 @@ def _read_optional_text(value: object) -> str | None:
     return None if value is None else _read_text(value)
 
 
+def _read_texts(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of texts, not {_shortened(value)}")
+    return tuple(_read_text(item) for item in value)
+
+
 def _read_theme(value: object) -> str:
     if value not in THEMES:
         raise ValueError(f"expected one of {', '.join(THEMES)}, not {_shortened(value)}")
@@ -243,15 +309,19 @@ def _read_theme(value: object) -> str:
 
 
 def _read_recent(value: object) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        raise ValueError(f"expected a list of paths, not {_shortened(value)}")
-    return tuple(_read_text(item) for item in value)[:RECENT_MODELS_LIMIT]
+    return _read_texts(value)[:RECENT_MODELS_LIMIT]
 
 
 def _read_remote_servers(value: object) -> tuple[RemoteConnection, ...]:
     if not isinstance(value, list):
         raise ValueError(f"expected a list of servers, not {_shortened(value)}")
     return tuple(RemoteConnection.from_dict(item) for item in value)[:REMOTE_SERVERS_LIMIT]
+
+
+def _read_tool_servers(value: object) -> tuple[ToolServerConfig, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of tool servers, not {_shortened(value)}")
+    return tuple(ToolServerConfig.from_dict(item) for item in value)[:TOOL_SERVERS_LIMIT]
 
 
 _FIELD_READERS = {
@@ -262,6 +332,7 @@ _FIELD_READERS = {
     "recent_models": _read_recent,
     "remote_servers": _read_remote_servers,
     "server": ServerSettings.from_dict,
+    "tool_servers": _read_tool_servers,
 }
 
 
@@ -287,6 +358,7 @@ def save_settings(settings: Settings, path: Path | None = None) -> None:
         return
     data = asdict(settings)
     data["recent_models"] = list(settings.recent_models)
+    data["tool_servers"] = [config.to_dict() for config in settings.tool_servers]
     text = json.dumps(data, indent=2, ensure_ascii=False)
     try:
         _write_atomically(path, text)

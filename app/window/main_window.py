@@ -4,7 +4,8 @@ The window only assembles parts: ``ChatSession`` runs the conversation, ``Status
 reports the engine, ``ModelLoader`` opens models (File menu, drops) and
 ``RemoteModelPicker`` picks one on a remote server (File › Connect to server…), the
 performance dock shows every engine event, the Server menu runs the API server
-on the same engine (``server_menu``), and errors that need attention open a
+on the same engine (``server_menu``), ``tool_hub`` reaches the MCP tool servers of
+Settings › Tools (``run_window`` closes it), and errors that need attention open a
 non-blocking dialog.
 """
 
@@ -26,6 +27,7 @@ from app.models.remote_picker import RemoteModelPicker
 from app.perf.dock import PerformanceDock
 from app.settings.app_settings import SettingsHolder
 from app.settings.theme import STYLE_SHEET
+from app.tools.hub import ToolHub
 from app.window.geometry import restore_geometry, save_geometry
 from app.window.menus import MENU_ORDER, add_action, menu_named
 from app.window.server_menu import install_server_menu
@@ -53,6 +55,7 @@ class MainWindow(QMainWindow):
         self.status_line = StatusLine(controller, self)
         self.setStatusBar(self.status_line)
         self.settings_holder = SettingsHolder(parent=self)
+        self.tool_hub = ToolHub(self.settings_holder)
         self.start_folders = StartFolders()
         self.journal, startup_notices = open_journal(lambda: self.settings_holder.settings)
         startup_notices += [self.settings_holder.load_notice] if self.settings_holder.load_notice else []
