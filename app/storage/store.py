@@ -32,14 +32,17 @@ from app.storage.records import (
     ConversationSummary,
     Message,
     MessageState,
+    ToolTurn,
     conversation_from_rows,
     message_from_row,
     summary_from_row,
     title_from_text,
+    tool_calls_json,
+    tool_json,
 )
 from app.storage.settings import SamplingSettings
 from app.storage.unsaved import UnsavedReplies, UnsavedReply
-from engine.protocol.messages import RequestStats, Role
+from engine.protocol.messages import RequestStats, Role, ToolCall
 
 Clock = Callable[[], float]
 _NEWEST_FIRST = "ORDER BY updated_at DESC, rowid DESC"
@@ -147,14 +150,18 @@ class ChatStore:
             )
 
     def set_conversation_settings(
-        self, conversation_id: str, system_prompt: str, sampling: SamplingSettings | None
+        self, conversation_id: str, system_prompt: str, sampling: SamplingSettings | None,
+        reply_kind: str = "text", reply_schema: str = "", use_tools: bool = False,
     ) -> None:
-        """Replace the conversation's system prompt and sampling (None: follow the global defaults)."""
+        """Replace the conversation's system prompt, sampling (None: follow the global defaults), reply format
+        (``records.Conversation.reply_kind``) and whether its replies may call tools."""
         with self._transaction("the conversation settings") as db:
             self._require_conversation(db, conversation_id)
             db.execute(
-                "UPDATE conversations SET system_prompt = ?, sampling_json = ?, updated_at = ? WHERE id = ?",
-                (system_prompt, _sampling_json(sampling), self._clock(), conversation_id),
+                "UPDATE conversations SET system_prompt = ?, sampling_json = ?, reply_kind = ?, reply_schema = ?,"
+                " use_tools = ?, updated_at = ? WHERE id = ?",
+                (system_prompt, _sampling_json(sampling), reply_kind, reply_schema, use_tools, self._clock(),
+                 conversation_id),
             )
 
     def delete_conversation(self, conversation_id: str) -> None:
@@ -262,6 +269,26 @@ class ChatStore:
                 "UPDATE messages SET content = ?, state = ?, stats_json = ? WHERE id = ?",
                 (text, state, stats_json, message_id),
             )
+            self._touch(db, row["conversation_id"])
+
+    def set_tool_calls(self, message_id: str, calls: tuple[ToolCall, ...]) -> None:
+        """Save the tools a finished assistant reply called."""
+        with self._transaction("the reply's tool calls") as db:
+            self._require_message(db, message_id)
+            db.execute("UPDATE messages SET tool_calls_json = ? WHERE id = ?", (tool_calls_json(calls), message_id))
+
+    def add_tool_turn(self, conversation_id: str, turn: ToolTurn, text: str = "") -> Message:
+        """Append a "tool" message: the call ``turn`` and its result ``text`` so far."""
+        with self._transaction("the tool call") as db:
+            message = self._append(db, conversation_id, "tool", text, "done")
+            db.execute("UPDATE messages SET tool_json = ? WHERE id = ?", (tool_json(turn), message.id))
+        return dataclasses.replace(message, tool=turn)
+
+    def update_tool_turn(self, message_id: str, turn: ToolTurn, text: str) -> None:
+        """Save how a tool call stands now, and its result ``text``."""
+        with self._transaction("the tool call's result") as db:
+            row = self._require_message(db, message_id)
+            db.execute("UPDATE messages SET tool_json = ?, content = ? WHERE id = ?", (tool_json(turn), text, message_id))
             self._touch(db, row["conversation_id"])
 
     def _fold_log(self) -> None:
