@@ -1,0 +1,167 @@
+"""A tool call as a card in the chat: the tool, its arguments, how it stands, its result (GUI thread).
+
+The card shows a "tool" ``DisplayMessage``: the tool's name (and its server), the arguments
+pretty-printed, the call's status and the time it took, and the result the model reads (its
+first ``RESULT_PREVIEW_CHARS`` characters; Copy copies all of it). While the call waits for the
+user, the card asks: Allow once, Always allow or Deny, announced through ``action_requested``
+as ``tool_round.TOOL_ANSWERS``. It answers the chat view as a ``MessageBubble`` does
+(``refresh``, ``grow``, ``shown_text``), so the view lays both out alike.
+"""
+
+from __future__ import annotations
+
+import json
+
+from PySide6.QtCore import QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QFontDatabase, QGuiApplication
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QToolButton, QVBoxLayout, QWidget
+
+from app.chat.tool_round import ToolAnswer
+from app.conversations.conversation import DisplayMessage
+from app.storage.records import ToolStatus
+
+RESULT_PREVIEW_CHARS = 2000
+COPIED_MS = 1500
+STATUS_TEXTS: dict[ToolStatus, str] = {
+    "waiting": "Waiting for your approval",
+    "running": "Running…",
+    "done": "Done",
+    "error": "Error",
+    "timeout": "Timed out",
+    "denied": "Denied",
+    "stopped": "Stopped",
+    "skipped": "Not run",
+}
+_ANSWER_BUTTONS: tuple[tuple[ToolAnswer, str, str], ...] = (
+    ("allow_once", "&Allow once", "Run this call once"),
+    ("allow_always", "Al&ways allow", "Run this tool from now on without asking"),
+    ("deny", "&Deny", "Do not run it; the model is told you denied it"),
+)
+
+
+def pretty_arguments(text: str) -> str:
+    """The arguments' JSON indented for reading (as the model wrote them when they do not parse)."""
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        return text
+
+
+def result_preview(text: str) -> str:
+    """The result as the card shows it: at most ``RESULT_PREVIEW_CHARS`` characters, and how many more there are."""
+    if len(text) <= RESULT_PREVIEW_CHARS:
+        return text
+    return f"{text[:RESULT_PREVIEW_CHARS]}…\n({len(text) - RESULT_PREVIEW_CHARS:,} more characters: Copy copies all)"
+
+
+class ToolCard(QFrame):
+    """Shows a "tool" ``DisplayMessage``; call ``refresh`` after its call moved on."""
+
+    action_requested = Signal(str)
+    """The user's answer while the call waits: one of ``tool_round.TOOL_ANSWERS``."""
+
+    def __init__(self, message: DisplayMessage, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        assert message.tool is not None
+        self.message = message
+        self.setObjectName("toolCard")
+        self.setAccessibleName(f"Tool call {message.tool.function_name}")
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
+        self.title = self._label("toolTitle", "Tool")
+        self.status = self._label("toolStatus", "Tool call status")
+        self.copy_button = QToolButton(self)
+        self.copy_button.setText("Copy")
+        self.copy_button.setObjectName("bubbleButton")
+        self.copy_button.setAccessibleName("Copy the result")
+        self.copy_button.setToolTip("Copy the result")
+        self.copy_button.setAutoRaise(True)
+        self.copy_button.clicked.connect(self.copy_result)
+        self.arguments = self._label("toolArguments", "Arguments", selectable=True)
+        self.arguments.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        self.result = self._label("toolResult", "Result", selectable=True)
+        self.question = self._label("toolQuestion", "Approval")
+        self.answer_buttons = [self._answer_button(*spec) for spec in _ANSWER_BUTTONS]
+        self._lay_out()
+        self.refresh()
+
+    @property
+    def complete(self) -> bool:
+        """Always True: a tool card is made whole at once."""
+        return True
+
+    def grow(self, _deadline: float) -> bool:
+        return True
+
+    def shown_text(self) -> str:
+        """The card's text: title, status, arguments and result."""
+        parts = (self.title.text(), self.status.text(), self.arguments.text(), self.result.text())
+        return "\n".join(part for part in parts if part)
+
+    def copy_result(self) -> None:
+        QGuiApplication.clipboard().setText(self.message.content)
+        self.copy_button.setText("Copied")
+        button = self.copy_button
+        QTimer.singleShot(COPIED_MS, button, lambda: button.setText("Copy"))  # skipped if the card is gone
+
+    def refresh(self) -> None:
+        """Show the call as it stands now."""
+        tool = self.message.tool
+        assert tool is not None
+        server = f"  ·  {tool.server}" if tool.server else ""
+        self.title.setText(f"Tool: {tool.function_name}{server}")
+        took = f"  ·  {tool.seconds:.2f} s" if tool.seconds > 0 else ""
+        self.status.setText(STATUS_TEXTS[tool.status] + took)
+        if self.status.property("status") != tool.status:
+            self.status.setProperty("status", tool.status)
+            self.status.style().polish(self.status)
+        self.arguments.setText(pretty_arguments(tool.arguments))
+        self.result.setText(result_preview(self.message.content))
+        self.result.setVisible(bool(self.message.content))
+        waiting = tool.status == "waiting"
+        self.question.setText(f"Let {tool.function_name} run with these arguments?" if waiting else "")
+        for widget in (self.question, *self.answer_buttons):
+            widget.setVisible(waiting)
+        self.copy_button.setVisible(bool(self.message.content))
+        self.updateGeometry()
+
+    def sizeHint(self) -> QSize:
+        """As wide as the card may be (the chat view sets that), as tall as that makes it."""
+        width = max(self.maximumWidth(), super().minimumSizeHint().width())
+        return QSize(width, self.heightForWidth(width))
+
+    def _lay_out(self) -> None:
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(12, 8, 12, 10)
+        layout.setSpacing(4)
+        header = QHBoxLayout()
+        header.addWidget(self.title, 1)
+        header.addWidget(self.status)
+        header.addWidget(self.copy_button)
+        layout.addLayout(header)
+        layout.addWidget(self.arguments)
+        layout.addWidget(self.result)
+        layout.addWidget(self.question)
+        buttons = QHBoxLayout()
+        for button in self.answer_buttons:
+            buttons.addWidget(button)
+        buttons.addStretch(1)
+        layout.addLayout(buttons)
+
+    def _answer_button(self, answer: ToolAnswer, text: str, tip: str) -> QPushButton:
+        button = QPushButton(text, self)
+        button.setObjectName(f"tool_{answer}")
+        button.setAccessibleName(text.replace("&", ""))
+        button.setToolTip(tip)
+        button.clicked.connect(lambda: self.action_requested.emit(answer))
+        return button
+
+    def _label(self, object_name: str, accessible_name: str, selectable: bool = False) -> QLabel:
+        label = QLabel("", self)
+        label.setTextFormat(Qt.TextFormat.PlainText)
+        label.setObjectName(object_name)
+        label.setWordWrap(True)
+        label.setAccessibleName(accessible_name)
+        if selectable:
+            flags = Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.TextSelectableByKeyboard
+            label.setTextInteractionFlags(flags)
+        return label
