@@ -1,7 +1,8 @@
-"""What the actions on a message card do: edit (in a dialog), regenerate, delete (GUI thread).
+"""What the actions on a message card do: edit (in a dialog), regenerate, delete, answer a tool call (GUI thread).
 
 Copy is handled by the card itself; the rest goes to ``ChatSession``, which refuses while a
-reply is being written in that conversation (except a tool card's answer, which that reply waits for). Editing opens a small non-blocking dialog with the message's text.
+reply is being written in that conversation (except a tool card's answer, which that reply
+waits for). Editing opens a small non-blocking dialog with the message's text.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from app.controller import EngineController
 from app.conversations.conversation import Conversation, DisplayMessage
 from app.conversations.persistence import ConversationJournal
 from app.storage import StorageError
-from engine.chat.tool_calls import split_reply
+from engine.chat.tool_calls import ToolCallParser, split_reply
 from engine.protocol.messages import (
     EngineError, ModelLoaded, PrefillDone, ReplyFailed, ReplyFinished, RequestStats, TokenStreamed, ToolCall,
 )
@@ -62,6 +62,14 @@ class LiveReply:
     task: asyncio.Task[None] | None = None
     """The tool list being fetched or the round of calls being answered: what Stop cancels (None while the
     engine writes)."""
+    calls_parser: ToolCallParser | None = None
+    """Holds back the tool calls of the reply being written, when tools were offered (their cards show them)."""
+
+    def shown_text(self, streamed: str) -> str:
+        """What of ``streamed`` the reply's card shows now: all of it, less what is or may become a tool call."""
+        if self.calls_parser is None:
+            return streamed
+        return "".join(piece for piece in self.calls_parser.feed(streamed) if isinstance(piece, str))
 
     @property
     def started(self) -> bool:
@@ -188,6 +196,7 @@ class ReplyRouter(QObject):
         sampling = self._journal.sampling_for(conversation)
         constraint = conversation.reply_format.constraint()
         tools = tuple(tool.openai_json() for tool in reply.tools.values())
+        reply.calls_parser = ToolCallParser(self._tool_format) if tools else None
         reply.request_id = self._controller.send_prompt(conversation.id, history, sampling, constraint, tools)
         self._by_request[reply.request_id] = reply
         self.reply_started.emit(reply.request_id, conversation.id)
@@ -217,8 +226,9 @@ class ReplyRouter(QObject):
         if reply is None:
             return
         reply.message.waiting = False  # begun, even by an engine that sent no PrefillDone
-        reply.conversation.append_to_reply(event.text)
-        self._record(lambda: self._journal.record_text(reply.message, event.text))
+        text = reply.shown_text(event.text)
+        reply.conversation.append_to_reply(text)
+        self._record(lambda: self._journal.record_text(reply.message, text))
         self.text_changed.emit(reply)
 
     def _on_finished(self, event: ReplyFinished) -> None:

@@ -1,7 +1,7 @@
 """A tool call as a card in the chat: the tool, its arguments, how it stands, its result (GUI thread).
 
-The card shows a "tool" ``DisplayMessage``: the tool's name (and its server), the arguments
-pretty-printed, the call's status and the time it took, and the result the model reads (its
+The card shows a "tool" ``DisplayMessage``: the tool's name (and its server), the call's status
+and the time it took, the arguments pretty-printed, and the result the model reads (its
 first ``RESULT_PREVIEW_CHARS`` characters; Copy copies all of it). While the call waits for the
 user, the card asks: Allow once, Always allow or Deny, announced through ``action_requested``
 as ``tool_round.TOOL_ANSWERS``. It answers the chat view as a ``MessageBubble`` does
@@ -47,6 +47,13 @@ def pretty_arguments(text: str) -> str:
         return text
 
 
+def _time_taken(seconds: float) -> str:
+    """How long the call took, for the status line ("" when it did not run)."""
+    if seconds <= 0:
+        return ""
+    return "  ·  under 0.01 s" if seconds < 0.01 else f"  ·  {seconds:.2f} s"
+
+
 def result_preview(text: str) -> str:
     """The result as the card shows it: at most ``RESULT_PREVIEW_CHARS`` characters, and how many more there are."""
     if len(text) <= RESULT_PREVIEW_CHARS:
@@ -78,6 +85,8 @@ class ToolCard(QFrame):
         self.copy_button.clicked.connect(self.copy_result)
         self.arguments = self._label("toolArguments", "Arguments", selectable=True)
         self.arguments.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        self.result_caption = self._label("toolCaption", "Result caption")
+        self.result_caption.setText("Result")
         self.result = self._label("toolResult", "Result", selectable=True)
         self.question = self._label("toolQuestion", "Approval")
         self.answer_buttons = [self._answer_button(*spec) for spec in _ANSWER_BUTTONS]
@@ -109,14 +118,14 @@ class ToolCard(QFrame):
         assert tool is not None
         server = f"  ·  {tool.server}" if tool.server else ""
         self.title.setText(f"Tool: {tool.function_name}{server}")
-        took = f"  ·  {tool.seconds:.2f} s" if tool.seconds > 0 else ""
-        self.status.setText(STATUS_TEXTS[tool.status] + took)
+        self.status.setText(STATUS_TEXTS[tool.status] + _time_taken(tool.seconds))
         if self.status.property("status") != tool.status:
             self.status.setProperty("status", tool.status)
             self.status.style().polish(self.status)
         self.arguments.setText(pretty_arguments(tool.arguments))
         self.result.setText(result_preview(self.message.content))
-        self.result.setVisible(bool(self.message.content))
+        for widget in (self.result_caption, self.result):
+            widget.setVisible(bool(self.message.content))
         waiting = tool.status == "waiting"
         self.question.setText(f"Let {tool.function_name} run with these arguments?" if waiting else "")
         for widget in (self.question, *self.answer_buttons):
@@ -135,10 +144,11 @@ class ToolCard(QFrame):
         layout.setSpacing(4)
         header = QHBoxLayout()
         header.addWidget(self.title, 1)
-        header.addWidget(self.status)
         header.addWidget(self.copy_button)
         layout.addLayout(header)
+        layout.addWidget(self.status)
         layout.addWidget(self.arguments)
+        layout.addWidget(self.result_caption)
         layout.addWidget(self.result)
         layout.addWidget(self.question)
         buttons = QHBoxLayout()

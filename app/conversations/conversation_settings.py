@@ -23,6 +23,11 @@ from app.settings.saving_dialog import SavingDialog
 from app.storage import SamplingSettings
 
 
+TOOLS_NEED_FREE_TEXT = (
+    "Tools need free-text replies (a JSON reply cannot call a tool): choose Free text, or untick Use tools."
+)
+
+
 class ConversationSettingsDialog(SavingDialog):
     """Edits one conversation's system prompt, sampling and reply format."""
 
@@ -76,7 +81,7 @@ class ConversationSettingsDialog(SavingDialog):
         reply_format = self.reply_format()
         problem = reply_format.schema_problem()
         if self.use_tools.isChecked() and reply_format.kind != "text":
-            problem = "Tools need free-text replies (a JSON reply cannot call a tool): choose Free text, or untick Use tools."
+            problem = TOOLS_NEED_FREE_TEXT
         if problem:
             self.error_label.setText(problem)
             self.error_label.show()

@@ -23,6 +23,7 @@ STYLE_SHEET = """
 #toolStatus { color: #5a6470; font-size: 11px; background: transparent; border: none; }
 #toolStatus[status="waiting"] { color: #8a5a2b; font-weight: bold; }
 #toolStatus[status="error"], #toolStatus[status="timeout"] { color: #b3261e; font-weight: bold; }
+#toolCaption { color: #5a6470; font-size: 11px; font-weight: bold; background: transparent; border: none; }
 #toolArguments, #toolResult, #toolQuestion { color: #1f1f1f; background: transparent; border: none; }
 #toolArguments { background: #e6ebef; border-radius: 4px; padding: 4px; }
 #inputBar { background: #fbf9f6; border-top: 1px solid #e3ddd4; }

@@ -65,7 +65,9 @@ def press(chat, card: ToolCard, answer: str) -> None:
 
 
 def test_an_approved_call_shows_its_result_and_the_reply_goes_on_after_it(chat, script, hub):
-    script.replies_by_prompt = {QUESTION: call_tokens(), SUNNY: ANSWER}
+    script.replies_by_prompt = {QUESTION: ("Let me look.",) + call_tokens(), SUNNY: ANSWER}
+    streamed: list[str] = []
+    chat.window.session.replies.text_changed.connect(lambda reply: streamed.append(reply.message.content))
     use_tools(chat)
     ask(chat)
 
@@ -84,11 +86,12 @@ def test_an_approved_call_shows_its_result_and_the_reply_goes_on_after_it(chat, 
     call = second.messages[-2].tool_calls[0]
     assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris"})
     assert second.messages[-2:] == (
-        ChatMessage("assistant", "", tool_calls=(call,)),
+        ChatMessage("assistant", "Let me look.", tool_calls=(call,)),
         ChatMessage("tool", SUNNY, tool_call_id=call.id, name="get_weather"),
     )
     assert chat.last_reply().content == "".join(ANSWER)
     assert chat.shown_texts()[-1] == "It is sunny in Paris."
+    assert "Let me look." in streamed and not any("<tool_call" in text for text in streamed), "calls show as cards"
     assert chat.window.session.conversation.history()[-3:] == second.messages[-2:] + (
         ChatMessage("assistant", "".join(ANSWER)),
     )
