@@ -4,7 +4,7 @@ The card shows a "tool" ``DisplayMessage``: the tool's name (and its server), th
 and the time it took, the arguments pretty-printed, and the result the model reads (its
 first ``RESULT_PREVIEW_CHARS`` characters; Copy copies all of it). While the call waits for the
 user, the card asks: Allow once, Always allow or Deny, announced through ``action_requested``
-as ``tool_round.TOOL_ANSWERS``. It answers the chat view as a ``MessageBubble`` does
+as ``tool_round.TOOL_ANSWERS`` (side by side, or one above the other in a narrow card). It answers the chat view as a ``MessageBubble`` does
 (``refresh``, ``grow``, ``shown_text``), so the view lays both out alike.
 """
 
@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 
 from PySide6.QtCore import QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QFontDatabase, QGuiApplication
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtGui import QFontDatabase, QGuiApplication, QResizeEvent
+from PySide6.QtWidgets import (
+    QBoxLayout, QFrame, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QToolButton, QVBoxLayout, QWidget,
+)
 
 from app.chat.tool_round import ToolAnswer
 from app.conversations.conversation import DisplayMessage
@@ -90,6 +92,7 @@ class ToolCard(QFrame):
         self.result = self._label("toolResult", "Result", selectable=True)
         self.question = self._label("toolQuestion", "Approval")
         self.answer_buttons = [self._answer_button(*spec) for spec in _ANSWER_BUTTONS]
+        self._buttons = QBoxLayout(QBoxLayout.Direction.LeftToRight)
         self._lay_out()
         self.refresh()
 
@@ -151,11 +154,24 @@ class ToolCard(QFrame):
         layout.addWidget(self.result_caption)
         layout.addWidget(self.result)
         layout.addWidget(self.question)
-        buttons = QHBoxLayout()
         for button in self.answer_buttons:
-            buttons.addWidget(button)
-        buttons.addStretch(1)
-        layout.addLayout(buttons)
+            self._buttons.addWidget(button)
+        self._buttons.addStretch(1)
+        layout.addLayout(self._buttons)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._fit_answer_buttons()
+
+    def _fit_answer_buttons(self) -> None:
+        """The answer buttons side by side when the card is wide enough for them, else one above the other."""
+        margins = self.layout().contentsMargins()
+        spacing = self._buttons.spacing() * (len(self.answer_buttons) - 1)
+        needed = sum(button.sizeHint().width() for button in self.answer_buttons) + spacing
+        fits = self.width() - margins.left() - margins.right() >= needed
+        direction = QBoxLayout.Direction.LeftToRight if fits else QBoxLayout.Direction.TopToBottom
+        if self._buttons.direction() != direction:
+            self._buttons.setDirection(direction)
 
     def _answer_button(self, answer: ToolAnswer, text: str, tip: str) -> QPushButton:
         button = QPushButton(text, self)

@@ -10,8 +10,10 @@ import pytest
 from app.chat import tool_round
 from app.chat.reply_router import MAX_TOOL_ROUNDS
 from app.chat.tool_card import ToolCard
+from app.conversations.conversation import DisplayMessage
 from app.conversations.conversation_settings import open_conversation_settings
 from app.conversations.export_dialog import export_text
+from app.storage.records import ToolTurn
 from engine.protocol.messages import ChatMessage
 
 from tests.app.chat.stand_in_hub import StandInHub
@@ -281,3 +283,14 @@ def test_a_call_is_approved_and_answered_under_the_apps_own_loop(real_app, scrip
         assert [m.role for m in script.generates[-1].messages] == ["user", "assistant", "tool"]
 
     real_app.run(scenario)
+
+
+def test_the_answer_buttons_stand_one_above_the_other_in_a_narrow_card(chat_view, qtbot):
+    message = DisplayMessage("tool", "", tool=ToolTurn("call_1", "get_weather", '{"city": "Paris"}'))
+    buttons = chat_view.add_message(message).answer_buttons
+    qtbot.waitUntil(lambda: buttons[0].isVisible() and buttons[0].y() == buttons[2].y(), timeout=2000)
+
+    chat_view.resize(300, 400)
+
+    qtbot.waitUntil(lambda: buttons[0].y() < buttons[1].y() < buttons[2].y(), timeout=2000)
+    assert all(button.width() >= button.sizeHint().width() for button in buttons), "no label is cut off"
