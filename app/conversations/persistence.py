@@ -16,7 +16,6 @@ to a memory-only store (with a notice) when the data folder cannot be written at
 
 from __future__ import annotations
 
-import dataclasses
 import sqlite3
 import time
 from collections.abc import Callable
@@ -31,19 +30,14 @@ from app.storage.schema import migrate
 from engine.protocol.messages import RequestStats, SamplingParams
 
 Clock = Callable[[], float]
-CUT_OFF_CALL = "Hearth stopped before this tool call finished; it has no result."
 
 
 def display_message(message: StoredMessage) -> DisplayMessage:
-    """The on-screen message of a stored one; a tool call that Hearth's end left pending shows as stopped."""
     state = "interrupted" if message.state == "streaming" else message.state
     error = "the reply failed before it was finished" if state == "error" else ""
-    tool, content = message.tool, message.content
-    if tool is not None and tool.pending:
-        tool, content = dataclasses.replace(tool, status="stopped"), CUT_OFF_CALL
     return DisplayMessage(
-        message.role, content, state, error, message.id, message.position, message.dropped_from_context,
-        tool_calls=message.tool_calls, tool=tool,
+        message.role, message.content, state, error, message.id, message.position, message.dropped_from_context,
+        tool_calls=message.tool_calls, tool=message.tool,
     )
 
 

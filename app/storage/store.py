@@ -45,6 +45,7 @@ from app.storage.unsaved import UnsavedReplies, UnsavedReply
 from engine.protocol.messages import RequestStats, Role, ToolCall
 
 Clock = Callable[[], float]
+CUT_OFF_CALL = "Hearth stopped before this tool call finished; it has no result."
 _NEWEST_FIRST = "ORDER BY updated_at DESC, rowid DESC"
 
 
@@ -326,12 +327,22 @@ class ChatStore:
             )
 
     def recover_interrupted(self) -> list[Message]:
-        """Mark replies left 'streaming' by a crash as 'interrupted' (text kept); return them. Call at start."""
+        """Mark replies left 'streaming' by a crash as 'interrupted' (text kept), and tool calls left waiting or
+        running as stopped (``CUT_OFF_CALL``); return the replies. Call at start."""
         with self._transaction("the recovered replies") as db:
             rows = db.execute("SELECT * FROM messages WHERE state = 'streaming'").fetchall()
             db.execute("UPDATE messages SET state = 'interrupted' WHERE state = 'streaming'")
+            self._stop_pending_tool_turns(db)
         found = (message_from_row(row)[0] for row in rows)
         return [dataclasses.replace(m, state="interrupted") for m in found if m is not None]
+
+    @staticmethod
+    def _stop_pending_tool_turns(db: sqlite3.Connection) -> None:
+        for row in db.execute("SELECT * FROM messages WHERE role = 'tool'").fetchall():
+            message, _problems = message_from_row(row)
+            if message is not None and message.tool is not None and message.tool.pending:
+                stopped = tool_json(dataclasses.replace(message.tool, status="stopped"))
+                db.execute("UPDATE messages SET tool_json = ?, content = ? WHERE id = ?", (stopped, CUT_OFF_CALL, row["id"]))
 
     # ------------------------------------------------------------ helpers (inside a transaction)
 

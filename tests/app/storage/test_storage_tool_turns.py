@@ -9,6 +9,7 @@ from pathlib import Path
 
 from app.storage import ChatStore, export_json, export_markdown
 from app.storage.records import ToolTurn
+from app.storage.store import CUT_OFF_CALL
 from engine.protocol.messages import ToolCall
 
 FIXTURES = Path(__file__).with_name("fixtures")
@@ -102,3 +103,16 @@ def test_a_result_full_of_backticks_stays_inside_its_fence(store: ChatStore) -> 
     markdown = export_markdown(store.load_conversation(conversation.id))
 
     assert f"````text\n{'```'}\nrm -rf\n```\n````" in markdown and turn.tool is not None
+
+
+def test_recovery_marks_a_call_left_waiting_or_running_as_stopped(store: ChatStore) -> None:
+    conversation = store.create_conversation()
+    waiting = store.add_tool_turn(conversation.id, ToolTurn("a", "clock", "{}"))
+    running = store.add_tool_turn(conversation.id, ToolTurn("b", "clock", "{}", "running"))
+    done = store.add_tool_turn(conversation.id, ToolTurn("c", "clock", "{}", "done", 0.1), "noon")
+
+    store.recover_interrupted()
+
+    turns = {m.id: m for m in store.load_conversation(conversation.id).messages}
+    assert [turns[m.id].tool.status for m in (waiting, running, done)] == ["stopped", "stopped", "done"]
+    assert turns[waiting.id].content == CUT_OFF_CALL and turns[done.id].content == "noon"
