@@ -3,14 +3,13 @@
 The card shows a "tool" ``DisplayMessage``: the tool's name (and its server), the call's status
 and the time it took, the arguments pretty-printed, and the result the model reads (its
 first ``RESULT_PREVIEW_CHARS`` characters; Copy copies all of it). While the call waits for the
-user, the card asks: Allow once, Always allow or Deny, announced through ``action_requested``
-as ``tool_round.TOOL_ANSWERS`` (side by side, or one above the other in a narrow card). It answers the chat view as a ``MessageBubble`` does
-(``refresh``, ``grow``, ``shown_text``), so the view lays both out alike.
+user, the card asks: Allow once, Always allow or Deny (side by side, or one above the other in
+a narrow card), announced through ``action_requested`` as ``tool_round.TOOL_ANSWERS``. It
+answers the chat view as a ``MessageBubble`` does (``refresh``, ``grow``, ``shown_text``), so
+the view lays both out alike.
 """
 
 from __future__ import annotations
-
-import json
 
 from PySide6.QtCore import QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QFontDatabase, QGuiApplication, QResizeEvent
@@ -18,12 +17,13 @@ from PySide6.QtWidgets import (
     QBoxLayout, QFrame, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QToolButton, QVBoxLayout, QWidget,
 )
 
+from app.chat.message_bubble import COPIED_MS
 from app.chat.tool_round import ToolAnswer
 from app.conversations.conversation import DisplayMessage
+from app.storage.export import pretty_json
 from app.storage.records import ToolStatus
 
 RESULT_PREVIEW_CHARS = 2000
-COPIED_MS = 1500
 STATUS_TEXTS: dict[ToolStatus, str] = {
     "waiting": "Waiting for your approval",
     "running": "Running…",
@@ -39,14 +39,6 @@ _ANSWER_BUTTONS: tuple[tuple[ToolAnswer, str, str], ...] = (
     ("allow_always", "Al&ways allow", "Run this tool from now on without asking"),
     ("deny", "&Deny", "Do not run it; the model is told you denied it"),
 )
-
-
-def pretty_arguments(text: str) -> str:
-    """The arguments' JSON indented for reading (as the model wrote them when they do not parse)."""
-    try:
-        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
-    except ValueError:
-        return text
 
 
 def _time_taken(seconds: float) -> str:
@@ -125,7 +117,7 @@ class ToolCard(QFrame):
         if self.status.property("status") != tool.status:
             self.status.setProperty("status", tool.status)
             self.status.style().polish(self.status)
-        self.arguments.setText(pretty_arguments(tool.arguments))
+        self.arguments.setText(pretty_json(tool.arguments))
         self.result.setText(result_preview(self.message.content))
         for widget in (self.result_caption, self.result):
             widget.setVisible(bool(self.message.content))

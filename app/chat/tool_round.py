@@ -100,10 +100,10 @@ class ToolRound(QObject):
                 return "denied", DENIED, 0.0
             if choice == "allow_always":
                 hub.allow_always(tool)
-        self._set_status(conversation, message, "running")
+        self._settle(conversation, message, "running", "")
         try:
             outcome = await hub.call(tool, arguments, TOOL_TIMEOUT_S)
-        except Exception as error:  # noqa: BLE001 - the hub answers with outcomes; one that raises must not hang the reply
+        except Exception as error:  # the hub answers with outcomes; one that raises anyway must not hang the reply
             return "error", f"The tool could not be called: {error}", 0.0
         return outcome.status, outcome.text, outcome.seconds
 
@@ -125,9 +125,6 @@ class ToolRound(QObject):
             message = conversation.add_tool_turn(turn)
         self.turn_added.emit(conversation, message)
         return message
-
-    def _set_status(self, conversation: Conversation, message: DisplayMessage, status: ToolStatus) -> None:
-        self._settle(conversation, message, status, message.content, 0.0)
 
     def _settle(
         self, conversation: Conversation, message: DisplayMessage, status: ToolStatus, text: str, seconds: float = 0.0

@@ -37,7 +37,7 @@ def _message_markdown(message: Message) -> list[str]:
     note = _STATE_NOTES.get(message.state)
     lines = [heading, "", message.content] if message.content else [heading]
     for call in message.tool_calls:
-        lines += ["", f"*Called `{call.name}` with:*", "", *_fenced(_pretty_json(call.arguments), "json")]
+        lines += ["", f"*Called `{call.name}` with:*", "", *_fenced(pretty_json(call.arguments), "json")]
     if note:
         lines += ["", f"*{note}*"]
     return lines + [""]
@@ -50,7 +50,7 @@ def _tool_markdown(turn: ToolTurn, result: str) -> list[str]:
     return [heading, "", status, "", *_fenced(result, "text"), ""]
 
 
-def _pretty_json(text: str) -> str:
+def pretty_json(text: str) -> str:
     """JSON text indented for reading (as it is when it does not parse)."""
     try:
         return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
