@@ -294,3 +294,20 @@ def test_the_answer_buttons_stand_one_above_the_other_in_a_narrow_card(chat_view
 
     qtbot.waitUntil(lambda: buttons[0].y() < buttons[1].y() < buttons[2].y(), timeout=2000)
     assert all(button.width() >= button.sizeHint().width() for button in buttons), "no label is cut off"
+
+
+def test_a_call_waits_while_the_user_reads_another_conversation_and_is_answered_on_return(chat, script, hub):
+    script.replies_by_prompt = {QUESTION: call_tokens(), SUNNY: ANSWER}
+    use_tools(chat)
+    ask(chat)
+    card_waiting(chat)
+    asking = chat.window.session.conversation.id
+
+    chat.window.conversations.new_conversation()
+    assert tool_cards(chat) == [] and chat.sidebar_titles() == [QUESTION]
+    chat.window.conversations.open(asking)
+
+    press(chat, card_waiting(chat), "allow_once")
+    chat.wait_until_reply_ends()
+    assert tool_cards(chat)[0].result.text() == SUNNY
+    assert chat.last_reply().content == "".join(ANSWER)
