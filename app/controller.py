@@ -164,10 +164,12 @@ class EngineController(QObject):
         messages: tuple[ChatMessage, ...],
         sampling: SamplingParams = SamplingParams(),
         constraint: Constraint | None = None,
+        tools: tuple[str, ...] = (),
     ) -> str:
-        """Ask for a reply to the last user message, under ``constraint`` if any; returns the request id."""
+        """Ask for a reply to the last user message, under ``constraint`` if any, offering the functions ``tools``
+        (``Generate.tools``); returns the request id."""
         request_id = new_request_id()
-        self.submit(Generate(request_id, conversation_id, messages, sampling, constraint=constraint))
+        self.submit(Generate(request_id, conversation_id, messages, sampling, constraint=constraint, tools=tools))
         return request_id
 
     def stop(self, request_id: str) -> None:

@@ -11,16 +11,18 @@ and delete replace later turns (refused while this conversation is answering); t
 reuses its KV cache up to the first changed token. While another model loads, the engine
 goes on answering with the one it has, and so does the session: replies keep streaming
 and new messages are sent to the loaded model; when the load fails, that model stays.
+A reply that calls tools shows a card for each call (``answer_tool`` takes the user's
+approval from it) and goes on in a new reply card after the results.
 """
 
 from __future__ import annotations
 
 from PySide6.QtCore import QObject, Signal
 
-from app.chat.chat_view import ChatView
+from app.chat.chat_view import Card, ChatView
 from app.chat.input_box import InputBar
-from app.chat.message_bubble import MessageBubble
 from app.chat.reply_router import LiveReply, ReplyRouter
+from app.chat.tool_round import ToolAnswer
 from app.controller import EngineController
 from app.conversations.conversation import Conversation, DisplayMessage
 from app.conversations.persistence import ConversationJournal
@@ -56,7 +58,7 @@ class ChatSession(QObject):
         self._has_model = False
         self._stopping: set[str] = set()
         """Ids of the conversations whose reply was asked to stop and has not ended yet."""
-        self._reply_bubble: MessageBubble | None = None
+        self._reply_bubble: Card | None = None
         """The card of the reply being written into the conversation on screen, if any."""
         self._connect()
         self._update_controls()
@@ -154,6 +156,10 @@ class ChatSession(QObject):
         self.replies.stop(self._conversation.id)
         self._update_controls()
 
+    def answer_tool(self, message: DisplayMessage, choice: ToolAnswer) -> None:
+        """The user's answer on the card of a tool call that waits for approval."""
+        self.replies.tool_round.answer(message, choice)
+
     def _refuse_change(self) -> bool:
         refusal = self._refusal()
         if refusal:
@@ -188,6 +194,8 @@ class ChatSession(QObject):
         self._controller.model_loaded.connect(self._on_model_loaded)
         self.replies.text_changed.connect(self._on_reply_text)
         self.replies.turns_marked.connect(self._on_turns_marked)
+        self.replies.turn_added.connect(self._on_turn_added)
+        self.replies.turn_changed.connect(self._on_turn_changed)
         self.replies.ended.connect(self._on_reply_ended)
         self.replies.notice.connect(self.notice)
 
@@ -206,6 +214,17 @@ class ChatSession(QObject):
         if conversation is self._conversation:
             for message in changed:
                 self._view.refresh_message(message)
+
+    def _on_turn_added(self, conversation: Conversation, message: DisplayMessage) -> None:
+        """A tool card, or the reply after tool results (which then streams into its new card)."""
+        if conversation is self._conversation:
+            card = self._view.add_message(message)
+            if message.state == "streaming":
+                self._reply_bubble = card
+
+    def _on_turn_changed(self, conversation: Conversation, message: DisplayMessage) -> None:
+        if conversation is self._conversation:
+            self._view.refresh_message(message)
 
     def _on_reply_ended(self, reply: LiveReply) -> None:
         """Show the end of the reply if it is on screen; either way its conversation moved up the list."""

@@ -23,7 +23,11 @@ from PySide6.QtWidgets import QLabel, QScrollArea, QWidget
 from app.chat import code_blocks
 from app.chat.card_column import MARGIN, PAGE_SIZE, CardColumn
 from app.chat.message_bubble import MessageBubble
+from app.chat.tool_card import ToolCard
 from app.conversations.conversation import DisplayMessage
+
+Card = MessageBubble | ToolCard
+"""A message's card: a ``ToolCard`` for a tool call, a ``MessageBubble`` for the others."""
 
 MAX_BUBBLE_WIDTH_FRACTION = 0.8
 MIN_BUBBLE_WIDTH = 240
@@ -42,7 +46,8 @@ class ChatView(QScrollArea):
     """Message cards, one per ``DisplayMessage``, in order (older ones made on demand)."""
 
     message_action = Signal(str, object)
-    """An action chosen on a card ("edit", "regenerate", "delete") and its ``DisplayMessage``."""
+    """An action chosen on a card ("edit", "regenerate", "delete", or a tool card's answer) and its
+    ``DisplayMessage``."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -51,13 +56,13 @@ class ChatView(QScrollArea):
         self.setAccessibleName("Conversation")
         self.setWidgetResizable(True)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self._bubbles: list[MessageBubble] = []
+        self._bubbles: list[Card] = []
         self._follow_bottom = True
         self._older: list[DisplayMessage] = []
         """Messages above the first card that have no card yet, oldest first."""
-        self._growing: list[MessageBubble] = []
+        self._growing: list[Card] = []
         """Cards that show only the start of their message yet, in the order they were made."""
-        self._anchor: tuple[MessageBubble, int] | None = None
+        self._anchor: tuple[Card, int] | None = None
         """The first card and its offset from the top of the view, kept while cards are added above it."""
         self._restoring = False
         self._work_timer = QTimer(self)
@@ -76,7 +81,7 @@ class ChatView(QScrollArea):
         bar.rangeChanged.connect(self._on_range_changed)
 
     @property
-    def bubbles(self) -> tuple[MessageBubble, ...]:
+    def bubbles(self) -> tuple[Card, ...]:
         """The cards on screen, in order: the newest messages' cards, and older ones the user scrolled to."""
         return tuple(self._bubbles[self._cards.hidden_cards :])
 
@@ -94,7 +99,7 @@ class ChatView(QScrollArea):
         self.banner.setText(text)
         self.banner.setVisible(bool(text))
 
-    def add_message(self, message: DisplayMessage) -> MessageBubble:
+    def add_message(self, message: DisplayMessage) -> Card:
         """Append a card for ``message`` and scroll to it."""
         bubble = self._insert(len(self.bubbles), message)
         self._follow_bottom = True
@@ -122,7 +127,7 @@ class ChatView(QScrollArea):
             self._anchor = None
         self._cards.remove(bubble)
 
-    def bubble_for(self, message: DisplayMessage) -> MessageBubble | None:
+    def bubble_for(self, message: DisplayMessage) -> Card | None:
         return next((bubble for bubble in self._bubbles if bubble.message is message), None)
 
     def refresh_message(self, message: DisplayMessage) -> None:
@@ -151,15 +156,15 @@ class ChatView(QScrollArea):
             for bubble in self._bubbles[: self._cards.hidden_cards]:
                 bubble.refresh()
 
-    def _make_bubble(self, message: DisplayMessage) -> MessageBubble:
-        bubble = MessageBubble(message)
+    def _make_bubble(self, message: DisplayMessage) -> Card:
+        bubble = ToolCard(message) if message.tool is not None else MessageBubble(message)
         bubble.setMaximumWidth(self._max_bubble_width())
         bubble.action_requested.connect(lambda action: self.message_action.emit(action, message))
         if not bubble.complete:
             self._growing.append(bubble)
         return bubble
 
-    def _insert(self, index: int, message: DisplayMessage) -> MessageBubble:
+    def _insert(self, index: int, message: DisplayMessage) -> Card:
         """A card for ``message`` at ``index`` among the cards on screen, shown now."""
         bubble = self._make_bubble(message)
         self._cards.insert(index, bubble, on_the_right=message.role == "user")
@@ -190,7 +195,7 @@ class ChatView(QScrollArea):
             self._cards.prepend_hidden(bubble, on_the_right=message.role == "user")
             self._bubbles.insert(0, bubble)
 
-    def _next_growing(self) -> MessageBubble | None:
+    def _next_growing(self) -> Card | None:
         """The first made of the growing cards on screen (those waiting out of sight grow once shown)."""
         return next((bubble for bubble in self._growing if bubble.isVisibleTo(self._cards)), None)
 
@@ -222,7 +227,7 @@ class ChatView(QScrollArea):
         if reading is not None:
             self._anchor = (reading, self._top_of(reading) - top)
 
-    def _top_of(self, bubble: MessageBubble) -> int:
+    def _top_of(self, bubble: Card) -> int:
         return bubble.mapTo(self._cards, QPoint(0, 0)).y()
 
     def _max_bubble_width(self) -> int:

@@ -1,7 +1,8 @@
-"""What the actions on a message card do: edit (in a dialog), regenerate, delete (GUI thread).
+"""What the actions on a message card do: edit (in a dialog), regenerate, delete, answer a tool call (GUI thread).
 
 Copy is handled by the card itself; the rest goes to ``ChatSession``, which refuses while a
-reply is being written in that conversation. Editing opens a small non-blocking dialog with the message's text.
+reply is being written in that conversation (except a tool card's answer, which that reply
+waits for). Editing opens a small non-blocking dialog with the message's text.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QPlainTextEdit,
 
 from app.chat.chat_session import ChatSession
 from app.chat.chat_view import ChatView
+from app.chat.tool_round import TOOL_ANSWERS
 from app.conversations.conversation import DisplayMessage
 
 
@@ -58,6 +60,8 @@ class MessageActions(QObject):
             self._session.delete(message)
         elif action == "edit":
             self._open_editor(message)
+        elif action in TOOL_ANSWERS:
+            self._session.answer_tool(message, action)
 
     def _open_editor(self, message: DisplayMessage) -> None:
         dialog = EditDialog(message.content, self._parent)

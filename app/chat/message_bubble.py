@@ -53,6 +53,8 @@ def state_note(message: DisplayMessage) -> str:
         "error": f"The reply broke off: {message.error}",
     }
     lines = [notes[message.state]] if message.state in notes else []
+    if message.tool_calls:
+        lines.append("Called " + ", ".join(call.name for call in message.tool_calls) + ":")
     if message.dropped:
         lines.append(DROPPED_NOTE)
     return "\n".join(lines)

@@ -8,34 +8,68 @@ on screen; the end (finished, stopped, failed) is committed the same way. A conv
 has at most one reply in flight; several conversations may each have one, and the
 engine streams them at once (or, without batching, one after another).
 
-It knows nothing of the screen: ``text_changed``, ``turns_marked`` and ``ended`` tell
-``ChatSession`` what changed, and it redraws what is on screen. ``answering_changed``
-tells the sidebar which conversations are answering.
+A conversation that uses tools (and a ``tool_hub`` is set) is offered the hub's tools; a reply
+that calls some ends its message with the calls taken out of its text, ``ToolRound`` answers
+them (cards, approval, the calls), and a new reply goes on after the results, in the same
+``LiveReply``, up to ``MAX_TOOL_ROUNDS`` rounds. The conversation answers until the last of
+them ends; Stop cancels whichever part is under way (the tool list, the engine's reply, or the
+round of calls).
+
+It knows nothing of the screen: ``text_changed``, ``turns_marked``, ``turn_added``,
+``turn_changed`` and ``ended`` tell ``ChatSession`` what changed, and it redraws what is on
+screen. ``answering_changed`` tells the sidebar which conversations are answering.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import asyncio
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Signal
 
+from app.chat.tool_round import ToolRound
 from app.controller import EngineController
 from app.conversations.conversation import Conversation, DisplayMessage
 from app.conversations.persistence import ConversationJournal
 from app.storage import StorageError
-from engine.protocol.messages import EngineError, PrefillDone, ReplyFailed, ReplyFinished, RequestStats, TokenStreamed
+from engine.chat.tool_calls import ToolCallParser, split_reply
+from engine.protocol.messages import (
+    EngineError, ModelLoaded, PrefillDone, ReplyFailed, ReplyFinished, RequestStats, TokenStreamed, ToolCall,
+)
+
+if TYPE_CHECKING:
+    from app.tools.hub import ToolHub, ToolSpec
+
+MAX_TOOL_ROUNDS = 8
 
 
 @dataclass
 class LiveReply:
-    """A reply the engine is writing (or will write, once it has room) into ``conversation``."""
+    """A reply the engine is writing (or will write, once it has room) into ``conversation``, with its tool rounds."""
 
     request_id: str
     conversation: Conversation
     message: DisplayMessage
-    history_sources: tuple[DisplayMessage, ...]
+    """The reply being written now (a new one after each round of tool calls)."""
+    history_sources: tuple[DisplayMessage, ...] = ()
     """The messages the engine was sent, in order (``PrefillDone.dropped_turns`` indexes them)."""
+    tools: dict[str, ToolSpec] = field(default_factory=dict)
+    """The tools offered to the model, by the name it calls them (none when the conversation uses no tools)."""
+    rounds: int = 0
+    """The rounds of tool calls answered so far."""
+    task: asyncio.Task[None] | None = None
+    """The tool list being fetched or the round of calls being answered: what Stop cancels (None while the
+    engine writes)."""
+    calls_parser: ToolCallParser | None = None
+    """Holds back the tool calls of the reply being written, when tools were offered (their cards show them)."""
+
+    def shown_text(self, streamed: str) -> str:
+        """What of ``streamed`` the reply's card shows now: all of it, less what is or may become a tool call."""
+        if self.calls_parser is None:
+            return streamed
+        return "".join(piece for piece in self.calls_parser.feed(streamed) if isinstance(piece, str))
 
     @property
     def started(self) -> bool:
@@ -50,6 +84,10 @@ class ReplyRouter(QObject):
     """A ``LiveReply`` got more text."""
     turns_marked = Signal(object, object)
     """A ``Conversation`` and the list of its messages whose "dropped from the context" mark changed."""
+    turn_added = Signal(object, object)
+    """A ``Conversation`` and a message added to it while answering: a tool card, or the reply after tool results."""
+    turn_changed = Signal(object, object)
+    """A ``Conversation`` and a message of it that changed while answering (a tool card, a reply that called tools)."""
     ended = Signal(object)
     """A ``LiveReply`` ended (finished, stopped or failed) and was saved."""
     answering_changed = Signal(object)
@@ -64,6 +102,15 @@ class ReplyRouter(QObject):
         self._journal = journal
         self._by_request: dict[str, LiveReply] = {}
         self._by_conversation: dict[str, LiveReply] = {}
+        self.tool_hub: ToolHub | None = None
+        """Where the tools come from (set once Settings › Tools has one); None offers no tools."""
+        self.tool_round = ToolRound(journal, self)
+        self._tool_format = "hermes"
+        """How the loaded model writes tool calls (``ModelLoaded.tool_format``)."""
+        self.tool_round.turn_added.connect(self.turn_added)
+        self.tool_round.turn_changed.connect(self.turn_changed)
+        self.tool_round.notice.connect(self.notice)
+        controller.model_loaded.connect(self._on_model_loaded)
         controller.prefill_done.connect(self._on_prefill_done)
         controller.token_streamed.connect(self._on_token)
         controller.reply_finished.connect(self._on_finished)
@@ -82,29 +129,80 @@ class ReplyRouter(QObject):
         """Ask the engine to answer ``conversation`` as it stands; None (after a notice) if it could not be saved."""
         if conversation.id in self._by_conversation:
             raise RuntimeError("This conversation already has a reply in flight.")
-        sources = conversation.history_sources()
-        history = conversation.history(conversation.system_prompt)
+        message = self._begin_message(conversation)
+        if message is None:
+            return None
+        reply = LiveReply("", conversation, message)
+        self._by_conversation[conversation.id] = reply
+        if conversation.use_tools and self.tool_hub is not None:
+            self._run_task(
+                reply, self._offer_tools(reply, self.tool_hub),
+                lambda: reply.conversation.finish_reply("", interrupted=True),
+            )
+        else:
+            self._send(reply)
+        self.answering_changed.emit(self.answering)
+        return reply
+
+    def stop(self, conversation_id: str) -> None:
+        """Stop the reply of ``conversation_id``: the engine ends it with what was written, a tool round at once."""
+        reply = self._by_conversation.get(conversation_id)
+        if reply is not None and reply.task is not None:
+            reply.task.cancel()
+        elif reply is not None:
+            self._controller.stop(reply.request_id)
+
+    def _begin_message(self, conversation: Conversation) -> DisplayMessage | None:
+        """A new streaming reply waiting for the engine; None (after a notice) if it could not be saved."""
         try:
             message = self._journal.begin_reply(conversation)
         except StorageError as error:
             self.notice.emit(f"{error} Press Regenerate on your message to try again.")
             return None
         message.waiting = True
+        return message
+
+    async def _offer_tools(self, reply: LiveReply, hub: ToolHub) -> None:
+        """Ask the hub for its tools, then the engine for the reply."""
+        tools = await hub.tools()
+        problems = hub.problems()
+        if problems:
+            self.notice.emit("Some tools are not available: " + "; ".join(problems))
+        reply.tools = {tool.function_name: tool for tool in tools}
+        reply.task = None
+        self._send(reply)
+
+    def _run_task(self, reply: LiveReply, work: Coroutine[object, object, None], on_stop: Callable[[], None]) -> None:
+        """Run ``work`` as the reply's task. When Stop cancels it (even before it began) or it fails, ``on_stop``
+        then ends the reply: it never hangs."""
+        task = asyncio.ensure_future(work)
+        reply.task = task
+
+        def after(_task: asyncio.Task[None]) -> None:
+            if reply.task is not task:  # it finished its part and handed the reply on
+                return
+            if not task.cancelled():
+                self.notice.emit(f"The reply broke off: {task.exception()}")
+            on_stop()
+            self._end(reply)
+
+        task.add_done_callback(after)
+
+    def _send(self, reply: LiveReply) -> None:
+        """Send the conversation as it stands, with the reply's tools, to the engine."""
+        conversation = reply.conversation
+        reply.history_sources = conversation.history_sources()
+        history = conversation.history(conversation.system_prompt)
         sampling = self._journal.sampling_for(conversation)
         constraint = conversation.reply_format.constraint()
-        request_id = self._controller.send_prompt(conversation.id, history, sampling, constraint)
-        reply = LiveReply(request_id, conversation, message, sources)
-        self._by_request[request_id] = reply
-        self._by_conversation[conversation.id] = reply
-        self.reply_started.emit(request_id, conversation.id)
-        self.answering_changed.emit(self.answering)
-        return reply
+        tools = tuple(tool.openai_json() for tool in reply.tools.values())
+        reply.calls_parser = ToolCallParser(self._tool_format) if tools else None
+        reply.request_id = self._controller.send_prompt(conversation.id, history, sampling, constraint, tools)
+        self._by_request[reply.request_id] = reply
+        self.reply_started.emit(reply.request_id, conversation.id)
 
-    def stop(self, conversation_id: str) -> None:
-        """Ask the engine to stop the reply of ``conversation_id`` (it ends with what was written)."""
-        reply = self._by_conversation.get(conversation_id)
-        if reply is not None:
-            self._controller.stop(reply.request_id)
+    def _on_model_loaded(self, event: ModelLoaded) -> None:
+        self._tool_format = event.tool_format
 
     def _on_prefill_done(self, event: PrefillDone) -> None:
         """Mark the turns the engine left out of the context (indices into the request's messages)."""
@@ -128,15 +226,59 @@ class ReplyRouter(QObject):
         if reply is None:
             return
         reply.message.waiting = False  # begun, even by an engine that sent no PrefillDone
-        reply.conversation.append_to_reply(event.text)
-        self._record(lambda: self._journal.record_text(reply.message, event.text))
+        text = reply.shown_text(event.text)
+        reply.conversation.append_to_reply(text)
+        self._record(lambda: self._journal.record_text(reply.message, text))
         self.text_changed.emit(reply)
 
     def _on_finished(self, event: ReplyFinished) -> None:
         reply = self._by_request.get(event.request_id)
-        if reply is not None:
-            reply.conversation.finish_reply(event.text, interrupted=event.stats.finish_reason == "cancelled")
+        if reply is None:
+            return
+        stopped = event.stats.finish_reason == "cancelled"
+        reply.conversation.finish_reply(event.text, interrupted=stopped)
+        calls = self._take_tool_calls(reply.message) if reply.tools and not stopped else []
+        if not calls:
             self._end(reply, event.stats)
+            return
+        del self._by_request[reply.request_id]
+        self._record(lambda: self._journal.finish_reply(reply.message, event.stats))
+        self.turn_changed.emit(reply.conversation, reply.message)
+        self._run_task(
+            reply, self._answer_calls(reply, calls), lambda: self.tool_round.stop(reply.conversation, calls)
+        )
+
+    def _take_tool_calls(self, message: DisplayMessage) -> list[ToolCall]:
+        """The calls in the finished reply ``message``, which keeps the text around them and the calls."""
+        content, calls, _malformed = split_reply(self._tool_format, message.content)
+        if calls:
+            message.content, message.tool_calls = content, tuple(calls)
+        return calls
+
+    async def _answer_calls(self, reply: LiveReply, calls: list[ToolCall]) -> None:
+        """A round of tool calls, then the reply goes on after their results (or ends at the limit or on Stop)."""
+        if reply.rounds >= MAX_TOOL_ROUNDS:
+            self.tool_round.skip(reply.conversation, calls, MAX_TOOL_ROUNDS)
+            self.notice.emit(
+                f"The reply stopped after {MAX_TOOL_ROUNDS} rounds of tool calls; send a message to let it go on."
+            )
+            self._end(reply)
+            return
+        assert self.tool_hub is not None
+        await self.tool_round.run(self.tool_hub, reply.conversation, calls, reply.tools)
+        reply.rounds += 1
+        reply.task = None
+        self._continue(reply)
+
+    def _continue(self, reply: LiveReply) -> None:
+        """A new reply in the same conversation, after the tool results."""
+        message = self._begin_message(reply.conversation)
+        if message is None:
+            self._end(reply)
+            return
+        reply.message = message
+        self.turn_added.emit(reply.conversation, message)
+        self._send(reply)
 
     def _on_failed(self, event: ReplyFailed) -> None:
         reply = self._by_request.get(event.request_id)
@@ -158,7 +300,8 @@ class ReplyRouter(QObject):
 
     def _end(self, reply: LiveReply, stats: RequestStats | None = None) -> None:
         reply.message.waiting = False
-        del self._by_request[reply.request_id]
+        reply.task = None
+        self._by_request.pop(reply.request_id, None)
         del self._by_conversation[reply.conversation.id]
         self._record(lambda: self._journal.finish_reply(reply.message, stats))
         self.ended.emit(reply)

@@ -5,9 +5,10 @@ streaming, were stopped or broke off, and turns it into the history the engine
 needs for the next reply. No Qt here, so persistence can store and restore it.
 
 What the model sees (``history``): the system prompt, if any, then every finished
-message that has text, in order. A reply that was stopped or broke off keeps its
+message that has text or tool calls, in order. A reply that was stopped or broke off keeps its
 partial text and is sent as an assistant turn (the model continues from what the
-user saw); a reply that failed before writing anything is left out.
+user saw); a reply that failed before writing anything is left out. A reply that called
+tools is sent with its ``tool_calls``, and each "tool" turn after it with the call it answers.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from app.conversations.reply_format import ReplyFormat
+from app.storage.records import ToolTurn
 from app.storage.settings import SamplingSettings
-from engine.protocol.messages import ChatMessage, Role
+from engine.protocol.messages import ChatMessage, Role, ToolCall
 
 MessageState = Literal["streaming", "done", "interrupted", "error"]
 
@@ -39,6 +41,16 @@ class DisplayMessage:
     """True when the model's context overflowed and this turn was left out of it."""
     waiting: bool = False
     """True while a streaming reply waits for the engine to begin it (it is writing other replies)."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """The tools an assistant reply called (its ``content`` is the text around the calls)."""
+    tool: ToolTurn | None = None
+    """A "tool" turn's call and how it went; its ``content`` is the result the model reads."""
+
+    def chat_message(self) -> ChatMessage:
+        """This message as the model sees it."""
+        if self.tool is not None:
+            return ChatMessage("tool", self.content, tool_call_id=self.tool.call_id, name=self.tool.function_name)
+        return ChatMessage(self.role, self.content, tool_calls=self.tool_calls)
 
 
 class Conversation:
@@ -60,6 +72,8 @@ class Conversation:
         """This conversation's own sampling; None follows the global defaults."""
         self.reply_format = ReplyFormat()
         """Free text, JSON or JSON of a schema: the constraint of its replies."""
+        self.use_tools = False
+        """True when its replies may call the tools of the tool hub (``app.chat.tool_round``)."""
         self._messages: list[DisplayMessage] = list(messages)
 
     @property
@@ -106,6 +120,12 @@ class Conversation:
         message.error = error
         return message
 
+    def add_tool_turn(self, turn: ToolTurn, text: str = "") -> DisplayMessage:
+        """Add a "tool" turn after the last message: the call ``turn`` and its result ``text``."""
+        message = DisplayMessage("tool", text, tool=turn)
+        self._messages.append(message)
+        return message
+
     def truncate(self, keep: int) -> None:
         """Keep only the first ``keep`` messages (for edit and regenerate)."""
         del self._messages[keep:]
@@ -120,13 +140,14 @@ class Conversation:
     def history_sources(self) -> tuple[DisplayMessage, ...]:
         """The messages the model sees, in order (see the module docstring)."""
         return tuple(
-            message for message in self._messages if message.state != "streaming" and message.content.strip()
+            message for message in self._messages
+            if message.state != "streaming" and (message.content.strip() or message.tool_calls or message.tool)
         )
 
     def history(self, system_prompt: str = "") -> tuple[ChatMessage, ...]:
         """What the model should see: the system prompt, if any, then ``history_sources``."""
         system = (ChatMessage("system", system_prompt),) if system_prompt.strip() else ()
-        return system + tuple(ChatMessage(message.role, message.content) for message in self.history_sources())
+        return system + tuple(message.chat_message() for message in self.history_sources())
 
     def _require_streaming(self) -> DisplayMessage:
         message = self.streaming

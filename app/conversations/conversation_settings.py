@@ -1,10 +1,14 @@
-"""Conversation > Conversation settings…: this conversation's system prompt, sampling and reply format (GUI thread).
+"""Conversation > Conversation settings…: this conversation's system prompt, sampling, reply format and tools
+(GUI thread).
 
 "Use the default sampling" stores no sampling of its own, so later changes to the defaults
 apply; unticked, the values shown are kept with the conversation. The reply format makes
 the engine answer in free text, any JSON object, or JSON of a pasted schema; a schema
-that cannot be used is named under the fields and nothing is saved. Saving goes through
-the journal (a new conversation is saved first); a failure is shown and the dialog stays open.
+that cannot be used is named under the fields and nothing is saved. "Use tools" offers
+the model the tools of Settings › Tools (each call asks first); it needs free-text replies,
+since a JSON reply cannot hold a call, and a tool hub (without one it is shown but cannot be
+ticked). Saving goes through the journal (a new conversation is saved first); a failure is
+shown and the dialog stays open.
 """
 
 from __future__ import annotations
@@ -19,11 +23,17 @@ from app.settings.saving_dialog import SavingDialog
 from app.storage import SamplingSettings
 
 
+TOOLS_NEED_FREE_TEXT = (
+    "Tools need free-text replies (a JSON reply cannot call a tool): choose Free text, or untick Use tools."
+)
+
+
 class ConversationSettingsDialog(SavingDialog):
     """Edits one conversation's system prompt, sampling and reply format."""
 
     def __init__(
-        self, conversation: Conversation, journal: ConversationJournal, defaults: SamplingSettings, parent: QWidget | None = None
+        self, conversation: Conversation, journal: ConversationJournal, defaults: SamplingSettings,
+        tools_available: bool = False, parent: QWidget | None = None,
     ) -> None:
         super().__init__(parent)
         self.setObjectName("conversationSettingsDialog")
@@ -51,6 +61,14 @@ class ConversationSettingsDialog(SavingDialog):
         self.schema.setPlaceholderText('{"type": "object", "properties": {"answer": {"type": "string"}}}')
         self.schema.setTabChangesFocus(True)
         self.reply_kind.currentIndexChanged.connect(self._show_schema)
+        self.use_tools = QCheckBox("Use &tools", self)
+        self.use_tools.setAccessibleName("Use tools")
+        self.use_tools.setChecked(conversation.use_tools)
+        self.use_tools.setEnabled(tools_available or conversation.use_tools)
+        self.use_tools.setToolTip(
+            "The model may call the tools of Settings › Tools; each call asks you first unless you always allow it."
+            if tools_available else "No tool servers are set up: add one in Settings › Tools."
+        )
         self._show_schema()
         self._lay_out()
 
@@ -62,13 +80,15 @@ class ConversationSettingsDialog(SavingDialog):
         sampling = None if self.use_defaults.isChecked() else self.sampling.values()
         reply_format = self.reply_format()
         problem = reply_format.schema_problem()
+        if self.use_tools.isChecked() and reply_format.kind != "text":
+            problem = TOOLS_NEED_FREE_TEXT
         if problem:
             self.error_label.setText(problem)
             self.error_label.show()
             return
         self.save_then_close(
             lambda: self._journal.set_conversation_settings(
-                self._conversation, self.system_prompt.toPlainText(), sampling, reply_format
+                self._conversation, self.system_prompt.toPlainText(), sampling, reply_format, self.use_tools.isChecked()
             )
         )
 
@@ -88,6 +108,7 @@ class ConversationSettingsDialog(SavingDialog):
         layout.addWidget(format_label)
         layout.addWidget(self.reply_kind)
         layout.addWidget(self.schema)
+        layout.addWidget(self.use_tools)
         layout.addWidget(self.error_label)
         layout.addWidget(self.save_cancel_buttons())
 
@@ -98,7 +119,8 @@ def open_conversation_settings(window) -> ConversationSettingsDialog | None:
         window.status_line.show_notice("Stop the reply first, then change the conversation's settings.")
         return None
     dialog = ConversationSettingsDialog(
-        window.session.conversation, window.journal, window.settings_holder.settings.sampling, window
+        window.session.conversation, window.journal, window.settings_holder.settings.sampling,
+        window.session.replies.tool_hub is not None, window,
     )
     dialog.accepted.connect(lambda: window.session.saved.emit(window.session.conversation.id))
     dialog.finished.connect(dialog.deleteLater)

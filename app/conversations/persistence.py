@@ -3,7 +3,8 @@
 ``ConversationJournal`` is called at each step of a turn: the user's message is committed
 when it is sent (by ``ChatSession``), and each streamed reply, in whichever conversation it
 is written, is checkpointed at least once a second by its own ``ReplyRecorder`` and
-committed when it ends (by ``ReplyRouter``). Every call either changes the
+committed when it ends (by ``ReplyRouter``); a tool turn is saved when its card appears and
+again each time its call moves on (by ``ToolRound``). Every other call either changes the
 store and the on-screen ``Conversation`` together, or raises ``StorageError`` and changes
 neither, so what the user sees is what was saved. The store's conversation id is also the
 engine's ``conversation_id``, so KV caches follow conversations.
@@ -24,6 +25,7 @@ from app.conversations.reply_format import ReplyFormat
 from app.storage import ChatStore, ReplyRecorder, SamplingSettings, Settings, StorageError
 from app.storage import Conversation as StoredConversation
 from app.storage import Message as StoredMessage
+from app.storage.records import ToolTurn
 from app.storage.schema import migrate
 from engine.protocol.messages import RequestStats, SamplingParams
 
@@ -34,7 +36,8 @@ def display_message(message: StoredMessage) -> DisplayMessage:
     state = "interrupted" if message.state == "streaming" else message.state
     error = "the reply failed before it was finished" if state == "error" else ""
     return DisplayMessage(
-        message.role, message.content, state, error, message.id, message.position, message.dropped_from_context
+        message.role, message.content, state, error, message.id, message.position, message.dropped_from_context,
+        tool_calls=message.tool_calls, tool=message.tool,
     )
 
 
@@ -44,6 +47,8 @@ def display_conversation(record: StoredConversation) -> Conversation:
     conversation.damage = record.damage_reason
     conversation.system_prompt = record.system_prompt
     conversation.sampling = record.sampling
+    conversation.reply_format = ReplyFormat(record.reply_kind, record.reply_schema)
+    conversation.use_tools = record.use_tools
     return conversation
 
 
@@ -116,10 +121,25 @@ class ConversationJournal:
             recorder.append(text, self._clock())
 
     def finish_reply(self, message: DisplayMessage, stats: RequestStats | None = None) -> None:
-        """Commit the reply with its final text and state (the recorder is released even on failure)."""
+        """Commit the reply with its final text, state and tool calls (the recorder is released even on failure)."""
         recorder = self._recorders.pop(message.message_id, None)
-        if recorder is not None:
-            recorder.finish(message.state, stats, message.content)
+        if recorder is None:
+            return
+        recorder.finish(message.state, stats, message.content)
+        if message.tool_calls:
+            self.store.set_tool_calls(message.message_id, message.tool_calls)
+
+    def add_tool_turn(self, conversation: Conversation, turn: ToolTurn) -> DisplayMessage:
+        """Commit a new "tool" turn for the call ``turn`` (no result yet) and show it."""
+        stored = self.store.add_tool_turn(conversation.id, turn)
+        message = conversation.add_tool_turn(turn)
+        message.message_id, message.position = stored.id, stored.position
+        return message
+
+    def save_tool_turn(self, message: DisplayMessage) -> None:
+        """Save how the tool turn ``message`` stands now (its ``tool`` and result ``content``)."""
+        if message.tool is not None:
+            self.store.update_tool_turn(message.message_id, message.tool, message.content)
 
     def truncate(self, conversation: Conversation, keep: int) -> None:
         """Delete every message after the first ``keep`` ones, on screen and in the store."""
@@ -148,15 +168,18 @@ class ConversationJournal:
 
     def set_conversation_settings(
         self, conversation: Conversation, system_prompt: str, sampling: SamplingSettings | None,
-        reply_format: ReplyFormat = ReplyFormat(),
+        reply_format: ReplyFormat = ReplyFormat(), use_tools: bool = False,
     ) -> None:
-        """Save the conversation's own system prompt and sampling (None: follow the defaults), and set its reply
-        format (kept while the window is open)."""
+        """Save the conversation's own system prompt, sampling (None: follow the defaults), reply format and
+        whether its replies may call tools."""
         self._ensure_saved(conversation)
-        self.store.set_conversation_settings(conversation.id, system_prompt, sampling)
+        self.store.set_conversation_settings(
+            conversation.id, system_prompt, sampling, reply_format.kind, reply_format.schema, use_tools
+        )
         conversation.system_prompt = system_prompt
         conversation.sampling = sampling
         conversation.reply_format = reply_format
+        conversation.use_tools = use_tools
 
     def _ensure_saved(self, conversation: Conversation) -> None:
         if conversation.saved:

@@ -7,20 +7,44 @@ in the database untouched.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from app.storage.settings import SamplingSettings
-from engine.protocol.messages import Role
+from engine.protocol.messages import Role, ToolCall
 
 MessageState = Literal["done", "streaming", "interrupted", "error"]
-ROLES: frozenset[str] = frozenset({"system", "user", "assistant"})
+ToolStatus = Literal["waiting", "running", "done", "error", "timeout", "denied", "stopped", "skipped"]
+"""Where a tool call stands: ``waiting`` for the user's approval, ``running`` in the hub, or how it ended
+(``skipped``: not run, the reply had reached its limit of tool rounds)."""
+ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
+TOOL_STATUSES: frozenset[str] = frozenset(get_args(ToolStatus))
+PENDING_TOOL_STATUSES: frozenset[str] = frozenset({"waiting", "running"})
 MESSAGE_STATES: frozenset[str] = frozenset({"done", "streaming", "interrupted", "error"})
 FINAL_STATES: frozenset[str] = frozenset({"done", "interrupted", "error"})
 UNTITLED = "New conversation"
 TITLE_LENGTH = 60
+
+
+@dataclass(frozen=True)
+class ToolTurn:
+    """The call a "tool" message answers, and how it went; the message's content is the result the model reads."""
+
+    call_id: str
+    function_name: str
+    arguments: str
+    """The arguments' JSON text, as the model wrote them."""
+    status: ToolStatus = "waiting"
+    seconds: float = 0.0
+    server: str = ""
+    """The tool server's name ("" when no server has a tool of that name)."""
+
+    @property
+    def pending(self) -> bool:
+        return self.status in PENDING_TOOL_STATUSES
 
 
 @dataclass(frozen=True)
@@ -34,6 +58,10 @@ class Message:
     created_at: float
     stats: dict[str, Any] | None = None
     dropped_from_context: bool = False
+    tool_calls: tuple[ToolCall, ...] = ()
+    """The tools an assistant turn called."""
+    tool: ToolTurn | None = None
+    """What a "tool" turn answers (None for the other roles)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +92,10 @@ class Conversation:
     deleted_at: float | None
     messages: tuple[Message, ...]
     problems: tuple[str, ...] = ()
+    reply_kind: str = "text"
+    """Free text ("text"), "json" or "json_schema" (``app.conversations.reply_format``)."""
+    reply_schema: str = ""
+    use_tools: bool = False
 
     @property
     def damaged(self) -> bool:
@@ -97,6 +129,9 @@ def message_from_row(row: sqlite3.Row) -> tuple[Message | None, list[str]]:
     if row["state"] not in MESSAGE_STATES:
         return None, [f"{where} has an unknown state {row['state']!r} and was skipped"]
     stats, problems = _parse_stats(row["stats_json"], where)
+    tool_calls, tool = _parse_tool_calls(row["tool_calls_json"]), _parse_tool(row["tool_json"])
+    if tool_calls is None or (row["role"] == "tool") != (tool is not None):
+        return None, [f"{where} has unreadable tool calls and was skipped"]
     message = Message(
         id=row["id"],
         conversation_id=row["conversation_id"],
@@ -107,8 +142,39 @@ def message_from_row(row: sqlite3.Row) -> tuple[Message | None, list[str]]:
         created_at=row["created_at"],
         stats=stats,
         dropped_from_context=bool(row["dropped_from_context"]),
+        tool_calls=tool_calls,
+        tool=tool,
     )
     return message, problems
+
+
+def tool_calls_json(calls: tuple[ToolCall, ...]) -> str | None:
+    return json.dumps([dataclasses.asdict(call) for call in calls]) if calls else None
+
+
+def tool_json(turn: ToolTurn) -> str:
+    return json.dumps(dataclasses.asdict(turn))
+
+
+def _parse_tool_calls(text: str | None) -> tuple[ToolCall, ...] | None:
+    """The calls of their JSON column; None when it is unreadable."""
+    if text is None:
+        return ()
+    try:
+        return tuple(ToolCall(str(call["id"]), str(call["name"]), str(call["arguments"])) for call in json.loads(text))
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def _parse_tool(text: str | None) -> ToolTurn | None:
+    """The tool turn of its JSON column; None when there is none or it is unreadable."""
+    if text is None:
+        return None
+    try:
+        turn = ToolTurn(**json.loads(text))
+    except (ValueError, TypeError):
+        return None
+    return turn if turn.status in TOOL_STATUSES else None
 
 
 def _parse_stats(text: str | None, where: str) -> tuple[dict[str, Any] | None, list[str]]:
@@ -152,6 +218,9 @@ def conversation_from_rows(row: sqlite3.Row, message_rows: list[sqlite3.Row]) ->
         deleted_at=row["deleted_at"],
         messages=tuple(messages),
         problems=tuple(problems),
+        reply_kind=row["reply_kind"],
+        reply_schema=row["reply_schema"],
+        use_tools=bool(row["use_tools"]),
     )
 
 

@@ -47,9 +47,25 @@ def _create_v1(connection: sqlite3.Connection) -> None:
         connection.execute(statement)
 
 
+_V2_STATEMENTS = (
+    "ALTER TABLE conversations ADD COLUMN reply_kind TEXT NOT NULL DEFAULT 'text'",
+    "ALTER TABLE conversations ADD COLUMN reply_schema TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE conversations ADD COLUMN use_tools INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE messages ADD COLUMN tool_calls_json TEXT",
+    "ALTER TABLE messages ADD COLUMN tool_json TEXT",
+)
+
+
+def _add_reply_format_and_tools(connection: sqlite3.Connection) -> None:
+    """Version 2: each conversation's reply format and "Use tools"; an assistant turn's tool calls, and the
+    "tool" turns that answer them (the call and how it went as JSON; the result is the message's content)."""
+    for statement in _V2_STATEMENTS:
+        connection.execute(statement)
+
+
 Migration = Callable[[sqlite3.Connection], None]
 
-MIGRATIONS: tuple[Migration, ...] = (_create_v1,)
+MIGRATIONS: tuple[Migration, ...] = (_create_v1, _add_reply_format_and_tools)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -32,16 +32,20 @@ from app.storage.records import (
     ConversationSummary,
     Message,
     MessageState,
+    ToolTurn,
     conversation_from_rows,
     message_from_row,
     summary_from_row,
     title_from_text,
+    tool_calls_json,
+    tool_json,
 )
 from app.storage.settings import SamplingSettings
 from app.storage.unsaved import UnsavedReplies, UnsavedReply
-from engine.protocol.messages import RequestStats, Role
+from engine.protocol.messages import RequestStats, Role, ToolCall
 
 Clock = Callable[[], float]
+CUT_OFF_CALL = "Hearth stopped before this tool call finished; it has no result."
 _NEWEST_FIRST = "ORDER BY updated_at DESC, rowid DESC"
 
 
@@ -147,14 +151,18 @@ class ChatStore:
             )
 
     def set_conversation_settings(
-        self, conversation_id: str, system_prompt: str, sampling: SamplingSettings | None
+        self, conversation_id: str, system_prompt: str, sampling: SamplingSettings | None,
+        reply_kind: str = "text", reply_schema: str = "", use_tools: bool = False,
     ) -> None:
-        """Replace the conversation's system prompt and sampling (None: follow the global defaults)."""
+        """Replace the conversation's system prompt, sampling (None: follow the global defaults), reply format
+        (``records.Conversation.reply_kind``) and whether its replies may call tools."""
         with self._transaction("the conversation settings") as db:
             self._require_conversation(db, conversation_id)
             db.execute(
-                "UPDATE conversations SET system_prompt = ?, sampling_json = ?, updated_at = ? WHERE id = ?",
-                (system_prompt, _sampling_json(sampling), self._clock(), conversation_id),
+                "UPDATE conversations SET system_prompt = ?, sampling_json = ?, reply_kind = ?, reply_schema = ?,"
+                " use_tools = ?, updated_at = ? WHERE id = ?",
+                (system_prompt, _sampling_json(sampling), reply_kind, reply_schema, use_tools, self._clock(),
+                 conversation_id),
             )
 
     def delete_conversation(self, conversation_id: str) -> None:
@@ -264,6 +272,26 @@ class ChatStore:
             )
             self._touch(db, row["conversation_id"])
 
+    def set_tool_calls(self, message_id: str, calls: tuple[ToolCall, ...]) -> None:
+        """Save the tools a finished assistant reply called."""
+        with self._transaction("the reply's tool calls") as db:
+            self._require_message(db, message_id)
+            db.execute("UPDATE messages SET tool_calls_json = ? WHERE id = ?", (tool_calls_json(calls), message_id))
+
+    def add_tool_turn(self, conversation_id: str, turn: ToolTurn, text: str = "") -> Message:
+        """Append a "tool" message: the call ``turn`` and its result ``text`` so far."""
+        with self._transaction("the tool call") as db:
+            message = self._append(db, conversation_id, "tool", text, "done")
+            db.execute("UPDATE messages SET tool_json = ? WHERE id = ?", (tool_json(turn), message.id))
+        return dataclasses.replace(message, tool=turn)
+
+    def update_tool_turn(self, message_id: str, turn: ToolTurn, text: str) -> None:
+        """Save how a tool call stands now, and its result ``text``."""
+        with self._transaction("the tool call's result") as db:
+            row = self._require_message(db, message_id)
+            db.execute("UPDATE messages SET tool_json = ?, content = ? WHERE id = ?", (tool_json(turn), text, message_id))
+            self._touch(db, row["conversation_id"])
+
     def _fold_log(self) -> None:
         """Copy the write-ahead log into the database and truncate it; a failure leaves it for the next time."""
         try:
@@ -299,12 +327,22 @@ class ChatStore:
             )
 
     def recover_interrupted(self) -> list[Message]:
-        """Mark replies left 'streaming' by a crash as 'interrupted' (text kept); return them. Call at start."""
+        """Mark replies left 'streaming' by a crash as 'interrupted' (text kept), and tool calls left waiting or
+        running as stopped (``CUT_OFF_CALL``); return the replies. Call at start."""
         with self._transaction("the recovered replies") as db:
             rows = db.execute("SELECT * FROM messages WHERE state = 'streaming'").fetchall()
             db.execute("UPDATE messages SET state = 'interrupted' WHERE state = 'streaming'")
+            self._stop_pending_tool_turns(db)
         found = (message_from_row(row)[0] for row in rows)
         return [dataclasses.replace(m, state="interrupted") for m in found if m is not None]
+
+    @staticmethod
+    def _stop_pending_tool_turns(db: sqlite3.Connection) -> None:
+        for row in db.execute("SELECT * FROM messages WHERE role = 'tool'").fetchall():
+            message, _problems = message_from_row(row)
+            if message is not None and message.tool is not None and message.tool.pending:
+                stopped = tool_json(dataclasses.replace(message.tool, status="stopped"))
+                db.execute("UPDATE messages SET tool_json = ?, content = ? WHERE id = ?", (stopped, CUT_OFF_CALL, row["id"]))
 
     # ------------------------------------------------------------ helpers (inside a transaction)
 

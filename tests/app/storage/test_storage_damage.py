@@ -26,13 +26,13 @@ def test_damaged_rows_mark_only_their_conversation(store: ChatStore, db_path: Pa
     store.finish_reply(reply, "answer", stats={"prompt_tokens": 3})
     odd = store.add_user_message(broken.id, "from the future")
     _raw_update(db_path, "UPDATE messages SET stats_json = '{not json' WHERE id = ?", reply)
-    _raw_update(db_path, "UPDATE messages SET role = 'tool' WHERE id = ?", odd.id)
+    _raw_update(db_path, "UPDATE messages SET role = 'robot' WHERE id = ?", odd.id)
     _raw_update(db_path, "UPDATE conversations SET sampling_json = '[1, 2' WHERE id = ?", broken.id)
 
     loaded = store.load_conversation(broken.id)
 
     assert loaded.damaged
-    assert "unknown role 'tool'" in loaded.damage_reason
+    assert "unknown role 'robot'" in loaded.damage_reason
     assert "statistics" in loaded.damage_reason and "sampling" in loaded.damage_reason
     assert [(m.content, m.stats) for m in loaded.messages] == [("question", None), ("answer", None)]
     assert loaded.sampling is None
