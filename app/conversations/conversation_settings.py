@@ -113,6 +113,12 @@ class ConversationSettingsDialog(SavingDialog):
         layout.addWidget(self.save_cancel_buttons())
 
 
+def _tool_servers_on(window) -> bool:
+    """Whether the window has a tool hub and Settings › Tools has a server turned on."""
+    servers = window.settings_holder.settings.tool_servers
+    return window.session.replies.tool_hub is not None and any(server.enabled for server in servers)
+
+
 def open_conversation_settings(window) -> ConversationSettingsDialog | None:
     """Open the settings of the conversation on screen (refused while a reply is written)."""
     if window.session.generating:
@@ -120,7 +126,7 @@ def open_conversation_settings(window) -> ConversationSettingsDialog | None:
         return None
     dialog = ConversationSettingsDialog(
         window.session.conversation, window.journal, window.settings_holder.settings.sampling,
-        window.session.replies.tool_hub is not None, window,
+        _tool_servers_on(window), window,
     )
     dialog.accepted.connect(lambda: window.session.saved.emit(window.session.conversation.id))
     dialog.finished.connect(dialog.deleteLater)

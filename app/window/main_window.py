@@ -61,6 +61,7 @@ class MainWindow(QMainWindow):
         startup_notices += [self.settings_holder.load_notice] if self.settings_holder.load_notice else []
         self._watch_unsaved_replies()
         self.session = ChatSession(controller, self.chat_view, self.input_bar, self.journal, self)
+        self.session.replies.tool_hub = self.tool_hub
         self.session.notice.connect(self.status_line.show_notice)
         self.session.shown.connect(self.status_line.show_conversation)
         self.session.replies.reply_started.connect(self.status_line.track_reply)

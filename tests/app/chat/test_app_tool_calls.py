@@ -14,6 +14,7 @@ from app.conversations.conversation import DisplayMessage
 from app.conversations.conversation_settings import open_conversation_settings
 from app.conversations.export_dialog import export_text
 from app.storage.records import ToolTurn
+from app.storage.settings import ToolServerConfig
 from engine.protocol.messages import ChatMessage
 
 from tests.app.chat.stand_in_hub import StandInHub
@@ -31,9 +32,11 @@ def call_tokens(name: str = "get_weather", city: str = "Paris") -> tuple[str, ..
 
 @pytest.fixture
 def hub(window) -> StandInHub:
-    """A hub whose get_weather tool answers sunny weather, given to the window."""
+    """A hub whose get_weather tool answers sunny weather, given to the window, with a server turned on in
+    Settings › Tools (the hub stands in for it)."""
     stand_in = StandInHub({"get_weather": lambda arguments: SUNNY if arguments.get("city") == "Paris" else "Rain"})
     window.session.replies.tool_hub = stand_in
+    window.settings_holder.update(tool_servers=(ToolServerConfig(name="weather", command="weather-server"),))
     return stand_in
 
 
