@@ -170,50 +170,53 @@ static inline __attribute__((always_inline)) void int4_block(
     for (int m = 0; m < count; m++) memcpy(y + (size_t)m * rows + row0, total[m], sizeof total[m]);
 }
 
+/* A matmul call's activation codes (quantize_activations') and weights, which every block of rows reads. */
+typedef struct {
+    int count, width, rows, group, two_codes;
+    const int8_t *high, *low;
+    const float *scales, *code_totals;
+    const uint8_t *packed;
+    const uint16_t *weight_scales;  /* int4: the (scale, zero) pairs; int8: the fp16 scales */
+    float *y;
+} matmul_call;
+
 /* Block b of int4_matmul against every activation row, with sdot where `sdot`: two rows at a time with one code a
    value, one with two. */
-static inline __attribute__((always_inline)) void int4_rows(
-        int sdot, int count, int two_codes, const int8_t *high, const int8_t *low, const float *scales,
-        const float *code_totals, int width, const uint8_t *block, const uint16_t *block_pairs, int rows, int group,
-        float *y, int row0) {
-    const int groups = width / group;
-    for (int m = 0; m < count; m += two_codes ? 1 : 2) {
+static inline __attribute__((always_inline)) void int4_rows(int sdot, const matmul_call *call, int b) {
+    const int width = call->width, group = call->group, groups = width / group, two_codes = call->two_codes;
+    const uint8_t *block = call->packed + (size_t)b * BLOCK_ROWS * (width / 2);
+    const uint16_t *block_pairs = call->weight_scales + (size_t)b * groups * BLOCK_ROWS * 2;
+    for (int m = 0; m < call->count; m += two_codes ? 1 : 2) {
         size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
-        const int8_t *row_low = two_codes ? low + x_at : NULL;
-        float *out = y + (size_t)m * rows;
-        #define INT4_ROWS(n, two) int4_block(sdot, n, two, high + x_at, row_low, scales + group_at, \
-                                             code_totals + group_at, width, block, block_pairs, rows, group, out, row0)
+        const int8_t *high = call->high + x_at, *low = two_codes ? call->low + x_at : NULL;
+        float *out = call->y + (size_t)m * call->rows;
+        #define INT4_ROWS(n, two) int4_block(sdot, n, two, high, low, call->scales + group_at, \
+                                             call->code_totals + group_at, width, block, block_pairs, call->rows, \
+                                             group, out, b * BLOCK_ROWS)
         if (two_codes) INT4_ROWS(1, 1);
-        else if (count - m >= 2) INT4_ROWS(2, 0);
+        else if (call->count - m >= 2) INT4_ROWS(2, 0);
         else INT4_ROWS(1, 0);
         #undef INT4_ROWS
     }
 }
 
-#define INT4_ROWS_ARGUMENTS int count, int two_codes, const int8_t *high, const int8_t *low, const float *scales, \
-    const float *code_totals, int width, const uint8_t *block, const uint16_t *block_pairs, int rows, int group, \
-    float *y, int row0
-#define INT4_ROWS_PASSED count, two_codes, high, low, scales, code_totals, width, block, block_pairs, rows, group, y, \
-    row0
-
-static void int4_rows_sdot(INT4_ROWS_ARGUMENTS) { int4_rows(1, INT4_ROWS_PASSED); }
-static void int4_rows_smull(INT4_ROWS_ARGUMENTS) { int4_rows(0, INT4_ROWS_PASSED); }
+static void int4_rows_sdot(const matmul_call *call, int b) { int4_rows(1, call, b); }
+static void int4_rows_smull(const matmul_call *call, int b) { int4_rows(0, call, b); }
 
 /* kernels.c's int4_matmul: y [M, N] = x [M, K] . W^T in the int4 layout (N a multiple of 64, K of group, group of
    4), scales_and_zeros [N / 64, K / group, 64, 2] bf16, 1 or 2 int8 codes an activation; scratch: M * (2K + 8K /
    group) bytes. */
 void int4_matmul(const float *x, int count, int width, const uint8_t *packed, const uint16_t *scales_and_zeros,
                  int rows, int group, int codes, void *scratch, float *y) {
-    const int blocks = rows / BLOCK_ROWS, groups = width / group, two_codes = codes == 2;
+    const int groups = width / group, two_codes = codes == 2;
     int8_t *high = (int8_t *)scratch, *low = high + (size_t)count * width;
     float *scales = (float *)(low + (size_t)count * width), *code_totals = scales + (size_t)count * groups;
     quantize_activations(x, count, width, group, high, two_codes ? low : NULL, scales, code_totals);
-    void (*block_rows)(INT4_ROWS_ARGUMENTS) = has_dot_products() ? int4_rows_sdot : int4_rows_smull;
-    #pragma omp parallel for schedule(static) if (blocks > 1)
-    for (int b = 0; b < blocks; b++)
-        block_rows(count, two_codes, high, low, scales, code_totals, width,
-                   packed + (size_t)b * BLOCK_ROWS * (width / 2),
-                   scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2, rows, group, y, b * BLOCK_ROWS);
+    const matmul_call call = {count, width, rows, group, two_codes, high, low, scales, code_totals, packed,
+                              scales_and_zeros, y};
+    void (*block_rows)(const matmul_call *, int) = has_dot_products() ? int4_rows_sdot : int4_rows_smull;
+    #pragma omp parallel for schedule(static) if (rows > BLOCK_ROWS)
+    for (int b = 0; b < rows / BLOCK_ROWS; b++) block_rows(&call, b);
 }
 
 /* ------------------------------------------------------------------------------------------------------------------
@@ -264,40 +267,37 @@ static inline __attribute__((always_inline)) void int8_block(
 }
 
 /* Block b of int8_matmul against every activation row, two at a time, with sdot where `sdot`. */
-static inline __attribute__((always_inline)) void int8_rows(
-        int sdot, int count, const int8_t *high, const int8_t *low, const float *scales, int width,
-        const uint8_t *block, const uint16_t *block_scales, int rows, float *y) {
-    const int groups = width / INT8_GROUP;
-    for (int m = 0; m < count; m += 2) {
+static inline __attribute__((always_inline)) void int8_rows(int sdot, const matmul_call *call, int b) {
+    const int width = call->width, groups = width / INT8_GROUP;
+    const uint8_t *block = call->packed + (size_t)b * BLOCK_ROWS * width;
+    const uint16_t *block_scales = call->weight_scales + (size_t)b * groups * BLOCK_ROWS;
+    for (int m = 0; m < call->count; m += 2) {
         size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
-        float *out = y + (size_t)m * rows;
-        if (count - m >= 2)
-            int8_block(sdot, 2, high + x_at, low + x_at, scales + group_at, width, block, block_scales, rows, out);
+        const int8_t *high = call->high + x_at, *low = call->low + x_at;
+        float *out = call->y + (size_t)m * call->rows + (size_t)b * BLOCK_ROWS;
+        if (call->count - m >= 2)
+            int8_block(sdot, 2, high, low, call->scales + group_at, width, block, block_scales, call->rows, out);
         else
-            int8_block(sdot, 1, high + x_at, low + x_at, scales + group_at, width, block, block_scales, rows, out);
+            int8_block(sdot, 1, high, low, call->scales + group_at, width, block, block_scales, call->rows, out);
     }
 }
 
-#define INT8_ROWS_ARGUMENTS int count, const int8_t *high, const int8_t *low, const float *scales, int width, \
-    const uint8_t *block, const uint16_t *block_scales, int rows, float *y
-#define INT8_ROWS_PASSED count, high, low, scales, width, block, block_scales, rows, y
-
-static void int8_rows_sdot(INT8_ROWS_ARGUMENTS) { int8_rows(1, INT8_ROWS_PASSED); }
-static void int8_rows_smull(INT8_ROWS_ARGUMENTS) { int8_rows(0, INT8_ROWS_PASSED); }
+static void int8_rows_sdot(const matmul_call *call, int b) { int8_rows(1, call, b); }
+static void int8_rows_smull(const matmul_call *call, int b) { int8_rows(0, call, b); }
 
 /* kernels.c's int8_matmul: y [M, N] = x [M, K] . W^T in the int8 layout (N a multiple of 64, K of 32), weight_scales
    [N / 64, K / 32, 64] fp16, w = q * scale; two codes an activation; scratch: M * (2K + 8K / 32) bytes. */
 void int8_matmul(const float *x, int count, int width, const uint8_t *packed, const uint16_t *weight_scales,
                  int rows, void *scratch, float *y) {
-    const int blocks = rows / BLOCK_ROWS, groups = width / INT8_GROUP;
+    const int groups = width / INT8_GROUP;
     int8_t *high = (int8_t *)scratch, *low = high + (size_t)count * width;
     float *scales = (float *)(low + (size_t)count * width), *code_totals = scales + (size_t)count * groups;
     quantize_activations(x, count, width, INT8_GROUP, high, low, scales, code_totals);
-    void (*block_rows)(INT8_ROWS_ARGUMENTS) = has_dot_products() ? int8_rows_sdot : int8_rows_smull;
-    #pragma omp parallel for schedule(static) if (blocks > 1)
-    for (int b = 0; b < blocks; b++)
-        block_rows(count, high, low, scales, width, packed + (size_t)b * BLOCK_ROWS * width,
-                   weight_scales + (size_t)b * groups * BLOCK_ROWS, rows, y + (size_t)b * BLOCK_ROWS);
+    const matmul_call call = {count, width, rows, INT8_GROUP, 1, high, low, scales, code_totals, packed,
+                              weight_scales, y};
+    void (*block_rows)(const matmul_call *, int) = has_dot_products() ? int8_rows_sdot : int8_rows_smull;
+    #pragma omp parallel for schedule(static) if (rows > BLOCK_ROWS)
+    for (int b = 0; b < rows / BLOCK_ROWS; b++) block_rows(&call, b);
 }
 
 /* ------------------------------------------------------------------------------------------------------------------
