@@ -16,6 +16,9 @@
 #include <string.h>
 #if defined(__linux__)
 #include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)  /* Linux's bit for the dot-product extension, where the C library's headers lack it */
+#endif
 #elif defined(__APPLE__)
 #include <sys/sysctl.h>
 #endif
@@ -111,7 +114,8 @@ static inline __attribute__((always_inline)) void four_columns(const uint8_t *by
                c3 = vld1q_u8(bytes + 3 * HALF_ROWS);
     uint16x8_t low01 = vreinterpretq_u16_u8(vzip1q_u8(c0, c1)), high01 = vreinterpretq_u16_u8(vzip2q_u8(c0, c1));
     uint16x8_t low23 = vreinterpretq_u16_u8(vzip1q_u8(c2, c3)), high23 = vreinterpretq_u16_u8(vzip2q_u8(c2, c3));
-    uint8x16_t rows[4] = {vreinterpretq_u8_u16(vzip1q_u16(low01, low23)), vreinterpretq_u8_u16(vzip2q_u16(low01, low23)),
+    uint8x16_t rows[4] = {vreinterpretq_u8_u16(vzip1q_u16(low01, low23)),
+                          vreinterpretq_u8_u16(vzip2q_u16(low01, low23)),
                           vreinterpretq_u8_u16(vzip1q_u16(high01, high23)),
                           vreinterpretq_u8_u16(vzip2q_u16(high01, high23))};
     for (int t = 0; t < 4; t++) {
@@ -417,7 +421,7 @@ static void chunk_tile(const uint16_t *keys, const uint16_t *values, int64_t slo
             score_keys(keys + (slot + p0) * head_dim, m, head_dim, qt, sums);
         for (int p = 0; p < m; p++) {
             int32x4_t position = vdupq_n_s32((int32_t)(logical + p0 + p));
-            for (int v = 0; v < QUERY_VECTORS; v++) {  /* a query sees the positions from its low on, before its limit */
+            for (int v = 0; v < QUERY_VECTORS; v++) {  /* a query sees the positions from its low, before its limit */
                 uint32x4_t seen = vandq_u32(vcleq_s32(low[v], position), vcgtq_s32(limit[v], position));
                 score[p0 + p][v] = vbslq_f32(seen, sums[p][v], vdupq_n_f32(-INFINITY));
             }

@@ -47,7 +47,10 @@ int main(int count, char **words) {
         printf("%d\n", has_dot_products());
         return 0;
     }
-    if (count < 2 || count - 2 > MOST_ARGUMENTS) { fprintf(stderr, "usage: neon_driver KERNEL ARGUMENT...\n"); return 2; }
+    if (count < 2 || count - 2 > MOST_ARGUMENTS) {
+        fprintf(stderr, "usage: neon_driver KERNEL ARGUMENT...\n");
+        return 2;
+    }
     argument a[MOST_ARGUMENTS];
     long sizes[MOST_ARGUMENTS] = {0};
     for (int i = 0; i < count - 2; i++) {
