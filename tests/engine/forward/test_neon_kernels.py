@@ -29,7 +29,7 @@ from engine.forward.windows import window_start
 
 CROSS_COMPILER, EMULATOR = "aarch64-linux-gnu-gcc", "qemu-aarch64"
 DRIVER = Path(__file__).with_name("neon_driver.c")
-BUILDS = {  # name: the build's -march, the emulated CPU, whether the kernels take sdot there
+BUILDS = {  # name: the build's -march, the emulated CPU, whether that CPU has the dot-product extension
     "armv8-a on a cortex-a53": ("armv8-a", "cortex-a53", False),
     "armv8-a on a dotprod cpu": ("armv8-a", "max", True),
     "armv8.2-a+dotprod": ("armv8.2-a+dotprod", "max", True),
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.skipif(
 
 
 @dataclass(frozen=True)
-class Scratch:
+class ScratchBytes:
     """A zeroed buffer of ``size`` bytes the kernel may write (the matmuls' activation codes)."""
 
     size: int
@@ -49,10 +49,12 @@ class Scratch:
 
 @dataclass(frozen=True)
 class NeonDriver:
-    """The driver of one build, run under qemu as ``cpu``; calls write their tensors to ``folder``."""
+    """The driver of one build, run under qemu as ``cpu`` (which has the dot-product extension where
+    ``cpu_has_sdot``); calls write their tensors to ``folder``."""
 
     program: Path
     cpu: str
+    cpu_has_sdot: bool
     folder: Path
 
     def run(self, *words: str) -> str:
@@ -67,7 +69,7 @@ class NeonDriver:
 
     def call(self, kernel: str, *arguments: object) -> list[torch.Tensor]:
         """``kernel`` with ``arguments`` in the order and types of its ctypes signature (``build.SIGNATURES``): a
-        tensor (contiguous) or a ``Scratch`` for a pointer, an int or float for a number. Returns each tensor
+        tensor (contiguous) or a ``ScratchBytes`` for a pointer, an int or float for a number. Returns each tensor
         argument as the kernel left it, in order."""
         types = SIGNATURES[kernel]
         assert len(types) == len(arguments)
@@ -78,7 +80,7 @@ class NeonDriver:
                 path.write_bytes(value.contiguous().view(torch.uint8).numpy().tobytes())
                 words.append(f"f:{path}")
                 tensors.append((path, value))
-            elif isinstance(value, Scratch):
+            elif isinstance(value, ScratchBytes):
                 words.append(f"s:{value.size}")
             else:
                 letter = {ctypes.c_int: "i", ctypes.c_int64: "l", ctypes.c_float: "e"}[kind]
@@ -94,14 +96,14 @@ def _read(path: Path, like: torch.Tensor) -> torch.Tensor:
 
 @pytest.fixture(scope="module", params=list(BUILDS))
 def neon(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> NeonDriver:
-    march, cpu, _ = BUILDS[request.param]
+    march, cpu, cpu_has_sdot = BUILDS[request.param]
     folder = tmp_path_factory.mktemp("neon")
     program = folder / "neon_driver"
     command = [CROSS_COMPILER, *variants.named("neon").flags, f"-march={march}", "-static",
                f"-I{variants.HERE}", str(DRIVER), "-o", str(program), "-lm"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    return NeonDriver(program, cpu, folder)
+    return NeonDriver(program, cpu, cpu_has_sdot, folder)
 
 
 def test_the_library_builds_cleanly_and_exports_every_function_the_loader_binds(tmp_path: Path):
@@ -116,9 +118,8 @@ def test_the_library_builds_cleanly_and_exports_every_function_the_loader_binds(
     assert set(variant.exported()) <= {line.split()[-1] for line in symbols.splitlines()}
 
 
-def test_the_kernels_take_sdot_exactly_where_the_cpu_has_it(neon: NeonDriver, request: pytest.FixtureRequest):
-    *_, has_sdot = BUILDS[request.node.callspec.params["neon"]]
-    assert neon.takes_sdot() == has_sdot
+def test_the_kernels_take_sdot_exactly_where_the_cpu_has_it(neon: NeonDriver):
+    assert neon.takes_sdot() == neon.cpu_has_sdot
     assert neon.run("amx_enable").strip() == "-1"  # no AMX functions in this variant
 
 
@@ -151,7 +152,7 @@ def test_int4_rows_are_their_rounded_codes_times_the_dequantized_weight(neon: Ne
     block_pairs = pairs.view(width // group, 3, 64, 2).transpose(0, 1).contiguous()  # [N / 64, G, 64, 2]
     weight = dequantize_int4(groups.q, pairs, group)  # [N, K]
     x = torch.randn(length, width) * torch.logspace(-2, 1, width)  # groups of very different sizes
-    scratch = Scratch(length * (2 * width + 8 * width // group))
+    scratch = ScratchBytes(length * (2 * width + 8 * width // group))
     (_, _, _, got) = neon.call("int4_matmul", x, length, width, _int4_layout(groups.q), block_pairs, 192, group,
                                codes, scratch, torch.empty(length, 192))
     exact = x @ weight.t()
@@ -173,7 +174,7 @@ def test_int8_rows_match_the_dequantized_weight(neon: NeonDriver, length):
     block_scales = scales.view(3, 64, 5).transpose(1, 2).contiguous()  # [N / 64, K / 32, 64]
     x = torch.randn(length, 160) * torch.logspace(-2, 1, 160)
     (_, _, _, got) = neon.call("int8_matmul", x, length, 160, packed, block_scales, 192,
-                               Scratch(length * (2 * 160 + 8 * 5)), torch.empty(length, 192))
+                               ScratchBytes(length * (2 * 160 + 8 * 5)), torch.empty(length, 192))
     exact = x @ dequantized.t()
     assert ((got - exact).abs().max() / exact.abs().max()).item() < 1e-4
 
