@@ -3,8 +3,9 @@
    Where kernels.c multiplies int8 codes with AVX-512's vpdpbusd, these take the dot-product extension's sdot (four
    signed byte products summed into each 32-bit lane; ARMv8.2 and later: Apple M1, Cortex-A55/A76 on) where the CPU
    has it, asked once (HWCAP on Linux, sysctl on macOS), else the same sums from widening multiplies (smull, then
-   pairwise adds). sdot is written in assembly, so one library built for plain ARMv8-A runs both. The K/V cache is
-   bf16 (uint16 storage): a value's fp32 is its 16 bits above 16 zero bits. No AMX here: amx_enable says so. */
+   pairwise adds). The functions that take sdot are compiled for it alone, so one library built for plain ARMv8-A
+   runs on either. The K/V cache is bf16 (uint16 storage): a value's fp32 is its 16 bits above 16 zero bits. No AMX
+   here: amx_enable says so. */
 
 #if !defined(__aarch64__)
 #error "the neon variant of Hearth's kernels is for 64-bit ARM (aarch64, arm64)"
@@ -46,21 +47,28 @@ static int has_dot_products(void) {
     return known;
 }
 
-/* What lets the assembler take sdot where the compiler's target lacks it (GNU as takes the extension only on an
-   ARMv8.2 base): the instruction runs only where has_dot_products(). */
+/* The functions that may take sdot are compiled with the dot-product extension where the file's target lacks it (GCC
+   as ARMv8.2-A with it: GNU as takes sdot on that base only); they run only where has_dot_products(). */
 #if defined(__ARM_FEATURE_DOTPROD)
-#define SDOT_ARCH ""
+#define DOT_PRODUCTS
+#elif defined(__clang__)
+#define DOT_PRODUCTS __attribute__((target("dotprod")))
 #else
-#define SDOT_ARCH ".arch armv8.2-a+dotprod\n\t"
+#define DOT_PRODUCTS __attribute__((target("arch=armv8.2-a+dotprod")))
 #endif
+
+/* acc[i] += a[4i] b[4i] + .. + a[4i + 3] b[4i + 3] with sdot, written out (older clangs declare vdotq_s32 only where
+   the whole file targets the extension). Inlined only into DOT_PRODUCTS functions: elsewhere the call stays, and
+   dot_add never makes it. */
+static inline DOT_PRODUCTS int32x4_t sdot_add(int32x4_t acc, int8x16_t a, int8x16_t b) {
+    __asm__("sdot %0.4s, %1.16b, %2.16b" : "+w"(acc) : "w"(a), "w"(b));
+    return acc;
+}
 
 /* acc[i] += a[4i] b[4i] + .. + a[4i + 3] b[4i + 3], signed bytes: sdot where `sdot` (a constant once inlined), else
    smull's int16 products summed in pairs (each pair within int16 while neither byte is -128 in both operands). */
 static inline __attribute__((always_inline)) int32x4_t dot_add(int32x4_t acc, int8x16_t a, int8x16_t b, int sdot) {
-    if (sdot) {
-        __asm__(SDOT_ARCH "sdot %0.4s, %1.16b, %2.16b" : "+w"(acc) : "w"(a), "w"(b));
-        return acc;
-    }
+    if (sdot) return sdot_add(acc, a, b);
     int16x8_t pairs = vpaddq_s16(vmull_s8(vget_low_s8(a), vget_low_s8(b)), vmull_high_s8(a, b));
     return vpadalq_s16(acc, pairs);
 }
@@ -204,7 +212,7 @@ static inline __attribute__((always_inline)) void int4_rows(int sdot, const matm
     }
 }
 
-static void int4_rows_sdot(const matmul_call *call, int b) { int4_rows(1, call, b); }
+static DOT_PRODUCTS void int4_rows_sdot(const matmul_call *call, int b) { int4_rows(1, call, b); }
 static void int4_rows_smull(const matmul_call *call, int b) { int4_rows(0, call, b); }
 
 /* kernels.c's int4_matmul: y [M, N] = x [M, K] . W^T in the int4 layout (N a multiple of 64, K of group, group of
@@ -286,7 +294,7 @@ static inline __attribute__((always_inline)) void int8_rows(int sdot, const matm
     }
 }
 
-static void int8_rows_sdot(const matmul_call *call, int b) { int8_rows(1, call, b); }
+static DOT_PRODUCTS void int8_rows_sdot(const matmul_call *call, int b) { int8_rows(1, call, b); }
 static void int8_rows_smull(const matmul_call *call, int b) { int8_rows(0, call, b); }
 
 /* kernels.c's int8_matmul: y [M, N] = x [M, K] . W^T in the int8 layout (N a multiple of 64, K of 32), weight_scales
