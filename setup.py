@@ -3,11 +3,12 @@
 The icons live in the top-level ``resources/`` folder and install as the
 ``hearth_resources`` package, a mapping pyproject.toml's package finder cannot express.
 
-Every variant of the CPU kernels (``engine/forward/native/variants.py``) is compiled here, with the variant's own
+Every variant of the CPU kernels (``engine/forward/native/variants.py``) for the machine's architecture (x86-64's
+"avx512" and "avx2", 64-bit ARM's "neon"; the others' sources ship unbuilt) is compiled here, with the variant's own
 flags, into a plain shared library (no Python module: ctypes loads it) beside its source, so a wheel, an install and
 an editable install carry them and run them without a C compiler. A variant the compiler cannot build (MSVC, which
-takes no GCC attributes; a compiler without its instructions, such as Apple's clang on ARM) is left out with a
-warning, never failing the install: Hearth then runs without it, or builds it at run time where it can.
+takes no GCC attributes; a compiler without its instructions or without OpenMP, such as Apple's clang) is left out
+with a warning, never failing the install: Hearth then runs without it, or builds it at run time where it can.
 """
 
 import importlib.util
@@ -31,7 +32,7 @@ def _variants():
 
 
 KERNELS = _variants()
-VARIANTS = {variant.name: variant for variant in KERNELS.VARIANTS}
+VARIANTS = {variant.name: variant for variant in KERNELS.VARIANTS if variant.architecture == KERNELS.architecture()}
 
 
 class BuildKernels(build_ext):

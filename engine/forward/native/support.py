@@ -1,10 +1,11 @@
 """Which variants of Hearth's CPU kernels may run here, without building them (any thread; torch is imported when
 first asked).
 
-The best variant (``variants``, best first) whose instructions the CPU offers (``cpu_features``: cpuid's flags, within
-the vector width PyTorch runs at, so ``ATEN_CPU_CAPABILITY=avx2`` chooses "avx2" as on a laptop), or the one the
-environment variable ``HEARTH_KERNELS`` names: "avx512", "avx2" (each only where the CPU runs it), or "none", which
-turns the kernels off (tests and benchmarks compare the variants so). ``build.library()`` then also needs the
+The best variant (``variants``, best first) whose instructions the CPU offers (``cpu_features``: cpuid's flags on
+x86-64, within the vector width PyTorch runs at, so ``ATEN_CPU_CAPABILITY=avx2`` chooses "avx2" as on a laptop;
+"neon" on 64-bit ARM, Linux's and macOS's alike, where sdot is the library's own choice), or the one the
+environment variable ``HEARTH_KERNELS`` names: "avx512", "avx2", "neon" (each only where the CPU runs it), or "none",
+which turns the kernels off (tests and benchmarks compare the variants so). ``build.library()`` then also needs the
 package's library or a C compiler. ``format_plan`` counts formats by this before a load.
 """
 
@@ -29,7 +30,9 @@ def candidates() -> tuple[tuple[Variant, ...], str]:
     runnable = tuple(variant for variant in ((named(asked),) if asked else VARIANTS) if has_flags(variant.cpu_flags))
     if runnable:
         return runnable, ""
-    return (), f"this CPU lacks the {asked} variant's instructions" if asked else "this CPU lacks AVX2 with FMA"
+    if asked:
+        return (), f"this CPU lacks the {asked} variant's instructions"
+    return (), "this CPU lacks AVX2 with FMA (x86-64) or NEON (64-bit ARM)"
 
 
 def may_run() -> bool:

@@ -3,14 +3,17 @@ imports nothing of Hearth's, so that ``setup.py`` reads it by path while buildin
 
 Each variant is one library with the same exported functions: "avx512" (``kernels.c``: AVX-512 F, BW, VL, VNNI and
 VBMI, with the AMX functions for their own target) and "avx2" (``kernels_avx2.c``: AVX2, FMA and F16C, as on most
-laptops). ``setup.py`` compiles every variant its compiler can into the package; ``build`` loads the best one the CPU
-runs, or compiles it at run time where the package holds none (a source checkout). A library's name carries a hash of
+laptops) on x86-64; "neon" (``kernels_neon.c``: plain ARMv8-A, taking the dot-product extension's sdot where the CPU
+has it, which the library asks itself) on 64-bit ARM. ``setup.py`` compiles every variant of the machine's
+architecture its compiler can into the package; ``build`` loads the best one the CPU runs, or compiles it at run time
+where the package holds none (a source checkout). A library's name carries a hash of
 its sources and flags, so a library built from other sources is never loaded for these.
 """
 
 from __future__ import annotations
 
 import hashlib
+import platform
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +25,8 @@ COMMON_HEADER = "kernels_common.h"  # included by every variant's source
 @dataclass(frozen=True)
 class Variant:
     """One library: ``name`` as benchmarks record it, its C source beside this module, the flags GCC and clang take
-    and those MSVC takes, the CPU flags it needs (``torch.cpu.get_capabilities``' names) and whether it holds the
-    AMX functions (``AMX_EXPORTED``)."""
+    and those MSVC takes, the CPU flags it needs (``torch.cpu.get_capabilities``' names), whether it holds the
+    AMX functions (``AMX_EXPORTED``) and the architecture whose compilers build it (``architecture``'s names)."""
 
     name: str
     source: str
@@ -31,6 +34,7 @@ class Variant:
     msvc_flags: tuple[str, ...]
     cpu_flags: tuple[str, ...]
     amx: bool = False
+    architecture: str = "x86_64"
 
     def exported(self) -> tuple[str, ...]:
         return (*EXPORTED, *(AMX_EXPORTED if self.amx else ()))
@@ -60,6 +64,7 @@ VARIANTS = (  # best first
             ("avx512_f", "avx512_bw", "avx512_vl", "avx512_vnni", "avx512_vbmi"), amx=True),
     Variant("avx2", "kernels_avx2.c", (*UNIX_FLAGS, "-mavx2", "-mfma", "-mf16c"), ("/O2", "/openmp", "/arch:AVX2"),
             ("avx2", "fma3", "f16c")),
+    Variant("neon", "kernels_neon.c", UNIX_FLAGS, (), ("neon",), architecture="aarch64"),
 )
 NAMES = (*(variant.name for variant in VARIANTS), "none")
 EXPORTED = ("int4_matmul", "int8_matmul", "decode_attention", "chunk_attention", "rms_norm", "swiglu",
@@ -70,6 +75,17 @@ AMX_EXPORTED = ("int4_matmul_amx", "chunk_attention_amx")  # only where ``Varian
 
 def named(name: str) -> Variant:
     return next(variant for variant in VARIANTS if variant.name == name)
+
+
+ARCHITECTURES = {"amd64": "x86_64", "x86_64": "x86_64", "arm64": "aarch64", "aarch64": "aarch64"}
+"""``platform.machine()``'s names (Linux, macOS, Windows) of the architectures the variants are built for."""
+
+
+def architecture(machine: str | None = None) -> str:
+    """The architecture of ``machine`` (``platform.machine()``'s name; this machine's by default) as the variants
+    name it: "x86_64", "aarch64", or the name itself, lowercase, where no variant is built for it."""
+    name = (machine if machine is not None else platform.machine()).lower()
+    return ARCHITECTURES.get(name, name)
 
 LAYOUT_FLAGS = ("-O3", "-Wall", "-ffp-contract=off", "-fopenmp", "-fPIC")  # floats rounded as NumPy's
 LAYOUT_AVX2 = ("avx2", "f16c")  # where the CPU has them, the layout library uses them (a quarter faster)

@@ -8,11 +8,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from engine.forward.native.variants import named
+from engine.forward.native import build, support
+from engine.forward.native.variants import VARIANTS, architecture, named
 from engine.host import cpu_features
 
 REPO = Path(__file__).resolve().parents[3]
@@ -78,6 +80,56 @@ def test_an_avx2_capability_hides_the_avx512_and_amx_flags_the_cpu_has(cpu):
     assert not cpu_features.has_bf16_matmul() and cpu_features.has_int8_dot() and cpu_features.has_flags(("avx2",))
     cpu("DEFAULT", every)
     assert not cpu_features.has_int8_dot() and not cpu_features.has_flags(("avx2",))
+
+
+ARM_FLAGS = {"neon", "dot", "fp16_arith", "bf16", "i8mm", "atomics", "crc32"}  # PyTorch's names on an ARM64 CPU
+X86_FLAGS = {"sse2", "avx", "avx2", "fma3", "f16c", "avx_vnni", *CPU_FLAGS, "amx_bf16"}
+
+
+@pytest.mark.parametrize("capability", ["DEFAULT", "SVE256"])  # Apple's M chips and most ARM servers; Graviton 3
+def test_an_arm_cpu_runs_the_neon_kernels_and_an_x86_one_never_does(cpu, monkeypatch, capability):
+    """Where PyTorch sees an ARM CPU, "neon" is the variant that runs, and ``HEARTH_KERNELS`` may force it; on x86
+    it never runs, not even when asked for."""
+    monkeypatch.delenv(support.CHOICE_VARIABLE, raising=False)
+    cpu(capability, ARM_FLAGS)
+    assert [variant.name for variant in support.candidates()[0]] == ["neon"]
+    monkeypatch.setenv(support.CHOICE_VARIABLE, "neon")
+    assert [variant.name for variant in support.candidates()[0]] == ["neon"]
+    monkeypatch.setenv(support.CHOICE_VARIABLE, "avx2")
+    assert support.candidates() == ((), "this CPU lacks the avx2 variant's instructions")
+    for x86_capability in ("AVX512", "AVX2", "DEFAULT"):
+        cpu(x86_capability, X86_FLAGS)
+        monkeypatch.delenv(support.CHOICE_VARIABLE)
+        assert "neon" not in [variant.name for variant in support.candidates()[0]]
+        monkeypatch.setenv(support.CHOICE_VARIABLE, "neon")
+        assert support.candidates() == ((), "this CPU lacks the neon variant's instructions")
+
+
+def test_on_an_arm_cpu_the_load_notice_and_benchmarks_name_the_neon_kernels(cpu, monkeypatch):
+    """What a load says and a benchmark records where the ARM library loads (stood in for here: no ARM machine)."""
+    monkeypatch.delenv(support.CHOICE_VARIABLE, raising=False)
+    cpu("DEFAULT", ARM_FLAGS)
+    loaded = []
+
+    def library_of(variant):  # the functions' argument types are set on whatever it holds
+        loaded.append(variant.name)
+        return SimpleNamespace(**{name: SimpleNamespace() for name in variant.exported()})
+
+    monkeypatch.setattr(build, "_loaded", library_of)
+    build.kernels.cache_clear()
+    try:
+        assert build.kernels_variant("cpu") == "neon" and loaded == ["neon"]
+        assert build.kernel_notices() == ("Hearth's CPU kernels run their neon variant.",)
+    finally:
+        build.kernels.cache_clear()
+
+
+def test_the_variants_are_built_for_their_own_architecture():
+    """``setup.py`` builds the variants of the machine's architecture, as ``platform.machine()`` names it."""
+    built_on = {machine: [variant.name for variant in VARIANTS if variant.architecture == architecture(machine)]
+                for machine in ("x86_64", "AMD64", "aarch64", "arm64", "riscv64")}
+    assert built_on == {"x86_64": ["avx512", "avx2"], "AMD64": ["avx512", "avx2"], "aarch64": ["neon"],
+                        "arm64": ["neon"], "riscv64": []}
 
 
 def test_the_flags_need_no_proc_cpuinfo(monkeypatch):
