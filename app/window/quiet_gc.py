@@ -1,13 +1,18 @@
-"""Full garbage collections only at quiet moments (GUI thread).
+"""Garbage collections on the GUI thread alone, the full ones only at quiet moments (GUI thread).
+
+Python collects on whichever thread happens to allocate past a threshold: the engine
+thread, asyncio's child watchers, a worker importing the MCP SDK. A Qt object caught in
+a reference cycle would then be destroyed off the GUI thread, which Qt does not allow
+(a timer left behind crashes the next timer event). So ``QuietCollector`` turns Python's
+own collections off and runs them from a GUI-thread timer: a young collection
+whenever Python would have started one, checked every ``YOUNG_CHECK_MS``.
 
 A full collection walks every tracked Python object while holding the GIL. With a
-long conversation's cards alive that takes long enough to be seen when it
-lands mid-scroll or mid-reply, and Python starts one by itself whenever enough
-objects have survived younger collections. ``QuietCollector`` turns that trigger off
-and collects fully itself: at start-up, a moment after each reply or model load ends
-(the user is reading), and every few minutes as a safety net. Young collections stay
-automatic: they are short. What lives as long as the app is frozen out of the
-collector's sight at start-up (``gc.freeze``), which keeps the quiet collections short too.
+long conversation's cards alive that takes long enough to be seen when it lands
+mid-scroll or mid-reply, so full collections come at start-up, a moment after each
+reply or model load ends (the user is reading), and every few minutes as a safety net.
+What lives as long as the app is frozen out of the collector's sight at start-up
+(``gc.freeze``), which keeps the quiet collections short too.
 """
 
 from __future__ import annotations
@@ -16,9 +21,8 @@ import gc
 
 from PySide6.QtCore import QObject, QTimer, SignalInstance
 
-NEVER = 2**31 - 1
-"""Younger collections to count before Python would start a full one: never, in practice."""
 AFTER_QUIET_MS = 1000
+YOUNG_CHECK_MS = 200
 SAFETY_NET_MS = 5 * 60 * 1000
 
 
@@ -35,9 +39,11 @@ class QuietCollector(QObject):
                  after_ms: int = AFTER_QUIET_MS, every_ms: int = SAFETY_NET_MS) -> None:
         super().__init__(parent)
         self._thresholds = gc.get_threshold()
-        young, middle, _ = self._thresholds
-        gc.set_threshold(young, middle, NEVER)
+        gc.disable()
         _freeze_long_lived_objects()
+        self._young = QTimer(self, interval=YOUNG_CHECK_MS)
+        self._young.timeout.connect(self._collect_young)
+        self._young.start()
         self._soon = QTimer(self, singleShot=True, interval=after_ms)
         self._soon.timeout.connect(gc.collect)
         self._safety_net = QTimer(self, interval=every_ms)
@@ -46,8 +52,17 @@ class QuietCollector(QObject):
         for signal in quiet_moments:
             signal.connect(self._soon.start)
 
+    def _collect_young(self) -> None:
+        """The young collection Python would have started by now, if any: generation 1 where enough generation-0
+        collections have passed, else generation 0."""
+        young_count, middle_count, _ = gc.get_count()
+        young, middle, _ = self._thresholds
+        if young_count > young:
+            gc.collect(1 if middle_count >= middle else 0)
+
     def stop(self) -> None:
-        """Hand full collections back to Python."""
+        """Hand collections back to Python."""
+        self._young.stop()
         self._soon.stop()
         self._safety_net.stop()
-        gc.set_threshold(*self._thresholds)
+        gc.enable()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 
 import pytest
 from PySide6.QtCore import QObject, Signal
@@ -23,11 +24,10 @@ def full_collections():
         if phase == "stop" and info["generation"] == 2:
             seen.append(1)
 
-    thresholds = gc.get_threshold()
     gc.callbacks.append(note)
     yield seen
     gc.callbacks.remove(note)
-    gc.set_threshold(*thresholds)
+    gc.enable()
 
 
 def _churn(cycles: int) -> None:
@@ -67,3 +67,25 @@ def test_a_long_quiet_stretch_still_gets_its_collection(qtbot, full_collections)
     full_collections.clear()
     qtbot.waitUntil(lambda: len(full_collections) >= 2, timeout=2000)
     collector.stop()
+
+
+def test_collections_run_on_the_gui_thread_whichever_thread_made_the_garbage(qtbot):
+    """A Qt object in a cycle must not be destroyed off the GUI thread: no thread but it collects."""
+    threads: list[str] = []
+
+    def note(phase, info):
+        if phase == "start":
+            threads.append(threading.current_thread().name)
+
+    collector = QuietCollector((), after_ms=60_000, every_ms=60_000)
+    gc.callbacks.append(note)
+    try:
+        worker = threading.Thread(target=_churn, args=(300_000,), name="engine-like")
+        worker.start()
+        worker.join()
+        qtbot.waitUntil(lambda: threads != [], timeout=2000)
+    finally:
+        gc.callbacks.remove(note)
+        collector.stop()
+    assert set(threads) == {threading.current_thread().name}
+    assert gc.isenabled()
