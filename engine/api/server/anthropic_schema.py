@@ -186,11 +186,12 @@ def stop_reason(reason: FinishReason, ask: CompletionAsk, calls: list[ToolCall])
 
 def tool_use_block(call: ToolCall) -> dict:
     """A call as a ``tool_use`` content block, its id in Anthropic's ``toolu_`` form."""
-    return {"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": json.loads(call.arguments)}
+    return {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": json.loads(call.arguments)}
 
 
-def tool_use_id(call: ToolCall) -> str:
-    return "toolu_" + call.id.removeprefix("call_")
+def tool_use_id(call_id: str) -> str:
+    """A call's id in Anthropic's ``toolu_`` form."""
+    return "toolu_" + call_id.removeprefix("call_")
 
 
 def message_envelope(message_id: str, model: str, content: list[dict], input_tokens: int, output_tokens: int,

@@ -35,8 +35,11 @@ class ToolUse:
     constraint: Constraint | None
 
     def parser(self) -> ToolCallParser | None:
-        """A parser for the reply, or None when calls are not read (``choice`` "none")."""
-        return None if self.choice == "none" else ToolCallParser(self.tool_format, self.parallel)
+        """A parser for the reply, or None when calls are not read (``choice`` "none"). Under the tool grammar a
+        call cannot turn out malformed, so its arguments stream as the model writes them."""
+        if self.choice == "none":
+            return None
+        return ToolCallParser(self.tool_format, self.parallel, stream_arguments=self.constraint is not None)
 
 
 def tool_use(functions: list[dict], choice: str, named: str, parallel: bool, tool_format: str) -> ToolUse:
