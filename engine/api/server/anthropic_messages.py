@@ -42,7 +42,7 @@ async def messages(request: Request) -> Response:
     try:
         return await _messages(request)
     except ApiError as error:
-        return JSONResponse(anthropic_error(error.status, error.message), status_code=error.status)
+        return JSONResponse(anthropic_error(error.status, error.message, error.param), status_code=error.status)
 
 
 async def _messages(request: Request) -> Response:
