@@ -64,7 +64,8 @@ class ToolCallParser:
     """Reads one reply of a model whose tool calls follow ``tool_format`` (one of ``tool_formats.FORMATS``)."""
 
     def __init__(self, tool_format: str, parallel: bool = True, stream_arguments: bool = False) -> None:
-        """``parallel`` False keeps only the first call of the reply."""
+        """``parallel`` False keeps only the first call of the reply; ``stream_arguments``: each call's start and
+        arguments go out as they are written (a reply under the tool grammar), not once the call is whole."""
         self._format = tool_format
         self._markers = MARKERS[tool_format]
         self._parallel = parallel
