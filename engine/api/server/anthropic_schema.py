@@ -226,5 +226,5 @@ def anthropic_error(status: int, message: str, param: str | None = None) -> dict
     """Anthropic's error body; its message starts with the field at fault, as Anthropic's own do."""
     kinds = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
              413: "request_too_large", 503: "overloaded_error"}
-    text = f"{param}: {message}" if param else message
+    text = f"{param}: {message.removeprefix(param).lstrip()}" if param else message
     return {"type": "error", "error": {"type": kinds.get(status, "api_error"), "message": text}}
