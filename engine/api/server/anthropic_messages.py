@@ -6,8 +6,9 @@ and comes back as one ``message`` or as Anthropic's server-sent events::
     message_start, then per content block: content_block_start, content_block_delta…, content_block_stop,
     then message_delta (stop_reason, output usage) and message_stop
 
-Text streams in ``text_delta``s; each tool call, once the model has written it
-whole, is a ``tool_use`` block whose input arrives as ``input_json_delta``. The
+Text streams in ``text_delta``s; each tool call is a ``tool_use`` block whose
+input arrives in ``input_json_delta``s: as the model writes it when the tool
+grammar constrains the reply (``tool_choice`` any or tool), else once whole. The
 same Host, key (``x-api-key`` or Bearer) and CORS rules as the rest of the server
 apply (``access``). Refusals use Anthropic's error shape.
 """
@@ -33,15 +34,15 @@ from engine.api.server.completions import answer, read_json
 from engine.api.server.engine_link import EngineLink, RequestStream
 from engine.api.server.errors import ApiError
 from engine.api.server.openai_schema import CompletionAsk
-from engine.chat.tool_calls import Piece, ToolCallParser, split_reply
-from engine.protocol.messages import Event, PrefillDone, ReplyFailed, ReplyFinished, TokenStreamed, ToolCall
+from engine.chat.tool_calls import CallArguments, CallStart, Piece, ToolCallParser, split_reply
+from engine.protocol.messages import Event, PrefillDone, ReplyFailed, ReplyFinished, TokenStreamed
 
 
 async def messages(request: Request) -> Response:
     try:
         return await _messages(request)
     except ApiError as error:
-        return JSONResponse(anthropic_error(error.status, error.message), status_code=error.status)
+        return JSONResponse(anthropic_error(error.status, error.message, error.param), status_code=error.status)
 
 
 async def _messages(request: Request) -> Response:
@@ -79,6 +80,7 @@ class MessageEvents:
         self._parser: ToolCallParser | None = ask.tool_use.parser() if ask.tool_use else None
         self._blocks = 0  # content blocks started
         self._text_open = False
+        self._call_open = False  # a streamed tool_use block awaits the rest of its input
 
     async def events(self, event: Event) -> AsyncIterator[str]:
         """Every event until ``message_stop``; if the client goes away first, the request is cancelled."""
@@ -112,8 +114,14 @@ class MessageEvents:
         for piece in pieces:
             if isinstance(piece, str):
                 out += self._text(piece)
+            elif isinstance(piece, CallStart):
+                out += self._close_text() + self._tool_use_start(piece)
+            elif isinstance(piece, CallArguments):
+                delta = {"type": "content_block_delta", "index": self._blocks - 1,
+                         "delta": {"type": "input_json_delta", "partial_json": piece.text}}
+                out.append(("content_block_delta", delta))
             else:
-                out += self._close_text() + self._tool_use(piece)
+                out += self._close_call()
         return out
 
     def _text(self, text: str) -> list[tuple[str, dict]]:
@@ -126,12 +134,16 @@ class MessageEvents:
         delta = {"type": "content_block_delta", "index": self._blocks - 1, "delta": {"type": "text_delta", "text": text}}
         return out + [("content_block_delta", delta)]
 
-    def _tool_use(self, call: ToolCall) -> list[tuple[str, dict]]:
-        start = self._block_start({"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": {}})
-        index = self._blocks - 1
-        delta = {"type": "content_block_delta", "index": index,
-                 "delta": {"type": "input_json_delta", "partial_json": call.arguments}}
-        return [start, ("content_block_delta", delta), _block_stop(index)]
+    def _tool_use_start(self, call: CallStart) -> list[tuple[str, dict]]:
+        self._call_open = True
+        return [self._block_start({"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": {}})]
+
+    def _close_call(self) -> list[tuple[str, dict]]:
+        """The open ``tool_use`` block ends: its call is whole, or the reply ended while the model wrote it."""
+        if not self._call_open:
+            return []
+        self._call_open = False
+        return [_block_stop(self._blocks - 1)]
 
     def _block_start(self, block: dict) -> tuple[str, dict]:
         self._blocks += 1
@@ -145,7 +157,7 @@ class MessageEvents:
 
     def _finish(self, event: ReplyFinished) -> list[tuple[str, dict]]:
         out = self._pieces(self._parser.finish()) if self._parser else []
-        out += self._close_text()
+        out += self._close_text() + self._close_call()
         reason, sequence = stop_reason(event.stats.finish_reason, self._ask, self._parser.calls if self._parser else [])
         ending = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
                   "usage": {"output_tokens": event.stats.tokens_generated}}

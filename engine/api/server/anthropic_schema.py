@@ -12,8 +12,9 @@ Anthropic requires it; images, documents and extended thinking are refused.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NoReturn
 
+from engine.api.server import request_fields
 from engine.api.server.errors import ApiError
 from engine.api.server.openai_schema import CompletionAsk, check_model, is_int, number_field, unicode_text
 from engine.api.server.tool_use import ToolUse, check_function, tool_use
@@ -28,11 +29,14 @@ def parse_messages(body: Any, model_id: str, context_length: int, tool_format: s
     """A ``POST /v1/messages`` body as the request to run; a 400 naming the field when one is wrong."""
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.")
+    request_fields.MESSAGES.check(body)
     check_model(body.get("model"), model_id)
     thinking = body.get("thinking")
     if thinking is not None and not (isinstance(thinking, dict) and thinking.get("type") == "disabled"):
         raise ApiError(400, "Extended thinking is not supported by Hearth; leave 'thinking' out.", "thinking",
                        "unsupported_parameter")
+    if thinking is not None:
+        request_fields.THINKING.check(thinking, "thinking")
     messages = _system(body.get("system")) + _conversation(body.get("messages"))
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
@@ -53,6 +57,8 @@ def _block_text(blocks: Any, param: str) -> str:
     """The text of a list of ``text`` blocks."""
     if not isinstance(blocks, list) or not all(_is_text_block(block) for block in blocks):
         raise ApiError(400, f"{param} must be a string or a list of text blocks; Hearth's models read text only.", param)
+    for index, block in enumerate(blocks):
+        request_fields.BLOCKS["text"].check(block, f"{param}[{index}]")
     return "".join(block["text"] for block in blocks)
 
 
@@ -69,6 +75,7 @@ def _conversation(value: Any) -> tuple[ChatMessage, ...]:
         param = f"messages[{index}]"
         if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
             raise ApiError(400, f"{param} must be an object whose role is user or assistant.", f"{param}.role")
+        request_fields.ANTHROPIC_MESSAGE.check(message, param)
         content = message.get("content")
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if not isinstance(blocks, list):
@@ -83,6 +90,8 @@ def _turns(role: str, blocks: list, param: str, names: dict[str, str]) -> list[C
     for index, block in enumerate(blocks):
         where = f"{param}[{index}]"
         kind = block.get("type") if isinstance(block, dict) else None
+        if kind in request_fields.BLOCKS:
+            request_fields.BLOCKS[kind].check(block, where)
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(unicode_text(block["text"], where))
         elif kind == "tool_use" and role == "assistant":
@@ -99,11 +108,12 @@ def _turns(role: str, blocks: list, param: str, names: dict[str, str]) -> list[C
 
 
 def _tool_use(block: dict, where: str) -> ToolCall:
-    if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
-        raise ApiError(400, f"{where} needs the tool_use's id and name.", where)
+    for key in ("id", "name"):
+        if not isinstance(block.get(key), str) or not block[key]:
+            raise ApiError(400, f"{where}.{key} must be the tool_use's {key}.", f"{where}.{key}")
     arguments = block.get("input", {})
     if not isinstance(arguments, dict):
-        raise ApiError(400, f"{where}.input must be an object.", where)
+        raise ApiError(400, f"{where}.input must be an object.", f"{where}.input")
     return ToolCall(block["id"], block["name"], json.dumps(arguments, ensure_ascii=False))
 
 
@@ -113,6 +123,8 @@ def _tool_result(block: dict, where: str, names: dict[str, str]) -> ChatMessage:
         raise ApiError(400, f"{where}.tool_use_id must name the tool_use this result answers.", f"{where}.tool_use_id")
     content = block.get("content", "")
     text = content if isinstance(content, str) else _block_text(content, f"{where}.content")
+    if block.get("is_error") is not None and not isinstance(block["is_error"], bool):
+        raise ApiError(400, f"{where}.is_error must be true or false.", f"{where}.is_error")
     if block.get("is_error") is True:
         text = f"Error: {text}"
     return ChatMessage("tool", unicode_text(text, where), tool_call_id=call_id, name=names.get(call_id, ""))
@@ -122,24 +134,31 @@ def _tools(body: dict, tool_format: str) -> ToolUse | None:
     tools = body.get("tools") or []
     if not isinstance(tools, list):
         raise ApiError(400, "'tools' must be a list of tools.", "tools")
-    functions = [
-        check_function(tool.get("name"), tool.get("description"), tool.get("input_schema"), f"tools[{index}]")
-        if isinstance(tool, dict) and tool.get("type") in (None, "custom")
-        else _refuse_tool(f"tools[{index}]")
-        for index, tool in enumerate(tools)
-    ]
+    functions = [_tool(tool, f"tools[{index}]") for index, tool in enumerate(tools)]
     choice = body.get("tool_choice") or {"type": "auto"}
     kind = _CHOICES.get(choice.get("type")) if isinstance(choice, dict) else None
     named = choice.get("name") if kind == "named" else ""
     if kind is None or (kind == "named" and named not in [function["name"] for function in functions]):
         raise ApiError(400, "'tool_choice' must be {\"type\": auto, any, none} or {\"type\": \"tool\", \"name\": …} "
                             "naming one of 'tools'.", "tool_choice")
+    request_fields.ANTHROPIC_CHOICE.check(choice, "tool_choice")
+    single = choice.get("disable_parallel_tool_use")
+    if single is not None and not isinstance(single, bool):
+        raise ApiError(400, "'tool_choice.disable_parallel_tool_use' must be true or false.",
+                       "tool_choice.disable_parallel_tool_use")
     if not functions:
         return None
-    return tool_use(functions, kind, named, choice.get("disable_parallel_tool_use") is not True, tool_format)
+    return tool_use(functions, kind, named, single is not True, tool_format)
 
 
-def _refuse_tool(param: str) -> dict:
+def _tool(tool: Any, param: str) -> dict:
+    if not isinstance(tool, dict) or tool.get("type") not in (None, "custom"):
+        _refuse_tool(param)
+    request_fields.ANTHROPIC_TOOL.check(tool, param)
+    return check_function(tool, param, "input_schema")
+
+
+def _refuse_tool(param: str) -> NoReturn:
     raise ApiError(400, f"{param} must be a custom tool with a name and an input_schema; Hearth runs no server tools.",
                    param)
 
@@ -186,11 +205,12 @@ def stop_reason(reason: FinishReason, ask: CompletionAsk, calls: list[ToolCall])
 
 def tool_use_block(call: ToolCall) -> dict:
     """A call as a ``tool_use`` content block, its id in Anthropic's ``toolu_`` form."""
-    return {"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": json.loads(call.arguments)}
+    return {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": json.loads(call.arguments)}
 
 
-def tool_use_id(call: ToolCall) -> str:
-    return "toolu_" + call.id.removeprefix("call_")
+def tool_use_id(call_id: str) -> str:
+    """A call's id in Anthropic's ``toolu_`` form."""
+    return "toolu_" + call_id.removeprefix("call_")
 
 
 def message_envelope(message_id: str, model: str, content: list[dict], input_tokens: int, output_tokens: int,
@@ -202,8 +222,9 @@ def message_envelope(message_id: str, model: str, content: list[dict], input_tok
     }
 
 
-def anthropic_error(status: int, message: str) -> dict:
-    """Anthropic's error body."""
+def anthropic_error(status: int, message: str, param: str | None = None) -> dict:
+    """Anthropic's error body; its message starts with the field at fault, as Anthropic's own do."""
     kinds = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
              413: "request_too_large", 503: "overloaded_error"}
-    return {"type": "error", "error": {"type": kinds.get(status, "api_error"), "message": message}}
+    text = f"{param}: {message.removeprefix(param).lstrip()}" if param else message
+    return {"type": "error", "error": {"type": kinds.get(status, "api_error"), "message": text}}

@@ -6,7 +6,9 @@ before any reply starts, so a prompt the engine refuses (too long for the
 context) still gets a proper 400. A client that goes away, while waiting or while
 streaming, cancels its request: the engine stops at its next decode step.
 A chat request with tools has its reply read by a ``ToolCallParser``: text goes
-out as it settles, each call as ``tool_calls`` once whole (``tool_replies``).
+out as it settles, each call as ``tool_calls`` deltas, its arguments in fragments
+as the model writes them when the tool grammar constrains the reply, else once the
+call is whole (``tool_replies``).
 ``answer`` and ``read_json`` serve ``/v1/messages`` too.
 """
 
@@ -23,7 +25,7 @@ from engine.api.server.engine_link import EngineLink, RequestStream
 from engine.api.server.errors import ApiError, error_body
 from engine.api.server.logprob_shapes import chat_logprobs, completion_logprobs
 from engine.api.server.openai_schema import CompletionAsk, choice, envelope, finish_reason, parse_chat, parse_completion, usage
-from engine.api.server.tool_replies import call_delta_choices, message_choice, with_calls
+from engine.api.server.tool_replies import call_delta_choice, message_choice, with_calls
 from engine.chat.tool_calls import Piece, ToolCallParser, split_reply
 from engine.protocol.messages import (
     ENGINE_FAILURE,
@@ -33,6 +35,7 @@ from engine.protocol.messages import (
     ReplyFinished,
     TokenLogprob,
     TokenStreamed,
+    ToolCall,
 )
 
 T = TypeVar("T")
@@ -219,9 +222,9 @@ def _choices(chat: bool, event: Event, parser: ToolCallParser | None) -> list[di
     if isinstance(event, PrefillDone):
         parts = [choice(chat, True, "", None, first=True)] if chat else []
     elif isinstance(event, TokenStreamed):
-        parts = _piece_choices(chat, parser.feed(event.text) if parser else [event.text], parser)
+        parts = _piece_choices(chat, parser.feed(event.text) if parser else [event.text])
     elif isinstance(event, ReplyFinished):
-        parts = _piece_choices(chat, parser.finish(), parser) if parser else []
+        parts = _piece_choices(chat, parser.finish()) if parser else []
         reason = with_calls(finish_reason(event.stats.finish_reason), parser.calls if parser else [])
         parts.append(choice(chat, True, None if chat else "", reason))
     else:
@@ -229,15 +232,14 @@ def _choices(chat: bool, event: Event, parser: ToolCallParser | None) -> list[di
     return parts
 
 
-def _piece_choices(chat: bool, pieces: list[Piece], parser: ToolCallParser | None) -> list[dict]:
+def _piece_choices(chat: bool, pieces: list[Piece]) -> list[dict]:
     parts = []
     for piece in pieces:
         if isinstance(piece, str):
             if piece:
                 parts.append(choice(chat, True, piece, None))
-        else:
-            assert parser is not None
-            parts += call_delta_choices(piece, parser.calls.index(piece))
+        elif not isinstance(piece, ToolCall):  # a whole call went out as its start and fragments
+            parts.append(call_delta_choice(piece))
     return parts
 
 

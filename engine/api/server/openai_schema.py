@@ -1,10 +1,9 @@
 """OpenAI's request bodies in, OpenAI's reply shapes out (server thread).
 
-Validation is strict where a wrong value would silently do something else
-(``max_tokens: -5``, an unknown model, ``n: 3``, a tool that is not a function):
-such a request gets a 400 naming the field. Fields that change nothing Hearth
-does (``user``, ``metadata``, ``store`` …) are ignored, and so are the neutral
-values of unsupported features (``functions: []``, penalties of 0). ``response_format`` and
+Every field is checked: its type and range here (``max_tokens: -5``, an unknown
+model, ``n: 3``, a tool that is not a function), and which fields may appear at
+all, which are ignored and which refused, in ``request_fields``; each bad one is
+a 400 naming the field in ``param``. ``response_format`` and
 ``logprobs`` are read by ``output_options``; tools and tool turns by ``tool_use`` and
 here, and the calls a reply makes come back as ``tool_calls`` (``tool_replies``).
 A ``null`` field means the field is unset. Sampling follows OpenAI's defaults
@@ -16,8 +15,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
+from engine.api.server import request_fields
 from engine.api.server.errors import ApiError
 from engine.api.server.output_options import OutputOptions, chat_output_options, completion_output_options
 from engine.api.server.tool_use import ToolUse, parse_openai_tools
@@ -29,23 +29,6 @@ MODEL_ALIAS = "default"  # what ``serve --model`` calls the built-in model; a re
 SEED_RANGE = range(-(2**63), 2**63)  # OpenAI's 64-bit seed; torch's generator takes no more
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 _FINISH = {"eos": "stop", "stop_string": "stop", "constraint": "stop", "max_tokens": "length", "context_full": "length"}
-
-# Fields of features Hearth lacks, with the values that ask for nothing (accepted); any other value is refused.
-_NEUTRAL_CHAT: dict[str, Callable[[Any], bool]] = {
-    "functions": lambda v: v == [],
-    "function_call": lambda v: v in ("none", "auto"),
-}
-_NEUTRAL_BOTH: dict[str, Callable[[Any], bool]] = {
-    "frequency_penalty": lambda v: _is_number(v) and v == 0,
-    "presence_penalty": lambda v: _is_number(v) and v == 0,
-    "logit_bias": lambda v: v == {},
-}
-_NEUTRAL_COMPLETION: dict[str, Callable[[Any], bool]] = {
-    "echo": lambda v: v is False,
-    "suffix": lambda v: v == "",
-    "best_of": lambda v: is_int(v) and v == 1,
-}
-
 
 @dataclass(frozen=True)
 class CompletionAsk:
@@ -71,7 +54,7 @@ def default_max_tokens(context_length: int) -> int:
 def parse_chat(body: Any, model_id: str, context_length: int, tool_format: str = "hermes") -> CompletionAsk:
     """A chat request; ``tool_format``: how the served model writes tool calls (``tool_formats.FORMATS``)."""
     body = _object(body)
-    _refuse_unsupported(body, {**_NEUTRAL_CHAT, **_NEUTRAL_BOTH})
+    request_fields.CHAT.check(body)
     messages = _messages(body.get("messages"))
     output = chat_output_options(body)
     tools = parse_openai_tools(body, tool_format)
@@ -85,20 +68,13 @@ def parse_chat(body: Any, model_id: str, context_length: int, tool_format: str =
 
 def parse_completion(body: Any, model_id: str, context_length: int) -> CompletionAsk:
     body = _object(body)
-    _refuse_unsupported(body, {**_NEUTRAL_COMPLETION, **_NEUTRAL_BOTH})
+    request_fields.COMPLETION.check(body)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
         raise ApiError(400, "'prompt' must be a non-empty string (one prompt per request).", "prompt")
     return _ask(body, model_id, context_length, (), unicode_text(prompt, "prompt"), completion_output_options(body))
-
-
-def _refuse_unsupported(body: dict, neutral: dict[str, Callable[[Any], bool]]) -> None:
-    for name, asks_nothing in neutral.items():
-        value = body.get(name)
-        if value is not None and not asks_nothing(value):
-            raise ApiError(400, f"'{name}' is not supported by Hearth; leave it out.", name, "unsupported_parameter")
 
 
 def _ask(
@@ -111,12 +87,24 @@ def _ask(
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise ApiError(400, "'stream' must be true or false.", "stream")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise ApiError(400, "'stream_options' must be an object.", "stream_options")
-    include_usage = bool(options.get("include_usage", False))
+    include_usage = _include_usage(body.get("stream_options"), bool(stream))
     sampling = replace(_sampling(body, context_length), logprobs=output.logprobs)
     return CompletionAsk(model_id, messages, prompt, sampling, bool(stream), include_usage, output.constraint)
+
+
+def _include_usage(options: Any, stream: bool) -> bool:
+    """``stream_options.include_usage``; the options are for a streamed reply only, as OpenAI has it."""
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object.", "stream_options")
+    if not stream:
+        raise ApiError(400, "'stream_options' is only allowed when 'stream' is true.", "stream_options")
+    request_fields.STREAM_OPTIONS.check(options, "stream_options")
+    include_usage = options.get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise ApiError(400, "'stream_options.include_usage' must be true or false.", "stream_options.include_usage")
+    return bool(include_usage)
 
 
 def _object(body: Any) -> dict:
@@ -146,6 +134,7 @@ def _message(item: Any, index: int) -> ChatMessage:
     role = item.get("role")
     if not isinstance(role, str) or role not in _ROLES:
         raise ApiError(400, f"{param}.role must be system, developer, user, assistant or tool.", f"{param}.role")
+    request_fields.MESSAGE[role].check(item, param)
     calls = _tool_calls(item.get("tool_calls"), param) if role == "assistant" else ()
     content = item.get("content")
     text = "" if content is None and calls else _content(content, f"{param}.content")
@@ -154,8 +143,10 @@ def _message(item: Any, index: int) -> ChatMessage:
     call_id = item.get("tool_call_id")
     if not isinstance(call_id, str) or not call_id:
         raise ApiError(400, f"{param}.tool_call_id must name the call this result answers.", f"{param}.tool_call_id")
-    name = item.get("name")
-    return ChatMessage("tool", text, tool_call_id=call_id, name=name if isinstance(name, str) else "")
+    name = item.get("name", "")
+    if not isinstance(name, str):
+        raise ApiError(400, f"{param}.name must be the function's name.", f"{param}.name")
+    return ChatMessage("tool", text, tool_call_id=call_id, name=name)
 
 
 def _tool_calls(value: Any, param: str) -> tuple[ToolCall, ...]:
@@ -171,10 +162,17 @@ def _tool_calls(value: Any, param: str) -> tuple[ToolCall, ...]:
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise ApiError(400, f"{where} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
                                 f"\"arguments\"}}}}.", where)
+        request_fields.TOOL_CALL.check(call, where)
+        request_fields.CALLED_FUNCTION.check(function, f"{where}.function")
+        if call.get("type", "function") != "function":
+            raise ApiError(400, f"{where}.type must be 'function'.", f"{where}.type")
+        call_id = call.get("id") or f"call_{index}"
+        if not isinstance(call_id, str):
+            raise ApiError(400, f"{where}.id must be a string.", f"{where}.id")
         arguments = function.get("arguments", "{}")
         if not isinstance(arguments, str):
-            raise ApiError(400, f"{where}.function.arguments must be JSON text.", where)
-        calls.append(ToolCall(str(call.get("id") or f"call_{index}"), function["name"], unicode_text(arguments, where)))
+            raise ApiError(400, f"{where}.function.arguments must be JSON text.", f"{where}.function.arguments")
+        calls.append(ToolCall(call_id, function["name"], unicode_text(arguments, f"{where}.function.arguments")))
     return tuple(calls)
 
 
@@ -183,8 +181,11 @@ def _content(content: Any, param: str) -> str:
     if isinstance(content, str):
         return unicode_text(content, param)
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        if all(isinstance(part.get("text"), str) for part in content):
-            return unicode_text("".join(part["text"] for part in content), param)
+        for index, part in enumerate(content):
+            request_fields.TEXT_PART.check(part, f"{param}[{index}]")
+            if not isinstance(part.get("text"), str):
+                raise ApiError(400, f"{param}[{index}].text must be a string.", f"{param}[{index}].text")
+        return unicode_text("".join(part["text"] for part in content), param)
     raise ApiError(400, f"{param} must be a string or a list of text parts; Hearth's models read text only.", param)
 
 

@@ -23,7 +23,7 @@ MAX_TOP_LOGPROBS = 20
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
 
 
 class TextFormat(_Strict):
@@ -50,12 +50,14 @@ ResponseFormat = Annotated[Union[TextFormat, JsonObjectFormat, JsonSchemaFormat]
 
 
 class ChatOutputFields(_Strict):
+    model_config = ConfigDict(extra="ignore")  # the body's other fields are request_fields' and their parsers'
     response_format: ResponseFormat | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
 
 class CompletionOutputFields(_Strict):
+    model_config = ConfigDict(extra="ignore")
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
 

@@ -2,13 +2,14 @@
 
 A streamed call goes out as OpenAI streams one: a first delta with the call's
 ``index``, ``id``, ``type`` and ``function.name`` (arguments ""), then its
-arguments in ``function.arguments`` fragments, which the client concatenates.
-A reply that made calls ends with ``finish_reason: "tool_calls"``, unless it was
-cut off (``"length"``).
+arguments in ``function.arguments`` fragments, which the client concatenates
+(``ToolCallParser`` says when each is ready). A reply that made calls ends with
+``finish_reason: "tool_calls"``, unless it was cut off (``"length"``).
 """
 
 from __future__ import annotations
 
+from engine.chat.tool_calls import CallArguments, CallStart
 from engine.protocol.messages import ToolCall
 
 
@@ -18,11 +19,14 @@ def tool_calls_field(calls: list[ToolCall]) -> list[dict]:
             for call in calls]
 
 
-def call_delta_choices(call: ToolCall, index: int) -> list[dict]:
-    """The ``choices`` entries that stream ``call``, the ``index``-th call of the reply."""
-    opening = {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
-    arguments = {"index": index, "function": {"arguments": call.arguments}}
-    return [{"index": 0, "delta": {"tool_calls": [part]}, "finish_reason": None} for part in (opening, arguments)]
+def call_delta_choice(piece: CallStart | CallArguments) -> dict:
+    """The ``choices`` entry that streams ``piece``: a call's opening, or a fragment of its arguments."""
+    if isinstance(piece, CallStart):
+        part = {"index": piece.index, "id": piece.id, "type": "function",
+                "function": {"name": piece.name, "arguments": ""}}
+    else:
+        part = {"index": piece.index, "function": {"arguments": piece.text}}
+    return {"index": 0, "delta": {"tool_calls": [part]}, "finish_reason": None}
 
 
 def message_choice(content: str, calls: list[ToolCall], reason: str) -> dict:

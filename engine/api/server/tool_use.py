@@ -15,7 +15,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from engine.api.server import request_fields
 from engine.api.server.errors import ApiError
+from engine.chat.grammar import constraint_error
 from engine.chat.tool_calls import ToolCallParser
 from engine.chat.tool_grammar import tool_call_grammar
 from engine.protocol.messages import Constraint
@@ -35,8 +37,11 @@ class ToolUse:
     constraint: Constraint | None
 
     def parser(self) -> ToolCallParser | None:
-        """A parser for the reply, or None when calls are not read (``choice`` "none")."""
-        return None if self.choice == "none" else ToolCallParser(self.tool_format, self.parallel)
+        """A parser for the reply, or None when calls are not read (``choice`` "none"). Under the tool grammar a
+        call cannot turn out malformed, so its arguments stream as the model writes them."""
+        if self.choice == "none":
+            return None
+        return ToolCallParser(self.tool_format, self.parallel, stream_arguments=self.constraint is not None)
 
 
 def tool_use(functions: list[dict], choice: str, named: str, parallel: bool, tool_format: str) -> ToolUse:
@@ -45,23 +50,35 @@ def tool_use(functions: list[dict], choice: str, named: str, parallel: bool, too
     constraint = None
     if choice in ("required", "named"):
         chosen = [function for function in functions if choice == "required" or function["name"] == named]
+        for index, function in enumerate(functions):
+            if function in chosen:
+                _check_schema(function, f"tools[{index}]")
         constraint = Constraint("grammar", tool_call_grammar(tool_format, chosen, parallel))
     return ToolUse(tools, choice, parallel, tool_format, constraint)
 
 
-def check_function(name: Any, description: Any, parameters: Any, param: str) -> dict:
-    """One function as the template is given it; a 400 naming ``param`` when a field is wrong."""
+def _check_schema(function: dict, param: str) -> None:
+    """A 400 naming ``param`` when the grammar cannot follow the function's parameters schema."""
+    problem = constraint_error(Constraint("json_schema", json.dumps(function["parameters"])))
+    if problem:
+        raise ApiError(400, f"The tool '{function['name']}' cannot be required: {problem}", param)
+
+
+def check_function(function: dict, param: str, parameters_key: str) -> dict:
+    """One function (``function``, found at ``param``, its schema under ``parameters_key``) as the template is given
+    it; a 400 naming the field when one is wrong."""
+    name, description, parameters = function.get("name"), function.get("description"), function.get(parameters_key)
     if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
-        raise ApiError(400, f"{param} needs a name of 1 to 64 letters, digits, '_' or '-'.", param)
+        raise ApiError(400, f"{param}.name must be 1 to 64 letters, digits, '_' or '-'.", f"{param}.name")
     if description is not None and not isinstance(description, str):
-        raise ApiError(400, f"{param}'s description must be a string.", param)
+        raise ApiError(400, f"{param}.description must be a string.", f"{param}.description")
     if parameters is not None and not isinstance(parameters, dict):
-        raise ApiError(400, f"{param}'s parameters must be a JSON Schema object.", param)
-    function: dict = {"name": name}
+        raise ApiError(400, f"{param}.{parameters_key} must be a JSON Schema object.", f"{param}.{parameters_key}")
+    checked: dict = {"name": name}
     if description is not None:
-        function["description"] = description
-    function["parameters"] = parameters if parameters is not None else {"type": "object", "properties": {}}
-    return function
+        checked["description"] = description
+    checked["parameters"] = parameters if parameters is not None else {"type": "object", "properties": {}}
+    return checked
 
 
 def parse_openai_tools(body: dict, tool_format: str) -> ToolUse | None:
@@ -83,8 +100,9 @@ def _openai_function(tool: Any, param: str) -> dict:
     if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
         raise ApiError(400, f"{param} must be {{\"type\": \"function\", \"function\": {{…}}}}: Hearth calls functions only.",
                        param)
-    function = tool["function"]
-    return check_function(function.get("name"), function.get("description"), function.get("parameters"), param)
+    request_fields.TOOL.check(tool, param)
+    request_fields.FUNCTION.check(tool["function"], f"{param}.function")
+    return check_function(tool["function"], f"{param}.function", "parameters")
 
 
 def _openai_choice(value: Any, functions: list[dict]) -> tuple[str, str]:
@@ -94,7 +112,11 @@ def _openai_choice(value: Any, functions: list[dict]) -> tuple[str, str]:
         if value == "required" and not functions:
             raise ApiError(400, "'tool_choice' is 'required' but 'tools' offers none.", "tool_choice")
         return value, ""
-    name = value.get("function", {}).get("name") if isinstance(value, dict) and value.get("type") == "function" else None
+    named = isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("function"), dict)
+    if named:
+        request_fields.NAMED_CHOICE.check(value, "tool_choice")
+        request_fields.NAMED_FUNCTION.check(value["function"], "tool_choice.function")
+    name = value["function"].get("name") if named else None
     if not isinstance(name, str):
         raise ApiError(400, "'tool_choice' must be none, auto, required or {\"type\": \"function\", \"function\": "
                             "{\"name\": …}}.", "tool_choice")

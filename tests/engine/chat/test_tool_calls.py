@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from engine.chat.tool_calls import ToolCallParser, split_reply
+from engine.chat.tool_calls import CallArguments, CallStart, ToolCallParser, split_reply
 from engine.chat.tool_formats import detect_tool_format
 from engine.protocol.messages import ToolCall
 
@@ -24,8 +24,8 @@ MISTRAL_LIST = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Pari
 MISTRAL_ARGS = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}'
 
 
-def streamed(tool_format: str, text: str, step: int = 3) -> tuple[list, ToolCallParser]:
-    parser = ToolCallParser(tool_format)
+def streamed(tool_format: str, text: str, step: int = 3, stream_arguments: bool = False) -> tuple[list, ToolCallParser]:
+    parser = ToolCallParser(tool_format, stream_arguments=stream_arguments)
     pieces = []
     for start in range(0, len(text), step):
         pieces += parser.feed(text[start:start + step])
@@ -50,7 +50,8 @@ def test_each_family_s_calls_are_read_whole_and_streamed(tool_format, reply, exp
     assert names_and_arguments(calls) == expected
     assert names_and_arguments(parser.calls) == expected
     assert content == "" and not malformed
-    assert all(isinstance(piece, ToolCall) for piece in pieces)
+    assert not any(isinstance(piece, str) for piece in pieces)
+    assert [piece.id for piece in pieces if isinstance(piece, CallStart)] == [call.id for call in parser.calls]
     assert len({call.id for call in calls}) == len(calls) and all(call.id.startswith("call_") for call in calls)
 
 
@@ -122,3 +123,27 @@ def test_arguments_given_as_json_text_are_read_as_the_object() -> None:
 ])
 def test_the_family_comes_from_the_chat_template(template, family) -> None:
     assert detect_tool_format(template) == family
+
+
+@pytest.mark.parametrize("tool_format, reply", [
+    ("hermes", QWEN_TWO_CALLS), ("llama3", LLAMA_TAGGED), ("mistral", MISTRAL_LIST),
+])
+def test_under_the_grammar_arguments_stream_as_they_are_written(tool_format, reply) -> None:
+    pieces, parser = streamed(tool_format, reply, stream_arguments=True)
+
+    starts = [piece for piece in pieces if isinstance(piece, CallStart)]
+    assert [start.id for start in starts] == [call.id for call in parser.calls]
+    for start, call in zip(starts, parser.calls):
+        fragments = [piece.text for piece in pieces if isinstance(piece, CallArguments) and piece.index == start.index]
+        assert len(fragments) > 2 or call.arguments == "{}"
+        assert json.loads("".join(fragments)) == json.loads(call.arguments)
+        assert pieces.index(start) < pieces.index(call)  # the start went out before the call was whole
+
+
+def test_a_streamed_call_cut_short_stays_a_partial_call_not_text() -> None:
+    pieces, parser = streamed("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa\\"ris', 4,
+                              stream_arguments=True)
+
+    assert "".join(piece.text for piece in pieces if isinstance(piece, CallArguments)) == '{"city": "Pa\\"ris'
+    assert not any(isinstance(piece, str) for piece in pieces)
+    assert parser.calls == [] and parser.malformed

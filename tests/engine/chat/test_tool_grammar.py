@@ -8,7 +8,7 @@ import llguidance.hf
 import pytest
 
 from engine.chat.tool_calls import split_reply
-from engine.chat.tool_grammar import tool_call_grammar
+from engine.chat.tool_grammar import MAX_CALLS, tool_call_grammar
 
 WEATHER = {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
@@ -36,8 +36,8 @@ def accepts(tokenizer: llguidance.LLTokenizer, grammar: str, text: str) -> bool:
 
 @pytest.mark.parametrize("tool_format, reply", [
     ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
-    ("hermes", '<tool_call>\n{"name":"get_time","arguments":{}}\n</tool_call>\n'
-               '<tool_call>\n{"name":"get_weather","arguments":{"city":"Oslo"}}\n</tool_call>'),
+    ("hermes", '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n'
+               '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'),
     ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"}}'),
     ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": {}}'),
     ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]'),
@@ -66,3 +66,22 @@ def test_without_parallel_calls_a_second_call_is_refused(tokenizer) -> None:
 
     assert accepts(tokenizer, grammar, one)
     assert not accepts(tokenizer, grammar, one + "\n" + one)
+
+
+def test_parallel_calls_stop_at_the_cap(tokenizer) -> None:
+    one = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    grammar = tool_call_grammar("hermes", [WEATHER], parallel=True)
+
+    assert accepts(tokenizer, grammar, "\n".join([one] * MAX_CALLS))
+    assert not accepts(tokenizer, grammar, "\n".join([one] * (MAX_CALLS + 1)))
+
+
+def test_the_reply_may_end_after_a_call_but_not_inside_one(tokenizer) -> None:
+    one = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    matcher = llguidance.LLMatcher(tokenizer, llguidance.grammar_from("lark", tool_call_grammar("hermes", [WEATHER], True)))
+    ends = []
+    for text in (one[:-3], "".join(one[-3:]), "\n"):
+        matcher.consume_tokens(tokenizer.tokenize_str(text))
+        ends.append(matcher.is_accepting())
+
+    assert ends == [False, True, True]

@@ -94,6 +94,21 @@ def test_a_streamed_tool_call_arrives_as_input_json_deltas(scripted_client, scri
     assert final.content[0].input == {"city": "Paris"} and final.stop_reason == "tool_use"
 
 
+def test_under_any_the_input_streams_as_the_model_writes_it(scripted_client, scripted) -> None:
+    hub, _ = scripted
+    hub.script('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Saint-Rémy-de-Provence"}}\n</tool_call>')
+    with scripted_client.messages.stream(model=MODEL, max_tokens=64, tools=[WEATHER], tool_choice={"type": "any"},
+                                         messages=[{"role": "user", "content": "Weather in Paris?"}]) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+
+    fragments = [event.delta.partial_json for event in events if event.type == "content_block_delta"]
+    assert len(fragments) > 3
+    assert [event.type for event in events if event.type.startswith("content_block_s")] == [
+        "content_block_start", "content_block_stop"]
+    assert final.content[0].input == {"city": "Saint-Rémy-de-Provence"} and final.stop_reason == "tool_use"
+
+
 def test_any_and_a_named_tool_send_a_grammar(scripted_client, scripted) -> None:
     hub, _ = scripted
     for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):

@@ -79,6 +79,35 @@ def test_the_client_library_assembles_the_streamed_calls(client, scripted) -> No
         ("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Oslo"})]
 
 
+def test_under_required_the_arguments_stream_as_the_model_writes_them(client, scripted) -> None:
+    hub, _ = scripted
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Saint-Rémy-de-Provence"}}\n</tool_call>'
+    hub.script(call)
+    hub.script(call)
+    chunks = list(ask(client, tool_choice="required", stream=True))
+    with client.chat.completions.stream(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required") as stream:
+        final = stream.get_final_completion()
+
+    parts = [part for chunk in chunks for part in (chunk.choices[0].delta.tool_calls or [])]
+    assert parts[0].function.name == "get_weather" and parts[0].function.arguments == ""
+    fragments = [part.function.arguments for part in parts[1:]]
+    assert len(fragments) > 3 and all(part.index == 0 and part.id is None for part in parts[1:])
+    assert json.loads("".join(fragments)) == {"city": "Saint-Rémy-de-Provence"}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert arguments_of(final.choices[0].message.tool_calls) == [("get_weather", {"city": "Saint-Rémy-de-Provence"})]
+
+
+def test_a_required_call_cut_short_ends_with_length(client, scripted) -> None:
+    hub, _ = scripted
+    hub.script('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Saint-Ré', finish="max_tokens")
+    chunks = list(ask(client, tool_choice="required", stream=True))
+
+    parts = [part for chunk in chunks for part in (chunk.choices[0].delta.tool_calls or [])]
+    assert "".join(part.function.arguments for part in parts) == '{"city": "Saint-Ré'
+    assert not any(chunk.choices[0].delta.content for chunk in chunks)
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_malformed_call_comes_back_as_text_and_the_stream_ends_cleanly(client, scripted, stream) -> None:
     hub, _ = scripted

@@ -11,6 +11,8 @@ import anthropic
 import openai
 import pytest
 
+from engine.chat.tool_grammar import MAX_CALLS
+
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
@@ -35,6 +37,17 @@ def test_required_makes_the_real_model_call_a_tool(client, served_default) -> No
     [call] = reply.choices[0].message.tool_calls
     assert call.function.name in ("get_weather", "get_time")
     assert isinstance(json.loads(call.function.arguments), dict)
+
+
+def test_required_parallel_calls_end_with_tool_calls(client, served_default) -> None:
+    reply = client.chat.completions.create(model=served_default.model_id, messages=ASK, tools=[WEATHER],
+                                           tool_choice="required", parallel_tool_calls=True, temperature=1, seed=1,
+                                           max_tokens=300)  # room for the grammar's most calls of this bounded tool
+
+    assert reply.choices[0].finish_reason == "tool_calls"
+    calls = reply.choices[0].message.tool_calls
+    assert 1 <= len(calls) <= MAX_CALLS
+    assert all(isinstance(json.loads(call.function.arguments)["city"], str) for call in calls)
 
 
 def test_a_named_function_is_the_one_called_and_streams_as_openai_streams(client, served_default) -> None:
