@@ -208,12 +208,15 @@ def _sampling(body: dict, context_length: int) -> SamplingParams:
     seed = body.get("seed")
     if seed is not None and (not is_int(seed) or seed not in SEED_RANGE):
         raise ApiError(400, "'seed' must be a whole number from -2^63 to 2^63 - 1.", "seed")
+    top_k = body.get("top_k", 0)
+    if not is_int(top_k) or top_k < 0:
+        raise ApiError(400, "'top_k' must be a whole number of at least 0 (0: every token).", "top_k")
     return SamplingParams(
         temperature=number_field(body, "temperature", 1.0, 0.0, 2.0),
-        top_k=0,
+        top_k=top_k,
         top_p=number_field(body, "top_p", 1.0, 0.0, 1.0),
-        min_p=0.0,
-        repetition_penalty=1.0,
+        min_p=number_field(body, "min_p", 0.0, 0.0, 1.0),
+        repetition_penalty=number_field(body, "repetition_penalty", 1.0, 0.01, 2.0),
         max_new_tokens=max_tokens,
         seed=seed,
         stop=_stop(body.get("stop")),

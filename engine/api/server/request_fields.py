@@ -96,7 +96,8 @@ _OPENAI_IGNORED: dict[str, Check] = {
 _OPENAI_REFUSED: dict[str, Check] = {
     "frequency_penalty": is_zero, "presence_penalty": is_zero, "logit_bias": lambda v: v == {},
 }
-_SAMPLING = frozenset({"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n"})
+_SAMPLING = frozenset({"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n",
+                       "top_k", "min_p", "repetition_penalty"})  # the last three: llama-server's and vLLM's extras
 
 CHAT = Fields(
     _SAMPLING | {"messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls",

@@ -36,7 +36,9 @@ CHAT_ROWS = [
     ({"frequency_penalty": 0.5}, "frequency_penalty", UNSUPPORTED),
     ({"functions": [{"name": "f"}]}, "functions", UNSUPPORTED),
     ({"function_call": {"name": "f"}}, "function_call", UNSUPPORTED),
-    ({"top_k": 40}, "top_k", UNKNOWN),
+    ({"top_k": -1}, "top_k", None),
+    ({"min_p": 1.5}, "min_p", None),
+    ({"repetition_penalty": 0}, "repetition_penalty", None),
     ({"best_of": 2}, "best_of", UNKNOWN),
     ({"user": 5}, "user", None),
     ({"metadata": {"a": 1}}, "metadata", None),
@@ -178,3 +180,14 @@ def test_fields_that_change_nothing_are_accepted(scripted) -> None:
 
     assert chat[0] == 200 and "Sunny" in chat[1] and chat[1].endswith("data: [DONE]\n\n")
     assert messages[0] == 200 and messages[1]["content"][0]["text"] == "Sunny."
+
+
+def test_llama_servers_sampling_extras_reach_the_sampler(scripted) -> None:
+    """``top_k``, ``min_p`` and ``repetition_penalty``, which llama-server and vLLM take beside OpenAI's fields."""
+    hub, server = scripted
+    hub.script("Sunny.")
+    status, _, _ = call(server.url.removesuffix("/v1"), "POST", "/v1/chat/completions", {
+        "model": MODEL, "messages": [USER], "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1})
+
+    sampling = hub.requests[-1].sampling
+    assert status == 200 and (sampling.top_k, sampling.min_p, sampling.repetition_penalty) == (40, 0.05, 1.1)
