@@ -229,9 +229,7 @@ class BatchRunner:
                 continue
             reply = active.reply
             room = min(reply.sampling.max_new_tokens - len(reply.generated), reply.context_length - len(seq.token_ids))
-            draft = active.speculation.draft(seq.token_ids, room - 1)
-            if draft:
-                self.scheduler.propose(request_id, draft)
+            self.scheduler.propose(request_id, active.speculation.draft(seq.token_ids, room - 1))
 
     def _sampled_or_failed(self, chunk: ScheduledChunk, logits: torch.Tensor, allowed: torch.Tensor | None,
                            memory: MemoryReading) -> int:
