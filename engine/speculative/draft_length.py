@@ -13,9 +13,11 @@ from __future__ import annotations
 
 FIRST_LENGTH = 4
 MAX_LENGTH = 8
-ROW_COST = 0.1
-"""A drafted row's cost in decode steps: a CPU step of a few rows reads the weights once, as one row does; its rows'
-arithmetic and attention add about a tenth of a step each."""
+ROW_COST = 0.25
+"""A drafted row's cost in decode steps. A step of a few rows reads the weights once, as one row does, but a small
+model's weights stay in the CPU's caches and its rows' arithmetic sets the time: with the built-in model a step of 5
+rows took about twice one row's CPU time, one of 9 about 3.6 times (a larger model, whose weights' reads set the
+time, pays less a row)."""
 GAIN_MEMORY = 0.7  # the running mean's weight on what came before
 FIRST_PAUSE = 8
 LONGEST_PAUSE = 256
