@@ -1,6 +1,6 @@
-"""Replies with drafts say what they say without them (the built-in model, greedy): alone and beside other streams
-that join at different steps, and ending exactly where a stop string, the end of the sequence or the token budget
-ends them when that falls inside an accepted draft."""
+"""Replies with drafts say what they say without them, with the same log-probabilities (the built-in model, greedy):
+beside other streams that join at different steps, and ending exactly where a stop string, the end of the sequence or
+the token budget ends them when that falls inside an accepted draft."""
 
 from __future__ import annotations
 
@@ -13,7 +13,16 @@ import pytest
 from engine.chat.prompt import PromptPlan
 from engine.host.memory import read_memory
 from engine.models.model_open import open_model
-from engine.protocol.messages import GREEDY, ChatMessage, LoadOptions, ReplyFailed, ReplyFinished, SamplingParams
+from engine.protocol.messages import (
+    GREEDY,
+    ChatMessage,
+    LoadOptions,
+    ReplyFailed,
+    ReplyFinished,
+    SamplingParams,
+    TokenLogprob,
+    TokenStreamed,
+)
 from engine.service.batch_runner import BatchRunner
 from engine.service.reply_events import ReplyEvents
 
@@ -57,6 +66,7 @@ def rewrite(built_in) -> Said:
 class Said:
     text: str
     finished: ReplyFinished
+    logprobs: list[TokenLogprob]  # each said token's, where asked
 
 
 class Batch:
@@ -67,10 +77,13 @@ class Batch:
         self.ended: dict[str, ReplyFinished | ReplyFailed] = {}
         self.runner = BatchRunner(loaded, self._emit, lambda _: False, budget_bytes=256 * 1024 * 1024)
         self.events: dict[str, ReplyEvents] = {}
+        self.logprobs: dict[str, list[TokenLogprob]] = {}
 
     def _emit(self, event) -> None:
         if isinstance(event, (ReplyFinished, ReplyFailed)):
             self.ended[event.request_id] = event
+        if isinstance(event, TokenStreamed):
+            self.logprobs.setdefault(event.request_id, []).extend(event.logprobs)
 
     def add(self, request_id: str, question: str, sampling: SamplingParams) -> None:
         prompt = self.loaded.tokenize(self.loaded.render((ChatMessage("user", question),)))
@@ -90,7 +103,8 @@ class Batch:
             step += 1
         failed = [e.message for e in self.ended.values() if isinstance(e, ReplyFailed)]
         assert not failed, failed
-        return {request_id: Said(events.text, self.ended[request_id]) for request_id, events in self.events.items()}
+        return {request_id: Said(events.text, self.ended[request_id], self.logprobs.get(request_id, []))
+                for request_id, events in self.events.items()}
 
 
 def _replies(loaded, joins, sampling: SamplingParams) -> tuple[dict[str, Said], dict[str, Said]]:
@@ -100,8 +114,13 @@ def _replies(loaded, joins, sampling: SamplingParams) -> tuple[dict[str, Said], 
 
 
 def test_streams_joining_a_drafting_batch_say_what_they_say_without_drafts(built_in_fp32):
-    plain, drafted = _replies(built_in_fp32, JOINS, replace(GREEDY, max_new_tokens=NEW_TOKENS))
+    plain, drafted = _replies(built_in_fp32, JOINS, replace(GREEDY, max_new_tokens=NEW_TOKENS, logprobs=2))
     assert {r: s.text for r, s in drafted.items()} == {r: s.text for r, s in plain.items()}
+    for request_id, said in drafted.items():  # a drafted token's log-probabilities are its own row's
+        expected = plain[request_id].logprobs
+        assert [lp.chosen.token for lp in said.logprobs] == [lp.chosen.token for lp in expected]
+        assert [lp.chosen.logprob for lp in said.logprobs] == pytest.approx([lp.chosen.logprob for lp in expected],
+                                                                            abs=1e-3)
     rewrite = drafted["r0"].finished.stats
     assert rewrite.accepted_tokens > NEW_TOKENS // 3  # the rewrite copies the code: most of it is drafted
     assert rewrite.decode_steps < rewrite.tokens_generated * 2 // 3
