@@ -47,7 +47,7 @@ def prompt(tiny_loaded) -> list[int]:
 
 def test_after_a_rejected_draft_the_next_step_sees_what_it_would_have_seen_without_it(tiny_loaded, prompt):
     plain = Stepper(tiny_loaded, prompt)
-    first = plain.said(int(plain.step()[0].argmax()))
+    plain.said(int(plain.step()[0].argmax()))
     second = plain.said(int(plain.step()[0].argmax()))
     third = plain.said(int(plain.step()[0].argmax()))
     expected = plain.step()[0]
