@@ -88,6 +88,18 @@ def format_tokens(count: int | None) -> str:
     return f"{count:,} token" if count == 1 else f"{count:,} tokens"
 
 
+def format_drafts(drafted: int, accepted: int) -> str:
+    """A reply's speculative drafts: ``31 of 40 accepted (78%)``, or ``none`` when nothing was drafted."""
+    if drafted <= 0:
+        return "none"
+    return f"{accepted:,} of {drafted:,} accepted ({accepted / drafted:.0%})"
+
+
+def format_per_step(tokens: int, steps: int) -> str:
+    """Tokens said per decoding step, ``2.4``; unknown before any step."""
+    return f"{tokens / steps:.1f}" if steps > 0 else UNKNOWN
+
+
 def format_finish_reason(reason: str | None) -> str:
     """Why a reply stopped, in words; ``streaming…`` while it has not."""
     if reason is None:

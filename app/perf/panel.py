@@ -33,9 +33,11 @@ from app.perf.format import (
     format_blocks,
     format_bytes,
     format_count,
+    format_drafts,
     format_finish_reason,
     format_ms,
     format_number,
+    format_per_step,
     format_tok_s,
     format_tokens,
 )
@@ -73,6 +75,8 @@ REPLY_ROWS = (
     ("prefill_speed", "Prefill speed"),
     ("decode_speed", "Decode speed"),
     ("tokens_generated", "Tokens generated"),
+    ("drafts", "Drafted tokens"),
+    ("tokens_per_step", "Tokens per step"),
     ("finish_reason", "Stopped because"),
     ("dropped_turns", "History dropped"),
 )
@@ -314,6 +318,10 @@ class PerformancePanel(QWidget):
         reason = format_finish_reason(reply.finish_reason)
         self._set("finish_reason", reason if reply.failure is None else f"{reason}: {reply.failure}")
         self._set("dropped_turns", dropped_turns_text(reply.dropped_turns))
+        finished_here = reply.done and reply.remote is None and reply.decode_steps > 0
+        self._set("drafts", format_drafts(reply.drafted_tokens, reply.accepted_tokens) if finished_here else UNKNOWN)
+        self._set("tokens_per_step", format_per_step(reply.tokens_generated, reply.decode_steps)
+                  if finished_here else UNKNOWN)
 
     def _show_tokens(self, reply: ReplyPerf | None) -> None:
         """What a streamed token changes: the live figures and the timeline."""

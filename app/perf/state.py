@@ -88,6 +88,10 @@ class ReplyPerf:
     """``perf_counter`` when the request was sent (None when not tracked)."""
     kv_bytes: int | None = None
     """The KV cache this reply's conversation holds, once the engine said so."""
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    decode_steps: int = 0
+    """Speculative drafts' tokens proposed and said, and the steps that said tokens, once the reply finished."""
     recent: collections.deque[tuple[float, int]] = field(default_factory=collections.deque)
     """(timestamp, tokens generated) of the tokens of the last ``RATE_WINDOW_S``."""
 
@@ -145,6 +149,9 @@ class ReplyPerf:
         self.finished_at = stats.finished_at
         self.remote = stats.remote
         self.kv_bytes = None if stats.remote else stats.memory.kv_bytes_conversation
+        self.drafted_tokens = stats.drafted_tokens
+        self.accepted_tokens = stats.accepted_tokens
+        self.decode_steps = stats.decode_steps
 
 
 @dataclass

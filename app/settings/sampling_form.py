@@ -1,12 +1,12 @@
 """The sampling controls shared by both settings dialogs (GUI thread).
 
-One labelled, accessibly named spin box per ``SamplingSettings`` field; the seed box's
-lowest value means "random" (no seed).
+One labelled, accessibly named spin box per ``SamplingSettings`` numeric field; the seed
+box's lowest value means "random" (no seed); a check box for speculative drafting.
 """
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QDoubleSpinBox, QFormLayout, QSpinBox, QWidget
+from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox, QFormLayout, QSpinBox, QWidget
 
 from app.storage import SamplingSettings
 
@@ -43,6 +43,9 @@ class SamplingForm(QWidget):
         self.seed_box = self._add(layout, QSpinBox(self), "&Seed", "the same seed gives the same reply")
         self.seed_box.setRange(-1, 2**31 - 1)
         self.seed_box.setSpecialValueText(RANDOM_SEED_TEXT)
+        self.drafts_box = self._add(layout, QCheckBox(self), "&Draft ahead",
+                                    "guess the next tokens from the conversation and check them in one step: replies "
+                                    "that repeat its text come faster; what the model says is unchanged")
         self.set_values(SamplingSettings())
 
     def set_values(self, sampling: SamplingSettings) -> None:
@@ -51,12 +54,13 @@ class SamplingForm(QWidget):
         for name, box in self._ints.items():
             box.setValue(getattr(sampling, name))
         self.seed_box.setValue(-1 if sampling.seed is None else sampling.seed)
+        self.drafts_box.setChecked(sampling.speculative)
 
     def values(self) -> SamplingSettings:
         numbers = {name: box.value() for name, box in self._floats.items()}
         numbers.update({name: box.value() for name, box in self._ints.items()})
         seed = self.seed_box.value()
-        return SamplingSettings(**numbers, seed=None if seed < 0 else seed)
+        return SamplingSettings(**numbers, seed=None if seed < 0 else seed, speculative=self.drafts_box.isChecked())
 
     def box(self, name: str) -> QDoubleSpinBox | QSpinBox:
         """The control for the field ``name`` (e.g. "temperature", "seed")."""

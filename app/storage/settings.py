@@ -53,6 +53,7 @@ class SamplingSettings:
     repetition_penalty: float = _DEFAULTS.repetition_penalty
     max_new_tokens: int = _DEFAULTS.max_new_tokens
     seed: int | None = _DEFAULTS.seed
+    speculative: bool = _DEFAULTS.speculative
 
     def to_sampling_params(self) -> SamplingParams:
         return SamplingParams(**asdict(self))
@@ -65,11 +66,20 @@ class SamplingSettings:
         """Read what ``to_dict`` wrote; missing keys take defaults. Raises ValueError on a bad value."""
         if not isinstance(data, dict):
             raise ValueError("sampling settings are not a JSON object")
-        values = {f.name: _checked_number(f.name, data[f.name]) for f in fields(cls) if f.name in data}
+        values = {f.name: _checked_value(f.name, data[f.name]) for f in fields(cls) if f.name in data}
         return cls(**values)
 
 
 _INTEGER_FIELDS = frozenset({"top_k", "max_new_tokens", "seed"})
+
+
+def _checked_value(name: str, value: object) -> float | int | bool | None:
+    """``value`` of the sampling field ``name``: a flag for ``speculative``, else a number."""
+    if name != "speculative":
+        return _checked_number(name, value)
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, not {value!r}")
+    return value
 
 
 def _checked_number(name: str, value: object) -> float | int | None:

@@ -12,6 +12,7 @@
     serve  --model … --concurrency 1,2,4,8,16 [--prompt-tokens N] [--new-tokens N] [--shared-prefix N] [--rounds N]
            [--constrained-half] [--join [--join-tokens N] [--step-tokens N]]
     serve-api --model default|PATH --new-tokens N [--rounds N] [--clients N]   (``serve_api``: what the API server adds)
+    speculative --model default|PATH|random-gguf:… [--new-tokens N] [--rounds N]   (``speculative``: drafts off and on)
     remote --url URL --model ID [--api-key KEY] [--new-tokens N] [--rounds N]
 
 ``decode``, ``prefill``, ``chat`` and ``turns`` time replies through the batch runner
@@ -38,6 +39,8 @@ from typing import Any, Callable
 from engine.bench import remote_client
 from engine.bench.serve_api import add_parser as add_serve_api_parser
 from engine.bench.serve_api import run as run_serve_api
+from engine.bench.speculative import add_parser as add_speculative_parser
+from engine.bench.speculative import run as run_speculative
 from engine.protocol.messages import DEVICES, PRECISIONS
 
 WARMUP_TOKENS = 4
@@ -113,7 +116,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--join-tokens", type=int, default=2000, help="the arriving request's prompt tokens")
     serve.add_argument("--step-tokens", type=int, default=None, help="the joining test's tokens per step (scheduler's default)")
     serve_api = add_serve_api_parser(commands)
-    for command in (decode, prefill, chat, turns, load, batched, serve, serve_api):
+    speculative = add_speculative_parser(commands)
+    for command in (decode, prefill, chat, turns, load, batched, serve, serve_api, speculative):
         command.add_argument("--model", default="default")
         command.add_argument("--json", action="store_true", help="JSON lines (else key=value lines)")
     remote_client.add_arguments(commands.add_parser("remote", help="Hearth's remote client vs a bare one, on a server"))
@@ -422,5 +426,5 @@ def _serve(args: argparse.Namespace, show) -> dict[str, Any]:
 
 
 COMMANDS = {"decode": _decode, "prefill": _prefill, "chat": _chat, "turns": _turns, "load": _load,
-            "batched": _batched, "serve": _serve, "serve-api": run_serve_api,
+            "batched": _batched, "serve": _serve, "serve-api": run_serve_api, "speculative": run_speculative,
             "remote": remote_client.run}

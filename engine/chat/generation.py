@@ -46,6 +46,9 @@ class ReplyOutcome:
     first_token_at: float
     decode_ms: float
     tokens_generated: int
+    drafted_tokens: int = 0  # proposed by speculative drafts (``engine/speculative``)
+    accepted_tokens: int = 0  # of those, said
+    decode_steps: int = 0  # forward steps that said at least one token
 
 
 def reuse_prefix(backend: Backend, seq: CachedSequence, prompt_ids: Sequence[int]) -> int:
@@ -100,12 +103,15 @@ class ReplyState:
         self.pieces: list[str] = []
         self._unshown_logprobs: list[TokenLogprob] = []  # of tokens whose text has not gone out yet
 
-    def sample(self, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> int:
+    def sample(self, logits: torch.Tensor, allowed: torch.Tensor | None = None, drafted: int | None = None) -> int:
         """The next token from ``logits`` [V] among the ``allowed`` ones (bool [T] over the tokenizer's tokens, a
-        constraint's mask; None: any) (a host sync)."""
+        constraint's mask; None: any) (a host sync). ``drafted``: a speculative draft's token for this position,
+        kept or replaced as ``Sampler.verify`` rules (the token has the distribution it would have without it)."""
         if allowed is not None:
             logits = logits.masked_fill(_refused(allowed, logits.numel()).to(logits.device), float("-inf"))  # [V]
-        token = self.sampler(logits, self._seen()).item()
+        seen = self._seen()
+        chosen = self.sampler(logits, seen) if drafted is None else self.sampler.verify(logits, seen, drafted)
+        token = chosen.item()
         if self.sampling.logprobs is not None:
             self._unshown_logprobs.append(token_logprob(logits, token, self.sampling.logprobs, self.tokenizer))
         return token

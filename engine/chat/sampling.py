@@ -4,6 +4,14 @@ The order follows transformers' logits processors, so greedy decoding matches
 ``model.generate()``: repetition penalty, temperature, top-k, top-p, min-p, then a
 draw from a seeded generator. Everything stays on the model's device; the caller
 takes ``.item()`` only when the token must be shown.
+
+``verify`` judges a speculative draft's token (``engine/speculative``) against these
+same probabilities. A prompt-lookup draft proposes one token with certainty (its
+distribution q is a point mass), so rejection sampling accepts the token t with
+probability min(1, p(t) / q(t)) = p(t), and on rejection draws from the residual
+max(0, p − q), normalised: p without t. Either way the token has the distribution
+p, as a plain draw would; greedy decoding simply takes the argmax, so a draft is
+kept exactly when it is what decoding without it would have said.
 """
 
 from __future__ import annotations
@@ -32,12 +40,31 @@ class Sampler:
         logits = self._penalize_repeats(logits, seen_ids)
         if self.params.greedy:
             return _argmax(logits)
+        return torch.multinomial(self._probabilities(logits), 1, generator=self._generator)[0]
+
+    def verify(self, logits: torch.Tensor, seen_ids: torch.Tensor, drafted: int) -> torch.Tensor:
+        """The token to say at a position a draft proposed ``drafted`` for: ``drafted`` itself when accepted, else
+        a draw from the rest (the module's rejection rule), a 0-d tensor distributed as ``__call__``'s would be."""
+        logits = self._penalize_repeats(logits, seen_ids)
+        if self.params.greedy:
+            return _argmax(logits)
+        probs = self._probabilities(logits)  # [V]
+        accept_below = probs[drafted]
+        if torch.rand((), generator=self._generator, device=probs.device) < accept_below:
+            return torch.tensor(drafted, device=probs.device)
+        rest = probs.clone()
+        rest[drafted] = 0.0
+        if not bool(rest.sum() > 0):  # p(drafted) was 1 (or rounded to it): nothing else can be drawn
+            return torch.tensor(drafted, device=probs.device)
+        return torch.multinomial(rest, 1, generator=self._generator)[0]  # renormalised by multinomial
+
+    def _probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution a sampled token is drawn from: temperature, top-k, top-p, min-p, softmax, [V]."""
         logits = logits / self.params.temperature
         logits = _keep_top_k(logits, self.params.top_k)
         logits = _keep_top_p(logits, self.params.top_p)
         logits = _keep_min_p(logits, self.params.min_p)
-        probs = torch.softmax(logits, dim=-1)  # [V]
-        return torch.multinomial(probs, 1, generator=self._generator)[0]
+        return torch.softmax(logits, dim=-1)  # [V]
 
     def _penalize_repeats(self, logits: torch.Tensor, seen_ids: torch.Tensor) -> torch.Tensor:
         penalty = self.params.repetition_penalty

@@ -36,7 +36,8 @@ class BatchBackend(Protocol):
         ...
 
     def forward_batch(self, rows: Sequence[BatchRow], kv: PagedKV) -> torch.Tensor:
-        """Each row's tokens appended to its blocks of ``kv``; logits of each row's last token, [B, V] fp32."""
+        """Each row's tokens appended to its blocks of ``kv``; logits of each row's last ``logit_rows`` tokens, row
+        after row, [sum of logit_rows, V] fp32 ([B, V] with one each)."""
         ...
 
 

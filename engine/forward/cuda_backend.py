@@ -83,7 +83,8 @@ class CudaLlamaBackend(BatchBackend):
                           self.device, -(-self.capacity // block_size))
 
     def forward_batch(self, rows: Sequence[BatchRow], kv: PagedKV) -> torch.Tensor:
-        """Each row's tokens appended to its blocks of ``kv``; logits of each row's last token, [B, V] fp32."""
+        """Each row's tokens appended to its blocks of ``kv``; logits of each row's last ``logit_rows`` tokens, row
+        after row, [sum of logit_rows, V] fp32 (a row with a draft has several tokens: the step runs eagerly)."""
         if fits_a_bucket(rows, kv) and self.model.family.attention_softcap is None:  # the kernel does not cap
             return run_bucket(self.model, self.runner, self.decode_attention, rows, kv)
         return self.model.forward_batch(rows, kv)

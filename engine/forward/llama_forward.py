@@ -115,7 +115,8 @@ class FastLlama(LlamaWeights):
     def forward_batch(self, rows: Sequence[BatchRow], kv: PagedKV) -> torch.Tensor:
         """Several sequences' new tokens in one pass: every ``Linear`` sees all R rows at once (one read of the
         weights serves them all); attention is per sequence over its blocks. With several sequences the CPU kernels
-        round activations to 8 bits (``activation_codes``). Logits of each row's last token, [B, V]."""
+        round activations to 8 bits (``activation_codes``). Logits of each row's last ``logit_rows`` tokens, row after
+        row, [sum of logit_rows, V] ([B, V] when each row asks for its last token's alone)."""
         layout = kv.layout(rows)
         ids = torch.tensor([t for row in rows for t in row.token_ids], dtype=torch.long, device=self.device)  # [R]
         tables = self.rotations(0, max(span.start + span.length for span in layout.spans))
@@ -127,7 +128,7 @@ class FastLlama(LlamaWeights):
                 group, page_layer = self._places[index]
                 x += self._paged_attention(layer, page_layer, self.normalise(x), kv, turns[layer.rotary], steps[group])
                 x += self.mlp(layer, self.normalise(x))
-            return self.logits(x[layout.last_rows])  # [B, V]
+            return self.logits(x[layout.last_rows])  # [sum of logit_rows, V]
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         """The rows of ``ids`` [R] in the token table, [R, D], times Gemma's embedding scale."""

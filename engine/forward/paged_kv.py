@@ -29,12 +29,14 @@ from engine.forward.windows import window_start
 @dataclass(frozen=True)
 class BatchRow:
     """One sequence in a step: ``token_ids`` at positions ``start…``, held in blocks ``block_ids`` (KV group 0's
-    table) and ``group_tables`` (groups 1 …, where the model has several)."""
+    table) and ``group_tables`` (groups 1 …, where the model has several). ``logit_rows``: how many of its last
+    tokens the step returns logits for (a speculative draft's verification takes each drafted token's)."""
 
     token_ids: Sequence[int]
     start: int
     block_ids: Sequence[int]
     group_tables: tuple[Sequence[int], ...] = ()
+    logit_rows: int = 1
 
     @property
     def tables(self) -> tuple[Sequence[int], ...]:
@@ -65,7 +67,7 @@ class GroupLayout:
 class StepLayout:
     groups: tuple[GroupLayout, ...]
     positions: Positions  # each row's position in its sequence (a slice for a single sequence)
-    last_rows: slice | torch.Tensor  # each sequence's last row, [B]
+    last_rows: slice | torch.Tensor  # each sequence's last ``logit_rows`` rows, in row order, [sum of logit_rows]
 
     @property
     def spans(self) -> tuple[SequenceSpan, ...]:
@@ -100,9 +102,12 @@ class PagedKV:
         spans = groups[0].spans
         if len(rows) == 1:  # one sequence, nearly always in one run of blocks: slices throughout
             span = spans[0]
-            return StepLayout(groups, slice(span.start, span.start + span.length), slice(span.length - 1, span.length))
+            return StepLayout(groups, slice(span.start, span.start + span.length),
+                              slice(span.length - rows[0].logit_rows, span.length))
         positions = torch.cat([torch.arange(span.start, span.start + span.length) for span in spans])  # [R]
-        last_rows = torch.tensor([span.rows.stop - 1 for span in spans], device=self.device)  # [B]
+        last_rows = torch.tensor([index for span, row in zip(spans, rows)
+                                  for index in range(span.rows.stop - row.logit_rows, span.rows.stop)],
+                                 device=self.device)  # [sum of logit_rows]
         return StepLayout(groups, positions.to(self.device), last_rows)
 
     def _group_layout(self, rows: Sequence[BatchRow], group: int) -> GroupLayout:

@@ -54,6 +54,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # None: none; k: each token's log-probability and its k likeliest rivals (k <= 20)
+    speculative: bool = True  # draft tokens from the conversation where that pays (``engine/speculative``)
 
     @property
     def greedy(self) -> bool:
@@ -334,6 +335,14 @@ class RequestStats:
     started_at: float = 0.0
     finished_at: float = 0.0
     remote: RemoteFigures | None = None  # what a remote server itself reported
+    drafted_tokens: int = 0  # tokens speculative drafts proposed (``engine/speculative``)
+    accepted_tokens: int = 0  # of those, the ones the model said
+    decode_steps: int = 0  # forward steps that said tokens: tokens_generated / decode_steps tokens a step
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens said per decoding step: 1 without drafts, more as drafts are accepted (0 before any step)."""
+        return self.tokens_generated / self.decode_steps if self.decode_steps else 0.0
 
 
 @dataclass(frozen=True)

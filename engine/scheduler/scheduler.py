@@ -27,6 +27,15 @@ layers all have windows runs conversations longer than the pool. A cached prefix
 reused as far as every group still holds what the next position sees: for a window
 group, the shadows of its last window; else up to an earlier block where they are
 there, or not at all.
+
+A decoding sequence may carry a speculative draft (``propose``, ``engine/speculative``):
+its chunk then feeds the drafted tokens after its last one, taking blocks for them
+from the step's budget and the free blocks (a draft is cut short where either runs
+out). The step writes their keys and values, but ``complete`` counts only the last
+token as computed; ``keep_drafted`` then counts the accepted ones, and the blocks
+past what the sequence now needs go back to the pool. Positions past ``computed``
+are never indexed nor read, so a rejected token's keys and values are simply
+overwritten by the next step.
 """
 
 from __future__ import annotations
@@ -60,6 +69,7 @@ class SequenceState:
     indexed: int = 0  # leading blocks in the prefix index
     index_node: int = ROOT  # the index node of the last of those
     written_from: int = 0  # the first block this sequence wrote itself
+    draft: list[int] = field(default_factory=list)  # speculative tokens to feed after the last one at the next step
 
     @property
     def pending(self) -> int:
@@ -79,7 +89,8 @@ class ScheduledChunk:
     """Feed ``token_ids`` at positions ``start…`` of a sequence whose blocks are ``block_ids``.
 
     ``samples``: the chunk ends at the sequence's last token, so its logits pick the next one. ``group_tables``:
-    KV groups 1 …'s tables, where the model has several.
+    KV groups 1 …'s tables, where the model has several. ``drafted``: how many of ``token_ids``' last tokens are a
+    speculative draft (their logits are each needed, as is the last real token's).
     """
 
     request_id: str
@@ -88,6 +99,7 @@ class ScheduledChunk:
     block_ids: tuple[int, ...]
     samples: bool
     group_tables: tuple[tuple[int, ...], ...] = ()
+    drafted: int = 0
 
 
 @dataclass(frozen=True)
@@ -151,15 +163,38 @@ class Scheduler:
         return Step(chunks, tuple(copies), tuple(admitted), tuple(preempted), tuple(rejected))
 
     def complete(self, step: Step) -> None:
-        """The step ran: its positions are written; newly full blocks enter the prefix index."""
+        """The step ran: its positions are written (a draft's only once kept, ``keep_drafted``); newly full blocks
+        enter the prefix index."""
         for chunk in step.chunks:
             seq = self.get(chunk.request_id)
             if seq is not None:
-                seq.computed = chunk.start + len(chunk.token_ids)
+                seq.computed = chunk.start + len(chunk.token_ids) - chunk.drafted
+                seq.draft = []
                 self._index_full_blocks(seq)
                 self._release_before_windows(seq)
         self.pool.release(self._copy_sources)
         self._copy_sources = []
+
+    def propose(self, request_id: str, draft: list[int]) -> None:
+        """Speculative tokens for a decoding sequence to feed after its last one at the next step (as many as the
+        step's budget and the free blocks allow)."""
+        seq = self.get(request_id)
+        assert seq is not None and seq.pending == 1, f"{request_id} is not decoding"
+        seq.draft = list(draft)
+
+    def keep_drafted(self, request_id: str, token_ids: list[int]) -> None:
+        """The first drafted tokens of the step just completed were said: their positions count as computed; the
+        blocks past the next position go back to the pool."""
+        seq = self.get(request_id)
+        assert seq is not None, f"no sequence {request_id}"
+        seq.token_ids += token_ids
+        seq.computed += len(token_ids)
+        self._index_full_blocks(seq)
+        self._release_before_windows(seq)
+        needed = self._blocks_for(seq.computed + 1)
+        for table in seq.tables:
+            self.pool.release(table[needed:])
+            del table[needed:]
 
     def append(self, request_id: str, token_id: int) -> None:
         """A sampled token the sequence goes on with: the next step feeds it."""
@@ -237,7 +272,7 @@ class Scheduler:
         self._index_full_blocks(seq)
         self._release(seq)
         self.running.remove(seq)
-        seq.blocks, seq.computed, seq.indexed, seq.index_node = [], 0, 0, ROOT
+        seq.blocks, seq.computed, seq.indexed, seq.index_node, seq.draft = [], 0, 0, ROOT, []
         seq.group_tables = [[] for _ in self.windows[1:]]
         self.waiting.appendleft(seq)
         return seq.request_id
@@ -357,14 +392,15 @@ class Scheduler:
         budget = self._step_budget()
         chunks: dict[str, ScheduledChunk] = {}
         for seq in sorted(self.running, key=lambda s: s.pending > 1):  # decoding sequences first
-            count = self._held_for(seq, min(seq.pending, budget))
+            count = self._held_for(seq, min(seq.pending + len(seq.draft), budget))
             if count <= 0:
                 continue
             budget -= count
-            tokens = tuple(seq.token_ids[seq.computed : seq.computed + count])
-            samples = seq.computed + count == len(seq.token_ids)
+            tokens = tuple([*seq.token_ids, *seq.draft][seq.computed : seq.computed + count])
+            drafted = max(count - seq.pending, 0)
+            samples = seq.computed + count - drafted == len(seq.token_ids)
             chunks[seq.request_id] = ScheduledChunk(seq.request_id, tokens, seq.computed, tuple(seq.blocks), samples,
-                                                    tuple(tuple(table) for table in seq.group_tables))
+                                                    tuple(tuple(table) for table in seq.group_tables), drafted)
         return tuple(chunks[s.request_id] for s in self.running if s.request_id in chunks)
 
     def _step_budget(self) -> int:
@@ -373,8 +409,9 @@ class Scheduler:
         decoding = sum(seq.pending == 1 for seq in self.running)
         if not decoding:
             return self.idle_step_tokens
+        drafted = sum(len(seq.draft) for seq in self.running)
         paced = self.pacer.prompt_tokens(decoding) if self.pacer else None
-        return self.step_tokens if paced is None else decoding + paced
+        return drafted + (self.step_tokens if paced is None else decoding + paced)
 
     def _held_for(self, seq: SequenceState, count: int) -> int:
         """``count`` tokens, or as many as its blocks can hold once it takes the blocks they need, or those free."""

@@ -10,6 +10,16 @@ request gets its own ``PrefillDone``, ``TokenStreamed`` and ``ReplyFinished`` or
 constrained requests are computed on a helper thread while the forward pass runs, so
 constrained and free requests share the batch. ``BatchSampled`` goes
 out after steps that changed the batch, at most ``1 / SAMPLE_INTERVAL_S`` times a second.
+
+A decoding request may draft tokens (``engine/speculative``; ``SamplingParams.speculative``)
+before each step: the scheduler feeds them after its last token, the step returns
+each of those rows' logits, and the reply takes them one at a time as it takes any
+token (``ReplyState.sample`` verifies each drafted one), so a stop string, the end of
+the sequence or the token budget ends it exactly where it would end without the
+draft; the drafted tokens it said count as computed, the rest are rolled back
+(``Scheduler.keep_drafted``). Constrained requests do not draft (a constraint's mask
+covers the next position alone); requests asking for log-probabilities do, each
+drafted token's coming from its own row of logits.
 """
 
 from __future__ import annotations
@@ -41,9 +51,10 @@ from engine.protocol.messages import (
 )
 from engine.scheduler.block_pool import BlockPool
 from engine.scheduler.conversation_chains import ConversationChains
-from engine.scheduler.scheduler import Scheduler, Step
+from engine.scheduler.scheduler import ScheduledChunk, Scheduler, Step
 from engine.scheduler.step_pacer import StepPacer
 from engine.service.reply_events import ReplyEvents
+from engine.speculative.speculation import Speculation
 
 BLOCK_SIZE = 16
 SAMPLE_INTERVAL_S = 0.1
@@ -59,8 +70,10 @@ class _Active:
     events: ReplyEvents
     reply: ReplyState
     queued_at: float  # when it was handed to the scheduler
+    speculation: Speculation | None  # its drafts, where it drafts
     prefill_ms: float = 0.0
     first_token_at: float = 0.0
+    steps: int = 0  # steps that said tokens
 
 
 def pool_blocks(budget_bytes: int, bytes_per_block: int, context_length: int, max_running: int,
@@ -119,7 +132,8 @@ class BatchRunner:
         matcher = self.constraints.matcher(constraint) if constraint is not None else None
         reply = ReplyState(loaded.tokenizer, sampling, loaded.eos_ids, loaded.context_length, self._backend.device,
                            prompt_ids, events.token, matcher)
-        self._active[request_id] = _Active(conversation_id, events, reply, time.perf_counter())
+        speculation = Speculation() if sampling.speculative and matcher is None else None
+        self._active[request_id] = _Active(conversation_id, events, reply, time.perf_counter(), speculation)
         self.scheduler.add(request_id, prompt_ids)
 
     def forget_conversation(self, conversation_id: str) -> None:
@@ -137,6 +151,7 @@ class BatchRunner:
     def step(self, memory: MemoryReading) -> None:
         """One forward pass over every running sequence, and what it means for each request."""
         self._drop_cancelled(memory)
+        self._propose_drafts()
         step = self.scheduler.schedule()
         for request_id, message in step.rejected:
             self._emit(ReplyFailed(request_id, message))
@@ -149,14 +164,18 @@ class BatchRunner:
             if logits is not None:
                 self._paced(step, (time.perf_counter() - started) * 1000)
                 self.scheduler.complete(step)
-                sampling = [(i, c.request_id) for i, c in enumerate(step.chunks) if c.samples]
-                for index, request_id in sampling:
-                    self._sampled_or_failed(request_id, logits[index], allowed.get(request_id), memory)
-                self._sampled_tokens.append((time.perf_counter(), len(sampling)))
+                said = 0
+                for chunk, rows in zip(step.chunks, logits.split([1 + c.drafted for c in step.chunks])):
+                    if chunk.samples:
+                        said += self._sampled_or_failed(chunk, rows, allowed.get(chunk.request_id), memory)
+                self._sampled_tokens.append((time.perf_counter(), said))
         self._report(force=not self.has_work)  # the last step's state always goes out: the panel shows it idle
 
     def _paced(self, step: Step, ms: float) -> None:
-        """The step's forward time, for the pacer, with its one-token rows and its prompt tokens."""
+        """The step's forward time, for the pacer, with its one-token rows and its prompt tokens (a step with drafts
+        is left out: its extra rows are neither)."""
+        if any(chunk.drafted for chunk in step.chunks):
+            return
         prompts = [chunk for chunk in step.chunks if len(chunk.token_ids) > 1]
         tokens = sum(len(chunk.token_ids) for chunk in prompts)
         self.scheduler.pacer.observe(len(step.chunks) - len(prompts), tokens, ms)
@@ -180,7 +199,7 @@ class BatchRunner:
         try:
             for copy in step.copies:
                 self.kv.copy_block(copy.source, copy.target, copy.tokens)
-            rows = [BatchRow(c.token_ids, c.start, c.block_ids, c.group_tables) for c in step.chunks]
+            rows = [BatchRow(c.token_ids, c.start, c.block_ids, c.group_tables, 1 + c.drafted) for c in step.chunks]
             return self._backend.forward_batch(rows, self.kv) if rows else torch.empty(0)
         except Exception as exc:  # out of memory, say: these replies fail, the others and the engine go on
             self.scheduler.complete(Step(()))  # lets go of the copy sources
@@ -201,31 +220,57 @@ class BatchRunner:
         matchers = [matcher for _, matcher in constrained]
         return self._mask_thread.submit(lambda: dict(zip(request_ids, self.constraints.allowed_tokens(matchers))))
 
-    def _sampled_or_failed(self, request_id: str, logits: torch.Tensor, allowed: torch.Tensor | None,
-                           memory: MemoryReading) -> None:
-        """``_sampled``; a failure there (a sampler's bad input, say) ends this request alone."""
+    def _propose_drafts(self) -> None:
+        """Each decoding request that drafts proposes its draft for the next step, at most what its reply and the
+        context still take after the next token."""
+        for request_id, active in self._active.items():
+            seq = self.scheduler.get(request_id)
+            if active.speculation is None or not active.first_token_at or seq is None or seq.pending != 1:
+                continue
+            reply = active.reply
+            room = min(reply.sampling.max_new_tokens - len(reply.generated), reply.context_length - len(seq.token_ids))
+            self.scheduler.propose(request_id, active.speculation.draft(seq.token_ids, room - 1))
+
+    def _sampled_or_failed(self, chunk: ScheduledChunk, logits: torch.Tensor, allowed: torch.Tensor | None,
+                           memory: MemoryReading) -> int:
+        """``_sampled``; a failure there (a sampler's bad input, say) ends this request alone (0 tokens said)."""
         try:
-            self._sampled(request_id, logits, allowed, memory)
+            return self._sampled(chunk, logits, allowed, memory)
         except Exception as exc:
-            self.scheduler.finish(request_id)  # its keys and values are whole: only the sampling failed
-            active = self._active.pop(request_id, None)
+            self.scheduler.finish(chunk.request_id)  # its keys and values are whole: only the sampling failed
+            active = self._active.pop(chunk.request_id, None)
             if active is not None:
                 active.events.failed(exc)
+            return 0
 
-    def _sampled(self, request_id: str, logits: torch.Tensor, allowed: torch.Tensor | None,
-                 memory: MemoryReading) -> None:
+    def _sampled(self, chunk: ScheduledChunk, logits: torch.Tensor, allowed: torch.Tensor | None,
+                 memory: MemoryReading) -> int:
+        """The tokens ``logits`` [1 + drafted, V] say, one row at a time: the first row's, then while each says what
+        the draft had next, the next row's; how many were said."""
+        request_id = chunk.request_id
         active = self._active[request_id]
         seq = self.scheduler.get(request_id)
-        token = active.reply.sample(logits, allowed)
-        if not active.first_token_at:
-            active.prefill_ms = (time.perf_counter() - active.queued_at) * 1000
-            active.events.prefilled(seq.reused, active.prefill_ms)
-            active.first_token_at = time.perf_counter()
-        reason = active.reply.accept(token, seq.computed, lambda: self._is_cancelled(request_id))
+        draft = chunk.token_ids[len(chunk.token_ids) - chunk.drafted :]
+        kept: list[int] = []  # drafted tokens said and fed: their positions are computed
+        for row, drafted in zip(logits, [*draft, None]):
+            token = active.reply.sample(row, allowed, drafted)
+            if not active.first_token_at:
+                active.prefill_ms = (time.perf_counter() - active.queued_at) * 1000
+                active.events.prefilled(seq.reused, active.prefill_ms)
+                active.first_token_at = time.perf_counter()
+            reason = active.reply.accept(token, seq.computed + len(kept), lambda: self._is_cancelled(request_id))
+            if reason is not None or token != drafted:
+                break
+            kept.append(token)
+        active.steps += 1
+        if chunk.drafted:
+            active.speculation.verified(chunk.drafted, len(kept) + (token == drafted))
+            self.scheduler.keep_drafted(request_id, kept)
         if reason is None:
             self.scheduler.append(request_id, token)
         else:
             self._finish(request_id, reason, memory)
+        return len(kept) + 1
 
     def _drop_cancelled(self, memory: MemoryReading) -> None:
         """A cancelled request ends before the step, whatever it is at: waiting (it never enters a forward pass),
@@ -248,8 +293,10 @@ class BatchRunner:
             active.first_token_at = time.perf_counter()
         text = active.reply.close()
         decode_ms = (time.perf_counter() - active.first_token_at) * 1000
+        speculation = active.speculation
         outcome = ReplyOutcome(text, reason, reused, active.prefill_ms, active.first_token_at, decode_ms,
-                               len(active.reply.generated))
+                               len(active.reply.generated), speculation.drafted if speculation else 0,
+                               speculation.accepted if speculation else 0, active.steps)
         active.events.finished(outcome, memory(held))
 
     def _report(self, force: bool) -> None:

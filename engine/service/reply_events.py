@@ -87,6 +87,9 @@ class ReplyEvents:
             memory=memory,
             started_at=self.started,
             finished_at=time.perf_counter(),
+            drafted_tokens=outcome.drafted_tokens,
+            accepted_tokens=outcome.accepted_tokens,
+            decode_steps=outcome.decode_steps,
         )
         self._emit(ReplyFinished(self.request_id, outcome.text, stats))
 

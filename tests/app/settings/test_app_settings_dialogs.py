@@ -17,15 +17,17 @@ def test_default_settings_are_saved_and_used_by_new_conversations(chat, script):
     dialog.system_prompt.setPlainText("Be kind.")
     dialog.sampling.box("temperature").setValue(0.3)
     dialog.sampling.box("seed").setValue(7)
+    dialog.sampling.drafts_box.setChecked(False)
     dialog.accept()
     chat.qtbot.keyClick(chat.window, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
     chat.send_and_wait("Hello")
 
     saved = load_settings().settings
     assert (saved.system_prompt, saved.sampling.temperature, saved.sampling.seed) == ("Be kind.", 0.3, 7)
+    assert not saved.sampling.speculative
     request = script.generates[-1]
     assert request.messages[0] == ChatMessage("system", "Be kind.")
-    assert (request.sampling.temperature, request.sampling.seed) == (0.3, 7)
+    assert (request.sampling.temperature, request.sampling.seed, request.sampling.speculative) == (0.3, 7, False)
 
 
 def test_a_conversation_keeps_its_own_sampling_and_system_prompt(chat, script, reopen):

@@ -48,6 +48,13 @@ def test_sampling_settings_become_engine_sampling_params() -> None:
     assert params.greedy and params.seed == 3
 
 
+def test_drafting_is_on_by_default_and_reads_back_only_as_a_flag() -> None:
+    assert SamplingSettings().to_sampling_params().speculative
+    assert not SamplingSettings.from_dict({"speculative": False}).to_sampling_params().speculative
+    with pytest.raises(ValueError):
+        SamplingSettings.from_dict({"speculative": 0})
+
+
 def test_invalid_json_falls_back_to_defaults_and_keeps_the_file(tmp_path: Path) -> None:
     path = tmp_path / "settings.json"
     path.write_text('{"theme": "dark", ')

@@ -183,7 +183,7 @@ def test_a_request_whose_sampling_fails_ends_alone_with_a_message(tiny_loaded, a
     _add(runner, recorder, "bad", [5, 6, 7, 8], sampling)
     _add(runner, recorder, "good", [9, 10, 11], sampling)
 
-    def broken(logits, allowed=None):
+    def broken(logits, allowed=None, drafted=None):
         raise ValueError("the sampler was given nonsense")
 
     runner._active["bad"].reply.sample = broken

@@ -1,0 +1,153 @@
+"""Replies with drafts say what they say without them, with the same log-probabilities (the built-in model, greedy):
+beside other streams that join at different steps, and ending exactly where a stop string, the end of the sequence or
+the token budget ends them when that falls inside an accepted draft."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from engine.chat.prompt import PromptPlan
+from engine.host.memory import read_memory
+from engine.models.model_open import open_model
+from engine.protocol.messages import (
+    GREEDY,
+    ChatMessage,
+    LoadOptions,
+    ReplyFailed,
+    ReplyFinished,
+    SamplingParams,
+    TokenLogprob,
+    TokenStreamed,
+)
+from engine.service.batch_runner import BatchRunner
+from engine.service.reply_events import ReplyEvents
+
+CODE = """def area(width, height):
+    return width * height
+
+def perimeter(width, height):
+    return 2 * (width + height)
+"""
+REWRITE = f"Rename the parameter width to w in this code and repeat the whole code:\n\n{CODE}"
+SENTENCE = "Repeat this sentence exactly: the small cat sat on the warm mat by the old red door."
+CHAT = "What is the capital of France?"
+JOINS = ((0, REWRITE), (3, CHAT), (7, SENTENCE))  # (step at which it joins, what the user asks)
+NEW_TOKENS = 40
+
+
+def _open(path: Path, precision: str):
+    return open_model(str(path), LoadOptions("cpu", precision), lambda _: None, lambda *_: None, lambda: False)
+
+
+@pytest.fixture(scope="module")
+def built_in_fp32(default_model_path: Path):
+    """The built-in model in fp32: a step's arithmetic is the same however many sequences share it, so a stream's
+    text does not depend on which others run beside it."""
+    return _open(default_model_path, "fp32")
+
+
+@pytest.fixture(scope="module")
+def built_in(default_model_path: Path):
+    """The built-in model as the app loads it (its 4-bit copy decodes), for a single stream."""
+    return _open(default_model_path, "auto")
+
+
+@pytest.fixture(scope="module")
+def rewrite(built_in) -> Said:
+    """The rewrite's reply alone, without drafts."""
+    return Batch(built_in).run(((0, REWRITE),), replace(GREEDY, max_new_tokens=NEW_TOKENS, speculative=False))["r0"]
+
+
+@dataclass
+class Said:
+    text: str
+    finished: ReplyFinished
+    logprobs: list[TokenLogprob]  # each said token's, where asked
+
+
+class Batch:
+    """A batch runner over ``loaded`` driven step by step; requests join at chosen steps."""
+
+    def __init__(self, loaded) -> None:
+        self.loaded = loaded
+        self.ended: dict[str, ReplyFinished | ReplyFailed] = {}
+        self.runner = BatchRunner(loaded, self._emit, lambda _: False, budget_bytes=256 * 1024 * 1024)
+        self.events: dict[str, ReplyEvents] = {}
+        self.logprobs: dict[str, list[TokenLogprob]] = {}
+
+    def _emit(self, event) -> None:
+        if isinstance(event, (ReplyFinished, ReplyFailed)):
+            self.ended[event.request_id] = event
+        if isinstance(event, TokenStreamed):
+            self.logprobs.setdefault(event.request_id, []).extend(event.logprobs)
+
+    def add(self, request_id: str, question: str, sampling: SamplingParams) -> None:
+        prompt = self.loaded.tokenize(self.loaded.render((ChatMessage("user", question),)))
+        events = ReplyEvents(self._emit, request_id, PromptPlan(prompt, ()), 0.0, self.loaded.context_length,
+                             time.perf_counter())
+        sampling = replace(sampling, stop=sampling.stop + self.loaded.template.stop_strings)
+        self.runner.add(request_id, request_id, prompt, sampling, events)
+        self.events[request_id] = events
+
+    def run(self, joins, sampling: SamplingParams) -> dict[str, Said]:
+        step = 0
+        pending = list(joins)
+        while pending or self.runner.has_work:
+            while pending and pending[0][0] <= step:
+                self.add(f"r{len(self.events)}", pending.pop(0)[1], sampling)
+            self.runner.step(lambda held: read_memory("cpu", 0, held, held))
+            step += 1
+        failed = [e.message for e in self.ended.values() if isinstance(e, ReplyFailed)]
+        assert not failed, failed
+        return {request_id: Said(events.text, self.ended[request_id], self.logprobs.get(request_id, []))
+                for request_id, events in self.events.items()}
+
+
+def _replies(loaded, joins, sampling: SamplingParams) -> tuple[dict[str, Said], dict[str, Said]]:
+    """The replies without drafts, then with."""
+    return (Batch(loaded).run(joins, replace(sampling, speculative=False)),
+            Batch(loaded).run(joins, replace(sampling, speculative=True)))
+
+
+def test_streams_joining_a_drafting_batch_say_what_they_say_without_drafts(built_in_fp32):
+    plain, drafted = _replies(built_in_fp32, JOINS, replace(GREEDY, max_new_tokens=NEW_TOKENS, logprobs=2))
+    assert {r: s.text for r, s in drafted.items()} == {r: s.text for r, s in plain.items()}
+    for request_id, said in drafted.items():  # a drafted token's log-probabilities are its own row's
+        expected = plain[request_id].logprobs
+        assert [lp.chosen.token for lp in said.logprobs] == [lp.chosen.token for lp in expected]
+        assert [lp.chosen.logprob for lp in said.logprobs] == pytest.approx([lp.chosen.logprob for lp in expected],
+                                                                            abs=1e-3)
+    rewrite = drafted["r0"].finished.stats
+    assert rewrite.accepted_tokens > NEW_TOKENS // 3  # the rewrite copies the code: most of it is drafted
+    assert rewrite.decode_steps < rewrite.tokens_generated * 2 // 3
+    assert plain["r0"].finished.stats.decode_steps == plain["r0"].finished.stats.tokens_generated
+
+
+def test_a_stop_string_inside_an_accepted_draft_ends_the_reply_where_it_would_without(built_in, rewrite):
+    stop = "def perimeter"  # in the copied code, after its first function: drafted and accepted there
+    assert stop in rewrite.text
+    sampling = replace(GREEDY, max_new_tokens=NEW_TOKENS, stop=(stop,), speculative=True)
+    drafted = Batch(built_in).run(((0, REWRITE),), sampling)["r0"]
+    assert drafted.text == rewrite.text.split(stop)[0]
+    assert drafted.finished.stats.finish_reason == "stop_string"
+    assert drafted.finished.stats.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("ending", ["eos", "max_tokens"])
+def test_the_end_of_sequence_or_the_budget_inside_an_accepted_draft_ends_the_reply_there(built_in, rewrite, ending):
+    sampling = replace(GREEDY, max_new_tokens=NEW_TOKENS)
+    cut = 30  # a token late in the copy
+    if ending == "eos":
+        token = built_in.tokenize(rewrite.text)[cut]
+        loaded = replace(built_in, eos_ids=built_in.eos_ids | {token})
+    else:
+        loaded, sampling = built_in, replace(sampling, max_new_tokens=cut)
+    plain, drafted = _replies(loaded, ((0, REWRITE),), sampling)
+    assert drafted["r0"].text == plain["r0"].text
+    stats, plain_stats = drafted["r0"].finished.stats, plain["r0"].finished.stats
+    assert (stats.finish_reason, stats.tokens_generated) == (plain_stats.finish_reason, plain_stats.tokens_generated)
+    assert stats.finish_reason == ending and stats.accepted_tokens > 0
