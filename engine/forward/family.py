@@ -5,7 +5,9 @@ Llama, Mistral, Qwen2/3, Gemma 2/3 and Phi-3/4 share ``FastLlama``'s one forward
 unless the config says otherwise: Gemma's RMSNorm weights are ``1 + w`` and its token
 embeddings are scaled by sqrt(hidden); its MLP gates with GELU's tanh approximation; its
 attention scale is ``query_pre_attn_scalar ** -0.5``; Gemma 2 soft-caps attention scores
-and logits; Phi-3's rotary turns only the first part of each head.
+and logits; Phi-3's rotary turns only the first part of each head. gpt-oss's experts gate with a clamped SwiGLU
+(``Clamp``), its router takes the top k of its logits before their softmax, and its attention holds a learned
+logit per head (a sink) that only the softmax's denominator sees.
 """
 
 from __future__ import annotations
@@ -14,7 +16,17 @@ from dataclasses import dataclass
 from typing import Any
 
 GEMMA_TYPES = ("gemma2", "gemma3_text")
+GPT_OSS = "gpt_oss"
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # config name -> the fast path's gate
+
+
+@dataclass(frozen=True)
+class Clamp:
+    """gpt-oss's gate of its experts: ``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)`` where ``g`` is
+    the gate clamped from above at ``limit``."""
+
+    alpha: float
+    limit: float
 
 
 @dataclass(frozen=True)
@@ -26,6 +38,9 @@ class Family:
     attention_softcap: float | None  # scores become cap * tanh(scores / cap) before the softmax (Gemma 2)
     final_softcap: float | None  # logits likewise (Gemma 2)
     rotary_dim: int  # each head's leading dimensions that turn (Phi-3's partial rotary); the rest pass as they are
+    expert_clamp: Clamp | None = None  # gpt-oss's experts' gate; None: the MLP's ``activation``
+    top_k_before_softmax: bool = False  # the router's softmax over its top k logits alone (gpt-oss)
+    attention_sinks: bool = False  # each layer's ``self_attn.sinks`` [H] join each head's softmax (gpt-oss)
 
 
 def activation_name(config: Any) -> str:
@@ -48,6 +63,7 @@ def rotary_dim_of(config: Any) -> int:
 def family_of(config: Any) -> Family:
     """``config``'s family traits (a transformers config, or ``gguf_direct.hf_config``'s)."""
     gemma = getattr(config, "model_type", None) in GEMMA_TYPES
+    gpt_oss = getattr(config, "model_type", None) == GPT_OSS
     scalar = getattr(config, "query_pre_attn_scalar", None) if gemma else None
     return Family(
         norm_shift=1.0 if gemma else 0.0,
@@ -57,4 +73,7 @@ def family_of(config: Any) -> Family:
         attention_softcap=getattr(config, "attn_logit_softcapping", None) if gemma else None,
         final_softcap=getattr(config, "final_logit_softcapping", None) if gemma else None,
         rotary_dim=rotary_dim_of(config),
+        expert_clamp=Clamp(config.swiglu_alpha, config.swiglu_limit) if gpt_oss else None,
+        top_k_before_softmax=gpt_oss,
+        attention_sinks=gpt_oss,
     )

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
-from engine.forward.family import ACTIVATIONS, GEMMA_TYPES, activation_name
+from engine.forward.family import ACTIVATIONS, GEMMA_TYPES, GPT_OSS, activation_name
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "qwen2_moe", "qwen3_moe", *GEMMA_TYPES)
-ROPE_TYPES = ("default", "llama3", "linear", "longrope")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "qwen2_moe", "qwen3_moe", GPT_OSS, *GEMMA_TYPES)
+ROPE_TYPES = ("default", "llama3", "linear", "longrope", "yarn")
 
 
 def unsupported_reason(config: Any) -> str | None:
