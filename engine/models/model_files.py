@@ -13,6 +13,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from gguf.constants import GGMLQuantizationType
+
 from engine.chat.chat_template import find_folder_template
 from engine.models.gguf_check import (
     DIRECT_ARCHITECTURES, PLAIN_TYPES, GGUFContents, gguf_config, read_gguf, refuse_unreadable_types,
@@ -89,6 +91,7 @@ def _inspect_gguf(path: Path) -> ModelSource:
         chat_template_source=template if isinstance(template, str) else None,
         chat_template_origin=f"{path.name} (metadata tokenizer.chat_template)" if template else None,
         kept_table_bytes=quantized_table_bytes(contents),
+        kept_expert_bytes=mxfp4_bytes(contents),
     )
 
 
@@ -97,6 +100,13 @@ def quantized_table_bytes(contents: GGUFContents) -> int | None:
     ``gguf_blocks.BlockTable``); None for F16, BF16 or F32."""
     table = next((tensor for tensor in contents.tensors if tensor.name == "token_embd.weight"), None)
     return table.n_bytes if table is not None and table.quant_type not in PLAIN_TYPES else None
+
+
+def mxfp4_bytes(contents: GGUFContents) -> int | None:
+    """The bytes of the file's MXFP4 tensors (gpt-oss's experts, which the fast path keeps as they are:
+    ``weights.mxfp4``); None where it has none."""
+    total = sum(tensor.n_bytes for tensor in contents.tensors if tensor.quant_type == GGMLQuantizationType.MXFP4)
+    return total or None
 
 
 def _check_gguf_architecture(path: Path, architecture: str) -> None:
