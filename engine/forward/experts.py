@@ -106,11 +106,12 @@ class MixtureOfExperts:
 
 
 def mixture_of_experts(config: Any, family: Family, tensor: Callable[[str], Any], has: Callable[[str], bool],
-                       gated: Callable[..., GatedMlp]) -> MixtureOfExperts:
+                       rows: Callable[[Sequence[str]], Any], gated: Callable[..., GatedMlp]) -> MixtureOfExperts:
     """A layer's ``MixtureOfExperts`` from its state: ``tensor(name)`` a weight under the layer's prefix (fp32, or
-    in a file's 4-bit groups or MXFP4 blocks), ``has(name)`` whether the layer holds it, ``gated(gate, up, down,
-    expert, gate_up_bias, down_bias)`` the ``GatedMlp`` of those weights (``expert``: in the experts' format, else
-    as the dense layers are).
+    in a file's 4-bit groups or MXFP4 blocks), ``has(name)`` whether the layer holds it, ``rows(names)`` those
+    weights' rows one after another (gate's, then up's), ``gated(gate_up, down, expert, gate_up_bias,
+    down_bias)`` the ``GatedMlp`` of those weights (``expert``: in the experts' format, else as the dense layers
+    are).
 
     Each expert's weights come under names of their own (``mlp.experts.N.gate_proj.weight`` and its ``.bias``:
     checkpoints, and a GGUF file's 3-D tensors as ``gguf_direct`` hands them), or as transformers' model holds
@@ -118,32 +119,33 @@ def mixture_of_experts(config: Any, family: Family, tensor: Callable[[str], Any]
     transposed, [E, D, 2F] with gate and up columns interleaved and [E, F, D], and their biases).
     """
     count = getattr(config, "num_local_experts", None) or config.num_experts
-    experts = [gated(gate, up, down, True, gate_up_bias, down_bias)
-               for gate, up, down, gate_up_bias, down_bias in _expert_parts(count, family, tensor, has)]
+    experts = [gated(gate_up, down, True, gate_up_bias, down_bias)
+               for gate_up, down, gate_up_bias, down_bias in _expert_parts(count, family, tensor, has, rows)]
     router_name = next(name for name in ROUTERS if has(name))
     router = tensor(router_name)  # [E, D]
     shared = None
     if has(SHARED + "gate_proj.weight"):
-        shared = gated(*(tensor(f"{SHARED}{name}_proj.weight") for name in ("gate", "up", "down")), False)
+        shared = gated(rows([f"{SHARED}{name}_proj.weight" for name in ("gate", "up")]),
+                       tensor(f"{SHARED}down_proj.weight"), False)
         router = torch.cat([router, tensor(SHARED_GATE).reshape(1, -1)])  # [E + 1, D]
     return MixtureOfExperts(tensor("post_attention_layernorm.weight"), router.contiguous(), experts,
                             config.num_experts_per_tok, bool(getattr(config, "norm_topk_prob", False)), shared,
                             tensor(ROUTER_BIAS) if has(ROUTER_BIAS) else None, family.top_k_before_softmax)
 
 
-def _expert_parts(count: int, family: Family, tensor: Callable[[str], Any],
-                  has: Callable[[str], bool]) -> list[tuple[Any, ...]]:
-    """Each expert's gate [F, D], up [F, D] and down [D, F] weights, its gate and up biases one after another
-    [2F] and its down bias [D] (None where it has none): from transformers' stacked experts or under each
-    expert's own names (``mixture_of_experts``)."""
+def _expert_parts(count: int, family: Family, tensor: Callable[[str], Any], has: Callable[[str], bool],
+                  rows: Callable[[Sequence[str]], Any]) -> list[tuple[Any, ...]]:
+    """Each expert's gate and up weights, gate's rows first [2F, D], and its down weight [D, F], its gate and up
+    biases one after another [2F] and its down bias [D] (None where it has none): from transformers' stacked
+    experts or under each expert's own names (``mixture_of_experts``)."""
     if has(FUSED_GATE_UP):
         gate_up, down = tensor(FUSED_GATE_UP), tensor(FUSED_DOWN)
         if family.expert_clamp is None:  # [E, 2F, D], [E, D, F]
-            return [(*gate_up[index].chunk(2), down[index], None, None) for index in range(count)]
+            return [(gate_up[index], down[index], None, None) for index in range(count)]
         gate_up_bias, down_bias = tensor(FUSED_GATE_UP + FUSED_BIAS), tensor(FUSED_DOWN + FUSED_BIAS)  # [E, 2F], [E, D]
-        return [(gate_up[index][:, 0::2].t().contiguous(), gate_up[index][:, 1::2].t().contiguous(),  # gpt-oss's
-                 down[index].t().contiguous(),
-                 torch.cat([gate_up_bias[index][0::2], gate_up_bias[index][1::2]]), down_bias[index])
+        return [(torch.cat([gate_up[index][:, 0::2], gate_up[index][:, 1::2]], dim=1).t().contiguous(),  # gpt-oss's
+                 down[index].t().contiguous(), torch.cat([gate_up_bias[index][0::2], gate_up_bias[index][1::2]]),
+                 down_bias[index])
                 for index in range(count)]
 
     def optional(name: str) -> Any:
@@ -151,8 +153,8 @@ def _expert_parts(count: int, family: Family, tensor: Callable[[str], Any],
 
     parts = []
     for index in range(count):
-        names = [f"mlp.experts.{index}.{name}_proj." for name in ("gate", "up", "down")]
-        biases = [optional(name + "bias") for name in names]
-        gate_up_bias = torch.cat(biases[:2]) if biases[0] is not None else None
-        parts.append((*(tensor(name + "weight") for name in names), gate_up_bias, biases[2]))
+        gate, up, down = (f"mlp.experts.{index}.{name}_proj." for name in ("gate", "up", "down"))
+        gate_up_bias = torch.cat([tensor(gate + "bias"), tensor(up + "bias")]) if has(gate + "bias") else None
+        parts.append((rows([gate + "weight", up + "weight"]), tensor(down + "weight"), gate_up_bias,
+                      optional(down + "bias")))
     return parts

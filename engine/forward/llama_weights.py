@@ -144,28 +144,26 @@ class LlamaWeights:
                 return Linear(rows, bias, formats.experts, norm_weight, worker=worker)
             return Linear(rows, bias, formats.layers, norm_weight, formats.decode_copy, worker)
 
-        def gated_rows(gate_up: Weight, down: Weight, expert: bool = False, norm_weight: torch.Tensor | None = None,
-                       gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None) -> GatedMlp:
+        def gated_rows(gate_up: Weight, down: Weight, expert: bool = False, gate_up_bias: torch.Tensor | None = None,
+                       down_bias: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None) -> GatedMlp:
             return GatedMlp(linear(gate_up, gate_up_bias, norm_weight, expert), linear(down, down_bias, expert=expert),
                             self.family.expert_clamp or self.family.activation)
 
-        def gated(gate: Weight, up: Weight, down: Weight, expert: bool = False,
-                  gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None) -> GatedMlp:
-            return gated_rows(_cat_rows([gate, up]), down, expert, gate_up_bias=gate_up_bias, down_bias=down_bias)
+        def stacked_rows(names: list[str]) -> Weight:  # gate's and up's rows, stacked where the state can
+            stacked = _stacked(state, [prefix + name for name in names])
+            return stacked if stacked is not None else _cat_rows([weight(name) for name in names])
 
         # Gemma normalises the attention's and the MLP's outputs too; its MLP input norm is pre_feedforward's
         post_norms = prefix + "pre_feedforward_layernorm.weight" in state
         mlp_input = "pre_feedforward_layernorm.weight" if post_norms else "post_attention_layernorm.weight"
         qkv = linear(qkv_rows("weight"), qkv_rows("bias"), norm("input_layernorm.weight"))
         if any(prefix + router in state for router in ROUTERS):
-            mlp: GatedMlp | MixtureOfExperts = mixture_of_experts(self.config, self.family, weight,
-                                                                  lambda name: prefix + name in state, gated)
+            mlp: GatedMlp | MixtureOfExperts = mixture_of_experts(
+                self.config, self.family, weight, lambda name: prefix + name in state, stacked_rows, gated_rows)
         else:
             gate_up = optional("mlp.gate_up_proj.weight")  # Phi-3's, gate rows first
             if gate_up is None:
-                gate_up = _stacked(state, [f"{prefix}mlp.gate_proj.weight", f"{prefix}mlp.up_proj.weight"])
-            if gate_up is None:
-                gate_up = _cat_rows([weight("mlp.gate_proj.weight"), weight("mlp.up_proj.weight")])
+                gate_up = stacked_rows(["mlp.gate_proj.weight", "mlp.up_proj.weight"])
             mlp = gated_rows(gate_up, weight("mlp.down_proj.weight"), norm_weight=norm(mlp_input))
         return LlamaLayer(
             qkv=qkv,
@@ -232,10 +230,10 @@ def _scaled(weight: Weight, factor: float) -> Weight:
     return weight.scaled(factor) if isinstance(weight, Int4Groups) else weight * factor
 
 
-def _stacked(state: Mapping[str, Weight], names: list[str]) -> Int4Groups | None:
+def _stacked(state: Mapping[str, Weight], names: list[str]) -> Int4Groups | Mxfp4Rows | None:
     """The tensors ``names``' rows one after another, decoded straight into one weight where the state can (a GGUF
-    file's int4 groups, ``GGUFState.stacked``), so ``_cat_rows`` copies nothing; None elsewhere (or where a name is
-    missing: a q/k/v bias)."""
+    file's int4 groups or MXFP4 blocks, ``GGUFState.stacked``), so ``_cat_rows`` copies nothing; None elsewhere (or
+    where a name is missing: a q/k/v bias)."""
     stacked = getattr(state, "stacked", None)
     if stacked is None or not all(name in state for name in names):
         return None

@@ -244,6 +244,11 @@ def _gpt_oss_config(config: Any) -> None:
         config.rope_parameters.update({name: GPT_OSS_CONFIG[name] for name in ("beta_fast", "beta_slow", "truncate")})
 
 
+def _kept_mxfp4(info: GGUFTensorInfo) -> bool:
+    """Whether the tensor is a matrix of MXFP4 blocks, which ``GGUFState`` hands over as they are."""
+    return info.quant_type == GGMLQuantizationType.MXFP4 and len(info.dims) == 2
+
+
 def end_token_ids(contents: GGUFContents) -> frozenset[int]:
     """The ids that end a reply: end of sequence, of turn, of message (whichever the file names)."""
     return frozenset(contents.metadata[k] for k in END_TOKEN_KEYS if isinstance(contents.metadata.get(k), int))
@@ -288,27 +293,41 @@ class GGUFState(LazyTensors):
     def __getitem__(self, name: str) -> Weight:
         info = self._tensors[name]
         return_freed_memory()  # the previous tensor's temporaries, before this one's
-        if self._in_row_chunks(name, info):
+        if _kept_mxfp4(info):  # gpt-oss's experts, kept as they are (``weights.mxfp4``)
+            weight = self._mxfp4_rows([info])
+        elif self._in_row_chunks(name, info):
             weight = self._row_chunks(info)
         else:
             weight = self._decoded(name, info, self._blocks(info))
         self._counted(name)
         return weight
 
-    def stacked(self, names: Sequence[str]) -> Int4Groups | None:
+    def stacked(self, names: Sequence[str]) -> Int4Groups | Mxfp4Rows | None:
         """The matrices ``names``' rows one after another (a layer's q, k and v, or gate and up) as one
-        ``Int4Groups``, each decoded straight into its rows (``stacked_groups``): no concatenating copy. None where
-        any of them would not come as int4 groups (``__getitem__``) or its type is not read in C; then each is
-        asked for alone."""
+        ``Int4Groups``, each decoded straight into its rows (``stacked_groups``), or MXFP4 blocks read straight into
+        their rows of one ``Mxfp4Rows``: no concatenating copy. None where any of them would not come so
+        (``__getitem__``) or its type is not read in C; then each is asked for alone."""
         infos = [self._tensors[name] for name in names]
         one_width = len({info.dims[0] for info in infos}) == 1
-        if not one_width or not all(self._stacks(name, info) for name, info in zip(names, infos)):
+        if one_width and all(_kept_mxfp4(info) for info in infos):
+            stacked = self._mxfp4_rows(infos)
+        elif one_width and all(self._stacks(name, info) for name, info in zip(names, infos)):
+            stacked = stacked_groups([(info.quant_type, info.dims[1], info.dims[0]) for info in infos],
+                                     lambda index: self._blocks(infos[index]), self._cpu_layout)
+        else:
             return None
-        groups = stacked_groups([(info.quant_type, info.dims[1], info.dims[0]) for info in infos],
-                                lambda index: self._blocks(infos[index]), self._cpu_layout)
         for name in names:
             self._counted(name)
-        return groups
+        return stacked
+
+    def _mxfp4_rows(self, infos: Sequence[GGUFTensorInfo]) -> Mxfp4Rows:
+        """MXFP4 tensors' blocks read one after another into one buffer of their own, [rows, bytes per row]."""
+        blocks = np.empty(sum(info.n_bytes for info in infos), dtype=np.uint8)
+        start = 0
+        for info in infos:
+            read_exactly(self._path, memoryview(blocks[start : start + info.n_bytes]), self._start + info.offset)
+            start += info.n_bytes
+        return Mxfp4Rows(torch.from_numpy(blocks.reshape(sum(info.dims[1] for info in infos), -1)))
 
     def _stacks(self, name: str, info: GGUFTensorInfo) -> bool:
         """Whether ``__getitem__`` would hand ``name`` as ``Int4Groups`` that C decodes (``stacked``)."""
@@ -342,8 +361,6 @@ class GGUFState(LazyTensors):
                          lambda start, end: dense(blocks[start:end], info.quant_type))
 
     def _decoded(self, name: str, info: GGUFTensorInfo, blocks: np.ndarray) -> Weight:
-        if info.quant_type == GGMLQuantizationType.MXFP4 and len(info.dims) == 2:  # kept as they are
-            return Mxfp4Rows(torch.from_numpy(blocks.copy()))  # a copy: the read buffer is reused
         if name.endswith(ROUTER_NAMES):  # a mixture's routing stays in fp32, whatever the layers' format
             return dense(blocks, info.quant_type).reshape(info.shape)
         if len(info.dims) == 2 and self._all_groups:
