@@ -17,6 +17,7 @@ import torch
 
 from engine.forward.family import Family
 from engine.forward.mlp import GatedMlp
+from engine.forward.weights.mxfp4 import Mxfp4Rows
 from engine.forward.weights.quant import Linear
 
 ROUTERS = ("mlp.gate.weight", "mlp.router.weight")  # a layer's router [E, D] (Qwen's, gpt-oss's), under its
@@ -26,6 +27,7 @@ SHARED = "mlp.shared_expert."  # Qwen2-MoE's shared expert's gate_proj, up_proj,
 SHARED_GATE = "mlp.shared_expert_gate.weight"  # [1, D]: its gate's row
 FUSED_GATE_UP, FUSED_DOWN = "mlp.experts.gate_up_proj", "mlp.experts.down_proj"  # transformers' stacked experts
 FUSED_BIAS = "_bias"  # gpt-oss's stacked experts' biases: ``mlp.experts.gate_up_proj_bias`` [E, 2F], down's [E, D]
+BLOCKS, SCALES = "_blocks", "_scales"  # openai's checkpoints: the stacked experts in MXFP4 (``Mxfp4Rows``)
 
 
 @dataclass
@@ -116,7 +118,9 @@ def mixture_of_experts(config: Any, family: Family, tensor: Callable[[str], Any]
     Each expert's weights come under names of their own (``mlp.experts.N.gate_proj.weight`` and its ``.bias``:
     checkpoints, and a GGUF file's 3-D tensors as ``gguf_direct`` hands them), or as transformers' model holds
     them, stacked (``mlp.experts.gate_up_proj`` [E, 2F, D], ``mlp.experts.down_proj`` [E, D, F]; gpt-oss's
-    transposed, [E, D, 2F] with gate and up columns interleaved and [E, F, D], and their biases).
+    transposed, [E, D, 2F] with gate and up columns interleaved and [E, F, D], and their biases; or as openai's
+    checkpoints hold them, in MXFP4 blocks and scales, [E, 2F, D / 32, 16] with gate and up rows interleaved and
+    [E, D, F / 32, 16], which stay so).
     """
     count = getattr(config, "num_local_experts", None) or config.num_experts
     experts = [gated(gate_up, down, True, gate_up_bias, down_bias)
@@ -138,14 +142,21 @@ def _expert_parts(count: int, family: Family, tensor: Callable[[str], Any], has:
     """Each expert's gate and up weights, gate's rows first [2F, D], and its down weight [D, F], its gate and up
     biases one after another [2F] and its down bias [D] (None where it has none): from transformers' stacked
     experts or under each expert's own names (``mixture_of_experts``)."""
+    if has(FUSED_GATE_UP + BLOCKS):
+        gate_up, down = (tensor(name + BLOCKS) for name in (FUSED_GATE_UP, FUSED_DOWN))  # uint8
+        gate_up_scales, down_scales = (tensor(name + SCALES) for name in (FUSED_GATE_UP, FUSED_DOWN))
+        biases = tensor(FUSED_GATE_UP + FUSED_BIAS), tensor(FUSED_DOWN + FUSED_BIAS)  # [E, 2F], [E, D]
+        return [(Mxfp4Rows.from_checkpoint(torch.cat([gate_up[index][0::2], gate_up[index][1::2]]),
+                                           torch.cat([gate_up_scales[index][0::2], gate_up_scales[index][1::2]])),
+                 Mxfp4Rows.from_checkpoint(down[index], down_scales[index]), *_expert_biases(*biases, index))
+                for index in range(count)]
     if has(FUSED_GATE_UP):
         gate_up, down = tensor(FUSED_GATE_UP), tensor(FUSED_DOWN)
         if family.expert_clamp is None:  # [E, 2F, D], [E, D, F]
             return [(gate_up[index], down[index], None, None) for index in range(count)]
-        gate_up_bias, down_bias = tensor(FUSED_GATE_UP + FUSED_BIAS), tensor(FUSED_DOWN + FUSED_BIAS)  # [E, 2F], [E, D]
+        biases = tensor(FUSED_GATE_UP + FUSED_BIAS), tensor(FUSED_DOWN + FUSED_BIAS)  # [E, 2F], [E, D]
         return [(torch.cat([gate_up[index][:, 0::2], gate_up[index][:, 1::2]], dim=1).t().contiguous(),  # gpt-oss's
-                 down[index].t().contiguous(), torch.cat([gate_up_bias[index][0::2], gate_up_bias[index][1::2]]),
-                 down_bias[index])
+                 down[index].t().contiguous(), *_expert_biases(*biases, index))
                 for index in range(count)]
 
     def optional(name: str) -> Any:
@@ -158,3 +169,9 @@ def _expert_parts(count: int, family: Family, tensor: Callable[[str], Any], has:
         parts.append((rows([gate + "weight", up + "weight"]), tensor(down + "weight"), gate_up_bias,
                       optional(down + "bias")))
     return parts
+
+
+def _expert_biases(gate_up_bias: torch.Tensor, down_bias: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert ``index``'s gate and up biases, gate's first [2F], and its down bias [D], from gpt-oss's stacked
+    ``gate_up_proj_bias`` [E, 2F] (gate's and up's interleaved) and ``down_proj_bias`` [E, D]."""
+    return torch.cat([gate_up_bias[index][0::2], gate_up_bias[index][1::2]]), down_bias[index]

@@ -218,8 +218,8 @@ def _tied_name(config: Any, state: Mapping[str, Weight], name: str, tied_name: s
 
 def _fp32(weight: Weight, device: torch.device) -> Weight:
     """A tensor in fp32 on ``device``; ``Int4Groups`` and ``Int4Pair`` stay in their groups, ``RowChunks`` (the CPU's)
-    and ``Mxfp4Rows`` in their blocks."""
-    if isinstance(weight, RowChunks):
+    and ``Mxfp4Rows`` in their blocks, bytes (an MXFP4 checkpoint's blocks and scales) as they are."""
+    if isinstance(weight, RowChunks) or (isinstance(weight, torch.Tensor) and weight.dtype == torch.uint8):
         return weight
     if isinstance(weight, (Int4Groups, Int4Pair, Mxfp4Rows)):
         return weight.to(device)

@@ -102,6 +102,9 @@ def quantized_table_bytes(contents: GGUFContents) -> int | None:
     return table.n_bytes if table is not None and table.quant_type not in PLAIN_TYPES else None
 
 
+MXFP4_SUFFIXES = ("_blocks", "_scales")  # openai's checkpoints' MXFP4 experts, bytes of codes and exponents
+
+
 def mxfp4_bytes(contents: GGUFContents) -> int | None:
     """The bytes of the file's MXFP4 tensors (gpt-oss's experts, which the fast path keeps as they are:
     ``weights.mxfp4``); None where it has none."""
@@ -139,6 +142,8 @@ def _inspect_folder(folder: Path) -> ModelSource:
     headers, notes = folder_weights(folder)
     check_config_numbers(config_path, config, headers)
     template = find_folder_template(folder)
+    blocks, scales = (sum(tensor.n_elements for header in headers for tensor in header.tensors
+                          if tensor.name.endswith(suffix)) for suffix in MXFP4_SUFFIXES)
     return ModelSource(
         kind="hf_folder",
         path=folder,
@@ -146,10 +151,11 @@ def _inspect_folder(folder: Path) -> ModelSource:
         config=config,
         weight_files=tuple(header.path for header in headers),
         total_weight_bytes=sum(header.data_bytes for header in headers),
-        n_params=sum(header.n_params for header in headers),
+        n_params=sum(header.n_params for header in headers) + blocks - scales,  # a block byte: two weights
         chat_template_source=template[0] if template else None,
         chat_template_origin=template[1] if template else None,
         notes=notes,
+        kept_expert_bytes=blocks + scales or None,
     )
 
 

@@ -7,6 +7,8 @@ spaced values and a bf16 scale and zero per 32, 5 bits a weight) would hold them
 e2m1's 15 values (0, ±0.5, ±1, ±1.5, ±2, ±3, ±4, ±6) are not evenly spaced. Hearth's CPU kernel
 (``native`` ``mxfp4_matmul``) turns each block's codes into int8 through a 16-entry table and multiplies in fp32,
 so its products are those of the exact weights; without the kernels each call decodes the weight in PyTorch's ops.
+openai's checkpoints (transformers' ``GptOssForCausalLM`` folders) hold the same numbers as blocks and scales
+apart, each byte two consecutive weights (``from_checkpoint``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,15 @@ class Mxfp4Rows:
     def cat(parts: Sequence[Mxfp4Rows]) -> Mxfp4Rows:
         """The parts' rows one after another (gate's, then up's)."""
         return Mxfp4Rows(torch.cat([part.blocks for part in parts]))
+
+    @staticmethod
+    def from_checkpoint(blocks: torch.Tensor, scales: torch.Tensor) -> Mxfp4Rows:
+        """openai's MXFP4 rows, ``blocks`` [N, K / 32, 16] uint8 (byte j: weight 2j in its low nibble, 2j + 1 in its
+        high one) and ``scales`` [N, K / 32] uint8 (e8m0, bias 127: ``2^(e - 127)`` times the e2m1 value, which is
+        ``2^(e - 128)`` times ``HALVES``), in GGUF's blocks: the same codes and exponents, the nibbles reordered."""
+        codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).flatten(-2)  # [N, B, 32]: weights in order
+        packed = codes[..., :16] | codes[..., 16:] << 4  # [N, B, 16]: weight j low, j + 16 high
+        return Mxfp4Rows(torch.cat([scales.unsqueeze(-1), packed], dim=-1).flatten(1))  # [N, B * 17]
 
     def dequantize(self) -> torch.Tensor:
         """The weight in fp32, [N, K]: exactly what the blocks stand for."""

@@ -20,7 +20,7 @@ from engine.models.memory_estimate import estimate
 from engine.models.model_files import inspect_model
 from engine.models.random_models import byte_tokenizer
 from tests.engine.forward.batch_of_one import OneSequence, greedy_tokens, serve_greedy
-from tests.engine.models.gpt_oss_gguf import tiny_gpt_oss, write_gpt_oss_gguf
+from tests.engine.models.gpt_oss_gguf import save_mxfp4_folder, tiny_gpt_oss, write_gpt_oss_gguf
 
 CPU = torch.device("cpu")
 WINDOW = 8
@@ -110,3 +110,21 @@ def test_the_estimate_counts_the_mxfp4_experts_as_the_load_holds_them(mxfp4_file
     held = _load(path, "fp32").model.weight_bytes
     assert source.kept_expert_bytes is not None
     assert abs(estimate(source, "fp32", 512, "cpu").weight_bytes - held) < 0.05 * held
+
+
+def test_fp32_from_an_mxfp4_checkpoint_keeps_its_blocks_and_equals_transformers_reading_it(tmp_path: Path):
+    """openai's own folder layout (``save_mxfp4_folder``): transformers dequantizes its blocks at load; Hearth keeps
+    them and answers as transformers' model does, and the estimate counts them as held."""
+    from transformers import GptOssForCausalLM
+
+    tokenizer = byte_tokenizer()
+    path = save_mxfp4_folder(tmp_path, tiny_gpt_oss(window=WINDOW, vocab=len(tokenizer)))
+    tokenizer.save_pretrained(path)
+    reference = GptOssForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    loaded = _load(path, "fp32")
+    expert = loaded.model.layers[0].mlp.experts[0]
+    rows, width = 2 * reference.config.intermediate_size, reference.config.hidden_size
+    assert expert.gate_up.nbytes == rows * width // 32 * 17 + rows * 4
+    torch.testing.assert_close(_stepwise_logits(loaded.backend), _reference(reference), atol=1e-4, rtol=1e-4)
+    held = loaded.model.weight_bytes
+    assert abs(estimate(inspect_model(path), "fp32", 512, "cpu").weight_bytes - held) < 0.05 * held

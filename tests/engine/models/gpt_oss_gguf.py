@@ -30,13 +30,14 @@ NAMES = {
 }
 
 
-def tiny_gpt_oss(seed: int = 0, layers: int = 4, window: int = 128) -> Any:
+def tiny_gpt_oss(seed: int = 0, layers: int = 4, window: int = 128, vocab: int = VOCAB) -> Any:
     """A random gpt-oss model in fp32, eval mode (see the module docstring); norm weights, biases and sinks random
-    too, so that a reader that drops one shows."""
+    too, so that a reader that drops one shows. ``vocab``: the GGUF files' byte-level tokens, or another
+    tokenizer's."""
     from transformers import GptOssConfig, GptOssForCausalLM
 
     config = GptOssConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        vocab_size=vocab, hidden_size=64, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, head_dim=32, num_local_experts=8, num_experts_per_tok=2, sliding_window=window,
         max_position_embeddings=4096, initializer_range=0.2, tie_word_embeddings=False, rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
@@ -135,3 +136,30 @@ def _metadata(writer: gguf.GGUFWriter, config: Any) -> None:
     writer.add_token_merges(["Ġ t"])
     writer.add_eos_token_id(len(tokens) - 1)
     writer.add_bos_token_id(len(tokens) - 1)
+
+
+def save_mxfp4_folder(path: Path, model: Any) -> Path:
+    """``model`` saved as openai/gpt-oss-20b's folder keeps it: each layer's experts as MXFP4
+    ``mlp.experts.{gate_up,down}_proj_blocks`` [E, rows, width / 32, 16] (byte j of a block: weight 2j in its low
+    nibble, 2j + 1 in its high one) and ``_scales`` [E, rows, width / 32] (e8m0, bias 127), rows the matmul's
+    outputs (gate_up's gate and up rows interleaved), ``quantization_config`` naming ``mxfp4``; the rest as
+    transformers saves it. ``model``'s own expert weights become what the blocks stand for."""
+    from safetensors.torch import save_file
+
+    state = {name: tensor.detach().clone().contiguous() for name, tensor in model.state_dict().items()}
+    for name in [name for name in state if name.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        weight = state.pop(name).transpose(1, 2)  # [E, rows, width]: rows the outputs
+        blocks = quantize(np.ascontiguousarray(weight.float().numpy()), Q.MXFP4)  # ggml's layout, [E, rows, W/32*17]
+        exact = torch.from_numpy(dequantize(blocks, Q.MXFP4)).reshape(weight.shape)
+        with torch.no_grad():
+            model.state_dict()[name].copy_(exact.transpose(1, 2))
+        grouped = torch.from_numpy(blocks).view(*weight.shape[:2], -1, 17)  # [E, rows, W/32, 17]
+        codes = torch.cat([grouped[..., 1:] & 0x0F, grouped[..., 1:] >> 4], dim=-1)  # [E, rows, W/32, 32]: in order
+        state[name + "_blocks"] = (codes[..., 0::2] | codes[..., 1::2] << 4).contiguous()  # [E, rows, W/32, 16]
+        state[name + "_scales"] = grouped[..., 0].contiguous()  # [E, rows, W/32]
+    model.config.quantization_config = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    model.config.save_pretrained(path)
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    del model.config.quantization_config
+    return path
