@@ -1013,12 +1013,14 @@ static inline float mxfp4_scale(uint8_t e) {  /* 2^(e - 128), as ggml_e8m0_to_fp
 }
 
 /* y [count, rows] = x [count, width] times the MXFP4 weight's rows (blocks [rows, width / 32 * 17]), plus bias
-   [rows] where given: each block's codes become int8 through a 16-byte table (vpshufb), fp32, times its scale. */
+   [rows] where given: each block's 16 code bytes widen to 32-bit lanes, whose low 4 bits (the low nibbles, then the
+   high ones shifted down) pick the weights from a 16-entry fp32 table (vpermps), times the block's scale. */
 void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
                   float *y) {
     const int per_row = width / MXFP4_BLOCK;
-    const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    const __m128i nibble = _mm_set1_epi8(0x0F);
+    const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    float scales[256];
+    for (int e = 0; e < 256; e++) scales[e] = mxfp4_scale((uint8_t)e);
     #pragma omp parallel for schedule(static) if (rows >= 64)
     for (int n = 0; n < rows; n++) {
         const uint8_t *row = blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
@@ -1028,12 +1030,10 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
             for (int m = 0; m < MXFP4_ROW_TILE; m++) sums[m] = _mm512_setzero_ps();
             for (int b = 0; b < per_row; b++) {
                 const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
-                const __m128i codes = _mm_loadu_si128((const __m128i *)(block + 1));
-                const __m512 scale = _mm512_set1_ps(mxfp4_scale(block[0]));
-                const __m128i low = _mm_shuffle_epi8(table, _mm_and_si128(codes, nibble));
-                const __m128i high = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(codes, 4), nibble));
-                const __m512 first = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(low)), scale);
-                const __m512 second = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(high)), scale);
+                const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(block + 1)));
+                const __m512 scale = _mm512_set1_ps(scales[block[0]]);
+                const __m512 first = _mm512_mul_ps(_mm512_permutexvar_ps(codes, table), scale);
+                const __m512 second = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table), scale);
                 for (int m = 0; m < tile; m++) {
                     const float *xs = x + (size_t)(m0 + m) * width + (size_t)b * MXFP4_BLOCK;
                     sums[m] = _mm512_fmadd_ps(first, _mm512_loadu_ps(xs), sums[m]);
