@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gguf.constants import GGMLQuantizationType as Q
 
 from engine.chat.chat_template import ChatTemplate
 from engine.forward.experts import MixtureOfExperts
@@ -80,6 +81,13 @@ def test_fp32_from_a_gguf_file_keeps_its_mxfp4_experts_and_equals_transformers(m
     expert = loaded.model.layers[0].mlp.experts[0]
     rows, width = 2 * model.config.intermediate_size, model.config.hidden_size
     assert expert.gate_up.nbytes == rows * width // 32 * 17 + rows * 4  # the blocks as the file has them, fp32 bias
+    torch.testing.assert_close(_stepwise_logits(loaded.backend), _reference(model), atol=1e-4, rtol=1e-4)
+
+
+def test_a_file_of_q4_0_experts_equals_transformers_too(tmp_path: Path):
+    """transformers' own GGUF reader fails on such a file; Hearth reads it as it reads Qwen-MoE's 4-bit experts."""
+    model = tiny_gpt_oss(window=WINDOW)
+    loaded = _load(write_gpt_oss_gguf(tmp_path / "gpt-oss-q4_0.gguf", model, Q.Q4_0), "fp32")
     torch.testing.assert_close(_stepwise_logits(loaded.backend), _reference(model), atol=1e-4, rtol=1e-4)
 
 
