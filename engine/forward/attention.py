@@ -17,6 +17,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+SCORES_AT_ONCE = 1 << 24
+"""Scores (fp32: 64 MB) the two-bmm path holds at once: a 512-row chunk of gpt-oss-20b's 64 heads over 8 192 keys
+would hold 1 GB of them, so its rows go a slice at a time."""
+
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
            softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
@@ -33,8 +37,13 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
 
 def _attend_bmm(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                 softcap: float | None, sinks: torch.Tensor | None) -> torch.Tensor:
-    """``attend`` with soft-capped scores or sinks, in ``q``'s dtype: [S, H, hd]."""
+    """``attend`` with soft-capped scores or sinks, in ``q``'s dtype: [S, H, hd]; a slice of the rows at a time
+    where their scores would pass ``SCORES_AT_ONCE``."""
     length, heads, hd = q.shape
+    rows = max(1, SCORES_AT_ONCE // (heads * keys.shape[1]))
+    if length > rows:
+        return torch.cat([_attend_bmm(q[start : start + rows], keys, values, mask[start : start + rows], softcap,
+                                      sinks) for start in range(0, length, rows)])
     kv_heads = keys.shape[0]
     grouped = q.transpose(0, 1).reshape(kv_heads, -1, hd)  # [Hkv, G * S, hd]
     scores = _capped(torch.bmm(grouped, keys.to(q.dtype).transpose(1, 2)), softcap)  # [Hkv, G * S, T]

@@ -9,12 +9,14 @@ sequences batched; the memory estimate against what the load holds.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 
 from engine.chat.chat_template import ChatTemplate
+from engine.forward import attention
 from engine.forward.experts import MixtureOfExperts
 from engine.models.loading import LoadPlan, load_model
 from engine.models.memory_estimate import estimate
@@ -136,3 +138,18 @@ def test_fp32_from_an_mxfp4_checkpoint_keeps_its_blocks_and_equals_transformers_
     torch.testing.assert_close(_stepwise_logits(loaded.backend), _reference(reference), atol=1e-4, rtol=1e-4)
     held = loaded.model.weight_bytes
     assert abs(estimate(inspect_model(path), "fp32", 512, "cpu").weight_bytes - held) < 0.05 * held
+
+
+@pytest.mark.parametrize("budget", [attention.SCORES_AT_ONCE, 4 * 4 * 40])
+def test_attention_with_sinks_equals_transformers_eager_attention(budget: int, monkeypatch: pytest.MonkeyPatch):
+    """A chunk of 24 queries over 40 keys (16 held before it), 4 heads over 2 kv heads, whole or 4 rows at a time."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    monkeypatch.setattr(attention, "SCORES_AT_ONCE", budget)
+    generator = torch.Generator().manual_seed(0)
+    q, keys, values = (torch.randn(shape, generator=generator) for shape in ((24, 4, 8), (2, 40, 8), (2, 40, 8)))
+    sinks = torch.randn(4, generator=generator)
+    mask = attention.causal_mask(16, 24, torch.float32, CPU)  # [24, 40]
+    module = SimpleNamespace(num_key_value_groups=2, sinks=sinks, training=False)
+    expected, _ = eager_attention_forward(module, q.transpose(0, 1)[None], keys[None], values[None], mask, 1.0)
+    torch.testing.assert_close(attention.attend(q, keys, values, mask, sinks=sinks), expected[0])  # [S, H, hd]
