@@ -95,7 +95,10 @@ EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_dow
 expert's rows lie one after another in the file."""
 ROUTER_NAMES = ("mlp.gate.weight", "mlp.shared_expert_gate.weight", "mlp.router.weight")
 GPT_OSS_CONFIG = {"hidden_act": "silu", "swiglu_alpha": 1.702, "swiglu_limit": 7.0, "beta_fast": 32.0,
-                  "beta_slow": 1.0, "truncate": False}  # openai/gpt-oss-20b's config.json, which the file omits
+                  "beta_slow": 1.0, "truncate": False}
+"""openai/gpt-oss-20b's config.json, which the file omits. YaRN's ramp between its correction dimensions is not
+rounded to whole dimensions (``truncate``), as transformers and openai's own code compute it; llama.cpp rounds them
+outward, so its logits differ a little from both."""
 NORMALISED_TOP_K = {"qwen2moe": False, "qwen3moe": True}  # llama.cpp's defaults, where a file does not say
 TABLE_NAMES = ("model.embed_tokens.weight", "lm_head.weight")
 END_TOKEN_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
