@@ -14,6 +14,7 @@ finite through every layer, in llama.cpp as in Hearth):
   ``w = d·sc·q - dmin·mn`` with 6-bit ``sc`` and ``mn`` packed into 12 bytes.
 - ``Q6_K``  ``ql[128], qh[64], scales[16]`` (int8), ``d``: 16 groups of 16,
   ``w = d·sc·(q - 32)``, q of 6 bits.
+- ``MXFP4`` ``e, qs[16]``: ``w = v[q]·2^(e - 128)``, ``v`` the doubled e2m1 values (gpt-oss's experts).
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ BLOCK_FIELDS: dict[GGMLQuantizationType, list[tuple]] = {
     Q.Q4_K: [("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qs", "u1", 128)],
     Q.Q5_K: [("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", 12), ("qh", "u1", 32), ("qs", "u1", 128)],
     Q.Q6_K: [("ql", "u1", 128), ("qh", "u1", 64), ("scales", "i1", 16), ("d", "<f2")],
+    Q.MXFP4: [("e", "u1"), ("qs", "u1", 16)],
 }
 UNIFORM_STD = {4: 4.61, 5: 9.23, 6: 18.47, 8: 73.9}  # std of a uniform q of this many bits
 K4_SCALES = (4, 8)  # Q4_K group scales: mn = 7.5·sc stays within 6 bits
 K5_SCALES = (2, 4)  # Q5_K's: mn = 15.5·sc stays within 6 bits
 K6_SCALES = (8, 16)
+MXFP4_HALVES_RMS = float(np.sqrt(2 * (1 + 4 + 9 + 16 + 36 + 64 + 144) / 16))  # 0, ±1, ±2, ±3, ±4, ±6, ±8, ±12
 
 
 def block_dtype(qtype: GGMLQuantizationType) -> np.dtype:
@@ -72,6 +75,16 @@ def _scale_q5_0(blocks: np.ndarray, std: np.ndarray, rng: np.random.Generator) -
 
 def _scale_q8_0(blocks: np.ndarray, std: np.ndarray, rng: np.random.Generator) -> None:
     blocks["d"] = std / UNIFORM_STD[8]
+
+
+def _scale_mxfp4(blocks: np.ndarray, std: np.ndarray, rng: np.random.Generator) -> None:
+    """e8m0 exponents: a block's scale ``2^(e - 128)`` is a power of two, so each block takes the one below
+    ``std / MXFP4_HALVES_RMS`` (uniform random codes' spread over the doubled e2m1 values) or the one above, the
+    higher with the chance that makes the weights' mean square ``std²``."""
+    exact = np.log2(std / MXFP4_HALVES_RMS)  # [count]
+    below = np.floor(exact)
+    higher = rng.random(exact.shape) < (4.0 ** (exact - below) - 1) / 3
+    blocks["e"] = np.clip(128 + below + higher, 0, 255).astype(np.uint8)
 
 
 def _scale_q4_k(blocks: np.ndarray, std: np.ndarray, rng: np.random.Generator) -> None:
@@ -114,5 +127,5 @@ def pack_k4_scales(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
 
 SCALERS = {
     Q.Q4_0: _scale_q4_0, Q.Q4_1: _scale_q4_1, Q.Q5_0: _scale_q5_0, Q.Q8_0: _scale_q8_0,
-    Q.Q4_K: _scale_q4_k, Q.Q5_K: _scale_q5_k, Q.Q6_K: _scale_q6_k,
+    Q.Q4_K: _scale_q4_k, Q.Q5_K: _scale_q5_k, Q.Q6_K: _scale_q6_k, Q.MXFP4: _scale_mxfp4,
 }

@@ -8,10 +8,12 @@ reused. Shapes: ``llama3-8b``, ``llama3.1-8b`` (the same, stating Llama 3.1's
 sliding window in the metadata) and ``phi4-mini`` (fused ``attn_qkv`` and ``ffn_up``,
 96 of each head's 128 dimensions turning, LongRoPE's factors as tensors), ``granite3.1-2b``
 (Granite's four multipliers in the metadata), and the
-mixture of experts ``qwen3-30b-a3b`` (128 experts of which 8 run, each layer's experts
-as 3-D tensors the way llama.cpp's converter stacks them); ``SHAPE@LAYERS`` cuts a
-shape to its first LAYERS layers (``random-gguf:qwen3-30b-a3b@4:q4_k_m``);
-types ``q4_k_m``, ``q4_0``, ``q4_1``, ``q8_0``, each with llama.cpp's own choice of
+mixtures of experts ``qwen3-30b-a3b`` (128 experts of which 8 run, each layer's experts
+as 3-D tensors the way llama.cpp's converter stacks them) and ``gpt-oss-20b`` (32 experts
+of which 4 run, with their biases, attention sinks and YaRN, a window of 128 on every other
+layer); ``SHAPE@LAYERS`` cuts a shape to its first LAYERS layers
+(``random-gguf:qwen3-30b-a3b@4:q4_k_m``); types ``q4_k_m``, ``q4_0``, ``q4_1``, ``q8_0``,
+``mxfp4_moe`` (ggml-org's gpt-oss files: experts in MXFP4, the other matrices in Q8_0), each with llama.cpp's own choice of
 block type per tensor (``tensor_type``): Q4_K_M keeps ``output`` (or a tied
 ``token_embd``) and the ``attn_v`` and ``ffn_down`` of the layers ``use_more_bits``
 picks in Q6_K, and a tensor whose rows do not split into 256-weight blocks falls
@@ -68,6 +70,7 @@ class Shape:
     experts_used: int = 0
     expert_ffn: int = 0
     scales: tuple[tuple[str, float], ...] = ()  # float keys of the architecture, e.g. Granite's multipliers
+    yarn: tuple[float, int] | None = None  # YaRN's factor and trained context (gpt-oss's)
 
     @property
     def head_dim(self) -> int:
@@ -92,6 +95,9 @@ LONGROPE_ATTENTION_FACTOR = 1.190238  # sqrt(1 + ln(131072 / 4096) / ln(4096)), 
 MOE_SHAPES = {  # GGUF alone (``random_hf`` writes dense checkpoints)
     "qwen3-30b-a3b": Shape("qwen3moe", 2048, 6144, 48, 32, 4, 1000000.0, 40960, tied=False, head_size=128,
                            experts=128, experts_used=8, expert_ffn=768),
+    "gpt-oss-20b": Shape("gpt-oss", 2880, 2880, 24, 64, 8, 150000.0, 131072, tied=False, qkv_bias=True,
+                         head_size=64, sliding_window=128, experts=32, experts_used=4, expert_ffn=2880,
+                         yarn=(32.0, 4096)),
 }
 LAYERS_MARK = "@"
 FILE_TYPES = {  # name: (llama.cpp's file type, the block type of most tensors)
@@ -99,7 +105,9 @@ FILE_TYPES = {  # name: (llama.cpp's file type, the block type of most tensors)
     "q4_0": (LlamaFileType.MOSTLY_Q4_0, Q.Q4_0),
     "q4_1": (LlamaFileType.MOSTLY_Q4_1, Q.Q4_1),
     "q8_0": (LlamaFileType.MOSTLY_Q8_0, Q.Q8_0),
+    "mxfp4_moe": (LlamaFileType.MOSTLY_MXFP4_MOE, Q.Q8_0),
 }
+EXPERT_TYPES = {"mxfp4_moe": Q.MXFP4}  # a file type whose experts take a block type of their own
 FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q6_K: Q.Q8_0}  # llama-quantize's, for rows that 256-weight blocks do not split
 
 
@@ -169,6 +177,8 @@ def tensor_specs(shape: Shape, ftype: str, vocab: int) -> list[TensorSpec]:
     q_rows, kv_rows = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
 
     def weight(role: str, layer: int, rows: int, cols: int, name: str, experts: int = 0) -> TensorSpec:
+        if experts and ftype in EXPERT_TYPES:
+            return TensorSpec(name, rows, cols, EXPERT_TYPES[ftype], experts)
         return TensorSpec(name, rows, cols, tensor_type(role, layer, cols, shape, ftype), experts)
 
     specs = [weight("token_embd", -1, vocab, shape.hidden, "token_embd.weight")]
@@ -186,6 +196,10 @@ def tensor_specs(shape: Shape, ftype: str, vocab: int) -> list[TensorSpec]:
             specs += [TensorSpec(f"blk.{i}.{role}.bias", 1, rows, Q.F32)
                       for role, rows in (("attn_q", q_rows), ("attn_k", kv_rows), ("attn_v", kv_rows))]
         norms = [("ffn_norm", shape.hidden)]
+        if shape.arch == "gpt-oss":  # the output's bias, the sinks; its MLP's input norm is post_attention_norm
+            specs += [TensorSpec(f"blk.{i}.attn_output.bias", 1, shape.hidden, Q.F32),
+                      TensorSpec(f"blk.{i}.attn_sinks.weight", 1, shape.heads, Q.F32)]
+            norms = [("post_attention_norm", shape.hidden)]
         if shape.arch.startswith("qwen3"):
             norms += [("attn_q_norm", shape.head_dim), ("attn_k_norm", shape.head_dim)]
         if shape.arch == "gemma3":  # q/k norms, and norms of the attention's and the MLP's outputs
@@ -211,9 +225,13 @@ def _mlp_specs(shape: Shape, layer: int, weight: Callable[..., TensorSpec]) -> l
                  ("ffn_down", shape.hidden, shape.ffn))]
     experts, width = shape.experts, shape.expert_ffn
     router = TensorSpec(f"blk.{layer}.ffn_gate_inp.weight", experts, shape.hidden, Q.F32)
-    return [router] + [weight(role, layer, rows, cols, f"blk.{layer}.{role}_exps.weight", experts)
-                       for role, rows, cols in (("ffn_gate", width, shape.hidden), ("ffn_up", width, shape.hidden),
-                                                ("ffn_down", shape.hidden, width))]
+    matrices = (("ffn_gate", width, shape.hidden), ("ffn_up", width, shape.hidden), ("ffn_down", shape.hidden, width))
+    specs = [router] + [weight(role, layer, rows, cols, f"blk.{layer}.{role}_exps.weight", experts)
+                        for role, rows, cols in matrices]
+    if shape.arch == "gpt-oss":  # the router's bias [E] and each expert's biases, [E, rows] each
+        specs += [TensorSpec(f"blk.{layer}.ffn_gate_inp.bias", 1, experts, Q.F32)]
+        specs += [TensorSpec(f"blk.{layer}.{role}_exps.bias", experts, rows, Q.F32) for role, rows, _ in matrices]
+    return specs
 
 
 def random_gguf_path(model: str) -> Path:
@@ -310,6 +328,10 @@ def _add_metadata(writer: GGUFWriter, shape: Shape, shape_name: str, ftype: str,
     if shape.trained_context:
         writer.add_uint32(f"{arch}.rope.scaling.original_context_length", shape.trained_context)
         writer.add_float32(f"{arch}.rope.scaling.attn_factor", LONGROPE_ATTENTION_FACTOR)
+    if shape.yarn:
+        writer.add_string(f"{arch}.rope.scaling.type", "yarn")
+        writer.add_float32(f"{arch}.rope.scaling.factor", shape.yarn[0])
+        writer.add_uint32(f"{arch}.rope.scaling.original_context_length", shape.yarn[1])
     if shape.experts:
         for key, value in (("expert_count", shape.experts), ("expert_used_count", shape.experts_used),
                            ("expert_feed_forward_length", shape.expert_ffn)):

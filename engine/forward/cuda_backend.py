@@ -44,11 +44,12 @@ multiples of it."""
 class CudaLlama(FastLlama):
     """``FastLlama`` whose prompt chunks attend on SDPA's fused GPU kernels."""
 
-    def attend_chunk(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def attend_chunk(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
         """``q`` [S, H, hd] (scaled) over ``keys``/``values`` [Hkv, T, hd]; ``mask`` [S, T] added to the scores.
-        Returns [S, H, hd]; soft-capped scores (Gemma 2) in torch ops (``FastLlama.attend_chunk``)."""
-        if self.family.attention_softcap is not None:
-            return super().attend_chunk(q, keys, values, mask)
+        Returns [S, H, hd]; soft-capped scores (Gemma 2) and sinks in torch ops (``FastLlama.attend_chunk``)."""
+        if self.family.attention_softcap is not None or sinks is not None:
+            return super().attend_chunk(q, keys, values, mask, sinks)
         groups = q.shape[1] // keys.shape[0]
         keys = keys.repeat_interleave(groups, dim=0)  # [H, T, hd]: fused kernels want one kv head per query head
         values = values.repeat_interleave(groups, dim=0)

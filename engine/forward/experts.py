@@ -1,7 +1,8 @@
-"""Qwen2-MoE's and Qwen3-MoE's sparse MLP block as the fast path runs it (engine thread).
+"""Qwen2-MoE's, Qwen3-MoE's and gpt-oss's sparse MLP block as the fast path runs it (engine thread).
 
 A router picks each row's ``top_k`` experts by softmax (their weights renormalised to sum to one where
-``normalise_top_k``), each expert a ``GatedMlp`` of its own; Qwen2-MoE adds a shared expert, always run, scaled by
+``normalise_top_k``; gpt-oss's router adds a bias to its logits and takes the softmax of the top k alone),
+each expert a ``GatedMlp`` of its own (gpt-oss's with biases and its clamped gate); Qwen2-MoE adds a shared expert, always run, scaled by
 the sigmoid of one more row of the router. A step's rows are grouped by expert, so each active expert's weights are
 read once per step, in one matmul over every row routed to it; experts no row picked are not touched. The block
 takes the normalised input without the norm's weight and multiplies that in once for the router and all its experts.
@@ -14,13 +15,19 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from engine.forward.family import Family
 from engine.forward.mlp import GatedMlp
+from engine.forward.weights.mxfp4 import Mxfp4Rows
 from engine.forward.weights.quant import Linear
 
-ROUTER = "mlp.gate.weight"  # a layer's router [E, D], under its prefix: the layer is a mixture where it has one
+ROUTERS = ("mlp.gate.weight", "mlp.router.weight")  # a layer's router [E, D] (Qwen's, gpt-oss's), under its
+# prefix: the layer is a mixture where it has one
+ROUTER_BIAS = "mlp.router.bias"  # gpt-oss's [E]
 SHARED = "mlp.shared_expert."  # Qwen2-MoE's shared expert's gate_proj, up_proj, down_proj
 SHARED_GATE = "mlp.shared_expert_gate.weight"  # [1, D]: its gate's row
 FUSED_GATE_UP, FUSED_DOWN = "mlp.experts.gate_up_proj", "mlp.experts.down_proj"  # transformers' stacked experts
+FUSED_BIAS = "_bias"  # gpt-oss's stacked experts' biases: ``mlp.experts.gate_up_proj_bias`` [E, 2F], down's [E, D]
+BLOCKS, SCALES = "_blocks", "_scales"  # openai's checkpoints: the stacked experts in MXFP4 (``Mxfp4Rows``)
 
 
 @dataclass
@@ -37,12 +44,20 @@ class MixtureOfExperts:
     top_k: int
     normalise_top_k: bool
     shared: GatedMlp | None = None
+    router_bias: torch.Tensor | None = None  # [E] fp32, added to the router's logits (gpt-oss)
+    top_k_before_softmax: bool = False  # the softmax over each row's top k logits alone (gpt-oss)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         h = h * self.norm  # [R, D]
         logits = h @ self.router.t()  # [R, E (+1)]
         count = len(self.experts)
-        weights, chosen = torch.softmax(logits[:, :count], dim=-1).topk(self.top_k, dim=-1)  # [R, k] each
+        if self.router_bias is not None:
+            logits += self.router_bias
+        if self.top_k_before_softmax:
+            top, chosen = logits[:, :count].topk(self.top_k, dim=-1)  # [R, k] each
+            weights = top.softmax(dim=-1)
+        else:
+            weights, chosen = torch.softmax(logits[:, :count], dim=-1).topk(self.top_k, dim=-1)  # [R, k] each
         if self.normalise_top_k:
             weights /= weights.sum(dim=-1, keepdim=True)
         out = self._routed(h, weights, chosen)  # [R, D]
@@ -92,26 +107,71 @@ class MixtureOfExperts:
         return routed + shared + self.router.numel() * self.router.element_size()
 
 
-def mixture_of_experts(config: Any, tensor: Callable[[str], Any], has: Callable[[str], bool],
-                       gated: Callable[[Any, Any, Any, bool], GatedMlp]) -> MixtureOfExperts:
+def mixture_of_experts(config: Any, family: Family, tensor: Callable[[str], Any], has: Callable[[str], bool],
+                       rows: Callable[[Sequence[str]], Any], gated: Callable[..., GatedMlp]) -> MixtureOfExperts:
     """A layer's ``MixtureOfExperts`` from its state: ``tensor(name)`` a weight under the layer's prefix (fp32, or
-    in a file's 4-bit groups), ``has(name)`` whether the layer holds it, ``gated(gate, up, down, expert)`` the
-    ``GatedMlp`` of those weights (``expert``: in the experts' format, else as the dense layers are).
+    in a file's 4-bit groups or MXFP4 blocks), ``has(name)`` whether the layer holds it, ``rows(names)`` those
+    weights' rows one after another (gate's, then up's), ``gated(gate_up, down, expert, gate_up_bias,
+    down_bias)`` the ``GatedMlp`` of those weights (``expert``: in the experts' format, else as the dense layers
+    are).
 
-    Each expert's weights come under names of their own (``mlp.experts.N.gate_proj.weight``: checkpoints, and a
-    GGUF file's 3-D tensors as ``gguf_direct`` hands them), or as transformers' model holds them, stacked
-    (``mlp.experts.gate_up_proj`` [E, 2F, D], ``mlp.experts.down_proj`` [E, D, F]).
+    Each expert's weights come under names of their own (``mlp.experts.N.gate_proj.weight`` and its ``.bias``:
+    checkpoints, and a GGUF file's 3-D tensors as ``gguf_direct`` hands them), or as transformers' model holds
+    them, stacked (``mlp.experts.gate_up_proj`` [E, 2F, D], ``mlp.experts.down_proj`` [E, D, F]; gpt-oss's
+    transposed, [E, D, 2F] with gate and up columns interleaved and [E, F, D], and their biases; or as openai's
+    checkpoints hold them, in MXFP4 blocks and scales, [E, 2F, D / 32, 16] with gate and up rows interleaved and
+    [E, D, F / 32, 16], which stay so).
     """
-    if has(FUSED_GATE_UP):
-        gate_up, down = tensor(FUSED_GATE_UP), tensor(FUSED_DOWN)  # [E, 2F, D], [E, D, F]
-        experts = [gated(*gate_up[index].chunk(2), down[index], True) for index in range(config.num_experts)]
-    else:
-        experts = [gated(*(tensor(f"mlp.experts.{index}.{name}_proj.weight") for name in ("gate", "up", "down")),
-                         True) for index in range(config.num_experts)]
-    router = tensor(ROUTER)  # [E, D]
+    count = getattr(config, "num_local_experts", None) or config.num_experts
+    experts = [gated(gate_up, down, True, gate_up_bias, down_bias)
+               for gate_up, down, gate_up_bias, down_bias in _expert_parts(count, family, tensor, has, rows)]
+    router_name = next(name for name in ROUTERS if has(name))
+    router = tensor(router_name)  # [E, D]
     shared = None
     if has(SHARED + "gate_proj.weight"):
-        shared = gated(*(tensor(f"{SHARED}{name}_proj.weight") for name in ("gate", "up", "down")), False)
+        shared = gated(rows([f"{SHARED}{name}_proj.weight" for name in ("gate", "up")]),
+                       tensor(f"{SHARED}down_proj.weight"), False)
         router = torch.cat([router, tensor(SHARED_GATE).reshape(1, -1)])  # [E + 1, D]
     return MixtureOfExperts(tensor("post_attention_layernorm.weight"), router.contiguous(), experts,
-                            config.num_experts_per_tok, bool(getattr(config, "norm_topk_prob", False)), shared)
+                            config.num_experts_per_tok, bool(getattr(config, "norm_topk_prob", False)), shared,
+                            tensor(ROUTER_BIAS) if has(ROUTER_BIAS) else None, family.top_k_before_softmax)
+
+
+def _expert_parts(count: int, family: Family, tensor: Callable[[str], Any], has: Callable[[str], bool],
+                  rows: Callable[[Sequence[str]], Any]) -> list[tuple[Any, ...]]:
+    """Each expert's gate and up weights, gate's rows first [2F, D], and its down weight [D, F], its gate and up
+    biases one after another [2F] and its down bias [D] (None where it has none): from transformers' stacked
+    experts or under each expert's own names (``mixture_of_experts``)."""
+    if has(FUSED_GATE_UP + BLOCKS):
+        gate_up, down = (tensor(name + BLOCKS) for name in (FUSED_GATE_UP, FUSED_DOWN))  # uint8
+        gate_up_scales, down_scales = (tensor(name + SCALES) for name in (FUSED_GATE_UP, FUSED_DOWN))
+        biases = tensor(FUSED_GATE_UP + FUSED_BIAS), tensor(FUSED_DOWN + FUSED_BIAS)  # [E, 2F], [E, D]
+        return [(Mxfp4Rows.from_checkpoint(torch.cat([gate_up[index][0::2], gate_up[index][1::2]]),
+                                           torch.cat([gate_up_scales[index][0::2], gate_up_scales[index][1::2]])),
+                 Mxfp4Rows.from_checkpoint(down[index], down_scales[index]), *_expert_biases(*biases, index))
+                for index in range(count)]
+    if has(FUSED_GATE_UP):
+        gate_up, down = tensor(FUSED_GATE_UP), tensor(FUSED_DOWN)
+        if family.expert_clamp is None:  # [E, 2F, D], [E, D, F]
+            return [(gate_up[index], down[index], None, None) for index in range(count)]
+        biases = tensor(FUSED_GATE_UP + FUSED_BIAS), tensor(FUSED_DOWN + FUSED_BIAS)  # [E, 2F], [E, D]
+        return [(torch.cat([gate_up[index][:, 0::2], gate_up[index][:, 1::2]], dim=1).t().contiguous(),  # gpt-oss's
+                 down[index].t().contiguous(), *_expert_biases(*biases, index))
+                for index in range(count)]
+
+    def optional(name: str) -> Any:
+        return tensor(name) if has(name) else None
+
+    parts = []
+    for index in range(count):
+        gate, up, down = (f"mlp.experts.{index}.{name}_proj." for name in ("gate", "up", "down"))
+        gate_up_bias = torch.cat([tensor(gate + "bias"), tensor(up + "bias")]) if has(gate + "bias") else None
+        parts.append((rows([gate + "weight", up + "weight"]), tensor(down + "weight"), gate_up_bias,
+                      optional(down + "bias")))
+    return parts
+
+
+def _expert_biases(gate_up_bias: torch.Tensor, down_bias: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert ``index``'s gate and up biases, gate's first [2F], and its down bias [D], from gpt-oss's stacked
+    ``gate_up_proj_bias`` [E, 2F] (gate's and up's interleaved) and ``down_proj_bias`` [E, D]."""
+    return torch.cat([gate_up_bias[index][0::2], gate_up_bias[index][1::2]]), down_bias[index]

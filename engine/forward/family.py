@@ -7,7 +7,9 @@ embeddings are scaled by sqrt(hidden); its MLP gates with GELU's tanh approximat
 attention scale is ``query_pre_attn_scalar ** -0.5``; Gemma 2 soft-caps attention scores
 and logits; Phi-3's rotary turns only the first part of each head. Granite scales its
 embeddings, its attention scores, each layer's attention and MLP outputs before they join the
-residual stream, and its logits, each by a multiplier of its config.
+residual stream, and its logits, each by a multiplier of its config. gpt-oss's experts gate with a
+clamped SwiGLU (``Clamp``), its router takes the top k of its logits before their softmax, and its
+attention holds a learned logit per head (a sink) that only the softmax's denominator sees.
 """
 
 from __future__ import annotations
@@ -17,7 +19,17 @@ from typing import Any
 
 GEMMA_TYPES = ("gemma2", "gemma3_text")
 GRANITE_TYPE = "granite"
+GPT_OSS = "gpt_oss"
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # config name -> the fast path's gate
+
+
+@dataclass(frozen=True)
+class Clamp:
+    """gpt-oss's gate of its experts: ``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)`` where ``g`` is
+    the gate clamped from above at ``limit``."""
+
+    alpha: float
+    limit: float
 
 
 @dataclass(frozen=True)
@@ -31,6 +43,9 @@ class Family:
     rotary_dim: int  # each head's leading dimensions that turn (Phi-3's partial rotary); the rest pass as they are
     residual_scale: float | None = None  # the attention's and the MLP's outputs' factor (Granite's); None: none
     logit_scale: float | None = None  # the logits' factor (Granite's 1 / logits_scaling); None: none
+    expert_clamp: Clamp | None = None  # gpt-oss's experts' gate; None: the MLP's ``activation``
+    top_k_before_softmax: bool = False  # the router's softmax over its top k logits alone (gpt-oss)
+    attention_sinks: bool = False  # each layer's ``self_attn.sinks`` [H] join each head's softmax (gpt-oss)
 
 
 def activation_name(config: Any) -> str:
@@ -55,6 +70,7 @@ def family_of(config: Any) -> Family:
     if getattr(config, "model_type", None) == GRANITE_TYPE:
         return _granite(config)
     gemma = getattr(config, "model_type", None) in GEMMA_TYPES
+    gpt_oss = getattr(config, "model_type", None) == GPT_OSS
     scalar = getattr(config, "query_pre_attn_scalar", None) if gemma else None
     return Family(
         norm_shift=1.0 if gemma else 0.0,
@@ -64,6 +80,9 @@ def family_of(config: Any) -> Family:
         attention_softcap=getattr(config, "attn_logit_softcapping", None) if gemma else None,
         final_softcap=getattr(config, "final_logit_softcapping", None) if gemma else None,
         rotary_dim=rotary_dim_of(config),
+        expert_clamp=Clamp(config.swiglu_alpha, config.swiglu_limit) if gpt_oss else None,
+        top_k_before_softmax=gpt_oss,
+        attention_sinks=gpt_oss,
     )
 
 

@@ -11,10 +11,11 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
-from engine.forward.family import ACTIVATIONS, GEMMA_TYPES, GRANITE_TYPE, activation_name
+from engine.forward.family import ACTIVATIONS, GEMMA_TYPES, GPT_OSS, GRANITE_TYPE, activation_name
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "qwen2_moe", "qwen3_moe", GRANITE_TYPE, *GEMMA_TYPES)
-ROPE_TYPES = ("default", "llama3", "linear", "longrope")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "qwen2_moe", "qwen3_moe", GRANITE_TYPE, GPT_OSS,
+                 *GEMMA_TYPES)
+ROPE_TYPES = ("default", "llama3", "linear", "longrope", "yarn")
 
 
 def unsupported_reason(config: Any) -> str | None:

@@ -70,8 +70,8 @@ class FastLlama(LlamaWeights):
         self._eps = torch.full((1, 1), self.eps, dtype=self.dtype, device=device)
         self._turns = [torch.empty(0, 1, self.head_dim // 2, dtype=torch.complex64, device=device)] * len(self.rotary)
         self.kv_dtype = PLAIN_DTYPES[formats.kv_cache]  # the block pool's (bf16 on the CPU)
-        self._softcap = self.family.attention_softcap  # the kernels do not cap scores: torch ops take those models
-        self._attention_kernels = (device.type == "cpu" and self._softcap is None
+        self._softcap = self.family.attention_softcap  # the kernels do not cap scores nor take sinks: torch ops
+        self._attention_kernels = (device.type == "cpu" and self._softcap is None and not self.family.attention_sinks
                                    and native_attention.covers(self.heads, self.kv_heads, self.head_dim, self.kv_dtype))
         self._mask_dtype = PLAIN_DTYPES[formats.prompt_attention]  # bf16 where 4-bit prompts multiply on AMX's tiles
         self._chunk_tiles = self._mask_dtype == torch.bfloat16 and native_attention.tiles_cover(self.head_dim)
@@ -200,15 +200,15 @@ class FastLlama(LlamaWeights):
                 kernel.attend(q, attended, layer_kv)
         else:
             runs = [run[index] if run is not None else None for run in step.runs]
-            self._attend_decode_rows(q, attended, layout, runs)
+            self._attend_decode_rows(q, attended, layout, runs, layer.sinks)
         for span, mask in zip(layout.spans, step.masks):
             if mask is not None:
-                attended[span.rows] = self.attend_chunk(q[span.rows], *kv.read(index, span.runs), mask)
+                attended[span.rows] = self.attend_chunk(q[span.rows], *kv.read(index, span.runs), mask, layer.sinks)
         rows, heads, hd = q.shape
         return self.attention_out(layer, attended.view(rows, heads * hd))  # [R, D]
 
     def _attend_decode_rows(self, q: torch.Tensor, attended: torch.Tensor, layout: GroupLayout,
-                            runs: list[DecodeRowRuns | None]) -> None:
+                            runs: list[DecodeRowRuns | None], sinks: torch.Tensor | None) -> None:
         """Each decode row's attention over its runs of this layer (None: a prompt chunk's span), into ``attended``.
         Two bmm a row over views made once per step: a batch of 8 makes 240 such calls a step, and at this size
         each op's dispatch costs about what its arithmetic does (``native.decode_attention`` makes them one)."""
@@ -218,12 +218,14 @@ class FastLlama(LlamaWeights):
             queries, out = queries.unbind(0), out.unbind(0)
         for span, run in zip(layout.spans, runs):
             if run is not None:
-                attend_runs(queries[span.rows.start], run, out[span.rows.start], self._softcap)
+                attend_runs(queries[span.rows.start], run, out[span.rows.start], self._softcap, sinks)
 
-    def attend_chunk(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def attend_chunk(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
         """A prompt chunk's attention, ``q`` [S, H, hd] over its sequence's ``keys``/``values`` [Hkv, T, hd] under
-        ``mask`` [S, T] (``attention.attend``); ``cuda_backend`` overrides it with fused GPU kernels."""
-        return attend(q, keys, values, mask, self._softcap)
+        ``mask`` [S, T] (``attention.attend``; ``sinks`` [H]: gpt-oss's); ``cuda_backend`` overrides it with fused
+        GPU kernels."""
+        return attend(q, keys, values, mask, self._softcap, sinks)
 
     def rotations(self, start: int, end: int) -> list[torch.Tensor]:
         """For each rotary table (``LlamaLayer.rotary``), the complex numbers that turn each (even, odd) pair of a

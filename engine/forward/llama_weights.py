@@ -21,18 +21,19 @@ import torch
 
 from engine.forward.family import family_of, head_dim_of
 from engine.forward.rotary_tables import FACTOR_NAMES, rotary_tables
-from engine.forward.experts import ROUTER, MixtureOfExperts, mixture_of_experts
+from engine.forward.experts import ROUTERS, MixtureOfExperts, mixture_of_experts
 from engine.forward.mlp import GatedMlp
 from engine.forward.weights.pack_worker import PackWorker
 from engine.forward.weights.quant import PLAIN_DTYPES, Linear, embedding
+from engine.forward.weights.mxfp4 import Mxfp4Rows
 from engine.forward.weights.quant_int import INT4_PAIR, Int4Groups, Int4Pair, as_int4_pair
 from engine.forward.weights.row_chunks import RowChunks
 
 if TYPE_CHECKING:
     from engine.models.format_plan import FormatPlan
 
-Weight = torch.Tensor | Int4Groups | Int4Pair | RowChunks  # a state's matmuls may come in 4-bit groups or
-# (an output layer for the int8 kernel) as blocks decoded where packed: GGUF files
+Weight = torch.Tensor | Int4Groups | Int4Pair | RowChunks | Mxfp4Rows  # a state's matmuls may come in 4-bit groups,
+# (an output layer for the int8 kernel) as blocks decoded where packed, or (gpt-oss's experts) in MXFP4: GGUF files
 
 TABLE, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
@@ -46,6 +47,7 @@ class LlamaLayer:
     attention_norm: torch.Tensor | None = None  # [D]: Gemma's RMSNorm weight of the attention's output
     mlp_norm: torch.Tensor | None = None  # [D]: Gemma's RMSNorm weight of the MLP's output
     rotary: int = 0  # the index of the rotary table this layer turns with (``rotary_tables``)
+    sinks: torch.Tensor | None = None  # [H] fp32: gpt-oss's per-head logit that joins each softmax's denominator
 
 
 class LlamaWeights:
@@ -142,27 +144,26 @@ class LlamaWeights:
                 return Linear(rows, bias, formats.experts, norm_weight, worker=worker)
             return Linear(rows, bias, formats.layers, norm_weight, formats.decode_copy, worker)
 
-        def gated_rows(gate_up: Weight, down: Weight, expert: bool = False,
-                       norm_weight: torch.Tensor | None = None) -> GatedMlp:
-            return GatedMlp(linear(gate_up, None, norm_weight, expert), linear(down, None, expert=expert),
-                            self.family.activation)
+        def gated_rows(gate_up: Weight, down: Weight, expert: bool = False, gate_up_bias: torch.Tensor | None = None,
+                       down_bias: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None) -> GatedMlp:
+            return GatedMlp(linear(gate_up, gate_up_bias, norm_weight, expert), linear(down, down_bias, expert=expert),
+                            self.family.expert_clamp or self.family.activation)
 
-        def gated(gate: Weight, up: Weight, down: Weight, expert: bool = False) -> GatedMlp:
-            return gated_rows(_cat_rows([gate, up]), down, expert)
+        def stacked_rows(names: list[str]) -> Weight:  # gate's and up's rows, stacked where the state can
+            stacked = _stacked(state, [prefix + name for name in names])
+            return stacked if stacked is not None else _cat_rows([weight(name) for name in names])
 
         # Gemma normalises the attention's and the MLP's outputs too; its MLP input norm is pre_feedforward's
         post_norms = prefix + "pre_feedforward_layernorm.weight" in state
         mlp_input = "pre_feedforward_layernorm.weight" if post_norms else "post_attention_layernorm.weight"
         qkv = linear(qkv_rows("weight"), qkv_rows("bias"), norm("input_layernorm.weight"))
-        if prefix + ROUTER in state:
-            mlp: GatedMlp | MixtureOfExperts = mixture_of_experts(self.config, weight, lambda name: prefix + name in
-                                                                  state, gated)
+        if any(prefix + router in state for router in ROUTERS):
+            mlp: GatedMlp | MixtureOfExperts = mixture_of_experts(
+                self.config, self.family, weight, lambda name: prefix + name in state, stacked_rows, gated_rows)
         else:
             gate_up = optional("mlp.gate_up_proj.weight")  # Phi-3's, gate rows first
             if gate_up is None:
-                gate_up = _stacked(state, [f"{prefix}mlp.gate_proj.weight", f"{prefix}mlp.up_proj.weight"])
-            if gate_up is None:
-                gate_up = _cat_rows([weight("mlp.gate_proj.weight"), weight("mlp.up_proj.weight")])
+                gate_up = stacked_rows(["mlp.gate_proj.weight", "mlp.up_proj.weight"])
             mlp = gated_rows(gate_up, weight("mlp.down_proj.weight"), norm_weight=norm(mlp_input))
         return LlamaLayer(
             qkv=qkv,
@@ -171,6 +172,7 @@ class LlamaWeights:
             head_norms=head_norms.to(qkv.compute_dtype) if head_norms is not None else None,
             attention_norm=norm("post_attention_layernorm.weight") if post_norms else None,
             mlp_norm=norm("post_feedforward_layernorm.weight") if post_norms else None,
+            sinks=optional("self_attn.sinks"),
         )
 
     def _norm(self, weight: torch.Tensor) -> torch.Tensor:
@@ -216,20 +218,22 @@ def _tied_name(config: Any, state: Mapping[str, Weight], name: str, tied_name: s
 
 def _fp32(weight: Weight, device: torch.device) -> Weight:
     """A tensor in fp32 on ``device``; ``Int4Groups`` and ``Int4Pair`` stay in their groups, ``RowChunks`` (the CPU's)
-    in their blocks."""
-    if isinstance(weight, RowChunks):
+    and ``Mxfp4Rows`` in their blocks, bytes (an MXFP4 checkpoint's blocks and scales) as they are."""
+    if isinstance(weight, RowChunks) or (isinstance(weight, torch.Tensor) and weight.dtype == torch.uint8):
         return weight
-    return weight.to(device) if isinstance(weight, (Int4Groups, Int4Pair)) else weight.to(device, torch.float32)
+    if isinstance(weight, (Int4Groups, Int4Pair, Mxfp4Rows)):
+        return weight.to(device)
+    return weight.to(device, torch.float32)
 
 
 def _scaled(weight: Weight, factor: float) -> Weight:
     return weight.scaled(factor) if isinstance(weight, Int4Groups) else weight * factor
 
 
-def _stacked(state: Mapping[str, Weight], names: list[str]) -> Int4Groups | None:
+def _stacked(state: Mapping[str, Weight], names: list[str]) -> Int4Groups | Mxfp4Rows | None:
     """The tensors ``names``' rows one after another, decoded straight into one weight where the state can (a GGUF
-    file's int4 groups, ``GGUFState.stacked``), so ``_cat_rows`` copies nothing; None elsewhere (or where a name is
-    missing: a q/k/v bias)."""
+    file's int4 groups or MXFP4 blocks, ``GGUFState.stacked``), so ``_cat_rows`` copies nothing; None elsewhere (or
+    where a name is missing: a q/k/v bias)."""
     stacked = getattr(state, "stacked", None)
     if stacked is None or not all(name in state for name in names):
         return None
@@ -238,9 +242,11 @@ def _stacked(state: Mapping[str, Weight], names: list[str]) -> Int4Groups | None
 
 def _cat_rows(parts: list[Weight]) -> Weight:
     """The parts' rows one after another: 4-bit groups if all are, else fp32 (a Q4_K_M file's 4-bit q and k
-    beside its 6-bit v: each exact, and a 4-bit decode copy is quantized from the whole)."""
+    beside its 6-bit v: each exact, and a 4-bit decode copy is quantized from the whole); MXFP4 blocks if all are."""
     if all(isinstance(part, Int4Groups) for part in parts):
         return Int4Groups.cat(parts)
+    if all(isinstance(part, Mxfp4Rows) for part in parts):
+        return Mxfp4Rows.cat(parts)
     return torch.cat([part.dequantize() if isinstance(part, Int4Groups) else part for part in parts])
 
 

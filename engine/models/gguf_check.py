@@ -290,11 +290,12 @@ def explain_gguf_errors(path: Path) -> Iterator[None]:
 
 
 # The tensor types Hearth reads (``engine.forward.weights.gguf_blocks``): 4-bit blocks straight into its int4
-# groups, Q5_K, Q6_K and Q8_0 through ``gguf_codes``, the rest through ``gguf.quants`` into floats. The IQ and
-# ternary types are not among them.
+# groups, Q5_K, Q6_K and Q8_0 through ``gguf_codes``, MXFP4 (gpt-oss's experts) kept as it is
+# (``weights.mxfp4``), the rest through ``gguf.quants`` into floats. The IQ and ternary types are not among them.
 READABLE_TYPES = frozenset(
     GGMLQuantizationType[name]
-    for name in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+    for name in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+                 "MXFP4")
 )
 PLAIN_TYPES = frozenset((GGMLQuantizationType.F16, GGMLQuantizationType.BF16, GGMLQuantizationType.F32))  # unquantized
 
@@ -314,7 +315,7 @@ def refuse_unreadable_types(path: Path, contents: GGUFContents) -> None:
 # the others go through transformers, which dequantizes the whole file into fp32 first.
 DIRECT_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
                         "gemma3": "gemma3_text", "phi3": "phi3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe",
-                        "granite": "granite"}
+                        "granite": "granite", "gpt-oss": "gpt_oss"}
 
 
 # Per-architecture metadata keys ("{arch}.KEY") copied into ``ModelSource.config``.

@@ -22,6 +22,11 @@ The converter also adds 1 to every Gemma norm weight (Gemma's RMSNorm multiplies
 ``1 + w``): ``GGUFState`` says so too (``shifted_norms``). Tensor names differ by family:
 Gemma's ``ffn_norm`` is the MLP's input norm after its ``post_attention_norm``, Phi-3's
 ``attn_qkv`` and ``ffn_up`` (2F rows, gate first) are fused as in its Hugging Face files.
+gpt-oss's ``post_attention_norm`` is its MLP's input norm, its router ``ffn_gate_inp`` has a
+bias, its experts' biases are 2-D tensors [E, rows] beside their 3-D weights, its experts'
+MXFP4 blocks are handed over as they are (``weights.mxfp4``), and its config (YaRN, a window
+on every other layer, the clamped SwiGLU) is as its Hugging Face config states it, since the
+converter writes only the window and the rope scaling's factor and trained context.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
-from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from engine.forward.llama_weights import Weight
 from engine.forward.rotary_tables import LONG_FACTORS, ROPE_FACTORS, SHORT_FACTORS
@@ -41,6 +46,7 @@ from engine.forward.weights.gguf_blocks import (
     FOUR_BIT_TYPES, BlockTable, dense, int4_groups, requantized_groups, requantized_pair, stacked_groups,
 )
 from engine.forward.weights.gguf_codes import row_width
+from engine.forward.weights.mxfp4 import Mxfp4Rows
 from engine.forward.weights.quant_int import INT4_PAIR, Int4Groups
 from engine.forward.weights.row_chunks import RowChunks
 from engine.host.allocator import return_freed_memory
@@ -81,11 +87,20 @@ GEMMA_LAYER_NAMES = LAYER_NAMES | {
 FAMILY_LAYER_NAMES = {
     "gemma2": GEMMA_LAYER_NAMES, "gemma3": GEMMA_LAYER_NAMES,
     "phi3": LAYER_NAMES | {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+    "gpt-oss": LAYER_NAMES | {"post_attention_norm": "post_attention_layernorm", "ffn_gate_inp": "mlp.router",
+                              "attn_sinks": "self_attn.sinks"},
 }
+BARE_NAMES = ("self_attn.sinks",)  # Hugging Face's names without the GGUF tensor's ``.weight``
 EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
-"""A mixture's experts, one 3-D tensor [E, rows, width] each, which ``GGUFState`` hands over expert by expert under
-Hugging Face's names (``mlp.experts.N.gate_proj.weight``): each expert's rows lie one after another in the file."""
-ROUTER_NAMES = ("mlp.gate.weight", "mlp.shared_expert_gate.weight")
+"""A mixture's experts, one 3-D tensor [E, rows, width] each (and gpt-oss's biases, 2-D [E, rows]), which
+``GGUFState`` hands over expert by expert under Hugging Face's names (``mlp.experts.N.gate_proj.weight``): each
+expert's rows lie one after another in the file."""
+ROUTER_NAMES = ("mlp.gate.weight", "mlp.shared_expert_gate.weight", "mlp.router.weight")
+GPT_OSS_CONFIG = {"hidden_act": "silu", "swiglu_alpha": 1.702, "swiglu_limit": 7.0, "beta_fast": 32.0,
+                  "beta_slow": 1.0, "truncate": False}
+"""openai/gpt-oss-20b's config.json, which the file omits. YaRN's ramp between its correction dimensions is not
+rounded to whole dimensions (``truncate``), as transformers and openai's own code compute it; llama.cpp rounds them
+outward, so its logits differ a little from both."""
 NORMALISED_TOP_K = {"qwen2moe": False, "qwen3moe": True}  # llama.cpp's defaults, where a file does not say
 TABLE_NAMES = ("model.embed_tokens.weight", "lm_head.weight")
 END_TOKEN_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
@@ -100,7 +115,8 @@ def hf_name(gguf_name: str, architecture: str) -> str | None:
     names = FAMILY_LAYER_NAMES.get(architecture, LAYER_NAMES)
     parts = gguf_name.split(".")
     if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in names:
-        return f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
+        name = names[parts[2]]
+        return f"model.layers.{parts[1]}.{name}" + ("" if name in BARE_NAMES else f".{parts[3]}")
     return None
 
 
@@ -108,12 +124,13 @@ def placed(info: GGUFTensorInfo, architecture: str) -> Iterator[tuple[str, GGUFT
     """The Hugging Face names and tensors ``info`` stands for: itself under ``hf_name``, or an expert tensor's
     experts, each a matrix of its own (``EXPERT_NAMES``); none for a tensor Hearth does not place."""
     parts = info.name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in EXPERT_NAMES and len(info.dims) == 3:
-        experts, each = info.dims[2], info.n_bytes // info.dims[2]
+    stacked_dims = 3 if parts[-1] == "weight" else 2  # weights [E, rows, width], biases [E, rows]
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in EXPERT_NAMES and len(info.dims) == stacked_dims:
+        experts, each = info.dims[-1], info.n_bytes // info.dims[-1]
         for index in range(experts):
             yield (f"model.layers.{parts[1]}.mlp.experts.{index}.{EXPERT_NAMES[parts[2]]}.{parts[3]}",
                    replace(info, n_elements=info.n_elements // experts, n_bytes=each,
-                           offset=info.offset + index * each, dims=info.dims[:2]))
+                           offset=info.offset + index * each, dims=info.dims[:-1]))
         return
     name = hf_name(info.name, architecture)
     if name is not None:
@@ -166,6 +183,8 @@ def hf_config(contents: GGUFContents) -> Any:
         _gemma_config(config, architecture, key)
     if architecture == "granite":
         _granite_config(config, key)
+    if architecture == "gpt-oss":
+        _gpt_oss_config(config)
     return config
 
 
@@ -202,7 +221,9 @@ def _rope_parameters(key: Callable[..., Any], head_dim: int, long_rope: bool) ->
     scaling = key("rope.scaling.type")
     if scaling in (None, "none"):
         return {"rope_type": "default", "rope_theta": theta, **rotary}
-    return {"rope_type": scaling, "rope_theta": theta, "factor": float(key("rope.scaling.factor", 1.0)), **rotary}
+    trained = key("rope.scaling.original_context_length")
+    return {"rope_type": scaling, "rope_theta": theta, "factor": float(key("rope.scaling.factor", 1.0)), **rotary,
+            **({"original_max_position_embeddings": trained} if trained else {})}
 
 
 def _gemma_config(config: Any, architecture: str, key: Callable[..., Any]) -> None:
@@ -224,6 +245,23 @@ def _gemma_config(config: Any, architecture: str, key: Callable[..., Any]) -> No
     if architecture == "gemma3":
         local = {"rope_type": "default", "rope_theta": float(key("rope.freq_base_swa", GEMMA_LOCAL_ROPE_BASE))}
         config.rope_parameters = {"full_attention": config.rope_parameters, "sliding_attention": local}
+
+
+def _gpt_oss_config(config: Any) -> None:
+    """gpt-oss's traits on ``config`` (``GPT_OSS_CONFIG``): a window on every other layer from the first, as
+    transformers and llama.cpp set them, the clamped SwiGLU's constants and YaRN's bounds."""
+    config.hidden_act = GPT_OSS_CONFIG["hidden_act"]
+    config.swiglu_alpha, config.swiglu_limit = GPT_OSS_CONFIG["swiglu_alpha"], GPT_OSS_CONFIG["swiglu_limit"]
+    config.num_local_experts = config.num_experts
+    config.layer_types = ["sliding_attention" if index % 2 == 0 else "full_attention"
+                          for index in range(config.num_hidden_layers)]
+    if config.rope_parameters.get("rope_type") == "yarn":
+        config.rope_parameters.update({name: GPT_OSS_CONFIG[name] for name in ("beta_fast", "beta_slow", "truncate")})
+
+
+def _kept_mxfp4(info: GGUFTensorInfo) -> bool:
+    """Whether the tensor is a matrix of MXFP4 blocks, which ``GGUFState`` hands over as they are."""
+    return info.quant_type == GGMLQuantizationType.MXFP4 and len(info.dims) == 2
 
 
 def end_token_ids(contents: GGUFContents) -> frozenset[int]:
@@ -270,27 +308,41 @@ class GGUFState(LazyTensors):
     def __getitem__(self, name: str) -> Weight:
         info = self._tensors[name]
         return_freed_memory()  # the previous tensor's temporaries, before this one's
-        if self._in_row_chunks(name, info):
+        if _kept_mxfp4(info):  # gpt-oss's experts, kept as they are (``weights.mxfp4``)
+            weight = self._mxfp4_rows([info])
+        elif self._in_row_chunks(name, info):
             weight = self._row_chunks(info)
         else:
             weight = self._decoded(name, info, self._blocks(info))
         self._counted(name)
         return weight
 
-    def stacked(self, names: Sequence[str]) -> Int4Groups | None:
+    def stacked(self, names: Sequence[str]) -> Int4Groups | Mxfp4Rows | None:
         """The matrices ``names``' rows one after another (a layer's q, k and v, or gate and up) as one
-        ``Int4Groups``, each decoded straight into its rows (``stacked_groups``): no concatenating copy. None where
-        any of them would not come as int4 groups (``__getitem__``) or its type is not read in C; then each is
-        asked for alone."""
+        ``Int4Groups``, each decoded straight into its rows (``stacked_groups``), or MXFP4 blocks read straight into
+        their rows of one ``Mxfp4Rows``: no concatenating copy. None where any of them would not come so
+        (``__getitem__``) or its type is not read in C; then each is asked for alone."""
         infos = [self._tensors[name] for name in names]
         one_width = len({info.dims[0] for info in infos}) == 1
-        if not one_width or not all(self._stacks(name, info) for name, info in zip(names, infos)):
+        if one_width and all(_kept_mxfp4(info) for info in infos):
+            stacked = self._mxfp4_rows(infos)
+        elif one_width and all(self._stacks(name, info) for name, info in zip(names, infos)):
+            stacked = stacked_groups([(info.quant_type, info.dims[1], info.dims[0]) for info in infos],
+                                     lambda index: self._blocks(infos[index]), self._cpu_layout)
+        else:
             return None
-        groups = stacked_groups([(info.quant_type, info.dims[1], info.dims[0]) for info in infos],
-                                lambda index: self._blocks(infos[index]), self._cpu_layout)
         for name in names:
             self._counted(name)
-        return groups
+        return stacked
+
+    def _mxfp4_rows(self, infos: Sequence[GGUFTensorInfo]) -> Mxfp4Rows:
+        """MXFP4 tensors' blocks read one after another into one buffer of their own, [rows, bytes per row]."""
+        blocks = np.empty(sum(info.n_bytes for info in infos), dtype=np.uint8)
+        start = 0
+        for info in infos:
+            read_exactly(self._path, memoryview(blocks[start : start + info.n_bytes]), self._start + info.offset)
+            start += info.n_bytes
+        return Mxfp4Rows(torch.from_numpy(blocks.reshape(sum(info.dims[1] for info in infos), -1)))
 
     def _stacks(self, name: str, info: GGUFTensorInfo) -> bool:
         """Whether ``__getitem__`` would hand ``name`` as ``Int4Groups`` that C decodes (``stacked``)."""

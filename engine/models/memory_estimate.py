@@ -17,7 +17,7 @@ the same call the loader's plan comes from), so the two cannot disagree about fo
   copy, and the token table and the output layer apart even when the file ties them, each in the plan's format.
   Its tensors are read one at a time, so the load holds no more than that and one tensor on its way. A mixture of
   experts' experts (``ModelShape.expert_params``) are held once, in the plan's ``experts`` format: a 4-bit file's
-  in int4 beside fp16 layers too.
+  in int4 beside fp16 layers too; a file's MXFP4 experts (gpt-oss) as the file holds them, whatever the plan.
   On the CPU ``auto`` picks fp16 (with an int4 decode copy of a 4-bit file) where it fits comfortably, else int4
   alone; a 4-bit file runs int4 alone where its prompts run faster so (``format_plan.four_bit_prompts_faster``).
 * Any other GGUF file goes through transformers, which dequantizes every tensor into
@@ -152,9 +152,14 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
         vocab=config.get("vocab_size") or 0,
         intermediate=config.get("intermediate_size") or config.get("n_inner") or 4 * hidden,
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-        experts=experts, expert_intermediate=config.get("moe_intermediate_size") or 0,
+        experts=experts, expert_intermediate=config.get("moe_intermediate_size") or _gpt_oss_experts(config),
         moe_layers=_moe_layers(config, layers) if experts else 0,
     )
+
+
+def _gpt_oss_experts(config: Mapping[str, Any]) -> int:
+    """gpt-oss's experts' width: its ``intermediate_size`` (it has no dense MLP); 0 for other configs."""
+    return (config.get("intermediate_size") or 0) if config.get("model_type") == "gpt_oss" else 0
 
 
 def _moe_layers(config: Mapping[str, Any], layers: int) -> int:
@@ -224,7 +229,8 @@ def _fast_weight_bytes(source: ModelSource, shape: ModelShape, formats: FormatPl
     in one copy, in ``formats.experts``."""
     expert_params = min(shape.expert_params, max(source.n_params - shape.embedding_params, 0))
     layer_params = max(source.n_params - shape.embedding_params - expert_params, 0)
-    layers = layer_params * FAST_LAYER_BYTES[formats.layers] + expert_params * FAST_LAYER_BYTES[formats.experts]
+    experts = source.kept_expert_bytes or expert_params * FAST_LAYER_BYTES[formats.experts]
+    layers = layer_params * FAST_LAYER_BYTES[formats.layers] + experts
     if formats.device == "cpu" and formats.layers == "fp16":
         layers += _fp16_packing_bytes(shape, formats.decode_copy is not None, formats.host.fp16_math)
     if formats.decode_copy:

@@ -13,6 +13,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from gguf.constants import GGMLQuantizationType
+
 from engine.chat.chat_template import find_folder_template
 from engine.models.gguf_check import (
     DIRECT_ARCHITECTURES, PLAIN_TYPES, GGUFContents, gguf_config, read_gguf, refuse_unreadable_types,
@@ -89,6 +91,7 @@ def _inspect_gguf(path: Path) -> ModelSource:
         chat_template_source=template if isinstance(template, str) else None,
         chat_template_origin=f"{path.name} (metadata tokenizer.chat_template)" if template else None,
         kept_table_bytes=quantized_table_bytes(contents),
+        kept_expert_bytes=mxfp4_bytes(contents),
     )
 
 
@@ -97,6 +100,16 @@ def quantized_table_bytes(contents: GGUFContents) -> int | None:
     ``gguf_blocks.BlockTable``); None for F16, BF16 or F32."""
     table = next((tensor for tensor in contents.tensors if tensor.name == "token_embd.weight"), None)
     return table.n_bytes if table is not None and table.quant_type not in PLAIN_TYPES else None
+
+
+MXFP4_SUFFIXES = ("_blocks", "_scales")  # openai's checkpoints' MXFP4 experts, bytes of codes and exponents
+
+
+def mxfp4_bytes(contents: GGUFContents) -> int | None:
+    """The bytes of the file's MXFP4 tensors (gpt-oss's experts, which the fast path keeps as they are:
+    ``weights.mxfp4``); None where it has none."""
+    total = sum(tensor.n_bytes for tensor in contents.tensors if tensor.quant_type == GGMLQuantizationType.MXFP4)
+    return total or None
 
 
 def _check_gguf_architecture(path: Path, architecture: str) -> None:
@@ -129,6 +142,8 @@ def _inspect_folder(folder: Path) -> ModelSource:
     headers, notes = folder_weights(folder)
     check_config_numbers(config_path, config, headers)
     template = find_folder_template(folder)
+    blocks, scales = (sum(tensor.n_elements for header in headers for tensor in header.tensors
+                          if tensor.name.endswith(suffix)) for suffix in MXFP4_SUFFIXES)
     return ModelSource(
         kind="hf_folder",
         path=folder,
@@ -136,10 +151,11 @@ def _inspect_folder(folder: Path) -> ModelSource:
         config=config,
         weight_files=tuple(header.path for header in headers),
         total_weight_bytes=sum(header.data_bytes for header in headers),
-        n_params=sum(header.n_params for header in headers),
+        n_params=sum(header.n_params for header in headers) + blocks - scales,  # a block byte: two weights
         chat_template_source=template[0] if template else None,
         chat_template_origin=template[1] if template else None,
         notes=notes,
+        kept_expert_bytes=blocks + scales or None,
     )
 
 

@@ -56,6 +56,7 @@ class ModelSource:
     chat_template_origin: str | None = None
     notes: tuple[str, ...] = field(default=())
     kept_table_bytes: int | None = None  # a GGUF file's token table in quantized blocks, kept so on the CPU
+    kept_expert_bytes: int | None = None  # a GGUF file's experts in MXFP4 blocks (gpt-oss), kept so
 
     @property
     def four_bit_layers(self) -> bool:

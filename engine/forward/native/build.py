@@ -48,6 +48,7 @@ SIGNATURES = {
     "int4_layout_from_nibbles": (P, I32, I32, I32, I64, I64, P),
     "int4_matmul_amx": (P, I32, I32, P, P, P, I32, I32, I32, P, P),
     "chunk_attention_amx": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64, I32),
+    "mxfp4_matmul": (P, I32, I32, P, I32, P, P),
 }
 
 LAYOUT_SIGNATURES = {

@@ -998,3 +998,50 @@ AMX_TARGET void int4_matmul_amx(const float *x, int count, int width, uint16_t *
     }
 #endif
 }
+
+/* gpt-oss's experts: weights [rows, width] kept as a GGUF file's MXFP4 blocks (native/mxfp4_matmul.py). A block of
+   32 weights of a row is 17 bytes: an e8m0 exponent e, then 16 bytes whose low nibble j is weight j's e2m1 code and
+   high nibble weight j + 16's. A weight is MXFP4_HALVES[code] * 2^(e - 128) (twice the e2m1 value, half the
+   scale: gguf-py's and llama.cpp's arithmetic), exact in fp32. */
+#define MXFP4_BLOCK 32
+#define MXFP4_BLOCK_BYTES 17
+#define MXFP4_ROW_TILE 4  /* activation rows per pass over a weight row */
+
+static inline float mxfp4_scale(uint8_t e) {  /* 2^(e - 128), as ggml_e8m0_to_fp32_half */
+    union { uint32_t bits; float value; } scale = {e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23};
+    return scale.value;
+}
+
+/* y [count, rows] = x [count, width] times the MXFP4 weight's rows (blocks [rows, width / 32 * 17]), plus bias
+   [rows] where given: each block's 16 code bytes widen to 32-bit lanes, whose low 4 bits (the low nibbles, then the
+   high ones shifted down) pick the weights from a 16-entry fp32 table (vpermps), times the block's scale. */
+void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
+                  float *y) {
+    const int per_row = width / MXFP4_BLOCK;
+    const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    float scales[256];
+    for (int e = 0; e < 256; e++) scales[e] = mxfp4_scale((uint8_t)e);
+    #pragma omp parallel for schedule(static) if (rows >= 64)
+    for (int n = 0; n < rows; n++) {
+        const uint8_t *row = blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
+        for (int m0 = 0; m0 < count; m0 += MXFP4_ROW_TILE) {
+            const int tile = count - m0 < MXFP4_ROW_TILE ? count - m0 : MXFP4_ROW_TILE;
+            __m512 sums[MXFP4_ROW_TILE];
+            for (int m = 0; m < MXFP4_ROW_TILE; m++) sums[m] = _mm512_setzero_ps();
+            for (int b = 0; b < per_row; b++) {
+                const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
+                const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(block + 1)));
+                const __m512 scale = _mm512_set1_ps(scales[block[0]]);
+                const __m512 first = _mm512_mul_ps(_mm512_permutexvar_ps(codes, table), scale);
+                const __m512 second = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table), scale);
+                for (int m = 0; m < tile; m++) {
+                    const float *xs = x + (size_t)(m0 + m) * width + (size_t)b * MXFP4_BLOCK;
+                    sums[m] = _mm512_fmadd_ps(first, _mm512_loadu_ps(xs), sums[m]);
+                    sums[m] = _mm512_fmadd_ps(second, _mm512_loadu_ps(xs + 16), sums[m]);
+                }
+            }
+            for (int m = 0; m < tile; m++)
+                y[(size_t)(m0 + m) * rows + n] = _mm512_reduce_add_ps(sums[m]) + (bias ? bias[n] : 0.0f);
+        }
+    }
+}

@@ -576,3 +576,48 @@ void int4_layout_from_nibbles(const uint8_t *nibbles, int rows, int runs, int le
 
 /* No AMX functions in this variant. */
 int amx_enable(void) { return -1; }
+
+/* kernels.c's mxfp4_matmul (gpt-oss's experts kept as MXFP4 blocks), in 8-lane vectors. */
+#define MXFP4_BLOCK 32
+#define MXFP4_BLOCK_BYTES 17
+#define MXFP4_ROW_TILE 4
+
+static inline float mxfp4_scale(uint8_t e) {  /* 2^(e - 128), as ggml_e8m0_to_fp32_half */
+    union { uint32_t bits; float value; } scale = {e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23};
+    return scale.value;
+}
+
+static inline __m256 mxfp4_eight(__m128i values, __m256 scale) {  /* the low 8 int8 values, fp32, times scale */
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(values)), scale);
+}
+
+void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
+                  float *y) {
+    const int per_row = width / MXFP4_BLOCK;
+    const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i nibble = _mm_set1_epi8(0x0F);
+    #pragma omp parallel for schedule(static) if (rows >= 64)
+    for (int n = 0; n < rows; n++) {
+        const uint8_t *row = blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
+        for (int m0 = 0; m0 < count; m0 += MXFP4_ROW_TILE) {
+            const int tile = count - m0 < MXFP4_ROW_TILE ? count - m0 : MXFP4_ROW_TILE;
+            __m256 sums[MXFP4_ROW_TILE];
+            for (int m = 0; m < MXFP4_ROW_TILE; m++) sums[m] = _mm256_setzero_ps();
+            for (int b = 0; b < per_row; b++) {
+                const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
+                const __m128i codes = _mm_loadu_si128((const __m128i *)(block + 1));
+                const __m256 scale = _mm256_set1_ps(mxfp4_scale(block[0]));
+                const __m128i low = _mm_shuffle_epi8(table, _mm_and_si128(codes, nibble));
+                const __m128i high = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(codes, 4), nibble));
+                const __m256 w[4] = {mxfp4_eight(low, scale), mxfp4_eight(_mm_srli_si128(low, 8), scale),
+                                     mxfp4_eight(high, scale), mxfp4_eight(_mm_srli_si128(high, 8), scale)};
+                for (int m = 0; m < tile; m++) {
+                    const float *xs = x + (size_t)(m0 + m) * width + (size_t)b * MXFP4_BLOCK;
+                    for (int q = 0; q < 4; q++) sums[m] = _mm256_fmadd_ps(w[q], _mm256_loadu_ps(xs + 8 * q), sums[m]);
+                }
+            }
+            for (int m = 0; m < tile; m++)
+                y[(size_t)(m0 + m) * rows + n] = sum_of(sums[m]) + (bias ? bias[n] : 0.0f);
+        }
+    }
+}

@@ -634,3 +634,53 @@ void int4_layout_from_nibbles(const uint8_t *nibbles, int rows, int runs, int le
 
 /* No AMX functions in this variant. */
 int amx_enable(void) { return -1; }
+
+/* kernels.c's mxfp4_matmul (gpt-oss's experts kept as MXFP4 blocks): each block's 16 code bytes through a table
+   lookup (low nibbles are weights 0-15, high nibbles 16-31) to int8 values, widened to fp32 times the block's
+   scale, then multiply-added with up to MXFP4_ROW_TILE activation rows at once. */
+#define MXFP4_BLOCK 32
+#define MXFP4_BLOCK_BYTES 17
+#define MXFP4_ROW_TILE 4
+
+static inline float mxfp4_scale(uint8_t e) {  /* 2^(e - 128), as ggml_e8m0_to_fp32_half */
+    union { uint32_t bits; float value; } scale = {e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23};
+    return scale.value;
+}
+
+static inline void mxfp4_sixteen(int8x16_t values, float32x4_t scale, float32x4_t *w) {  /* w[0..3] = values * scale */
+    const int16x8_t low = vmovl_s8(vget_low_s8(values)), high = vmovl_s8(vget_high_s8(values));
+    w[0] = vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(low))), scale);
+    w[1] = vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(low))), scale);
+    w[2] = vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(high))), scale);
+    w[3] = vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(high))), scale);
+}
+
+void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
+                  float *y) {
+    static const int8_t values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    const int per_row = width / MXFP4_BLOCK;
+    const int8x16_t table = vld1q_s8(values);
+    #pragma omp parallel for schedule(static) if (rows >= 64)
+    for (int n = 0; n < rows; n++) {
+        const uint8_t *row = blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
+        for (int m0 = 0; m0 < count; m0 += MXFP4_ROW_TILE) {
+            const int tile = count - m0 < MXFP4_ROW_TILE ? count - m0 : MXFP4_ROW_TILE;
+            float32x4_t sums[MXFP4_ROW_TILE];
+            for (int m = 0; m < MXFP4_ROW_TILE; m++) sums[m] = vdupq_n_f32(0.0f);
+            for (int b = 0; b < per_row; b++) {
+                const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
+                const uint8x16_t codes = vld1q_u8(block + 1);
+                const float32x4_t scale = vdupq_n_f32(mxfp4_scale(block[0]));
+                float32x4_t w[8];
+                mxfp4_sixteen(vqtbl1q_s8(table, vandq_u8(codes, vdupq_n_u8(0x0F))), scale, w);
+                mxfp4_sixteen(vqtbl1q_s8(table, vshrq_n_u8(codes, 4)), scale, w + 4);
+                for (int m = 0; m < tile; m++) {
+                    const float *xs = x + (size_t)(m0 + m) * width + (size_t)b * MXFP4_BLOCK;
+                    for (int q = 0; q < 8; q++) sums[m] = vfmaq_f32(sums[m], w[q], vld1q_f32(xs + 4 * q));
+                }
+            }
+            for (int m = 0; m < tile; m++)
+                y[(size_t)(m0 + m) * rows + n] = vaddvq_f32(sums[m]) + (bias ? bias[n] : 0.0f);
+        }
+    }
+}

@@ -68,7 +68,7 @@ VARIANTS = (  # best first
 )
 NAMES = (*(variant.name for variant in VARIANTS), "none")
 EXPORTED = ("int4_matmul", "int8_matmul", "decode_attention", "chunk_attention", "rms_norm", "swiglu",
-            "rotate_and_store", "int4_layout_from_nibbles", "amx_enable")
+            "rotate_and_store", "int4_layout_from_nibbles", "amx_enable", "mxfp4_matmul")
 """What every variant's library exports (``amx_enable`` returns -1 where the variant has no AMX functions)."""
 AMX_EXPORTED = ("int4_matmul_amx", "chunk_attention_amx")  # only where ``Variant.amx``
 

@@ -121,3 +121,16 @@ def test_gemma3_and_phi4_mini_shapes_hold_their_familys_tensors():
     assert (phi["blk.0.attn_qkv.weight"].rows, phi["blk.0.ffn_up.weight"].rows) == ((24 + 16) * 128, 2 * 8192)
     assert phi["blk.0.attn_qkv.weight"].qtype == Q.Q5_K and phi["rope_factors_long.weight"].cols == 48
     assert "blk.0.ffn_gate.weight" not in phi and "output.weight" not in phi
+
+
+def test_the_gpt_oss_20b_cut_holds_mxfp4_experts_their_biases_and_the_sinks():
+    name, ftype = random_gguf.parse("random-gguf:gpt-oss-20b@2:mxfp4_moe")
+    specs = {spec.name: spec for spec in tensor_specs(random_gguf.shape_of(name), ftype, 49152)}
+
+    assert not any(name.startswith("blk.2.") for name in specs)
+    gate, down = specs["blk.1.ffn_gate_exps.weight"], specs["blk.1.ffn_down_exps.weight"]
+    assert (gate.experts, gate.rows, gate.cols, gate.qtype) == (32, 2880, 2880, Q.MXFP4)
+    assert down.qtype == Q.MXFP4 and specs["blk.1.attn_q.weight"].qtype == Q.Q8_0
+    assert (specs["blk.1.ffn_up_exps.bias"].rows, specs["blk.1.ffn_up_exps.bias"].cols) == (32, 2880)
+    assert specs["blk.0.attn_sinks.weight"].cols == 64 and "blk.0.attn_output.bias" in specs
+    assert "blk.0.post_attention_norm.weight" in specs and "blk.0.ffn_norm.weight" not in specs

@@ -50,3 +50,38 @@ def greedy_tokens(backend: Any, prompt: Sequence[int], count: int, sequence: One
     while len(tokens) < count:
         tokens.append(int(sequence.feed(tokens[-1:]).argmax()))
     return tokens
+
+
+def serve_greedy(backend: Any, requests: dict[str, tuple[list[int], int, int]], blocks: int,
+                 block_size: int) -> tuple[dict[str, list[int]], int]:
+    """Greedy replies of ``requests`` (id -> prompt, new tokens, the step it joins at) batched by the scheduler over
+    a pool of ``blocks`` of ``block_size``; and the most window-group blocks any sequence had let go of at once."""
+    from engine.scheduler.block_pool import BlockPool
+    from engine.scheduler.scheduler import RELEASED, Scheduler
+
+    kv = backend.new_pool(blocks, block_size)
+    scheduler = Scheduler(BlockPool(blocks, block_size), step_tokens=8, max_running=4, idle_step_tokens=16,
+                          windows=kv.windows)
+    replies: dict[str, list[int]] = {request_id: [] for request_id in requests}
+    released, index = 0, 0
+    while scheduler.has_work or index <= max(join for _, _, join in requests.values()):
+        for request_id, (prompt, _, join) in requests.items():
+            if join == index:
+                scheduler.add(request_id, prompt)
+        step = scheduler.schedule()
+        for copy in step.copies:
+            kv.copy_block(copy.source, copy.target, copy.tokens)
+        rows = [BatchRow(c.token_ids, c.start, c.block_ids, c.group_tables) for c in step.chunks]
+        logits = backend.forward_batch(rows, kv) if rows else None
+        scheduler.complete(step)
+        released = max([released] + [sum(table.count(RELEASED) for table in s.tables) for s in scheduler.running])
+        for row, chunk in enumerate(step.chunks):
+            if chunk.samples:
+                replies[chunk.request_id].append(int(logits[row].argmax()))
+                if len(replies[chunk.request_id]) == requests[chunk.request_id][1]:
+                    scheduler.finish(chunk.request_id)
+                else:
+                    scheduler.append(chunk.request_id, replies[chunk.request_id][-1])
+        index += 1
+    assert scheduler.pool.counts()[0] == 0, "every block went back"
+    return replies, released

@@ -189,8 +189,8 @@ def test_the_gpu_backends_bucket_steps_decode_as_transformers_does(family: str):
       "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0},
                           "sliding_attention": {"rope_type": "default"}}}, None),
     ({"model_type": "gemma3_text", "hidden_activation": "gelu_pytorch_tanh",
-      "rope_parameters": {"full_attention": {"rope_type": "yarn"}, "sliding_attention": {"rope_type": "default"}}},
-     "rope scaling 'yarn'"),
+      "rope_parameters": {"full_attention": {"rope_type": "dynamic"}, "sliding_attention": {"rope_type": "default"}}},
+     "rope scaling 'dynamic'"),
     ({"model_type": "gemma2", "hidden_activation": "relu"}, "activation 'relu'"),
 ])
 def test_which_configs_the_fast_path_takes(config: dict, reason: str | None):

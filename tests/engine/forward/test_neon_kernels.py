@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -273,3 +274,18 @@ def test_a_gguf_files_nibbles_become_the_int4_layout(neon: NeonDriver):
     (_, got) = neon.call("int4_layout_from_nibbles", file, rows, runs, length, runs * (length + 2), length + 2,
                          torch.zeros(rows, runs * length, dtype=torch.uint8))
     assert torch.equal(got, _int4_layout(q.view(rows, -1)))
+
+
+def test_mxfp4_rows_match_the_matmul_over_their_decoded_weight(neon: NeonDriver):
+    """gpt-oss's experts as GGUF's MXFP4 blocks (17 bytes per 32 weights), through a table lookup."""
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    rng = np.random.default_rng(3)
+    rows, width, count = 70, 96, 5
+    blocks = quantize((rng.standard_normal((rows, width)) * 4).astype(np.float32), GGMLQuantizationType.MXFP4)
+    weight = torch.from_numpy(dequantize(blocks, GGMLQuantizationType.MXFP4))  # [N, K]
+    x, bias = torch.randn(count, width), torch.randn(rows)
+    (_, _, _, got) = neon.call("mxfp4_matmul", x, count, width, torch.from_numpy(blocks.copy()), rows, bias,
+                               torch.empty(count, rows))
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias), atol=1e-4, rtol=1e-5)

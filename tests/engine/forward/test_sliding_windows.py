@@ -20,9 +20,9 @@ from engine.models.loading import LoadPlan, fast_path_applies, wrap_model
 from engine.models.memory_estimate import estimate_kv_bytes
 from engine.models.random_models import byte_tokenizer
 from engine.scheduler.block_pool import BlockPool
-from engine.scheduler.scheduler import RELEASED, Scheduler
+from engine.scheduler.scheduler import Scheduler
 from engine.service.batch_runner import pool_blocks
-from tests.engine.forward.batch_of_one import OneSequence, greedy_tokens
+from tests.engine.forward.batch_of_one import OneSequence, greedy_tokens, serve_greedy
 
 CPU = torch.device("cpu")
 WINDOW = 16
@@ -117,42 +117,11 @@ def test_the_window_changes_what_transformers_says() -> None:
         assert (windowed(ids).logits[0, -1] - whole(ids).logits[0, -1]).abs().max() > 1e-2
 
 
-def _serve(backend, requests: dict[str, tuple[list[int], int, int]], blocks: int) -> tuple[dict[str, list[int]], int]:
-    """Greedy replies of ``requests`` (id -> prompt, new tokens, the step it joins at) batched over a pool of
-    ``blocks``; and the most window-group blocks any sequence had let go of at once."""
-    kv = backend.new_pool(blocks, BLOCK)
-    scheduler = Scheduler(BlockPool(blocks, BLOCK), step_tokens=8, max_running=4, idle_step_tokens=16,
-                          windows=kv.windows)
-    replies: dict[str, list[int]] = {request_id: [] for request_id in requests}
-    released, index = 0, 0
-    while scheduler.has_work or index <= max(join for _, _, join in requests.values()):
-        for request_id, (prompt, _, join) in requests.items():
-            if join == index:
-                scheduler.add(request_id, prompt)
-        step = scheduler.schedule()
-        for copy in step.copies:
-            kv.copy_block(copy.source, copy.target, copy.tokens)
-        rows = [BatchRow(c.token_ids, c.start, c.block_ids, c.group_tables) for c in step.chunks]
-        logits = backend.forward_batch(rows, kv) if rows else None
-        scheduler.complete(step)
-        released = max([released] + [sum(table.count(RELEASED) for table in s.tables) for s in scheduler.running])
-        for row, chunk in enumerate(step.chunks):
-            if chunk.samples:
-                replies[chunk.request_id].append(int(logits[row].argmax()))
-                if len(replies[chunk.request_id]) == requests[chunk.request_id][1]:
-                    scheduler.finish(chunk.request_id)
-                else:
-                    scheduler.append(chunk.request_id, replies[chunk.request_id][-1])
-        index += 1
-    assert scheduler.pool.counts()[0] == 0, "every block went back"
-    return replies, released
-
-
 @pytest.mark.parametrize("name", ["mistral", "alternating"])
 def test_batched_greedy_replies_equal_each_alone(models, name) -> None:
     backend = models[name][1].backend
     requests = {f"r{i}": (_ids(5 + 13 * i, i), 12, 3 * i) for i in range(4)}
-    replies, released = _serve(backend, requests, 200)
+    replies, released = serve_greedy(backend, requests, 200, BLOCK)
     assert released > 0, "window groups let go of blocks while the replies ran"
     for request_id, (prompt, count, _) in requests.items():
         assert replies[request_id] == greedy_tokens(backend, prompt, count), request_id
@@ -161,7 +130,7 @@ def test_batched_greedy_replies_equal_each_alone(models, name) -> None:
 def test_every_layer_windowed_runs_a_conversation_longer_than_the_pool(models) -> None:
     backend = models["mistral"][1].backend
     prompt = _ids(30, 7)
-    replies, _ = _serve(backend, {"long": (prompt, 50, 0)}, 12)  # 80 positions; the pool holds 48
+    replies, _ = serve_greedy(backend, {"long": (prompt, 50, 0)}, 12, BLOCK)  # 80 positions; the pool holds 48
     assert replies["long"] == greedy_tokens(backend, prompt, 50)
 
 
