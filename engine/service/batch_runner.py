@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import gc
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ import torch
 from engine.chat.generation import ReplyOutcome, ReplyState
 from engine.chat.token_masks import ConstraintVocabulary
 from engine.forward.paged_kv import BatchRow
+from engine.host import garbage
 from engine.host.memory import kv_pool_budget
 from engine.models.loading import LoadedModel
 from engine.protocol.channels import EventSink
@@ -206,7 +206,7 @@ class BatchRunner:
             for chunk in step.chunks:
                 self.scheduler.abort(chunk.request_id)
                 self._active.pop(chunk.request_id).events.failed(exc)
-            gc.collect()
+            garbage.collect()
             return None
 
     def _start_masks(self, step: Step) -> Future[Masks] | None:

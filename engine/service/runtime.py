@@ -31,6 +31,7 @@ import torch
 from engine.chat.grammar import ConstraintError
 from engine.chat.prompt import ContextOverflow, PromptPlan, plan_prompt, plan_raw_prompt, reply_budget
 from engine.forward.backend import HFBackend
+from engine.host import garbage
 from engine.host.allocator import keep_freed_buffers
 from engine.host.cpu_threads import apply_engine_threads
 from engine.host.memory import read_memory
@@ -228,12 +229,13 @@ class ModelRuntime:
         """The old model and its KV memory go before the new model's runner takes its own."""
         self._loaded = self._runner = None
         gc.unfreeze()  # the previous model's objects may go now
-        gc.collect()
+        collected = garbage.collect()
         if loaded.device == "cuda":
             torch.cuda.empty_cache()
         self._loaded = loaded
         self._runner = new_runner(loaded, self._reply_event, self._watch.is_cancelled)
-        gc.freeze()  # torch, transformers and the model live long: keep full collections (GIL held) short
+        if collected:  # else the old model's garbage would be frozen with the rest
+            gc.freeze()  # torch, transformers and the model live long: keep full collections (GIL held) short
 
     def _emit_ready(self) -> None:
         """The state the engine is in now."""

@@ -13,7 +13,6 @@ forward pass, one mid-prefill runs no further chunk.
 from __future__ import annotations
 
 import collections
-import gc
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -23,6 +22,7 @@ import torch
 from engine.chat.cache_store import CacheStore
 from engine.chat.generation import CachedSequence, ReplyOutcome, ReplyState, feed, reuse_prefix
 from engine.chat.token_masks import ConstraintVocabulary
+from engine.host import garbage
 from engine.host.memory import KV_CACHE_BUDGET_BYTES
 from engine.models.loading import LoadedModel
 from engine.protocol.messages import Constraint, FinishReason, SamplingParams
@@ -163,7 +163,7 @@ class SequenceRunner:
         request.seq.kv = self._backend.new_cache()
         request.seq.token_ids.clear()
         self._let_go(request)
-        gc.collect()
+        garbage.collect()
         if is_out_of_memory(exc) and torch.cuda.is_available():
             torch.cuda.empty_cache()
         request.events.failed(exc)

@@ -9,6 +9,7 @@ import pytest
 from PySide6.QtCore import QObject, Signal
 
 from app.window.quiet_gc import QuietCollector
+from engine.host import garbage
 
 
 class Moments(QObject):
@@ -89,3 +90,32 @@ def test_collections_run_on_the_gui_thread_whichever_thread_made_the_garbage(qtb
         collector.stop()
     assert set(threads) == {threading.current_thread().name}
     assert gc.isenabled()
+
+
+def test_the_engines_own_full_collections_run_on_the_gui_thread_while_it_waits(qtbot):
+    """After a model swap the engine thread asks for a full collection (``engine.host.garbage``): the app runs it."""
+    full_collections_by_thread: list[str] = []
+
+    def note(phase, info):
+        if phase == "start" and info["generation"] == 2:
+            full_collections_by_thread.append(threading.current_thread().name)
+
+    collector = QuietCollector((), after_ms=60_000, every_ms=60_000)
+    asked: list[bool] = []
+    gc.callbacks.append(note)
+    try:
+        engine_like = threading.Thread(target=lambda: asked.append(garbage.collect()), name="engine-like")
+        engine_like.start()
+        qtbot.waitUntil(lambda: asked != [], timeout=garbage.HOST_WAIT_S * 1000)
+        engine_like.join()
+        while_the_app_runs = list(full_collections_by_thread)
+        collector.stop()
+        full_collections_by_thread.clear()
+        after_stop = threading.Thread(target=garbage.collect, name="engine-like")
+        after_stop.start()
+        after_stop.join()
+    finally:
+        gc.callbacks.remove(note)
+        collector.stop()
+    assert asked == [True] and set(while_the_app_runs) == {threading.current_thread().name}
+    assert full_collections_by_thread == ["engine-like"], "once the app stops, the engine collects on its own thread"
