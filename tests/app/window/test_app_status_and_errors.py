@@ -119,7 +119,7 @@ def test_long_status_texts_never_widen_the_window_and_stay_plain_text(chat, wind
 def test_the_status_line_speaks_of_the_conversation_on_screen(chat, script, window, qtbot):
     script.interleave = True
     script.token_delay_s = 0.03
-    script.replies_by_prompt = {"Long": tuple(f" w{index}" for index in range(40))}
+    script.replies_by_prompt = {"Long": tuple(f" w{index}" for index in range(150))}  # still going on a busy machine
     chat.wait_until_ready()
     chat.type_and_press_enter("Long")
     long_conversation = window.session.conversation
@@ -133,7 +133,7 @@ def test_the_status_line_speaks_of_the_conversation_on_screen(chat, script, wind
     assert window.session.generating, "the long reply is still being written"
     assert window.status_line.state_label.text().startswith("Generating")
     assert window.status_line.stats_label.text() == "", "the short reply's figures are not this conversation's"
-    chat.wait_until_reply_ends()
+    qtbot.waitUntil(lambda: not window.session.generating, timeout=20_000)
     assert window.status_line.state_label.text().startswith("Ready")
     assert "123.4 tokens/s" in window.status_line.stats_label.text()
 
