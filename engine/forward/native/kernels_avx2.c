@@ -61,16 +61,32 @@ static inline void bf16_store(uint16_t *target, __m256 x) {
    32-bit lane, both nibbles at once (one shuffle a vector, where unpacking each nibble's apart takes two): a block
    takes two passes, pass p (vpunpcklbw, then vpunpckhbw) giving vectors j = 2p and 2p + 1 of each nibble, vector j
    holding rows 4j .. 4j + 3 in lanes 0-3 and 4j + 16 .. 4j + 19 in lanes 4-7 (the high nibbles: those rows + 32).
-   A row's four codes meet four activations in one vpmaddubsw, whose pairs add up in int16 over CODE_RUN columns
-   (8 x 2 x 15 x 127 < 2^15) before vpmaddwd widens them. */
+   A row's four codes meet four activations in one vpdpbusd where the CPU has AVX-VNNI (the "avx2vnni" variant, built
+   with it), else in one vpmaddubsw, whose pairs add up in int16 over CODE_RUN columns (8 x 2 x 15 x 127 < 2^15)
+   before vpmaddwd widens them. */
 
-#define ROW_TILE 2   /* activation rows a pass over a block takes with one code a value (one with two) */
-#define CODE_RUN 32  /* columns whose vpmaddubsw sums add up in int16 */
+#define ROW_TILE 2  /* activation rows a pass over a block takes with one code a value (one with two) */
+
+#ifdef __AVXVNNI__
+#define CODE_RUN (1 << 30)  /* columns whose sums add up before widening: vpdpbusd's are int32 already */
+
+/* sums + codes . x, a lane's four unsigned codes by four signed activations: int32 sums. */
+static inline __m256i add_products(__m256i sums, __m256i codes, __m256i x) {
+    return _mm256_dpbusd_avx_epi32(sums, codes, x);
+}
+
+static inline __m256i widened(__m256i sums) { return sums; }
+#else
+#define CODE_RUN 32  /* columns whose vpmaddubsw sums add up in int16 before widening */
 
 /* sums + codes . x, a lane's four unsigned codes by four signed activations, in two int16 pair sums a lane. */
 static inline __m256i add_products(__m256i sums, __m256i codes, __m256i x) {
     return _mm256_add_epi16(sums, _mm256_maddubs_epi16(codes, x));
 }
+
+/* A lane's two int16 pair sums as one int32. */
+static inline __m256i widened(__m256i sums) { return _mm256_madd_epi16(sums, _mm256_set1_epi16(1)); }
+#endif
 
 /* Four columns k .. k + 3 of a block (bytes: column k's) in pass `pass`: codes[2 high + q] is vector 2 pass + q of
    the nibble `high`, a row's four codes a lane. */
@@ -113,7 +129,6 @@ static inline __attribute__((always_inline)) void int4_block(
         int width, const uint8_t *block, const uint16_t *block_pairs, int rows, int group, float *y, int row0) {
     const int groups = width / group, codes_per_value = 1 + two_codes;
     const int8_t *x_codes[2] = {high, low};
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 total[ROW_TILE][2][4];  /* [m][high][j] */
     for (int m = 0; m < count; m++)
         for (int i = 0; i < 8; i++) (&total[m][0][0])[i] = _mm256_setzero_ps();
@@ -139,7 +154,7 @@ static inline __attribute__((always_inline)) void int4_block(
                 for (int m = 0; m < count; m++)
                     for (int c = 0; c < codes_per_value; c++)
                         for (int v = 0; v < 4; v++)
-                            dot[m][c][v] = _mm256_add_epi32(dot[m][c][v], _mm256_madd_epi16(sums[m][c][v], ones));
+                            dot[m][c][v] = _mm256_add_epi32(dot[m][c][v], widened(sums[m][c][v]));
             }
             const uint16_t *pairs = block_pairs + (size_t)g * BLOCK_ROWS * 2;
             for (int v = 0; v < 4; v++) {

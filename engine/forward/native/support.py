@@ -2,10 +2,10 @@
 first asked).
 
 The best variant (``variants``, best first) whose instructions the CPU offers (``cpu_features``: cpuid's flags, within
-the vector width PyTorch runs at, so ``ATEN_CPU_CAPABILITY=avx2`` chooses "avx2" as on a laptop), or the one the
-environment variable ``HEARTH_KERNELS`` names: "avx512", "avx2" (each only where the CPU runs it), or "none", which
-turns the kernels off (tests and benchmarks compare the variants so). ``build.library()`` then also needs the
-package's library or a C compiler. ``format_plan`` counts formats by this before a load.
+the vector width PyTorch runs at, so ``ATEN_CPU_CAPABILITY=avx2`` chooses "avx2vnni" or "avx2" as on a laptop), or
+the one the environment variable ``HEARTH_KERNELS`` names: "avx512", "avx2vnni", "avx2" (each only where the CPU runs
+it), or "none", which turns the kernels off (tests and benchmarks compare the variants so). ``build.library()`` then
+also needs the package's library or a C compiler. ``format_plan`` counts formats by this before a load.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 imports nothing of Hearth's, so that ``setup.py`` reads it by path while building the package).
 
 Each variant is one library with the same exported functions: "avx512" (``kernels.c``: AVX-512 F, BW, VL, VNNI and
-VBMI, with the AMX functions for their own target) and "avx2" (``kernels_avx2.c``: AVX2, FMA and F16C, as on most
-laptops). ``setup.py`` compiles every variant its compiler can into the package; ``build`` loads the best one the CPU
+VBMI, with the AMX functions for their own target), "avx2" (``kernels_avx2.c``: AVX2, FMA and F16C, as on most
+laptops) and "avx2vnni" (the same source with AVX-VNNI's int8 dot products, as on Intel's laptop CPUs since Alder
+Lake). ``setup.py`` compiles every variant its compiler can into the package; ``build`` loads the best one the CPU
 runs, or compiles it at run time where the package holds none (a source checkout). A library's name carries a hash of
 its sources and flags, so a library built from other sources is never loaded for these.
 """
@@ -58,6 +59,8 @@ VARIANTS = (  # best first
             (*UNIX_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512vbmi", "-mfma"),
             ("/O2", "/openmp", "/arch:AVX512"),
             ("avx512_f", "avx512_bw", "avx512_vl", "avx512_vnni", "avx512_vbmi"), amx=True),
+    Variant("avx2vnni", "kernels_avx2.c", (*UNIX_FLAGS, "-mavx2", "-mfma", "-mf16c", "-mavxvnni"),
+            ("/O2", "/openmp", "/arch:AVX2", "/D__AVXVNNI__"), ("avx2", "fma3", "f16c", "avx_vnni")),
     Variant("avx2", "kernels_avx2.c", (*UNIX_FLAGS, "-mavx2", "-mfma", "-mf16c"), ("/O2", "/openmp", "/arch:AVX2"),
             ("avx2", "fma3", "f16c")),
 )
