@@ -206,18 +206,36 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
 }
 
 /* ------------------------------------------------------------------------------------------------------------------
-   int8: packed [N / 64, K / 4, 4, 16, 4] uint8 holds q + 128; 32 bytes are eight rows' four columns. Flipping the top
-   bit gives q as a signed byte, and llama.cpp's sign trick (|q| by x carrying q's sign) keeps vpmaddubsw's pairs
-   within int16: 2 x 127 x 127. */
+   int8: packed [N / 64, K / 4, 4, 16, 4] uint8 holds q + 128; 32 bytes are eight rows' four columns. With AVX-VNNI,
+   vpdpbusd multiplies the bytes as they are, unsigned, and each group's codes summed take the 128 out (as kernels.c
+   does); else flipping the top bit gives q as a signed byte, and llama.cpp's sign trick (|q| by x carrying q's sign)
+   keeps vpmaddubsw's pairs within int16: 2 x 127 x 127. */
+
+#ifdef __AVXVNNI__
+/* sums + a lane's four weight bytes times four activation codes. */
+static inline __m256i add_int8_products(__m256i sums, __m256i bytes, __m256i x) {
+    return _mm256_dpbusd_avx_epi32(sums, bytes, x);
+}
+
+static inline float byte_offset(float code_total) { return INT8_OFFSET * code_total; }  /* what the bytes' 128 added */
+#else
+/* sums + a lane's four weights (their bytes less 128) times four activation codes. */
+static inline __m256i add_int8_products(__m256i sums, __m256i bytes, __m256i x) {
+    __m256i q = _mm256_xor_si256(bytes, _mm256_set1_epi8((char)0x80));
+    __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));  /* |q| by x with q's sign */
+    return _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+static inline float byte_offset(float code_total) { (void)code_total; return 0.0f; }  /* the products are q's */
+#endif
 
 /* A block of 64 rows against `count` (1 or 2) activation rows, two codes a value: y[m, row0 .. row0 + 63]. A group's
    columns are 2 KiB of the block, read in order by its four quarters of 16 rows in turn (the later ones from cache),
    each quarter's sums in eight registers. */
 static inline __attribute__((always_inline)) void int8_block(
-        int count, const int8_t *high, const int8_t *low, const float *scales, int width, const uint8_t *block,
-        const uint16_t *weight_scales, int rows, float *y) {
+        int count, const int8_t *high, const int8_t *low, const float *scales, const float *code_totals, int width,
+        const uint8_t *block, const uint16_t *weight_scales, int rows, float *y) {
     const int groups = width / INT8_GROUP;
-    const __m256i ones = _mm256_set1_epi16(1), top_bit = _mm256_set1_epi8((char)0x80);
     __m256 total[2][8];
     for (int m = 0; m < count; m++)
         for (int i = 0; i < 8; i++) total[m][i] = _mm256_setzero_ps();
@@ -228,19 +246,14 @@ static inline __attribute__((always_inline)) void int8_block(
                 for (int i = 0; i < 2; i++) high_sums[m][i] = low_sums[m][i] = _mm256_setzero_si256();
             for (int k = g * INT8_GROUP; k < (g + 1) * INT8_GROUP; k += 4) {
                 const uint8_t *bytes = block + (size_t)k * BLOCK_ROWS + 64 * quarter;
-                __m256i q[2], size[2];
-                for (int i = 0; i < 2; i++) {
-                    q[i] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(bytes + 32 * i)), top_bit);
-                    size[i] = _mm256_sign_epi8(q[i], q[i]);  /* |q| */
-                }
+                __m256i weights[2];
+                for (int i = 0; i < 2; i++) weights[i] = _mm256_loadu_si256((const __m256i *)(bytes + 32 * i));
                 for (int m = 0; m < count; m++) {
                     __m256i x_high = _mm256_set1_epi32(*(const int32_t *)(high + (size_t)m * width + k));
                     __m256i x_low = _mm256_set1_epi32(*(const int32_t *)(low + (size_t)m * width + k));
                     for (int i = 0; i < 2; i++) {
-                        __m256i pairs = _mm256_maddubs_epi16(size[i], _mm256_sign_epi8(x_high, q[i]));
-                        high_sums[m][i] = _mm256_add_epi32(high_sums[m][i], _mm256_madd_epi16(pairs, ones));
-                        pairs = _mm256_maddubs_epi16(size[i], _mm256_sign_epi8(x_low, q[i]));
-                        low_sums[m][i] = _mm256_add_epi32(low_sums[m][i], _mm256_madd_epi16(pairs, ones));
+                        high_sums[m][i] = add_int8_products(high_sums[m][i], weights[i], x_high);
+                        low_sums[m][i] = add_int8_products(low_sums[m][i], weights[i], x_low);
                     }
                 }
             }
@@ -248,9 +261,11 @@ static inline __attribute__((always_inline)) void int8_block(
             for (int i = 0; i < 2; i++) {
                 __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(group_scales + 8 * i)));
                 for (int m = 0; m < count; m++) {
+                    const size_t at = (size_t)m * groups + g;
                     __m256 dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low_sums[m][i]), _mm256_set1_ps(1.0f / LOW_STEPS),
                                                  _mm256_cvtepi32_ps(high_sums[m][i]));
-                    __m256 factor = _mm256_mul_ps(scale, _mm256_set1_ps(scales[(size_t)m * groups + g]));
+                    dot = _mm256_sub_ps(dot, _mm256_set1_ps(byte_offset(code_totals[at])));
+                    __m256 factor = _mm256_mul_ps(scale, _mm256_set1_ps(scales[at]));
                     total[m][2 * quarter + i] = _mm256_fmadd_ps(dot, factor, total[m][2 * quarter + i]);
                 }
             }
@@ -275,9 +290,11 @@ void int8_matmul(const float *x, int count, int width, const uint8_t *packed, co
             size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
             float *out = y + (size_t)m * rows + (size_t)b * BLOCK_ROWS;
             if (count - m >= 2)
-                int8_block(2, high + x_at, low + x_at, scales + group_at, width, block, block_scales, rows, out);
+                int8_block(2, high + x_at, low + x_at, scales + group_at, code_totals + group_at, width, block,
+                           block_scales, rows, out);
             else
-                int8_block(1, high + x_at, low + x_at, scales + group_at, width, block, block_scales, rows, out);
+                int8_block(1, high + x_at, low + x_at, scales + group_at, code_totals + group_at, width, block,
+                           block_scales, rows, out);
         }
     }
 }
