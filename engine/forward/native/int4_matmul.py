@@ -15,7 +15,8 @@ Where the CPU has AMX's bf16 tiles (``runs_on_amx``), calls of ``AMX_ROWS`` rows
 is dequantized to bf16 (each weight rounded once from fp32) into tiles in the thread's
 cache and multiplied there with the activations rounded to bf16, summed in fp32. No
 weight goes to memory and nothing is reordered, which is what oneDNN's bf16 GEMM on a
-dequantized copy spent most of a small call on.
+dequantized copy spent most of a small call on. The AVX2 variants' kernel takes calls of any number of rows too
+(``PROMPT_VARIANTS``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from engine.forward.native import activation_codes
-from engine.forward.native.build import activation_scratch, address, library
+from engine.forward.native.build import activation_scratch, address, kernels_variant, library
 from engine.forward.native.scratch import Scratch
 from engine.forward.weights.packed_sizes import CPU_INT4_PACK_ROWS
 from engine.host.cpu_features import has_amx_tiles
@@ -35,6 +36,10 @@ AMX_ROWS = 8
 """Rows from which a call takes the tiles rather than the int4 kernel: from about here a step's matmuls cost less
 on the tiles for small and mid-sized models alike. Dequantizing the strips is most of a small call, so the tiles cost
 about the same from 1 row to 32, while the int4 kernel's cost grows with the rows."""
+PROMPT_VARIANTS = ("avx2vnni", "avx2")
+"""Variants whose int4 kernel also takes prompt chunks, where ``int4_prompts``' int8 GEMM (oneDNN's, on AVX2) is
+slower: on SmolLM2-1.7B's matrices a chunk of 128 rows took that GEMM 261 ms of a thread, the avx2 kernel 154 and
+avx2vnni's 118; of 512 rows, 739, 618 and 485. Each weight stays exact, where the GEMM rounds it to int8."""
 _AMX_ACTIVATIONS, _AMX_TILES = Scratch(torch.bfloat16), Scratch(torch.bfloat16)
 
 
@@ -67,7 +72,8 @@ class Int4Matmul:
         self._block_pairs.copy_(scales_and_zeros.reshape(groups, -1, CPU_INT4_PACK_ROWS, 2).transpose(0, 1))  # one pass
         self._addresses = (address(packed), address(self._block_pairs))
         self._rows, self._group = rows, group
-        self.on_amx = runs_on_amx() and group % AMX_DEPTH == 0  # then calls of any number of rows run here
+        self.on_amx = runs_on_amx() and group % AMX_DEPTH == 0
+        self.takes_prompts = self.on_amx or kernels_variant("cpu") in PROMPT_VARIANTS  # calls of any number of rows
 
     def scales_and_zeros(self, start: int, end: int) -> torch.Tensor:
         """Rows ``start`` … ``end`` (whole blocks) in PyTorch's order, [K / group, n, 2] (a copy of theirs)."""

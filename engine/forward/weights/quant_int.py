@@ -218,7 +218,7 @@ def _int4_packed(groups: Int4Groups, tiles: int) -> tuple[Run, int]:
         packed = groups.cpu_packed(tiles)
         native = native_int4.Int4Matmul(packed, groups.scales_and_zeros, group)
         nbytes = packed.numel() + groups.scales_and_zeros.numel() * 2  # codes, and bf16 scales and zeros
-        if native.on_amx:
+        if native.takes_prompts:
             return native, nbytes
         return _beside_prompt_path(native, packed, native.scales_and_zeros, int4_prompts.covers(packed.shape[0]),
                                    group), nbytes

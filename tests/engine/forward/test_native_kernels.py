@@ -64,7 +64,7 @@ def _multiplied_as_in_a_step(multiply, x: torch.Tensor, weight: torch.Tensor, se
 
 @needs_kernels
 @pytest.mark.parametrize("sequences", [1, 8])
-@pytest.mark.parametrize("length", [1, 2, 3, 16])
+@pytest.mark.parametrize("length", [1, 2, 3, 16, 130])  # 130: a prompt chunk, which the AVX2 variants take too
 def test_int4_rows_are_their_rounded_codes_times_the_dequantized_weight(length, sequences):
     torch.manual_seed(length)
     groups = int4_groups_of(torch.randn(192, 160) * 0.05)  # 3 blocks of 64 rows, 5 groups of 32
