@@ -1,7 +1,8 @@
 /* Hearth's CPU kernels for AVX2 with FMA and F16C (variants.py's "avx2": most laptops' CPUs, Intel's since Haswell and
    AMD's before Zen 4), with kernels.c's exported functions and arguments (engine thread; OpenMP threads inside each
    call). Where kernels.c multiplies int8 codes with AVX-512's vpdpbusd, these use llama.cpp's AVX2 products: vpmaddubsw
-   (unsigned by signed bytes, adjacent pairs summed in int16) and vpmaddwd (int16 pairs summed in int32). The K/V cache
+   (unsigned by signed bytes, adjacent pairs summed in int16) and vpmaddwd (int16 pairs summed in int32); built with
+   AVX-VNNI (variants.py's "avx2vnni", __AVXVNNI__), the matmuls take its 256-bit vpdpbusd instead. The K/V cache
    is bf16 (uint16 storage): a value's fp32 is its 16 bits above 16 zero bits. No AMX here: amx_enable says so. */
 
 #include <immintrin.h>
