@@ -12,10 +12,11 @@ for the row counts it takes.
 
 In the avx512 variant calls of 16 rows or more take strips: 32 weight rows meet several
 activation rows at a time, so a byte gather serves that many rows' dot products. That
-makes it the prompts' path too (``takes_prompts``): from ``MANY_ROWS`` rows (prompt
-chunks) the activations take one code a value, as llama.cpp's Q8_0, at twice the rate of
-two codes; a product's relative error is then about 0.5 %, within the 0.7 % of the int8
-GEMM (``int4_prompts``) that this path replaces.
+makes it the prompts' path too (``takes_prompts``), as the AVX2 variants' kernel is
+(``PROMPT_VARIANTS``): from ``MANY_ROWS`` rows (prompt chunks) the activations take one
+code a value, as llama.cpp's Q8_0, at twice the rate of two codes; a product's relative
+error is then about 0.5 %, within the 0.7 % of the int8 GEMM (``int4_prompts``) that this
+path replaces.
 
 Where the CPU has AMX's bf16 tiles (``runs_on_amx``), calls of ``AMX_ROWS`` rows or more
 (prompt chunks, batched steps) take ``int4_matmul_amx`` instead: a strip of 32 weight rows
@@ -32,6 +33,7 @@ import torch
 from engine.forward.native import activation_codes
 from engine.forward.native.build import activation_scratch, address, kernels_variant, library
 from engine.forward.native.scratch import Scratch
+from engine.forward.native.variants import PROMPT_VARIANTS
 from engine.forward.weights.packed_sizes import CPU_INT4_PACK_ROWS
 from engine.host.cpu_features import has_amx_tiles
 
@@ -56,8 +58,8 @@ def covers(rows: int, width: int, group: int) -> bool:
 
 def takes_prompts() -> bool:
     """Whether calls of many rows (prompt chunks) run here rather than on ``int4_prompts``' GEMMs: on AMX's tiles, or
-    on the avx512 variant's strips (VNNI's dot products)."""
-    return runs_on_amx() or (library() is not None and kernels_variant("cpu") == "avx512")
+    on the kernel of a variant in ``PROMPT_VARIANTS``."""
+    return runs_on_amx() or (library() is not None and kernels_variant("cpu") in PROMPT_VARIANTS)
 
 
 def runs_on_amx() -> bool:
