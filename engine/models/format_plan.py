@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.forward.fast_scope import config_view, unsupported_reason
-from engine.forward.native.support import has_amx_kernels, may_run
+from engine.forward.native.support import has_amx_kernels, has_prompt_kernel, may_run
 from engine.forward.weights.packed_sizes import INT4_PAIR, int8_kernel_takes
 from engine.host.cpu_features import has_amx_tiles, has_fp16_math, has_int8_dot
 from engine.models.gguf_check import DIRECT_ARCHITECTURES
@@ -41,17 +41,20 @@ FORMAT_WORDS = {"nf4": "nf4 (bitsandbytes)"}  # formats the label words otherwis
 @dataclass(frozen=True)
 class HostFeatures:
     """What the CPU offers the formats (``cpu_features``): Hearth's kernels may run (``native.support``), AMX's
-    bf16 tiles (granted to this process), int8 dot products, fp16 arithmetic."""
+    bf16 tiles (granted to this process), int8 dot products, fp16 arithmetic, and whether Hearth's int4 kernel
+    takes prompt chunks (``support.has_prompt_kernel``)."""
 
     native_kernels: bool = False
     amx_tiles: bool = False
     int8_dot: bool = False
     fp16_math: bool = False
+    prompt_kernel: bool = False
 
 
 def this_host() -> HostFeatures:
     """This machine's ``HostFeatures`` (tests replace it to plan for another CPU)."""
-    return HostFeatures(may_run(), has_amx_kernels() and has_amx_tiles(), has_int8_dot(), has_fp16_math())
+    return HostFeatures(may_run(), has_amx_kernels() and has_amx_tiles(), has_int8_dot(), has_fp16_math(),
+                        has_prompt_kernel())
 
 
 @dataclass(frozen=True)
@@ -193,6 +196,8 @@ def _prompt_path(device: str, layers: str, host: HostFeatures) -> str:
     if layers == "int4":
         if host.amx_tiles:
             return "AMX bf16 tiles"
+        if host.prompt_kernel:
+            return "Hearth's int4 kernel"
         return "int8 GEMM" if host.int8_dot else "fp32 matmul"
     if layers in ("fp16", "int8"):
         return "oneDNN fp16" if host.fp16_math else "FBGEMM fp16"

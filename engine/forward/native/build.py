@@ -119,8 +119,8 @@ def library() -> ctypes.CDLL | None:
 
 
 def kernels_variant(device: str) -> str:
-    """Which of Hearth's CPU kernels a model on ``device`` runs, as benchmarks record it: "avx512", "avx2", "neon"
-    or "none"."""
+    """Which of Hearth's CPU kernels a model on ``device`` runs, as benchmarks record it: "avx512", "avx2vnni",
+    "avx2", "neon" or "none"."""
     return kernels().variant if device == "cpu" else "none"
 
 

@@ -10,6 +10,14 @@ step (``activation_codes``). Four codes of 16 weight rows meet four activations 
 are the layout ``cpu_int4_layout`` writes, untouched. It is faster than PyTorch's kernel
 for the row counts it takes.
 
+In the avx512 variant calls of 16 rows or more take strips: 32 weight rows meet several
+activation rows at a time, so a byte gather serves that many rows' dot products. That
+makes it the prompts' path too (``takes_prompts``), as the AVX2 variants' kernel is
+(``PROMPT_VARIANTS``): from ``MANY_ROWS`` rows (prompt chunks) the activations take one
+code a value, as llama.cpp's Q8_0, at twice the rate of two codes; a product's relative
+error is then about 0.5 %, within the 0.7 % of the int8 GEMM (``int4_prompts``) that this
+path replaces.
+
 Where the CPU has AMX's bf16 tiles (``runs_on_amx``), calls of ``AMX_ROWS`` rows or more
 (prompt chunks, batched steps) take ``int4_matmul_amx`` instead: a strip of 32 weight rows
 is dequantized to bf16 (each weight rounded once from fp32) into tiles in the thread's
@@ -23,8 +31,9 @@ from __future__ import annotations
 import torch
 
 from engine.forward.native import activation_codes
-from engine.forward.native.build import activation_scratch, address, library
+from engine.forward.native.build import activation_scratch, address, kernels_variant, library
 from engine.forward.native.scratch import Scratch
+from engine.forward.native.variants import PROMPT_VARIANTS
 from engine.forward.weights.packed_sizes import CPU_INT4_PACK_ROWS
 from engine.host.cpu_features import has_amx_tiles
 
@@ -35,6 +44,9 @@ AMX_ROWS = 8
 """Rows from which a call takes the tiles rather than the int4 kernel: from about here a step's matmuls cost less
 on the tiles for small and mid-sized models alike. Dequantizing the strips is most of a small call, so the tiles cost
 about the same from 1 row to 32, while the int4 kernel's cost grows with the rows."""
+MANY_ROWS = 128
+"""Rows from which a call rounds its activations to one code a value whatever the step (a prompt chunk): its sums
+then cost half as many dot products."""
 _AMX_ACTIVATIONS, _AMX_TILES = Scratch(torch.bfloat16), Scratch(torch.bfloat16)
 
 
@@ -42,6 +54,12 @@ def covers(rows: int, width: int, group: int) -> bool:
     """Whether a weight [rows, width] in groups of ``group`` runs here: whole blocks, whole groups of whole dots."""
     return (library() is not None and rows % CPU_INT4_PACK_ROWS == 0 and group % CODES_PER_DOT == 0
             and width % group == 0)
+
+
+def takes_prompts() -> bool:
+    """Whether calls of many rows (prompt chunks) run here rather than on ``int4_prompts``' GEMMs: on AMX's tiles, or
+    on the kernel of a variant in ``PROMPT_VARIANTS``."""
+    return runs_on_amx() or (library() is not None and kernels_variant("cpu") in PROMPT_VARIANTS)
 
 
 def runs_on_amx() -> bool:
@@ -67,7 +85,8 @@ class Int4Matmul:
         self._block_pairs.copy_(scales_and_zeros.reshape(groups, -1, CPU_INT4_PACK_ROWS, 2).transpose(0, 1))  # one pass
         self._addresses = (address(packed), address(self._block_pairs))
         self._rows, self._group = rows, group
-        self.on_amx = runs_on_amx() and group % AMX_DEPTH == 0  # then calls of any number of rows run here
+        self.on_amx = runs_on_amx() and group % AMX_DEPTH == 0
+        self.takes_prompts = self.on_amx or takes_prompts()  # then calls of any number of rows run here
 
     def scales_and_zeros(self, start: int, end: int) -> torch.Tensor:
         """Rows ``start`` … ``end`` (whole blocks) in PyTorch's order, [K / group, n, 2] (a copy of theirs)."""
@@ -81,8 +100,9 @@ class Int4Matmul:
         length, width = x.shape
         scratch = activation_scratch(length, width, self._group)
         out = torch.empty(length, self._rows)
-        self._kernel(x.data_ptr(), length, width, *self._addresses, self._rows, self._group,
-                     activation_codes.codes(), scratch, out.data_ptr())
+        codes = 1 if length >= MANY_ROWS else activation_codes.codes()
+        self._kernel(x.data_ptr(), length, width, *self._addresses, self._rows, self._group, codes, scratch,
+                     out.data_ptr())
         return out
 
     def _on_tiles(self, x: torch.Tensor) -> torch.Tensor:

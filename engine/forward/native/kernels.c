@@ -125,6 +125,104 @@ static inline __attribute__((always_inline)) void int4_block(
         for (int j = 0; j < 4; j++) _mm512_storeu_ps(y + (size_t)m * rows + row0 + 16 * j, total[m][j]);
 }
 
+/* Calls of STRIP_ROWS activation rows or more (prompt chunks) take the weights a strip of 32 rows at a time: half a
+   block, rows 16h .. 16h + 15 in the low nibbles of one byte gather and 32 + 16h .. 47 + 16h in its high ones. A pass
+   over a strip takes STRIP_TILE activation rows (one code a value; STRIP_TILE_TWO with two), so each gather and
+   mask serves that many rows' dot products, and a strip (K * 16 bytes) stays in a core's L2 cache across passes. */
+#define STRIP_ROWS 16
+#define STRIP_TILE 6
+#define STRIP_TILE_TWO 4
+
+/* Half `half` of a block against `count` (at most STRIP_TILE) activation rows, one code a value or two:
+   y[m, row0 + 16 half ..] and y[m, row0 + 32 + 16 half ..], 16 each. */
+static inline __attribute__((always_inline)) void int4_half_block(
+        int count, int two_codes, const int8_t *high, const int8_t *low, const float *scales, const float *code_totals,
+        int width, const uint8_t *block, const uint16_t *block_pairs, int rows, int group, float *y, int row0,
+        int half) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F), gather = lane_gather(16 * half);
+    const int groups = width / group;
+    __m512 total[STRIP_TILE][2];
+    for (int m = 0; m < count; m++) total[m][0] = total[m][1] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        __m512i high_sums[STRIP_TILE][2], low_sums[STRIP_TILE][2];
+        for (int m = 0; m < count; m++) {
+            high_sums[m][0] = high_sums[m][1] = _mm512_setzero_si512();
+            if (two_codes) low_sums[m][0] = low_sums[m][1] = _mm512_setzero_si512();
+        }
+        const uint8_t *bytes = block + (size_t)g * group * 32;
+        const size_t first_column = (size_t)g * group;
+        for (int k = 0; k < group; k += 4) {
+            __m512i both = _mm512_permutex2var_epi8(_mm512_loadu_si512(bytes + k * 32), gather,
+                                                    _mm512_loadu_si512(bytes + k * 32 + 64));
+            __m512i codes[2] = {_mm512_and_si512(both, nibble), _mm512_and_si512(_mm512_srli_epi16(both, 4), nibble)};
+            for (int m = 0; m < count; m++) {
+                __m512i x = _mm512_set1_epi32(*(const int32_t *)(high + (size_t)m * width + first_column + k));
+                high_sums[m][0] = _mm512_dpbusd_epi32(high_sums[m][0], codes[0], x);
+                high_sums[m][1] = _mm512_dpbusd_epi32(high_sums[m][1], codes[1], x);
+                if (two_codes) {
+                    __m512i x_low = _mm512_set1_epi32(*(const int32_t *)(low + (size_t)m * width + first_column + k));
+                    low_sums[m][0] = _mm512_dpbusd_epi32(low_sums[m][0], codes[0], x_low);
+                    low_sums[m][1] = _mm512_dpbusd_epi32(low_sums[m][1], codes[1], x_low);
+                }
+            }
+        }
+        const uint16_t *pairs = block_pairs + (size_t)g * BLOCK_ROWS * 2;
+        for (int j = 0; j < 2; j++) {  /* j = 0: rows 16 half + i; j = 1: rows 32 + 16 half + i */
+            __m512 scale, offset;
+            group_scale_and_offset(pairs, half + 2 * j, &scale, &offset);
+            for (int m = 0; m < count; m++) {
+                size_t at = (size_t)m * groups + g;
+                __m512 dot = code_dot(high_sums[m][j], two_codes ? low_sums[m][j] : high_sums[m][j], two_codes);
+                dot = _mm512_fmadd_ps(offset, _mm512_set1_ps(code_totals[at]), _mm512_mul_ps(dot, scale));
+                total[m][j] = _mm512_fmadd_ps(dot, _mm512_set1_ps(scales[at]), total[m][j]);
+            }
+        }
+    }
+    for (int m = 0; m < count; m++)
+        for (int j = 0; j < 2; j++)
+            _mm512_storeu_ps(y + (size_t)m * rows + row0 + 16 * half + 32 * j, total[m][j]);
+}
+
+/* int4_matmul's product for many rows, the activations already in codes: OpenMP over strips of 32 weight rows, each
+   meeting every activation row STRIP_TILE (or STRIP_TILE_TWO) at a time. */
+static void int4_matmul_strips(int count, int width, const int8_t *high, const int8_t *low, const float *scales,
+                               const float *code_totals, const uint8_t *packed, const uint16_t *scales_and_zeros,
+                               int rows, int group, float *y) {
+    const int strips = rows / (BLOCK_ROWS / 2), groups = width / group, tile = low ? STRIP_TILE_TWO : STRIP_TILE;
+    #pragma omp parallel for schedule(static)
+    for (int s = 0; s < strips; s++) {
+        const int b = s / 2, half = s % 2;
+        const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * (width / 2);
+        const uint16_t *block_pairs = scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2;
+        for (int m = 0; m < count; m += tile) {
+            const int n = count - m < tile ? count - m : tile;
+            size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
+            #define STRIP_PASS(tile_rows, two) int4_half_block(tile_rows, two, high + x_at, two ? low + x_at : NULL, \
+                                                               scales + group_at, code_totals + group_at, width, \
+                                                               block, block_pairs, rows, group, y + (size_t)m * rows, \
+                                                               b * BLOCK_ROWS, half)
+            if (low) {
+                switch (n) {
+                    case 4: STRIP_PASS(4, 1); break;
+                    case 3: STRIP_PASS(3, 1); break;
+                    case 2: STRIP_PASS(2, 1); break;
+                    default: STRIP_PASS(1, 1);
+                }
+            } else {
+                switch (n) {
+                    case 6: STRIP_PASS(6, 0); break;
+                    case 5: STRIP_PASS(5, 0); break;
+                    case 4: STRIP_PASS(4, 0); break;
+                    case 3: STRIP_PASS(3, 0); break;
+                    case 2: STRIP_PASS(2, 0); break;
+                    default: STRIP_PASS(1, 0);
+                }
+            }
+            #undef STRIP_PASS
+        }
+    }
+}
+
 /* y [M, N] = x [M, K] . W^T for W [N, K] in the int4 layout (N a multiple of 64, K of group, group of 4);
    scales_and_zeros [N / 64, K / group, 64, 2] bf16, a block's together (read in order, as its codes are):
    w = (q - 8) * scale + zero. codes: 1 or 2 int8 codes an activation (quantize_activations). scratch:
@@ -134,6 +232,16 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
     const int blocks = rows / BLOCK_ROWS, groups = width / group, two_codes = codes == 2;
     int8_t *high = (int8_t *)scratch, *low = high + (size_t)count * width;
     float *scales = (float *)(low + (size_t)count * width), *code_totals = scales + (size_t)count * groups;
+    if (count >= STRIP_ROWS) {
+        #pragma omp parallel for schedule(static)
+        for (int m = 0; m < count; m++)
+            quantize_activations(x + (size_t)m * width, 1, width, group, high + (size_t)m * width,
+                                 two_codes ? low + (size_t)m * width : NULL, scales + (size_t)m * groups,
+                                 code_totals + (size_t)m * groups);
+        int4_matmul_strips(count, width, high, two_codes ? low : NULL, scales, code_totals, packed, scales_and_zeros,
+                           rows, group, y);
+        return;
+    }
     quantize_activations(x, count, width, group, high, two_codes ? low : NULL, scales, code_totals);
     #pragma omp parallel for schedule(static) if (blocks > 1)
     for (int b = 0; b < blocks; b++) {

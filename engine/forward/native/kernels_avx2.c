@@ -1,7 +1,8 @@
 /* Hearth's CPU kernels for AVX2 with FMA and F16C (variants.py's "avx2": most laptops' CPUs, Intel's since Haswell and
    AMD's before Zen 4), with kernels.c's exported functions and arguments (engine thread; OpenMP threads inside each
    call). Where kernels.c multiplies int8 codes with AVX-512's vpdpbusd, these use llama.cpp's AVX2 products: vpmaddubsw
-   (unsigned by signed bytes, adjacent pairs summed in int16) and vpmaddwd (int16 pairs summed in int32). The K/V cache
+   (unsigned by signed bytes, adjacent pairs summed in int16) and vpmaddwd (int16 pairs summed in int32); built with
+   AVX-VNNI (variants.py's "avx2vnni", __AVXVNNI__), the matmuls take its 256-bit vpdpbusd instead. The K/V cache
    is bf16 (uint16 storage): a value's fp32 is its 16 bits above 16 zero bits. No AMX here: amx_enable says so. */
 
 #include <immintrin.h>
@@ -13,7 +14,6 @@
 #include "kernels_common.h"
 
 #define HALF_ROWS 32      /* a block's rows one nibble of its bytes holds (cpu_int4_layout) */
-#define SUB_COLUMNS 32    /* columns whose vpmaddubsw pairs add up in int16: 8 x 2 x 15 x 127 stays below 2^15 */
 
 static inline float sum_of(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -58,23 +58,50 @@ static inline void bf16_store(uint16_t *target, __m256 x) {
 
 /* ------------------------------------------------------------------------------------------------------------------
    int4: a block of 64 rows is [K, 32] bytes, byte (k, j) row j's code k in its low nibble and row j + 32's in its
-   high one. Four columns' 32 bytes, interleaved by vpunpck{l,h}bw and then {l,h}wd, give four vectors of a row's four
-   codes in each 32-bit lane: lanes 0-3 rows 4j .. 4j + 3, lanes 4-7 rows 4j + 16 .. 4j + 19 (vector j). */
+   high one. Four columns' 32 bytes, interleaved by vpunpck{l,h}bw and then {l,h}wd, put a row's four bytes in one
+   32-bit lane, both nibbles at once (one shuffle a vector, where unpacking each nibble's apart takes two): a block
+   takes two passes, pass p (vpunpcklbw, then vpunpckhbw) giving vectors j = 2p and 2p + 1 of each nibble, vector j
+   holding rows 4j .. 4j + 3 in lanes 0-3 and 4j + 16 .. 4j + 19 in lanes 4-7 (the high nibbles: those rows + 32).
+   A row's four codes meet four activations in one vpdpbusd where the CPU has AVX-VNNI (the "avx2vnni" variant, built
+   with it), else in one vpmaddubsw, whose pairs add up in int16 over CODE_RUN columns (8 x 2 x 15 x 127 < 2^15)
+   before vpmaddwd widens them. */
 
-/* Four columns k .. k + 3 of a block's 32 rows of one nibble (`high`: rows 32-63) as vectors of a row's four codes. */
-static inline __attribute__((always_inline)) void four_columns(const uint8_t *bytes, int high, __m256i codes[4]) {
+#define ROW_TILE 2  /* activation rows a pass over a block takes with one code a value (one with two) */
+
+#ifdef __AVXVNNI__
+#define CODE_RUN (1 << 30)  /* columns whose sums add up before widening: vpdpbusd's are int32 already */
+
+/* sums + codes . x, a lane's four unsigned codes by four signed activations: int32 sums. */
+static inline __m256i add_products(__m256i sums, __m256i codes, __m256i x) {
+    return _mm256_dpbusd_avx_epi32(sums, codes, x);
+}
+
+static inline __m256i widened(__m256i sums) { return sums; }
+#else
+#define CODE_RUN 32  /* columns whose vpmaddubsw sums add up in int16 before widening */
+
+/* sums + codes . x, a lane's four unsigned codes by four signed activations, in two int16 pair sums a lane. */
+static inline __m256i add_products(__m256i sums, __m256i codes, __m256i x) {
+    return _mm256_add_epi16(sums, _mm256_maddubs_epi16(codes, x));
+}
+
+/* A lane's two int16 pair sums as one int32. */
+static inline __m256i widened(__m256i sums) { return _mm256_madd_epi16(sums, _mm256_set1_epi16(1)); }
+#endif
+
+/* Four columns k .. k + 3 of a block (bytes: column k's) in pass `pass`: codes[2 high + q] is vector 2 pass + q of
+   the nibble `high`, a row's four codes a lane. */
+static inline __attribute__((always_inline)) void four_columns(const uint8_t *bytes, int pass, __m256i codes[4]) {
     const __m256i nibble = _mm256_set1_epi8(0x0F);
     __m256i c[4];
-    for (int i = 0; i < 4; i++) {
-        c[i] = _mm256_loadu_si256((const __m256i *)(bytes + 32 * i));
-        c[i] = _mm256_and_si256(high ? _mm256_srli_epi16(c[i], 4) : c[i], nibble);
+    for (int i = 0; i < 4; i++) c[i] = _mm256_loadu_si256((const __m256i *)(bytes + 32 * i));
+    __m256i pairs01 = pass ? _mm256_unpackhi_epi8(c[0], c[1]) : _mm256_unpacklo_epi8(c[0], c[1]);
+    __m256i pairs23 = pass ? _mm256_unpackhi_epi8(c[2], c[3]) : _mm256_unpacklo_epi8(c[2], c[3]);
+    __m256i rows[2] = {_mm256_unpacklo_epi16(pairs01, pairs23), _mm256_unpackhi_epi16(pairs01, pairs23)};
+    for (int q = 0; q < 2; q++) {
+        codes[q] = _mm256_and_si256(rows[q], nibble);
+        codes[2 + q] = _mm256_and_si256(_mm256_srli_epi16(rows[q], 4), nibble);
     }
-    __m256i low01 = _mm256_unpacklo_epi8(c[0], c[1]), high01 = _mm256_unpackhi_epi8(c[0], c[1]);
-    __m256i low23 = _mm256_unpacklo_epi8(c[2], c[3]), high23 = _mm256_unpackhi_epi8(c[2], c[3]);
-    codes[0] = _mm256_unpacklo_epi16(low01, low23);
-    codes[1] = _mm256_unpackhi_epi16(low01, low23);
-    codes[2] = _mm256_unpacklo_epi16(high01, high23);
-    codes[3] = _mm256_unpackhi_epi16(high01, high23);
 }
 
 /* A group's bf16 (scale, zero) pairs (pairs [64, 2]) of vector j's rows in half `high` as the scale and the offset
@@ -96,75 +123,67 @@ static inline void store_rows(float *y, int row0, int high, int j, __m256 sums) 
     _mm_storeu_ps(at + 16, _mm256_extractf128_ps(sums, 1));
 }
 
-/* A block of 64 rows against `count` (1 or 2) activation rows, one code a value or two (`low` read only then):
-   y[m, row0 .. row0 + 63]. Each group's bytes are read by the block's two halves (the low nibbles' 32 rows, then the
-   high ones') in turn, the second from cache, each half's sums in registers. */
+/* A block of 64 rows against `count` (1 or ROW_TILE) activation rows, one code a value or two (`low` read only
+   then): y[m, row0 .. row0 + 63]. A group's bytes are read by the two passes in turn (the second from cache). */
 static inline __attribute__((always_inline)) void int4_block(
         int count, int two_codes, const int8_t *high, const int8_t *low, const float *scales, const float *code_totals,
         int width, const uint8_t *block, const uint16_t *block_pairs, int rows, int group, float *y, int row0) {
-    const int groups = width / group;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 total[2][8];
+    const int groups = width / group, codes_per_value = 1 + two_codes;
+    const int8_t *x_codes[2] = {high, low};
+    __m256 total[ROW_TILE][2][4];  /* [m][high][j] */
     for (int m = 0; m < count; m++)
-        for (int j = 0; j < 8; j++) total[m][j] = _mm256_setzero_ps();
+        for (int i = 0; i < 8; i++) (&total[m][0][0])[i] = _mm256_setzero_ps();
     for (int g = 0; g < groups; g++)
-        for (int high_half = 0; high_half < 2; high_half++) {
-            __m256 dot[2][4];
+        for (int pass = 0; pass < 2; pass++) {
+            __m256i dot[ROW_TILE][2][4];  /* [m][code][vector]: int32 */
             for (int m = 0; m < count; m++)
-                for (int j = 0; j < 4; j++) dot[m][j] = _mm256_setzero_ps();
-            for (int k0 = g * group; k0 < (g + 1) * group; k0 += SUB_COLUMNS) {
-                const int k1 = k0 + SUB_COLUMNS < (g + 1) * group ? k0 + SUB_COLUMNS : (g + 1) * group;
-                __m256i high_sums[2][4], low_sums[2][4];
+                for (int i = 0; i < 8; i++) (&dot[m][0][0])[i] = _mm256_setzero_si256();
+            for (int k0 = g * group; k0 < (g + 1) * group; k0 += CODE_RUN) {
+                const int k1 = (g + 1) * group - k0 > CODE_RUN ? k0 + CODE_RUN : (g + 1) * group;
+                __m256i sums[ROW_TILE][2][4];
                 for (int m = 0; m < count; m++)
-                    for (int j = 0; j < 4; j++) high_sums[m][j] = low_sums[m][j] = _mm256_setzero_si256();
+                    for (int i = 0; i < 8; i++) (&sums[m][0][0])[i] = _mm256_setzero_si256();
                 for (int k = k0; k < k1; k += 4) {
                     __m256i codes[4];
-                    four_columns(block + (size_t)k * HALF_ROWS, high_half, codes);
-                    for (int m = 0; m < count; m++) {
-                        __m256i x = _mm256_set1_epi32(*(const int32_t *)(high + (size_t)m * width + k));
-                        for (int j = 0; j < 4; j++)
-                            high_sums[m][j] = _mm256_add_epi16(high_sums[m][j], _mm256_maddubs_epi16(codes[j], x));
-                        if (two_codes) {
-                            __m256i x_low = _mm256_set1_epi32(*(const int32_t *)(low + (size_t)m * width + k));
-                            for (int j = 0; j < 4; j++)
-                                low_sums[m][j] = _mm256_add_epi16(low_sums[m][j],
-                                                                  _mm256_maddubs_epi16(codes[j], x_low));
+                    four_columns(block + (size_t)k * HALF_ROWS, pass, codes);
+                    for (int m = 0; m < count; m++)
+                        for (int c = 0; c < codes_per_value; c++) {
+                            __m256i x = _mm256_set1_epi32(*(const int32_t *)(x_codes[c] + (size_t)m * width + k));
+                            for (int v = 0; v < 4; v++) sums[m][c][v] = add_products(sums[m][c][v], codes[v], x);
                         }
-                    }
                 }
                 for (int m = 0; m < count; m++)
-                    for (int j = 0; j < 4; j++) {
-                        __m256 part = _mm256_cvtepi32_ps(_mm256_madd_epi16(high_sums[m][j], ones));
-                        if (two_codes)
-                            part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(low_sums[m][j], ones)),
-                                                   _mm256_set1_ps(1.0f / LOW_STEPS), part);
-                        dot[m][j] = _mm256_add_ps(dot[m][j], part);
-                    }
+                    for (int c = 0; c < codes_per_value; c++)
+                        for (int v = 0; v < 4; v++)
+                            dot[m][c][v] = _mm256_add_epi32(dot[m][c][v], widened(sums[m][c][v]));
             }
             const uint16_t *pairs = block_pairs + (size_t)g * BLOCK_ROWS * 2;
-            for (int j = 0; j < 4; j++) {
+            for (int v = 0; v < 4; v++) {
+                const int half = v / 2, j = 2 * pass + v % 2;
                 __m256 scale, offset;
-                group_scale_and_offset(pairs, high_half, j, &scale, &offset);
+                group_scale_and_offset(pairs, half, j, &scale, &offset);
                 for (int m = 0; m < count; m++) {
                     size_t at = (size_t)m * groups + g;
-                    __m256 d = _mm256_fmadd_ps(offset, _mm256_set1_ps(code_totals[at]),
-                                               _mm256_mul_ps(dot[m][j], scale));
-                    total[m][4 * high_half + j] = _mm256_fmadd_ps(d, _mm256_set1_ps(scales[at]),
-                                                                  total[m][4 * high_half + j]);
+                    __m256 d = _mm256_cvtepi32_ps(dot[m][0][v]);
+                    if (two_codes)
+                        d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m][1][v]), _mm256_set1_ps(1.0f / LOW_STEPS), d);
+                    d = _mm256_fmadd_ps(offset, _mm256_set1_ps(code_totals[at]), _mm256_mul_ps(d, scale));
+                    total[m][half][j] = _mm256_fmadd_ps(d, _mm256_set1_ps(scales[at]), total[m][half][j]);
                 }
             }
         }
     for (int m = 0; m < count; m++)
         for (int half = 0; half < 2; half++)
-            for (int j = 0; j < 4; j++) store_rows(y + (size_t)m * rows, row0, half, j, total[m][4 * half + j]);
+            for (int j = 0; j < 4; j++) store_rows(y + (size_t)m * rows, row0, half, j, total[m][half][j]);
 }
 
 /* kernels.c's int4_matmul: y [M, N] = x [M, K] . W^T in the int4 layout (N a multiple of 64, K of group, group of
    4), scales_and_zeros [N / 64, K / group, 64, 2] bf16, 1 or 2 int8 codes an activation; scratch: M * (2K + 8K /
-   group) bytes. Each half block meets two activation rows at a time with one code, one row with two. */
+   group) bytes. Each block meets ROW_TILE activation rows at a time with one code, one row with two. */
 void int4_matmul(const float *x, int count, int width, const uint8_t *packed, const uint16_t *scales_and_zeros,
                  int rows, int group, int codes, void *scratch, float *y) {
-    const int blocks = rows / BLOCK_ROWS, groups = width / group, two_codes = codes == 2, tile = two_codes ? 1 : 2;
+    const int blocks = rows / BLOCK_ROWS, groups = width / group, two_codes = codes == 2;
+    const int tile = two_codes ? 1 : ROW_TILE;
     int8_t *high = (int8_t *)scratch, *low = high + (size_t)count * width;
     float *scales = (float *)(low + (size_t)count * width), *code_totals = scales + (size_t)count * groups;
     quantize_activations(x, count, width, group, high, two_codes ? low : NULL, scales, code_totals);
@@ -180,7 +199,7 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
                                                  code_totals + group_at, width, block, block_pairs, rows, group, \
                                                  out, b * BLOCK_ROWS)
             if (two_codes) INT4_ROWS(1, 1);
-            else if (count - m >= 2) INT4_ROWS(2, 0);
+            else if (count - m >= ROW_TILE) INT4_ROWS(ROW_TILE, 0);
             else INT4_ROWS(1, 0);
             #undef INT4_ROWS
         }
@@ -188,18 +207,36 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
 }
 
 /* ------------------------------------------------------------------------------------------------------------------
-   int8: packed [N / 64, K / 4, 4, 16, 4] uint8 holds q + 128; 32 bytes are eight rows' four columns. Flipping the top
-   bit gives q as a signed byte, and llama.cpp's sign trick (|q| by x carrying q's sign) keeps vpmaddubsw's pairs
-   within int16: 2 x 127 x 127. */
+   int8: packed [N / 64, K / 4, 4, 16, 4] uint8 holds q + 128; 32 bytes are eight rows' four columns. With AVX-VNNI,
+   vpdpbusd multiplies the bytes as they are, unsigned, and each group's codes summed take the 128 out (as kernels.c
+   does); else flipping the top bit gives q as a signed byte, and llama.cpp's sign trick (|q| by x carrying q's sign)
+   keeps vpmaddubsw's pairs within int16: 2 x 127 x 127. */
+
+#ifdef __AVXVNNI__
+/* sums + a lane's four weight bytes times four activation codes. */
+static inline __m256i add_int8_products(__m256i sums, __m256i bytes, __m256i x) {
+    return _mm256_dpbusd_avx_epi32(sums, bytes, x);
+}
+
+static inline float byte_offset(float code_total) { return INT8_OFFSET * code_total; }  /* what the bytes' 128 added */
+#else
+/* sums + a lane's four weights (their bytes less 128) times four activation codes. */
+static inline __m256i add_int8_products(__m256i sums, __m256i bytes, __m256i x) {
+    __m256i q = _mm256_xor_si256(bytes, _mm256_set1_epi8((char)0x80));
+    __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));  /* |q| by x with q's sign */
+    return _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+static inline float byte_offset(float code_total) { (void)code_total; return 0.0f; }  /* the products are q's */
+#endif
 
 /* A block of 64 rows against `count` (1 or 2) activation rows, two codes a value: y[m, row0 .. row0 + 63]. A group's
    columns are 2 KiB of the block, read in order by its four quarters of 16 rows in turn (the later ones from cache),
    each quarter's sums in eight registers. */
 static inline __attribute__((always_inline)) void int8_block(
-        int count, const int8_t *high, const int8_t *low, const float *scales, int width, const uint8_t *block,
-        const uint16_t *weight_scales, int rows, float *y) {
+        int count, const int8_t *high, const int8_t *low, const float *scales, const float *code_totals, int width,
+        const uint8_t *block, const uint16_t *weight_scales, int rows, float *y) {
     const int groups = width / INT8_GROUP;
-    const __m256i ones = _mm256_set1_epi16(1), top_bit = _mm256_set1_epi8((char)0x80);
     __m256 total[2][8];
     for (int m = 0; m < count; m++)
         for (int i = 0; i < 8; i++) total[m][i] = _mm256_setzero_ps();
@@ -210,19 +247,14 @@ static inline __attribute__((always_inline)) void int8_block(
                 for (int i = 0; i < 2; i++) high_sums[m][i] = low_sums[m][i] = _mm256_setzero_si256();
             for (int k = g * INT8_GROUP; k < (g + 1) * INT8_GROUP; k += 4) {
                 const uint8_t *bytes = block + (size_t)k * BLOCK_ROWS + 64 * quarter;
-                __m256i q[2], size[2];
-                for (int i = 0; i < 2; i++) {
-                    q[i] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(bytes + 32 * i)), top_bit);
-                    size[i] = _mm256_sign_epi8(q[i], q[i]);  /* |q| */
-                }
+                __m256i weights[2];
+                for (int i = 0; i < 2; i++) weights[i] = _mm256_loadu_si256((const __m256i *)(bytes + 32 * i));
                 for (int m = 0; m < count; m++) {
                     __m256i x_high = _mm256_set1_epi32(*(const int32_t *)(high + (size_t)m * width + k));
                     __m256i x_low = _mm256_set1_epi32(*(const int32_t *)(low + (size_t)m * width + k));
                     for (int i = 0; i < 2; i++) {
-                        __m256i pairs = _mm256_maddubs_epi16(size[i], _mm256_sign_epi8(x_high, q[i]));
-                        high_sums[m][i] = _mm256_add_epi32(high_sums[m][i], _mm256_madd_epi16(pairs, ones));
-                        pairs = _mm256_maddubs_epi16(size[i], _mm256_sign_epi8(x_low, q[i]));
-                        low_sums[m][i] = _mm256_add_epi32(low_sums[m][i], _mm256_madd_epi16(pairs, ones));
+                        high_sums[m][i] = add_int8_products(high_sums[m][i], weights[i], x_high);
+                        low_sums[m][i] = add_int8_products(low_sums[m][i], weights[i], x_low);
                     }
                 }
             }
@@ -230,9 +262,11 @@ static inline __attribute__((always_inline)) void int8_block(
             for (int i = 0; i < 2; i++) {
                 __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(group_scales + 8 * i)));
                 for (int m = 0; m < count; m++) {
+                    const size_t at = (size_t)m * groups + g;
                     __m256 dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low_sums[m][i]), _mm256_set1_ps(1.0f / LOW_STEPS),
                                                  _mm256_cvtepi32_ps(high_sums[m][i]));
-                    __m256 factor = _mm256_mul_ps(scale, _mm256_set1_ps(scales[(size_t)m * groups + g]));
+                    dot = _mm256_sub_ps(dot, _mm256_set1_ps(byte_offset(code_totals[at])));
+                    __m256 factor = _mm256_mul_ps(scale, _mm256_set1_ps(scales[at]));
                     total[m][2 * quarter + i] = _mm256_fmadd_ps(dot, factor, total[m][2 * quarter + i]);
                 }
             }
@@ -257,9 +291,11 @@ void int8_matmul(const float *x, int count, int width, const uint8_t *packed, co
             size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
             float *out = y + (size_t)m * rows + (size_t)b * BLOCK_ROWS;
             if (count - m >= 2)
-                int8_block(2, high + x_at, low + x_at, scales + group_at, width, block, block_scales, rows, out);
+                int8_block(2, high + x_at, low + x_at, scales + group_at, code_totals + group_at, width, block,
+                           block_scales, rows, out);
             else
-                int8_block(1, high + x_at, low + x_at, scales + group_at, width, block, block_scales, rows, out);
+                int8_block(1, high + x_at, low + x_at, scales + group_at, code_totals + group_at, width, block,
+                           block_scales, rows, out);
         }
     }
 }

@@ -2,8 +2,9 @@
 imports nothing of Hearth's, so that ``setup.py`` reads it by path while building the package).
 
 Each variant is one library with the same exported functions: "avx512" (``kernels.c``: AVX-512 F, BW, VL, VNNI and
-VBMI, with the AMX functions for their own target) and "avx2" (``kernels_avx2.c``: AVX2, FMA and F16C, as on most
-laptops) on x86-64; "neon" (``kernels_neon.c``: plain ARMv8-A, taking the dot-product extension's sdot where the CPU
+VBMI, with the AMX functions for their own target), "avx2" (``kernels_avx2.c``: AVX2, FMA and F16C, as on most
+laptops) and "avx2vnni" (the same source with AVX-VNNI's int8 dot products, as on Intel's laptop CPUs since Alder
+Lake) on x86-64; "neon" (``kernels_neon.c``: plain ARMv8-A, taking the dot-product extension's sdot where the CPU
 has it, which the library asks itself) on 64-bit ARM. ``setup.py`` compiles every variant of the machine's
 architecture its compiler can into the package; ``build`` loads the best one the CPU runs, or compiles it at run time
 where the package holds none (a source checkout). A library's name carries a hash of
@@ -62,11 +63,18 @@ VARIANTS = (  # best first
             (*UNIX_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512vbmi", "-mfma"),
             ("/O2", "/openmp", "/arch:AVX512"),
             ("avx512_f", "avx512_bw", "avx512_vl", "avx512_vnni", "avx512_vbmi"), amx=True),
+    Variant("avx2vnni", "kernels_avx2.c", (*UNIX_FLAGS, "-mavx2", "-mfma", "-mf16c", "-mavxvnni"),
+            ("/O2", "/openmp", "/arch:AVX2", "/D__AVXVNNI__"), ("avx2", "fma3", "f16c", "avx_vnni")),
     Variant("avx2", "kernels_avx2.c", (*UNIX_FLAGS, "-mavx2", "-mfma", "-mf16c"), ("/O2", "/openmp", "/arch:AVX2"),
             ("avx2", "fma3", "f16c")),
     Variant("neon", "kernels_neon.c", UNIX_FLAGS, (), ("neon",), architecture="aarch64"),
 )
 NAMES = (*(variant.name for variant in VARIANTS), "none")
+PROMPT_VARIANTS = ("avx512", "avx2vnni", "avx2")
+"""Variants whose int4 kernel also takes prompt chunks, where ``int4_prompts``' int8 GEMM is slower: on AVX2 alone,
+on SmolLM2-1.7B's matrices a chunk of 128 rows took oneDNN's GEMM 261 ms of a thread, the avx2 kernel 154 and
+avx2vnni's 118 (two codes a value); of 512 rows, 739, 618 and 485. Each weight stays exact, where the GEMM rounds it
+to int8."""
 EXPORTED = ("int4_matmul", "int8_matmul", "decode_attention", "chunk_attention", "rms_norm", "swiglu",
             "rotate_and_store", "int4_layout_from_nibbles", "amx_enable", "mxfp4_matmul")
 """What every variant's library exports (``amx_enable`` returns -1 where the variant has no AMX functions)."""

@@ -4,7 +4,8 @@ A model that only fits in 4 bits (an 8B GGUF on a 16 GB machine) runs its prompt
 the same weights as its decode steps. PyTorch's int4 kernel is made for a few rows:
 at a 512-token chunk it multiplies at about half of MKL's fp32 rate. So a call of
 ``PROMPT_ROWS`` rows or more multiplies in the fastest GEMM the CPU has (where it has
-AMX's tiles, Hearth's int4 kernel multiplies on them instead, ``native.int4_matmul``):
+AMX's tiles or the avx512 variant of Hearth's kernels runs, Hearth's int4 kernel multiplies them instead,
+``native.int4_matmul``):
 
 * int8, where the CPU has VNNI (``cpu_features.has_int8_dot``):
 

@@ -27,8 +27,8 @@ of each group's scale and zero point. A decode step reads ~0.63 bytes per weight
 instead of fp16's 2, which is what sets its speed; on the kernel, several tokens at
 once (prefill) run much slower than FBGEMM's fp16 kernel, which dequantizes nothing,
 so calls of many rows go to ``int4_prompts`` (int8 GEMMs), and fewer rows to Hearth's own kernel
-(``native.int4_matmul``) where it is built; where the CPU has AMX, that kernel's tile path takes calls of
-many rows as well. The ``int8`` format has no
+(``native.int4_matmul``) where it is built; where the CPU has AMX, or the kernel's avx512 variant runs (VNNI's
+dot products, ``native.int4_matmul.takes_prompts``), that kernel takes calls of many rows as well. The ``int8`` format has no
 fast CPU kernel in PyTorch (``_weight_int8pack_mm`` is slower than fp32 here): on the
 CPU it runs on Hearth's (``native.int8_matmul``, an fp16 scale per 32 weights), which
 holds the output layer beside 4-bit decode copies (``format_plan``), and
@@ -218,7 +218,7 @@ def _int4_packed(groups: Int4Groups, tiles: int) -> tuple[Run, int]:
         packed = groups.cpu_packed(tiles)
         native = native_int4.Int4Matmul(packed, groups.scales_and_zeros, group)
         nbytes = packed.numel() + groups.scales_and_zeros.numel() * 2  # codes, and bf16 scales and zeros
-        if native.on_amx:
+        if native.takes_prompts:
             return native, nbytes
         return _beside_prompt_path(native, packed, native.scales_and_zeros, int4_prompts.covers(packed.shape[0]),
                                    group), nbytes

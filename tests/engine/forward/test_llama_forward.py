@@ -136,6 +136,7 @@ def test_a_4bit_prompt_on_amx_multiplies_and_attends_in_bf16_within_its_rounding
 
     def last_logits(precision: str, amx: bool) -> torch.Tensor:
         monkeypatch.setattr(native_int4, "runs_on_amx", lambda: amx)
+        monkeypatch.setattr(native_int4, "takes_prompts", lambda: amx)  # else fp32 sums, not the avx512 strips
         host_features(amx_tiles=amx)  # the plan's prompt attention in bf16 beside int4 layers on the tiles
         return prompt_logits(_fast(hf_model, tokenizer, precision).backend, prompt)
 

@@ -64,14 +64,33 @@ def _multiplied_as_in_a_step(multiply, x: torch.Tensor, weight: torch.Tensor, se
 
 @needs_kernels
 @pytest.mark.parametrize("sequences", [1, 8])
-@pytest.mark.parametrize("length", [1, 2, 3, 16])
+@pytest.mark.parametrize("length", [1, 2, 3, 16, 17, 23])
 def test_int4_rows_are_their_rounded_codes_times_the_dequantized_weight(length, sequences):
+    """From 16 rows on the avx512 variant takes strips of 32 weight rows, several activation rows a pass (17, 23:
+    a last pass of fewer)."""
     torch.manual_seed(length)
     groups = int4_groups_of(torch.randn(192, 160) * 0.05)  # 3 blocks of 64 rows, 5 groups of 32
     multiply = Int4Matmul(groups.cpu_packed(2), groups.scales_and_zeros.to(torch.bfloat16).contiguous(), 32)
     multiply.on_amx = False  # the int4 kernel's own rows, even where AMX would take 16
     x = torch.randn(length, 160) * torch.logspace(-2, 1, 160)  # groups of very different sizes
     _multiplied_as_in_a_step(multiply, x, _dequantized(groups), sequences)
+
+
+@needs_kernels
+@pytest.mark.parametrize("length", [native_int4.MANY_ROWS, native_int4.MANY_ROWS + 5])
+def test_a_prompt_chunks_rows_take_one_code_a_value_in_any_step(length):
+    """From ``MANY_ROWS`` rows a call's activations take one int8 code a value (llama.cpp's Q8_0), a sequence's own
+    rows too: exactly the product of the 8-bit rows (here 133 rows: a last pass of one row)."""
+    torch.manual_seed(length)
+    groups = int4_groups_of(torch.randn(192, 160) * 0.05)
+    multiply = Int4Matmul(groups.cpu_packed(2), groups.scales_and_zeros.to(torch.bfloat16).contiguous(), 32)
+    multiply.on_amx = False
+    x = torch.randn(length, 160) * torch.logspace(-2, 1, 160)
+    _multiplied_as_in_a_step(multiply, x, _dequantized(groups), sequences=8)
+    with activation_codes.for_step(1):
+        one_sequence = multiply(x)
+    with activation_codes.for_step(8):
+        assert torch.equal(one_sequence, multiply(x))
 
 
 @needs_amx

@@ -11,7 +11,8 @@ SMOLLM2_135M_Q4 = ModelTraits(fast_path=True, vocab=49152, hidden=576, four_bit_
                               n_params=135_000_000)
 LLAMA_FOLDER = ModelTraits(fast_path=True, vocab=128256, hidden=4096, n_params=8_000_000_000)
 GPT2_FOLDER = ModelTraits(fast_path=False, vocab=50257, hidden=768)
-ZEN4 = HostFeatures(native_kernels=True, amx_tiles=False, int8_dot=True, fp16_math=False)
+ZEN4 = HostFeatures(native_kernels=True, amx_tiles=False, int8_dot=True, fp16_math=False, prompt_kernel=True)
+ARM_DOTPROD = HostFeatures(native_kernels=True, int8_dot=True)  # NEON: its int4 kernel takes no prompt chunks
 SAPPHIRE_RAPIDS = HostFeatures(native_kernels=True, amx_tiles=True, int8_dot=True, fp16_math=True)
 PLAIN_X86 = HostFeatures()  # AVX2 alone: no kernels of Hearth's, no int8 dot products
 
@@ -23,9 +24,10 @@ def test_a_4bit_gguf_alone_on_a_cpu_with_amx_prompts_on_the_tiles_and_attends_in
     assert (plan.output_layer, plan.token_table, plan.kv_cache) == ("int8", "file", "bf16")
 
 
-def test_a_4bit_gguf_alone_on_a_cpu_without_amx_prompts_in_int8_and_attends_in_fp32():
+def test_a_4bit_gguf_alone_on_a_cpu_without_amx_prompts_on_hearths_kernel_and_attends_in_fp32():
     plan = choose_formats("cpu", "int4", SMOLLM2_135M_Q4, ZEN4)
-    assert plan.prompt_path == "int8 GEMM" and plan.prompt_attention == "fp32"
+    assert plan.prompt_path == "Hearth's int4 kernel" and plan.prompt_attention == "fp32"
+    assert choose_formats("cpu", "int4", SMOLLM2_135M_Q4, ARM_DOTPROD).prompt_path == "int8 GEMM"
     assert choose_formats("cpu", "int4", SMOLLM2_135M_Q4, PLAIN_X86).prompt_path == "fp32 matmul"
 
 
