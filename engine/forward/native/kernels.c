@@ -1107,18 +1107,8 @@ AMX_TARGET void int4_matmul_amx(const float *x, int count, int width, uint16_t *
 #endif
 }
 
-/* gpt-oss's experts: weights [rows, width] kept as a GGUF file's MXFP4 blocks (native/mxfp4_matmul.py). A block of
-   32 weights of a row is 17 bytes: an e8m0 exponent e, then 16 bytes whose low nibble j is weight j's e2m1 code and
-   high nibble weight j + 16's. A weight is MXFP4_HALVES[code] * 2^(e - 128) (twice the e2m1 value, half the
-   scale: gguf-py's and llama.cpp's arithmetic), exact in fp32. */
-#define MXFP4_BLOCK 32
-#define MXFP4_BLOCK_BYTES 17
+/* gpt-oss's experts in MXFP4 blocks (kernels_common.h). */
 #define MXFP4_ROW_TILE 4  /* activation rows per pass over a weight row */
-
-static inline float mxfp4_scale(uint8_t e) {  /* 2^(e - 128), as ggml_e8m0_to_fp32_half */
-    union { uint32_t bits; float value; } scale = {e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23};
-    return scale.value;
-}
 
 /* y [count, rows] = x [count, width] times the MXFP4 weight's rows (blocks [rows, width / 32 * 17]), plus bias
    [rows] where given: each block's 16 code bytes widen to 32-bit lanes, whose low 4 bits (the low nibbles, then the

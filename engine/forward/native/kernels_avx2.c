@@ -614,14 +614,7 @@ void int4_layout_from_nibbles(const uint8_t *nibbles, int rows, int runs, int le
 int amx_enable(void) { return -1; }
 
 /* kernels.c's mxfp4_matmul (gpt-oss's experts kept as MXFP4 blocks), in 8-lane vectors. */
-#define MXFP4_BLOCK 32
-#define MXFP4_BLOCK_BYTES 17
 #define MXFP4_ROW_TILE 4
-
-static inline float mxfp4_scale(uint8_t e) {  /* 2^(e - 128), as ggml_e8m0_to_fp32_half */
-    union { uint32_t bits; float value; } scale = {e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23};
-    return scale.value;
-}
 
 static inline __m256 mxfp4_eight(__m128i values, __m256 scale) {  /* the low 8 int8 values, fp32, times scale */
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(values)), scale);

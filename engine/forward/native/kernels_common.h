@@ -60,4 +60,16 @@ static inline int64_t run_slot(const int32_t *runs, int j, int64_t logical) {
     return logical > before ? runs[2 * j] + (logical - before) : runs[2 * j];
 }
 
+/* gpt-oss's experts: weights [rows, width] kept as a GGUF file's MXFP4 blocks (native/mxfp4_matmul.py). A block of
+   32 weights of a row is 17 bytes: an e8m0 exponent e, then 16 bytes whose low nibble j is weight j's e2m1 code and
+   high nibble weight j + 16's. A weight is MXFP4_HALVES[code] * 2^(e - 128) (twice the e2m1 value, half the
+   scale: gguf-py's and llama.cpp's arithmetic), exact in fp32. */
+#define MXFP4_BLOCK 32
+#define MXFP4_BLOCK_BYTES 17
+
+static inline float mxfp4_scale(uint8_t e) {  /* 2^(e - 128), as ggml_e8m0_to_fp32_half */
+    union { uint32_t bits; float value; } scale = {e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23};
+    return scale.value;
+}
+
 #endif

@@ -638,14 +638,7 @@ int amx_enable(void) { return -1; }
 /* kernels.c's mxfp4_matmul (gpt-oss's experts kept as MXFP4 blocks): each block's 16 code bytes through a table
    lookup (low nibbles are weights 0-15, high nibbles 16-31) to int8 values, widened to fp32 times the block's
    scale, then multiply-added with up to MXFP4_ROW_TILE activation rows at once. */
-#define MXFP4_BLOCK 32
-#define MXFP4_BLOCK_BYTES 17
 #define MXFP4_ROW_TILE 4
-
-static inline float mxfp4_scale(uint8_t e) {  /* 2^(e - 128), as ggml_e8m0_to_fp32_half */
-    union { uint32_t bits; float value; } scale = {e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23};
-    return scale.value;
-}
 
 static inline void mxfp4_sixteen(int8x16_t values, float32x4_t scale, float32x4_t *w) {  /* w[0..3] = values * scale */
     const int16x8_t low = vmovl_s8(vget_low_s8(values)), high = vmovl_s8(vget_high_s8(values));
