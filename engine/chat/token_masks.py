@@ -33,6 +33,10 @@ class ConstraintMatcher:
         if not self.matcher.consume_token(token):
             raise ConstraintError(f"The constraint refused token {token}: {self.matcher.get_error()}")
 
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens``, from the first, the grammar would accept in turn from here (nothing is consumed)."""
+        return self.matcher.validate_tokens(list(tokens))
+
     @property
     def complete(self) -> bool:
         """The grammar admits nothing more: the reply ends here."""

@@ -17,9 +17,11 @@ each of those rows' logits, and the reply takes them one at a time as it takes a
 token (``ReplyState.sample`` verifies each drafted one), so a stop string, the end of
 the sequence or the token budget ends it exactly where it would end without the
 draft; the drafted tokens it said count as computed, the rest are rolled back
-(``Scheduler.keep_drafted``). Constrained requests do not draft (a constraint's mask
-covers the next position alone); requests asking for log-probabilities do, each
-drafted token's coming from its own row of logits.
+(``Scheduler.keep_drafted``). A constrained request drafts only what its grammar
+accepts from where it stands; the helper thread's mask covers its first row, and
+each later row's mask is computed once the drafted token before it is said.
+Requests asking for log-probabilities draft too, each drafted token's coming from
+its own row of logits.
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ class BatchRunner:
         matcher = self.constraints.matcher(constraint) if constraint is not None else None
         reply = ReplyState(loaded.tokenizer, sampling, loaded.eos_ids, loaded.context_length, self._backend.device,
                            prompt_ids, events.token, matcher)
-        speculation = Speculation() if sampling.speculative and matcher is None else None
+        speculation = Speculation() if sampling.speculative else None
         self._active[request_id] = _Active(conversation_id, events, reply, time.perf_counter(), speculation)
         self.scheduler.add(request_id, prompt_ids)
 
@@ -229,7 +231,10 @@ class BatchRunner:
                 continue
             reply = active.reply
             room = min(reply.sampling.max_new_tokens - len(reply.generated), reply.context_length - len(seq.token_ids))
-            self.scheduler.propose(request_id, active.speculation.draft(seq.token_ids, room - 1))
+            draft = active.speculation.draft(seq.token_ids, room - 1)
+            if reply.constraint is not None and draft:
+                draft = draft[: reply.constraint.valid_prefix(draft)]
+            self.scheduler.propose(request_id, draft)
 
     def _sampled_or_failed(self, chunk: ScheduledChunk, logits: torch.Tensor, allowed: torch.Tensor | None,
                            memory: MemoryReading) -> int:
@@ -252,7 +257,9 @@ class BatchRunner:
         seq = self.scheduler.get(request_id)
         draft = chunk.token_ids[len(chunk.token_ids) - chunk.drafted :]
         kept: list[int] = []  # drafted tokens said and fed: their positions are computed
-        for row, drafted in zip(logits, [*draft, None]):
+        for index, (row, drafted) in enumerate(zip(logits, [*draft, None])):
+            if index:  # the drafted token before this row was said
+                allowed = self._mask_after_draft(active)
             token = active.reply.sample(row, allowed, drafted)
             if not active.first_token_at:
                 active.prefill_ms = (time.perf_counter() - active.queued_at) * 1000
@@ -271,6 +278,11 @@ class BatchRunner:
         else:
             self._finish(request_id, reason, memory)
         return len(kept) + 1
+
+    def _mask_after_draft(self, active: _Active) -> torch.Tensor | None:
+        """The mask of a constrained reply's row after a drafted token it said (None: the reply is free)."""
+        constraint = active.reply.constraint
+        return None if constraint is None else self.constraints.allowed_tokens([constraint])[0]
 
     def _drop_cancelled(self, memory: MemoryReading) -> None:
         """A cancelled request ends before the step, whatever it is at: waiting (it never enters a forward pass),

@@ -4,6 +4,7 @@ the token budget ends them when that falls inside an accepted draft."""
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,6 +17,7 @@ from engine.models.model_open import open_model
 from engine.protocol.messages import (
     GREEDY,
     ChatMessage,
+    Constraint,
     LoadOptions,
     ReplyFailed,
     ReplyFinished,
@@ -85,20 +87,20 @@ class Batch:
         if isinstance(event, TokenStreamed):
             self.logprobs.setdefault(event.request_id, []).extend(event.logprobs)
 
-    def add(self, request_id: str, question: str, sampling: SamplingParams) -> None:
+    def add(self, request_id: str, question: str, sampling: SamplingParams, constraint: Constraint | None) -> None:
         prompt = self.loaded.tokenize(self.loaded.render((ChatMessage("user", question),)))
         events = ReplyEvents(self._emit, request_id, PromptPlan(prompt, ()), 0.0, self.loaded.context_length,
                              time.perf_counter())
         sampling = replace(sampling, stop=sampling.stop + self.loaded.template.stop_strings)
-        self.runner.add(request_id, request_id, prompt, sampling, events)
+        self.runner.add(request_id, request_id, prompt, sampling, events, constraint)
         self.events[request_id] = events
 
-    def run(self, joins, sampling: SamplingParams) -> dict[str, Said]:
+    def run(self, joins, sampling: SamplingParams, constraint: Constraint | None = None) -> dict[str, Said]:
         step = 0
         pending = list(joins)
         while pending or self.runner.has_work:
             while pending and pending[0][0] <= step:
-                self.add(f"r{len(self.events)}", pending.pop(0)[1], sampling)
+                self.add(f"r{len(self.events)}", pending.pop(0)[1], sampling, constraint)
             self.runner.step(lambda held: read_memory("cpu", 0, held, held))
             step += 1
         failed = [e.message for e in self.ended.values() if isinstance(e, ReplyFailed)]
@@ -107,10 +109,11 @@ class Batch:
                 for request_id, events in self.events.items()}
 
 
-def _replies(loaded, joins, sampling: SamplingParams) -> tuple[dict[str, Said], dict[str, Said]]:
+def _replies(loaded, joins, sampling: SamplingParams,
+             constraint: Constraint | None = None) -> tuple[dict[str, Said], dict[str, Said]]:
     """The replies without drafts, then with."""
-    return (Batch(loaded).run(joins, replace(sampling, speculative=False)),
-            Batch(loaded).run(joins, replace(sampling, speculative=True)))
+    return (Batch(loaded).run(joins, replace(sampling, speculative=False), constraint),
+            Batch(loaded).run(joins, replace(sampling, speculative=True), constraint))
 
 
 def test_streams_joining_a_drafting_batch_say_what_they_say_without_drafts(built_in_fp32):
@@ -151,3 +154,14 @@ def test_the_end_of_sequence_or_the_budget_inside_an_accepted_draft_ends_the_rep
     stats, plain_stats = drafted["r0"].finished.stats, plain["r0"].finished.stats
     assert (stats.finish_reason, stats.tokens_generated) == (plain_stats.finish_reason, plain_stats.tokens_generated)
     assert stats.finish_reason == ending and stats.accepted_tokens > 0
+
+
+def test_a_constrained_reply_drafts_within_its_grammar_and_says_what_it_says_without(built_in_fp32):
+    """Each drafted row is sampled under the mask of the grammar's state after the tokens before it."""
+    lowercase = Constraint("regex", "[a-z .]{1,120}")
+    plain, drafted = _replies(built_in_fp32, ((0, SENTENCE), (2, SENTENCE)), replace(GREEDY, max_new_tokens=NEW_TOKENS),
+                              lowercase)
+    for request_id, said in drafted.items():
+        assert said.text == plain[request_id].text
+        assert re.fullmatch("[a-z .]{1,120}", said.text), said.text
+        assert said.finished.stats.accepted_tokens > 0, "the sentence is copied: its words are drafted"
