@@ -85,6 +85,8 @@ SHAPES = {
     "smollm2-135m": Shape("llama", 576, 1536, 30, 9, 3, 100000.0, 8192, tied=True),
     "gemma3-1b": Shape("gemma3", 1152, 6912, 26, 4, 1, 1000000.0, 32768, tied=True, head_size=256,
                        sliding_window=512),
+    "gemma3-4b": Shape("gemma3", 2560, 10240, 34, 8, 4, 1000000.0, 131072, tied=True, head_size=256,
+                       sliding_window=1024),
     "phi4-mini": Shape("phi3", 3072, 8192, 32, 24, 8, 10000.0, 131072, tied=True, rotary_dim=96,
                        sliding_window=262144, trained_context=4096),
     "granite3.1-2b": Shape("granite", 2048, 8192, 40, 32, 8, 5000000.0, 131072, tied=True,
