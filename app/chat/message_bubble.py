@@ -48,7 +48,8 @@ DROPPED_NOTE = "Left out of the model's context: the conversation is longer than
 def state_note(message: DisplayMessage) -> str:
     """The lines under a message that say how it ended, if not normally, and if the model no longer sees it."""
     notes = {
-        "streaming": "waiting for its turn…" if message.waiting else "writing…",
+        "streaming": ("asking the tool servers for their tools…" if message.listing_tools
+                      else "waiting for its turn…" if message.waiting else "writing…"),
         "interrupted": "Stopped: this reply is incomplete.",
         "error": f"The reply broke off: {message.error}",
     }

@@ -135,6 +135,7 @@ class ReplyRouter(QObject):
         reply = LiveReply("", conversation, message)
         self._by_conversation[conversation.id] = reply
         if conversation.use_tools and self.tool_hub is not None:
+            message.listing_tools = True
             self._run_task(
                 reply, self._offer_tools(reply, self.tool_hub),
                 lambda: reply.conversation.finish_reply("", interrupted=True),
@@ -165,6 +166,8 @@ class ReplyRouter(QObject):
     async def _offer_tools(self, reply: LiveReply, hub: ToolHub) -> None:
         """Ask the hub for its tools, then the engine for the reply."""
         tools = await hub.tools()
+        reply.message.listing_tools = False
+        self.text_changed.emit(reply)
         problems = hub.problems()
         if problems:
             self.notice.emit("Some tools are not available: " + "; ".join(problems))

@@ -41,6 +41,8 @@ class DisplayMessage:
     """True when the model's context overflowed and this turn was left out of it."""
     waiting: bool = False
     """True while a streaming reply waits for the engine to begin it (it is writing other replies)."""
+    listing_tools: bool = False
+    """True while a streaming reply waits for the tool servers to say their tools (they may be starting)."""
     tool_calls: tuple[ToolCall, ...] = ()
     """The tools an assistant reply called (its ``content`` is the text around the calls)."""
     tool: ToolTurn | None = None

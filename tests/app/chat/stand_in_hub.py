@@ -54,8 +54,12 @@ class StandInHub:
     """Every call: function name, arguments, timeout."""
     cancelled: list[str] = field(default_factory=list)
     """The calls that were cancelled while they ran."""
+    listed: asyncio.Event | None = None
+    """Where set, ``tools`` answers once it is (servers still starting)."""
 
     async def tools(self) -> tuple[StandInSpec, ...]:
+        if self.listed is not None:
+            await self.listed.wait()
         return tuple(spec(name) for name in self.behaviours)
 
     def problems(self) -> tuple[str, ...]:

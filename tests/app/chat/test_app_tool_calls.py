@@ -3,6 +3,7 @@ back to the model and the reply goes on; timeouts, unknown tools, Stop and the r
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -314,3 +315,18 @@ def test_a_call_waits_while_the_user_reads_another_conversation_and_is_answered_
     chat.wait_until_reply_ends()
     assert tool_cards(chat)[0].result.text() == SUNNY
     assert chat.last_reply().content == "".join(ANSWER)
+
+
+def test_the_reply_says_it_waits_for_the_tool_servers_until_they_list_their_tools(chat, script, hub):
+    """Servers starting up can take long to list their tools: the reply says so, not that it waits for its turn."""
+    script.replies_by_prompt = {QUESTION: ANSWER}
+    hub.listed = asyncio.Event()
+    use_tools(chat)
+    ask(chat)
+    reply_bubble = chat.window.chat_view.bubbles[-1]
+    chat.qtbot.wait(100)
+    assert reply_bubble.note.text() == "asking the tool servers for their tools…"
+
+    hub.listed.set()
+    chat.wait_until_reply_ends()
+    assert reply_bubble.message.content == "".join(ANSWER) and reply_bubble.note.text() == ""
