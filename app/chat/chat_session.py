@@ -136,16 +136,18 @@ class ChatSession(QObject):
             self._start_reply()
 
     def delete(self, message: DisplayMessage) -> None:
-        """Delete one message (refused while this conversation is answering)."""
+        """Delete one message, a reply with the tool cards of its calls (refused while this conversation is
+        answering)."""
         if self.generating:
             self.notice.emit("Stop the reply first, then delete messages.")
             return
-        try:
-            self._journal.delete_message(self._conversation, message)
-        except StorageError as error:
-            self.notice.emit(str(error))
-            return
-        self._view.remove_message(message)
+        for doomed in (message, *self._conversation.tool_turns_of(message)):
+            try:
+                self._journal.delete_message(self._conversation, doomed)
+            except StorageError as error:
+                self.notice.emit(str(error))
+                return
+            self._view.remove_message(doomed)
         self.saved.emit(self._conversation.id)
 
     def stop(self) -> None:

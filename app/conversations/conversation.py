@@ -135,6 +135,11 @@ class Conversation:
     def remove(self, message: DisplayMessage) -> None:
         self._messages.remove(message)
 
+    def tool_turns_of(self, message: DisplayMessage) -> list[DisplayMessage]:
+        """The "tool" turns that answer ``message``'s calls (none unless it is a reply that called tools)."""
+        call_ids = {call.id for call in message.tool_calls}
+        return [shown for shown in self._messages if shown.tool is not None and shown.tool.call_id in call_ids]
+
     def index_of(self, message: DisplayMessage) -> int:
         """The position of ``message`` on screen (by identity, not by equal content)."""
         return next(index for index, shown in enumerate(self._messages) if shown is message)

@@ -330,3 +330,21 @@ def test_the_reply_says_it_waits_for_the_tool_servers_until_they_list_their_tool
     hub.listed.set()
     chat.wait_until_reply_ends()
     assert reply_bubble.message.content == "".join(ANSWER) and reply_bubble.note.text() == ""
+
+
+def test_deleting_a_reply_that_called_a_tool_deletes_its_card_too(chat, script, hub, reopen):
+    script.replies_by_prompt = {QUESTION: ("Let me look.",) + call_tokens(), SUNNY: ANSWER}
+    use_tools(chat)
+    ask(chat)
+    press(chat, card_waiting(chat), "allow_once")
+    chat.wait_until_reply_ends()
+    calling_reply = chat.window.session.conversation.messages[1]
+    assert calling_reply.tool_calls
+
+    chat.window.session.delete(calling_reply)
+
+    assert [m.role for m in chat.window.session.conversation.messages] == ["user", "assistant"]
+    assert tool_cards(chat) == []
+    again = reopen()
+    assert [m.role for m in again.session.conversation.messages] == ["user", "assistant"]
+    assert all(message.role != "tool" for message in again.session.conversation.history())
