@@ -3,7 +3,7 @@
 GUI thread only. The main window docks ``PerformanceDock`` and forwards every
 engine event to ``dock.panel.on_event``, and tells it which conversation is on
 screen and which conversation each reply answers; ``PerfState`` is the Qt-free
-model behind it.
+model behind it. ``bench`` holds the GUI benchmarks, commands run in a process of their own.
 """
 
 from app.perf.dock import PerformanceDock

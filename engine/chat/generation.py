@@ -46,7 +46,7 @@ class ReplyOutcome:
     first_token_at: float
     decode_ms: float
     tokens_generated: int
-    drafted_tokens: int = 0  # proposed by speculative drafts (``engine/speculative``)
+    drafted_tokens: int = 0  # proposed by speculative drafts (``engine/chat/speculative``)
     accepted_tokens: int = 0  # of those, said
     decode_steps: int = 0  # forward steps that said at least one token
 

@@ -5,7 +5,7 @@ The order follows transformers' logits processors, so greedy decoding matches
 draw from a seeded generator. Everything stays on the model's device; the caller
 takes ``.item()`` only when the token must be shown.
 
-``verify`` judges a speculative draft's token (``engine/speculative``) against these
+``verify`` judges a speculative draft's token (``engine/chat/speculative``) against these
 same probabilities. A prompt-lookup draft proposes one token with certainty (its
 distribution q is a point mass), so rejection sampling accepts the token t with
 probability min(1, p(t) / q(t)) = p(t), and on rejection draws from the residual

@@ -2,7 +2,7 @@
 
 One per physical core: decoding is bound by memory bandwidth, which more cores
 raise. The GUI thread's share while a reply streams is small (the performance
-panel's refresh costs a small part of a core), and ``python -m app.bench.panel`` checks
+panel's refresh costs a small part of a core), and ``python -m app.perf.bench.panel`` checks
 that it does not slow decoding. ``HEARTH_THREADS`` (``config.EngineConfig.threads``)
 overrides the choice.
 """

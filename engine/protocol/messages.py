@@ -54,7 +54,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # None: none; k: each token's log-probability and its k likeliest rivals (k <= 20)
-    speculative: bool = True  # draft tokens from the conversation where that pays (``engine/speculative``)
+    speculative: bool = True  # draft tokens from the conversation where that pays (``engine/chat/speculative``)
 
     @property
     def greedy(self) -> bool:
@@ -335,7 +335,7 @@ class RequestStats:
     started_at: float = 0.0
     finished_at: float = 0.0
     remote: RemoteFigures | None = None  # what a remote server itself reported
-    drafted_tokens: int = 0  # tokens speculative drafts proposed (``engine/speculative``)
+    drafted_tokens: int = 0  # tokens speculative drafts proposed (``engine/chat/speculative``)
     accepted_tokens: int = 0  # of those, the ones the model said
     decode_steps: int = 0  # forward steps that said tokens: tokens_generated / decode_steps tokens a step
 

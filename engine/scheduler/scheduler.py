@@ -28,7 +28,7 @@ reused as far as every group still holds what the next position sees: for a wind
 group, the shadows of its last window; else up to an earlier block where they are
 there, or not at all.
 
-A decoding sequence may carry a speculative draft (``propose``, ``engine/speculative``):
+A decoding sequence may carry a speculative draft (``propose``, ``engine/chat/speculative``):
 its chunk then feeds the drafted tokens after its last one, taking blocks for them
 from the step's budget and the free blocks (a draft is cut short where either runs
 out). The step writes their keys and values, but ``complete`` counts only the last

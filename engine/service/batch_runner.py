@@ -11,7 +11,7 @@ constrained requests are computed on a helper thread while the forward pass runs
 constrained and free requests share the batch. ``BatchSampled`` goes
 out after steps that changed the batch, at most ``1 / SAMPLE_INTERVAL_S`` times a second.
 
-A decoding request may draft tokens (``engine/speculative``; ``SamplingParams.speculative``)
+A decoding request may draft tokens (``engine/chat/speculative``; ``SamplingParams.speculative``)
 before each step: the scheduler feeds them after its last token, the step returns
 each of those rows' logits, and the reply takes them one at a time as it takes any
 token (``ReplyState.sample`` verifies each drafted one), so a stop string, the end of
@@ -56,7 +56,7 @@ from engine.scheduler.conversation_chains import ConversationChains
 from engine.scheduler.scheduler import ScheduledChunk, Scheduler, Step
 from engine.scheduler.step_pacer import StepPacer
 from engine.service.reply_events import ReplyEvents
-from engine.speculative.speculation import Speculation
+from engine.chat.speculative.speculation import Speculation
 
 BLOCK_SIZE = 16
 SAMPLE_INTERVAL_S = 0.1

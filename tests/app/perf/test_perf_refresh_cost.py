@@ -7,7 +7,7 @@ import json
 from PySide6.QtCore import QPoint
 from PySide6.QtGui import QColor
 
-from app.bench import refresh as bench_refresh
+from app.perf.bench import refresh as bench_refresh
 from app.perf.chart import ChartLine, LineChart
 from app.perf.format import format_number, format_tok_s
 from app.perf.panel import STREAMING_REFRESH_HZ, LiveValueLabel, PerformancePanel

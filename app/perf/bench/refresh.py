@@ -1,6 +1,6 @@
 """GUI-thread CPU the open performance panel costs while a reply streams (no engine, no model).
 
-    python -m app.bench.refresh --json [--tokens 500] [--rate 30] [--side open|closed|both] [--batch]
+    python -m app.perf.bench.refresh --json [--tokens 500] [--rate 30] [--side open|closed|both] [--batch]
 
 Runs on the GUI thread of its own QApplication (offscreen unless
 ``QT_QPA_PLATFORM`` says otherwise). A window like Hearth's, with the
@@ -162,7 +162,7 @@ def emit(row: dict[str, Any], as_json: bool) -> None:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m app.bench.refresh", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m app.perf.bench.refresh", description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=500, help="tokens in the streamed reply")
     parser.add_argument("--rate", type=float, default=30.0, help="tokens per second")
     parser.add_argument("--side", choices=("open", "closed", "both"), default="both", help="panel open, closed, or both")

@@ -1,4 +1,4 @@
-"""GUI-stall benchmark: ``python -m app.bench.gui --json`` (GUI thread, offscreen by default).
+"""GUI-stall benchmark: ``python -m app.perf.bench.gui --json`` (GUI thread, offscreen by default).
 
 Streams ``--tokens`` tokens at ``--rate`` tokens/s from a fake engine into a real window (with
 Markdown and a code block, as a model writes), then streams ``--together`` replies of half as

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.speculative.draft_length import FIRST_LENGTH, FIRST_PAUSE, MAX_LENGTH, DraftLength
+from engine.chat.speculative.draft_length import FIRST_LENGTH, FIRST_PAUSE, MAX_LENGTH, DraftLength
 
 
 def test_kept_drafts_grow_to_the_longest_and_a_rejection_cuts_to_the_kept_run():

@@ -1,6 +1,6 @@
 """Does the performance panel slow decoding? Real engine, real window, panel open vs closed (GUI thread).
 
-    python -m app.bench.panel --json [--model PATH] [--rounds 6] [--tokens 64]
+    python -m app.perf.bench.panel --json [--model PATH] [--rounds 6] [--tokens 64]
 
 Loads the model in a real ``MainWindow`` (offscreen unless ``QT_QPA_PLATFORM``
 says otherwise), then asks for short greedy replies, alternating the panel open
@@ -40,7 +40,7 @@ REPLY_TIMEOUT_S = 600.0
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m app.bench.panel", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m app.perf.bench.panel", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, metavar="PATH", help="a model folder or .gguf file")
     parser.add_argument("--rounds", type=int, default=6, help="replies per side (panel open, panel closed)")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per reply")

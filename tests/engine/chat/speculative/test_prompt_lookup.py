@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.speculative.prompt_lookup import PromptLookup
+from engine.chat.speculative.prompt_lookup import PromptLookup
 
 
 def test_drafts_what_followed_the_last_ngram_where_it_occurred_before():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from engine.speculative.draft_length import DraftLength
-from engine.speculative.prompt_lookup import PromptLookup
+from engine.chat.speculative.draft_length import DraftLength
+from engine.chat.speculative.prompt_lookup import PromptLookup
 
 
 class Speculation:
