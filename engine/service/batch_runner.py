@@ -36,6 +36,7 @@ from typing import Callable
 import torch
 
 from engine.chat.generation import ReplyOutcome, ReplyState
+from engine.chat.speculative.speculation import Speculation
 from engine.chat.token_masks import ConstraintVocabulary
 from engine.forward.paged_kv import BatchRow
 from engine.host import garbage
@@ -56,7 +57,6 @@ from engine.scheduler.conversation_chains import ConversationChains
 from engine.scheduler.scheduler import ScheduledChunk, Scheduler, Step
 from engine.scheduler.step_pacer import StepPacer
 from engine.service.reply_events import ReplyEvents
-from engine.chat.speculative.speculation import Speculation
 
 BLOCK_SIZE = 16
 SAMPLE_INTERVAL_S = 0.1
