@@ -41,6 +41,7 @@ from engine.protocol.messages import (
     ModelInspected,
     ModelLoaded,
     PrefillDone,
+    PromptProgress,
     ReplyFailed,
     ReplyFinished,
     RemoteModelsFailed,
@@ -61,6 +62,7 @@ SIGNAL_FOR_EVENT: dict[type, str] = {
     LoadProgress: "load_progress",
     ModelLoaded: "model_loaded",
     LoadFailed: "load_failed",
+    PromptProgress: "prompt_progress",
     PrefillDone: "prefill_done",
     TokenStreamed: "token_streamed",
     ReplyFinished: "reply_finished",
@@ -91,6 +93,7 @@ class EngineController(QObject):
     load_progress = Signal(object)
     model_loaded = Signal(object)
     load_failed = Signal(object)
+    prompt_progress = Signal(object)
     prefill_done = Signal(object)
     token_streamed = Signal(object)
     reply_finished = Signal(object)

@@ -27,6 +27,8 @@ from engine.protocol.messages import (
     LoadOptions,
     ModelLoaded,
     PRECISIONS,
+    PrefillDone,
+    PromptProgress,
     ReplyFailed,
     ReplyFinished,
     SamplingParams,
@@ -84,9 +86,16 @@ class TerminalChat:
     def ask(self, text: str) -> bool:
         self._history.append(ChatMessage("user", text))
         self._engine.submit(Generate(uuid.uuid4().hex, self._conversation_id, tuple(self._history), self._sampling))
+        reading_shown = False
         while True:
             event = self._events.get()
-            if isinstance(event, TokenStreamed):
+            if isinstance(event, PromptProgress):
+                print(f"\r[reading the prompt: {100 * event.computed_tokens // event.prompt_tokens} % of "
+                      f"{event.prompt_tokens} tokens]", end="", file=sys.stderr, flush=True)
+                reading_shown = True
+            elif isinstance(event, PrefillDone) and reading_shown:
+                print(file=sys.stderr)
+            elif isinstance(event, TokenStreamed):
                 print(event.text, end="", flush=True)
             elif isinstance(event, ReplyFinished):
                 print(f"\n[{event.stats.tokens_generated} tokens, {event.stats.decode_tok_s:.1f} tok/s, "

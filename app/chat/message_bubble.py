@@ -27,6 +27,7 @@ from app.chat.code_blocks import DARK_CODE, LIGHT_CODE, CodeColours, code_index,
 from app.chat.markdown_render import Chunk, code_blocks
 from app.chat.reply_view import ReplyView
 from app.conversations.conversation import DisplayMessage
+from app.perf.format import reading_note
 
 RENDER_INTERVAL_MS = 50
 COPIED_MS = 1500
@@ -49,6 +50,7 @@ def state_note(message: DisplayMessage) -> str:
     """The lines under a message that say how it ended, if not normally, and if the model no longer sees it."""
     notes = {
         "streaming": ("asking the tool servers for their tools…" if message.listing_tools
+                      else reading_note(*message.reading) if message.reading
                       else "waiting for its turn…" if message.waiting else "writing…"),
         "interrupted": "Stopped: this reply is incomplete.",
         "error": f"The reply broke off: {message.error}",

@@ -36,7 +36,8 @@ from app.conversations.persistence import ConversationJournal
 from app.storage import StorageError
 from engine.chat.tool_calls import ToolCallParser, split_reply
 from engine.protocol.messages import (
-    EngineError, ModelLoaded, PrefillDone, ReplyFailed, ReplyFinished, RequestStats, TokenStreamed, ToolCall,
+    EngineError, ModelLoaded, PrefillDone, PromptProgress, ReplyFailed, ReplyFinished, RequestStats, TokenStreamed,
+    ToolCall,
 )
 
 if TYPE_CHECKING:
@@ -111,6 +112,7 @@ class ReplyRouter(QObject):
         self.tool_round.turn_changed.connect(self.turn_changed)
         self.tool_round.notice.connect(self.notice)
         controller.model_loaded.connect(self._on_model_loaded)
+        controller.prompt_progress.connect(self._on_prompt_progress)
         controller.prefill_done.connect(self._on_prefill_done)
         controller.token_streamed.connect(self._on_token)
         controller.reply_finished.connect(self._on_finished)
@@ -207,12 +209,22 @@ class ReplyRouter(QObject):
     def _on_model_loaded(self, event: ModelLoaded) -> None:
         self._tool_format = event.tool_format
 
+    def _on_prompt_progress(self, event: PromptProgress) -> None:
+        """The engine is reading the reply's long prompt: its note says how far."""
+        reply = self._by_request.get(event.request_id)
+        if reply is None:
+            return
+        reply.message.waiting = False
+        reply.message.reading = (event.computed_tokens, event.prompt_tokens)
+        self.text_changed.emit(reply)
+
     def _on_prefill_done(self, event: PrefillDone) -> None:
         """Mark the turns the engine left out of the context (indices into the request's messages)."""
         reply = self._by_request.get(event.request_id)
         if reply is None:
             return
         reply.message.waiting = False
+        reply.message.reading = None
         self.text_changed.emit(reply)
         offset = 1 if reply.conversation.system_prompt.strip() else 0
         dropped = tuple(index - offset for index in event.dropped_turns)

@@ -43,6 +43,8 @@ class DisplayMessage:
     """True while a streaming reply waits for the engine to begin it (it is writing other replies)."""
     listing_tools: bool = False
     """True while a streaming reply waits for the tool servers to say their tools (they may be starting)."""
+    reading: tuple[int, int] | None = None
+    """(tokens read, prompt tokens) while the engine reads a long prompt before the reply's first token."""
     tool_calls: tuple[ToolCall, ...] = ()
     """The tools an assistant reply called (its ``content`` is the text around the calls)."""
     tool: ToolTurn | None = None

@@ -105,3 +105,8 @@ def format_finish_reason(reason: str | None) -> str:
     if reason is None:
         return "streaming…"
     return _FINISH_REASONS.get(reason, reason)
+
+
+def reading_note(read: int, total: int) -> str:
+    """What a reply says while the engine reads its long prompt: how far, in tokens."""
+    return f"reading the conversation… {100 * read // max(total, 1)} % of {format_tokens(total)}"

@@ -38,6 +38,7 @@ from app.perf.format import (
     format_ms,
     format_number,
     format_per_step,
+    reading_note,
     format_tok_s,
     format_tokens,
 )
@@ -308,7 +309,7 @@ class PerformancePanel(QWidget):
             for key, _ in REPLY_ROWS:
                 self._set(key, UNKNOWN)
             if reply is not None:
-                self._set("finish_reason", "waiting for its turn…")
+                self._set("finish_reason", reading_note(*reply.reading) if reply.reading else "waiting for its turn…")
             return
         self._set("ttft", format_ms(reply.ttft_ms))
         self._set("tokenize", format_ms(reply.tokenize_ms))

@@ -37,6 +37,7 @@ from engine.protocol.messages import (
     MemoryStats,
     ModelLoaded,
     PrefillDone,
+    PromptProgress,
     RemoteFigures,
     ReplyFailed,
     ReplyFinished,
@@ -68,6 +69,8 @@ class ReplyPerf:
     request_id: str
     waiting: bool = False
     """True from the request until the engine begins it (it may wait for room in the batch)."""
+    reading: tuple[int, int] | None = None
+    """(tokens read, prompt tokens) while the engine reads a long prompt, before ``PrefillDone``."""
     tokenize_ms: float = 0.0
     prompt_tokens: int = 0
     reused_tokens: int = 0
@@ -296,6 +299,11 @@ class PerfState:
         self._latest_key = None
         self.session = SessionPerf()
 
+    def _prompt_progress(self, event: PromptProgress) -> None:
+        reply = self._live.get(event.request_id)
+        if reply is not None:
+            reply.reading = (event.computed_tokens, event.prompt_tokens)
+
     def _prefill_done(self, event: PrefillDone) -> None:
         asked = self._live.get(event.request_id)
         self._begin(
@@ -356,6 +364,7 @@ class PerfState:
 
 _HANDLERS = {
     ModelLoaded: PerfState._model_loaded,
+    PromptProgress: PerfState._prompt_progress,
     PrefillDone: PerfState._prefill_done,
     TokenStreamed: PerfState._token_streamed,
     ReplyFinished: PerfState._reply_finished,

@@ -252,6 +252,19 @@ class LoadFailed:
 
 
 @dataclass(frozen=True)
+class PromptProgress:
+    """A long prompt is being read into the KV cache: ``computed_tokens`` of its ``prompt_tokens`` are in (sent at
+    most every ``PROMPT_PROGRESS_INTERVAL_S`` while it is read, never for a prompt read in one step)."""
+
+    request_id: str
+    computed_tokens: int
+    prompt_tokens: int
+
+
+PROMPT_PROGRESS_INTERVAL_S = 0.5
+
+
+@dataclass(frozen=True)
 class PrefillDone:
     """The prompt is in the KV cache; sent just before the first token."""
 
@@ -487,6 +500,7 @@ Event = Union[
     LoadProgress,
     ModelLoaded,
     LoadFailed,
+    PromptProgress,
     PrefillDone,
     TokenStreamed,
     ReplyFinished,

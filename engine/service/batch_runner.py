@@ -170,6 +170,8 @@ class BatchRunner:
                 for chunk, rows in zip(step.chunks, logits.split([1 + c.drafted for c in step.chunks])):
                     if chunk.samples:
                         said += self._sampled_or_failed(chunk, rows, allowed.get(chunk.request_id), memory)
+                    elif not self._active[chunk.request_id].first_token_at:  # a prompt read over several steps
+                        self._active[chunk.request_id].events.reading(chunk.start + len(chunk.token_ids))
                 self._sampled_tokens.append((time.perf_counter(), said))
         self._report(force=not self.has_work)  # the last step's state always goes out: the panel shows it idle
 

@@ -1,8 +1,9 @@
 """One reply's events, as both runners (``batch_runner``, ``sequence_runner``) send them (engine thread).
 
-``ReplyEvents`` turns a reply's progress (prefill done, each piece of text, the end or
-a failure) into ``PrefillDone``, ``TokenStreamed``, ``ReplyFinished`` and
-``ReplyFailed`` with the same figures whichever path produced the reply.
+``ReplyEvents`` turns a reply's progress (a long prompt being read, prefill done, each
+piece of text, the end or a failure) into ``PromptProgress``, ``PrefillDone``,
+``TokenStreamed``, ``ReplyFinished`` and ``ReplyFailed`` with the same figures whichever
+path produced the reply.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from engine.chat.generation import ReplyOutcome
 from engine.chat.prompt import PromptPlan
 from engine.protocol.channels import EventSink
 from engine.protocol.messages import (
+    PROMPT_PROGRESS_INTERVAL_S,
     MemoryStats,
     PrefillDone,
+    PromptProgress,
     ReplyFailed,
     ReplyFinished,
     RequestStats,
@@ -50,11 +53,20 @@ class ReplyEvents:
         self._context_length = context_length
         self.started = started
         self._first_at = 0.0
+        self._progress_at = started  # when the last PromptProgress went out (or the request arrived)
         self.text = ""
 
     @property
     def prompt_ids(self) -> list[int]:
         return self._plan.token_ids
+
+    def reading(self, computed_tokens: int) -> None:
+        """``computed_tokens`` of the prompt are in the KV cache and more are to come: a ``PromptProgress`` goes out
+        once ``PROMPT_PROGRESS_INTERVAL_S`` has passed since the last (a prompt read within it says nothing)."""
+        now = time.perf_counter()
+        if now - self._progress_at >= PROMPT_PROGRESS_INTERVAL_S:
+            self._progress_at = now
+            self._emit(PromptProgress(self.request_id, computed_tokens, len(self._plan.token_ids)))
 
     def prefilled(self, reused: int, prefill_ms: float) -> None:
         self._first_at = time.perf_counter()

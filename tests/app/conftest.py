@@ -37,6 +37,7 @@ from engine.protocol.messages import (
     ModelLoaded,
     PrecisionEstimate,
     PrefillDone,
+    PromptProgress,
     ReplyFailed,
     ReplyFinished,
     Request,
@@ -76,6 +77,9 @@ class FakeScript:
     """When set, Generate raises RuntimeError(crash) after two tokens, or at the next one (the engine reports it)."""
     dropped_turns: tuple[int, ...] = ()
     """Reported in PrefillDone, as if the context had overflowed."""
+    reading: tuple[tuple[int, int], ...] = ()
+    """(tokens read, prompt tokens) sent as PromptProgress before PrefillDone, ``reading_delay_s`` apart."""
+    reading_delay_s: float = 0.0
     free_cpu_bytes: int = 16 * GIB
     """What the fake reports as free system memory when asked to inspect a model."""
     generates: list[Generate] = field(default_factory=list)
@@ -176,6 +180,10 @@ class FakeRuntime(ServesWhole):
 
     def _reply_steps(self, request: Generate) -> Iterator[None]:
         """The reply to ``request``, one token per step."""
+        for read, total in self._script.reading:
+            self._emit(PromptProgress(request.request_id, read, total))
+            time.sleep(self._script.reading_delay_s)
+            yield
         self._emit(PrefillDone(request.request_id, 1.0, 10, 0, 5.0, 2048, self._script.dropped_turns))
         text = ""
         finish_reason = "eos"

@@ -210,3 +210,18 @@ def test_regenerating_in_one_conversation_while_another_answers(chat, two_replie
     assert chat.shown_texts() == ["Name a bird", "Robin."]
     _wait_until_all_replies_end(chat)
     assert _stored(chat, trees) == [("user", "Name a tree", "done"), ("assistant", "".join(TREE), "done")]
+
+
+def test_a_long_prompt_says_how_much_of_it_was_read_before_the_reply_writes(chat, script):
+    script.reading = ((4_000, 16_000), (8_000, 16_000))
+    script.reply_tokens = ("A", " summary.")
+    script.reading_delay_s = 0.3
+    chat.wait_until_ready()
+    chat.type_and_press_enter("Summarise this long text")
+    note = chat.window.chat_view.bubbles[-1].note
+
+    chat.qtbot.waitUntil(lambda: note.text() == "reading the conversation… 25 % of 16,000 tokens", timeout=2000)
+    chat.qtbot.waitUntil(lambda: note.text() == "reading the conversation… 50 % of 16,000 tokens", timeout=2000)
+    chat.wait_until_reply_ends()
+    assert chat.shown_texts()[-1] == "A summary."
+    assert note.text() == ""

@@ -6,7 +6,7 @@ from PySide6.QtCore import Qt
 
 from app.perf.format import format_tok_s
 from app.perf.state import PerfState
-from engine.protocol.messages import BatchSampled, KVPoolStats, PrefillDone, ReplyFinished, RequestStats, TokenStreamed
+from engine.protocol.messages import BatchSampled, KVPoolStats, PrefillDone, PromptProgress, ReplyFinished, RequestStats, TokenStreamed
 
 MIB = 1024**2
 POOL = KVPoolStats(block_size=16, blocks_total=1000, blocks_used=120, blocks_shared=8, blocks_cached=40, bytes_per_block=MIB // 4)
@@ -89,6 +89,17 @@ def test_a_reply_waiting_for_its_turn_says_so(panel, qtbot):
     assert panel.value_text("prefilled") == "—"
     with qtbot.waitSignal(panel.refreshed, timeout=1000):
         panel.on_event(PrefillDone("a", 1.0, 300, 0, 10.0, 4096))
+    assert panel.value_text("finish_reason") == "streaming…"
+
+
+def test_a_reply_reading_a_long_prompt_says_how_far_it_got(panel, qtbot):
+    panel.track_reply("a", "A")
+    panel.show_conversation("A")
+    with qtbot.waitSignal(panel.refreshed, timeout=1000):
+        panel.on_event(PromptProgress("a", 3_000, 12_000))
+    assert panel.value_text("finish_reason") == "reading the conversation… 25 % of 12,000 tokens"
+    with qtbot.waitSignal(panel.refreshed, timeout=1000):
+        panel.on_event(PrefillDone("a", 1.0, 12_000, 0, 10.0, 32768))
     assert panel.value_text("finish_reason") == "streaming…"
 
 

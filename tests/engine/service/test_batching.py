@@ -13,6 +13,7 @@ from engine.protocol.messages import (
     ChatMessage,
     Generate,
     PrefillDone,
+    PromptProgress,
     ReplyFailed,
     ReplyFinished,
     SamplingParams,
@@ -233,3 +234,27 @@ def test_cancelled_requests_never_reach_a_forward_pass_and_the_others_say_the_sa
         assert (stats.finish_reason, stats.tokens_generated) == ("cancelled", 0)
         assert recorder.of(TokenStreamed, request_id) == []
     assert recorder.of(ReplyFinished, "keep")[0].text == alone(keep, sampling)
+
+
+def test_a_prompt_read_over_several_steps_says_how_far_it_got(tiny_loaded, monkeypatch) -> None:
+    monkeypatch.setattr("engine.service.reply_events.PROMPT_PROGRESS_INTERVAL_S", 0.0)
+    runner, recorder = _runner(tiny_loaded)
+    prompt = tiny_loaded.tokenize("The quick brown fox jumps over the lazy dog. " * 200)[:2000]
+    _add(runner, recorder, "long", prompt, SamplingParams(temperature=0, max_new_tokens=2))
+    while runner.has_work:
+        runner.step(_memory)
+    progress = recorder.of(PromptProgress, "long")
+    read = [event.computed_tokens for event in progress]
+    assert len(read) >= 2 and read == sorted(set(read)) and read[-1] < len(prompt), read
+    assert all(event.prompt_tokens == len(prompt) for event in progress)
+    first_done = recorder.events.index(recorder.of(PrefillDone, "long")[0])
+    assert all(recorder.events.index(event) < first_done for event in progress)
+
+
+def test_a_short_prompt_sends_no_progress(tiny_loaded) -> None:
+    runner, recorder = _runner(tiny_loaded)
+    _add(runner, recorder, "short", tiny_loaded.tokenize("Hello there"), SamplingParams(temperature=0, max_new_tokens=2))
+    while runner.has_work:
+        runner.step(_memory)
+    assert not recorder.of(PromptProgress, "short")
+    assert recorder.of(ReplyFinished, "short")
