@@ -14,7 +14,8 @@ them, with its ``get_gguf_hf_weights_map`` and the architecture's ``TensorProces
   groups as they are (exact, up to the bf16 rounding of each group's scale and zero); its 5-, 6- and 8-bit blocks
   are requantized straight into groups; other types are decoded to fp32 one tensor at a time.
 * an ``nn.Embedding``'s table is kept in bf16 (``TableEmbedding``); a tied output layer is packed from the same
-  tensor before that.
+  tensor before that. A GGUF file's table, and its output layer where that is not in the layers' format, are
+  decoded a few rows at a time as they are packed (``RowChunks``).
 * every other tensor (norms, biases, anything not a linear layer, such as GPT-2's ``Conv1D``) is kept in fp32.
 
 So the load holds the packed model and one tensor on its way (with its fp32 temporaries), never the fp32 model.
@@ -31,7 +32,9 @@ from torch import nn
 
 from engine.forward.packed_linear import PackedLinear, TableEmbedding
 from engine.forward.weights.gguf_blocks import dense, requantized_groups
+from engine.forward.weights.gguf_codes import row_width
 from engine.forward.weights.quant_int import Int4Groups
+from engine.forward.weights.row_chunks import RowChunks
 from engine.host.allocator import return_freed_memory
 from engine.models.format_plan import FormatPlan
 from engine.models.gguf_check import GGUFContents
@@ -40,7 +43,7 @@ from engine.models.model_source import ModelFileError
 from engine.models.safetensors_state import SafetensorsState
 
 Progress = Callable[[int, int], None]  # (tensors done, tensors in all)
-Weight = torch.Tensor | Int4Groups
+Weight = torch.Tensor | Int4Groups | RowChunks
 
 
 def fallback_notice(formats: FormatPlan, model: nn.Module) -> str:
@@ -91,7 +94,9 @@ def gguf_tensors(path: Path, contents: GGUFContents, model: nn.Module,
     """The file's tensors under ``model``'s names as transformers maps them, each decoded when reached: 4-bit groups
     (a 4-bit type's as they are, others requantized a chunk of rows at a
     time) where ``filler`` packs the tensor into int4 and the architecture's processor leaves it as it is, else fp32
-    through that processor (which may reorder or reshape it, as transformers' own loader does)."""
+    through that processor (which may reorder or reshape it, as transformers' own loader does). A token table and an
+    output layer apart from the layers' format come as ``RowChunks``, decoded a few rows at a time where they are
+    packed: a large vocabulary's table is never whole in fp32."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
     architecture = contents.metadata["general.architecture"]
@@ -104,6 +109,10 @@ def gguf_tensors(path: Path, contents: GGUFContents, model: nn.Module,
         name = mapping.get(info.name)
         if as_is and name is not None and len(info.dims) == 2 and filler.packs_int4(name):
             yield name, requantized_groups(blocks, info.quant_type, cpu_layout=True)
+            continue
+        if as_is and name is not None and len(info.dims) == 2 and filler.takes_row_chunks(name):
+            yield name, RowChunks(blocks.shape[0], row_width(blocks, info.quant_type),
+                                  lambda start, end, rows=blocks, kind=info.quant_type: dense(rows[start:end], kind))
             continue
         parsed: dict[str, Any] = {"tensors": {}}  # where a processor puts tensors it splits (experts)
         result = processor.process(weights=dense(blocks, info.quant_type).reshape(info.shape).numpy(),
@@ -139,6 +148,13 @@ class ModelFiller:
         module_name, _, attribute = name.rpartition(".")
         fmt = self.formats.output_layer if module_name == self._head else self.formats.layers
         return attribute == "weight" and fmt == "int4" and isinstance(self._module(module_name), nn.Linear)
+
+    def takes_row_chunks(self, name: str) -> bool:
+        """Whether ``name`` may come as ``RowChunks``: the token table (kept in bf16), or the output layer where its
+        format is not the layers' (the int8 kernel's, or two int4 planes: both pack a few rows at a time)."""
+        module_name, _, attribute = name.rpartition(".")
+        head_apart = module_name == self._head and self.formats.output_layer != self.formats.layers
+        return attribute == "weight" and (module_name == self._table or head_apart)
 
     def place(self, name: str, weight: Weight) -> None:
         """Put ``weight`` where ``name`` says: packed, in bf16, or in fp32 (the module docstring)."""
