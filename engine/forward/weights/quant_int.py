@@ -15,8 +15,9 @@ Which format runs on which kernel, and why, on a GPU (``format_plan`` decides wh
   (64 or 32 when the layer's width demands) with a bf16 scale and zero point per
   group, packed for ``torch._weight_int4pack_mm``: PyTorch's tinygemm kernel, the
   one gpt-fast uses, graph-capturable, about 0.53 bytes per weight. (bitsandbytes'
-  NF4, a normal-float table, serves the 4-bit precision on architectures the fast
-  path does not cover.)
+  NF4, a normal-float table, serves the 4-bit precision on a GPU for architectures
+  the fast path does not cover; on the CPU they take these formats, through
+  ``packed_linear``.)
   A layer the kernel cannot take (rows not a multiple of 8, width not of 32)
   falls back to int8.
 
