@@ -91,12 +91,13 @@ def load_gguf(path: Path, contents: GGUFContents, formats: FormatPlan, report: P
 
 def gguf_tensors(path: Path, contents: GGUFContents, model: nn.Module,
                  filler: ModelFiller) -> Iterator[tuple[str, Weight]]:
-    """The file's tensors under ``model``'s names as transformers maps them, each decoded when reached: 4-bit groups
-    (a 4-bit type's as they are, others requantized a chunk of rows at a
-    time) where ``filler`` packs the tensor into int4 and the architecture's processor leaves it as it is, else fp32
-    through that processor (which may reorder or reshape it, as transformers' own loader does). A token table and an
-    output layer apart from the layers' format come as ``RowChunks``, decoded a few rows at a time where they are
-    packed: a large vocabulary's table is never whole in fp32."""
+    """The file's tensors under ``model``'s names as transformers maps them, each decoded when reached.
+
+    Where the architecture's processor leaves a matrix as it is: int4 groups where ``filler`` packs it into int4 (a
+    4-bit type's as they are, others requantized a chunk of rows at a time), ``RowChunks`` for a token table or an
+    output layer apart from the layers' format (decoded a few rows at a time where packed: a large vocabulary's table
+    is never whole in fp32). Anything else in fp32, through that processor (which may reorder or reshape it, as
+    transformers' own loader does)."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
     architecture = contents.metadata["general.architecture"]
@@ -107,10 +108,11 @@ def gguf_tensors(path: Path, contents: GGUFContents, model: nn.Module,
         return_freed_memory()  # the previous tensor's temporaries, before this one's
         blocks = read_blocks(path, contents.data_start, info)  # [rows, bytes per row]
         name = mapping.get(info.name)
-        if as_is and name is not None and len(info.dims) == 2 and filler.packs_int4(name):
+        matrix = as_is and name is not None and len(info.dims) == 2
+        if matrix and filler.packs_int4(name):
             yield name, requantized_groups(blocks, info.quant_type, cpu_layout=True)
             continue
-        if as_is and name is not None and len(info.dims) == 2 and filler.takes_row_chunks(name):
+        if matrix and filler.takes_row_chunks(name):
             yield name, RowChunks(blocks.shape[0], row_width(blocks, info.quant_type),
                                   lambda start, end, rows=blocks, kind=info.quant_type: dense(rows[start:end], kind))
             continue
@@ -146,8 +148,8 @@ class ModelFiller:
     def packs_int4(self, name: str) -> bool:
         """Whether ``name`` is a linear layer's weight that the plan packs into int4."""
         module_name, _, attribute = name.rpartition(".")
-        fmt = self.formats.output_layer if module_name == self._head else self.formats.layers
-        return attribute == "weight" and fmt == "int4" and isinstance(self._module(module_name), nn.Linear)
+        linear = isinstance(self._module(module_name), nn.Linear)
+        return attribute == "weight" and linear and self._format_of(module_name) == "int4"
 
     def takes_row_chunks(self, name: str) -> bool:
         """Whether ``name`` may come as ``RowChunks``: the token table (kept in bf16), or the output layer where its
@@ -181,11 +183,14 @@ class ModelFiller:
         return_freed_memory()
         return self.model
 
+    def _format_of(self, module_name: str) -> str:
+        """The plan's format for the linear layer ``module_name``: the output layer's, or the layers'."""
+        return self.formats.output_layer if module_name == self._head else self.formats.layers
+
     def _pack(self, module_name: str, module: nn.Module, weight: Weight) -> None:
-        fmt = self.formats.output_layer if module_name == self._head else self.formats.layers
         bias = module.bias if module.bias is not None and not module.bias.is_meta else None
-        packed = PackedLinear(weight, fmt, bias)
-        if isinstance(module, nn.Linear) and module.bias is not None and bias is None:
+        packed = PackedLinear(weight, self._format_of(module_name), bias)
+        if module.bias is not None and bias is None:
             packed.bias = module.bias  # still on the meta device: the file's bias comes later
         self._replace(module_name, packed)
 

@@ -23,14 +23,15 @@ FOLDER_VOCAB = len(byte_tokenizer())
 
 
 def tiny_config(architecture: str, vocab: int, hidden: int = 256, layers: int = 2, ffn: int = 512) -> Any:
-    """A small config of ``architecture`` ("stablelm" or "starcoder2"), with widths the int4 groups take."""
+    """A small config of ``architecture`` ("stablelm", its own output layer, or "starcoder2", its output layer tied to
+    the token table), with widths the int4 groups take."""
     from transformers import StableLmConfig, Starcoder2Config
 
     shape = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512)
     if architecture == "stablelm":
         return StableLmConfig(**shape, bos_token_id=0, eos_token_id=2)
-    return Starcoder2Config(**shape, bos_token_id=0, eos_token_id=2, tie_word_embeddings=False)
+    return Starcoder2Config(**shape, bos_token_id=0, eos_token_id=2, tie_word_embeddings=True)
 
 
 def random_model(config: Any, seed: int = 0) -> Any:

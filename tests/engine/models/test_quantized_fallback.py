@@ -106,9 +106,10 @@ def test_a_gguf_files_4bit_blocks_are_packed_as_they_are_and_match_transformers(
     assert top1 >= 0.95 and worst < 0.15, (top1, worst)
 
 
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
 @pytest.mark.parametrize("kind", ("folder", "gguf"))
-def test_the_estimate_counts_what_the_fallback_holds_within_a_tenth(models, kind: str):
-    (folder, _), (path, _) = models["stablelm"]
+def test_the_estimate_counts_what_the_fallback_holds_within_a_tenth(models, kind: str, architecture: str):
+    (folder, _), (path, _) = models[architecture]
     source = inspect_model(folder if kind == "folder" else path)
     formats = formats_for_source(source, "cpu", "int4")
     assert formats.quantized_fallback
