@@ -2,8 +2,10 @@
 
 ``python -m engine.bench.load_probe MODEL [--quant Q] [--cycles N] [--device D]`` loads ``MODEL``
 through ``open_model`` in precision ``Q`` on device ``D`` (``auto`` unless given; ``--cycles`` times, each after dropping the last, printing the
-memory of each when N > 1), then feeds a short prompt, and prints its figures as
-the last JSON line: ``load_s``, ``weight_bytes``, the whole process's resident size
+memory of each when N > 1), then feeds a short prompt (through the batch runner, or a transformers model's own
+cache), and prints its figures as
+the last JSON line: ``load_s``, ``weight_bytes``, the memory estimate of a model file in the formats it loaded in
+(``estimate_weight_bytes``, ``estimate_kv_bytes`` for its context, ``estimate_total_bytes`` with the overhead), the whole process's resident size
 once loaded (``rss_after_load_bytes``), its peak (``VmHWM``) after the load and after the prompt, and
 ``disk_bytes_written`` (``write_bytes`` of ``/proc/self/io``: a GGUF file
 converted into the cache shows here). ``run_load_probe`` runs it from the
@@ -20,6 +22,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from engine.host.memory import peak_rss_bytes
@@ -41,6 +44,7 @@ def probe(model: str, quant: str, cycles: int, device: str) -> dict[str, Any]:
 
     from engine.bench.bench_models import open_bench_model
     from engine.bench.measure import measure_prefill_ms
+    from engine.forward.backend import HFBackend
     from engine.host.allocator import keep_freed_buffers
     from engine.host.memory import read_memory
 
@@ -58,10 +62,26 @@ def probe(model: str, quant: str, cycles: int, device: str) -> dict[str, Any]:
             _print({"cycle": cycle, "load_s": round(load_s, 3), "device_used_bytes": memory.device_used_bytes,
                     "process_rss_bytes": memory.process_rss_bytes})
     after_load, resident = peak_rss_bytes(), read_memory("cpu", 0, 0, 0).process_rss_bytes
-    measure_prefill_ms(loaded, PROBE_IDS, 1)
+    if isinstance(loaded.backend, HFBackend):  # one request at a time, over its own cache: no batch runner
+        loaded.backend.forward(PROBE_IDS, loaded.backend.new_cache(), 0)
+    else:
+        measure_prefill_ms(loaded, PROBE_IDS, 1)
     return {"load_s": round(load_s, 3), "weight_bytes": loaded.weight_bytes, "precision": loaded.precision,
-            "backend": type(loaded.backend).__name__, "rss_after_load_bytes": resident, "peak_rss_bytes": after_load,
+            "formats": loaded.precision_label, **_estimate(loaded), "backend": type(loaded.backend).__name__, "rss_after_load_bytes": resident, "peak_rss_bytes": after_load,
             "peak_rss_after_prompt_bytes": peak_rss_bytes(), "disk_bytes_written": disk_bytes_written()}
+
+
+def _estimate(loaded: Any) -> dict[str, int]:
+    """The memory estimate (``memory_estimate.estimate_formats``) of ``loaded``'s file in its formats; none for a
+    ``random:`` model, which has no file."""
+    from engine.models.memory_estimate import estimate_formats
+    from engine.models.model_files import inspect_model
+
+    if not Path(loaded.path).exists():
+        return {}
+    estimate = estimate_formats(inspect_model(Path(loaded.path)), loaded.formats, loaded.context_length)
+    return {"estimate_weight_bytes": estimate.weight_bytes, "estimate_kv_bytes": estimate.kv_bytes,
+            "estimate_total_bytes": estimate.total_bytes}
 
 
 def run_load_probe(model: str, quant: str, cycles: int, memory_limit_bytes: int | None, show,

@@ -7,7 +7,8 @@ reused. Shapes: ``llama3-8b``, ``llama3.1-8b`` (the same, stating Llama 3.1's
 ``gemma3-1b`` (its 256-wide heads, q/k norms and norms after attention and MLP, the
 sliding window in the metadata) and ``phi4-mini`` (fused ``attn_qkv`` and ``ffn_up``,
 96 of each head's 128 dimensions turning, LongRoPE's factors as tensors), ``granite3.1-2b``
-(Granite's four multipliers in the metadata), and the
+(Granite's four multipliers in the metadata), ``stablelm2-1.6b`` (StableLM 2: LayerNorms with biases, q/k/v
+biases; no fast path, so it loads through the quantized transformers fallback), and the
 mixtures of experts ``qwen3-30b-a3b`` (128 experts of which 8 run, each layer's experts
 as 3-D tensors the way llama.cpp's converter stacks them) and ``gpt-oss-20b`` (32 experts
 of which 4 run, with their biases, attention sinks and YaRN, a window of 128 on every other
@@ -71,6 +72,7 @@ class Shape:
     expert_ffn: int = 0
     scales: tuple[tuple[str, float], ...] = ()  # float keys of the architecture, e.g. Granite's multipliers
     yarn: tuple[float, int] | None = None  # YaRN's factor and trained context (gpt-oss's)
+    norm_bias: bool = False  # LayerNorms with a bias beside each weight (StableLM's)
 
     @property
     def head_dim(self) -> int:
@@ -92,6 +94,8 @@ SHAPES = {
     "granite3.1-2b": Shape("granite", 2048, 8192, 40, 32, 8, 5000000.0, 131072, tied=True,
                            scales=(("embedding_scale", 12.0), ("residual_scale", 0.22),
                                    ("attention.scale", 0.015625), ("logit_scale", 8.0))),
+    "stablelm2-1.6b": Shape("stablelm", 2048, 5632, 24, 32, 32, 10000.0, 4096, tied=False, qkv_bias=True,
+                            rotary_dim=16, norm_bias=True),
 }
 LONGROPE_ATTENTION_FACTOR = 1.190238  # sqrt(1 + ln(131072 / 4096) / ln(4096)), as the converter writes it
 MOE_SHAPES = {  # GGUF alone (``random_hf`` writes dense checkpoints)
@@ -208,11 +212,18 @@ def tensor_specs(shape: Shape, ftype: str, vocab: int) -> list[TensorSpec]:
             norms += [("attn_q_norm", shape.head_dim), ("attn_k_norm", shape.head_dim),
                       ("post_attention_norm", shape.hidden), ("post_ffw_norm", shape.hidden)]
         specs += [TensorSpec(f"blk.{i}.{name}.weight", 1, size, Q.F32) for name, size in norms]
+        specs += _norm_biases(shape, [(f"blk.{i}.attn_norm", shape.hidden), *((f"blk.{i}.{n}", k) for n, k in norms)])
         specs += _mlp_specs(shape, i, weight)
     specs.append(TensorSpec("output_norm.weight", 1, shape.hidden, Q.F32))
+    specs += _norm_biases(shape, [("output_norm", shape.hidden)])
     if not shape.tied:
         specs.append(weight("output", -1, vocab, shape.hidden, "output.weight"))
     return specs
+
+
+def _norm_biases(shape: Shape, norms: list[tuple[str, int]]) -> list[TensorSpec]:
+    """The biases of ``norms`` (name without ``.weight``, size) where the shape's LayerNorms have them."""
+    return [TensorSpec(f"{name}.bias", 1, size, Q.F32) for name, size in norms] if shape.norm_bias else []
 
 
 def _mlp_specs(shape: Shape, layer: int, weight: Callable[..., TensorSpec]) -> list[TensorSpec]:

@@ -8,7 +8,9 @@ CPU offers (``HostFeatures``).
 
 Precisions, as the user picks them: ``fp32``, ``bf16``, ``fp16``, ``int8``, ``int4``. On the fast path ``int4`` is
 asymmetric 4-bit with a bf16 scale and zero per group (``quant_int``); through transformers it is bitsandbytes'
-NF4 (a normal-float table), and the plan's layer format then says ``nf4``. Earlier versions called both ``nf4``;
+NF4 (a normal-float table) on a GPU, and the plan's layer format then says ``nf4``. On the CPU a model the fast path
+does not run takes ``int4`` and ``int8`` in the quantized transformers fallback (``quantized_fallback``): transformers'
+forward with Hearth's packed layers, in the fast path's formats. Earlier versions called both 4-bit formats ``nf4``;
 ``messages.canonical_precision`` maps that name to ``int4``.
 """
 
@@ -27,7 +29,7 @@ from engine.protocol.messages import canonical_precision
 
 PRECISIONS = tuple(name for name in OPTIONS if name != "auto")
 FAST_LAYERS = {"cpu": ("fp32", "fp16", "int4"), "cuda": PRECISIONS}  # the rest go through transformers
-TRANSFORMERS_LAYERS = {"int4": "nf4"}  # bitsandbytes' NF4; int8 is its LLM.int8, the others plain dtypes
+TRANSFORMERS_LAYERS = {"int4": "nf4"}  # on a GPU bitsandbytes' NF4; int8 is its LLM.int8, the others plain dtypes
 QUANTIZED = ("int8", "int4")
 QUANTIZED_LAYERS = (*QUANTIZED, "nf4")
 FOUR_BIT_PROMPT_PARAMS = 1_000_000_000
@@ -113,6 +115,8 @@ class FormatPlan:
     def label(self) -> str:
         """The formats as the window and the load line show them, e.g. "fp16 weights, int4 copy for decoding"."""
         label = f"{FORMAT_WORDS.get(self.layers, self.layers)} weights"
+        if self.quantized_fallback:
+            label = f"quantized transformers fallback ({self.layers})"
         if self.decode_copy:
             label += f", {self.decode_copy} copy for decoding"
         return f"{label} ({self.note})" if self.note else label
@@ -120,6 +124,12 @@ class FormatPlan:
     @property
     def quantized_layers(self) -> bool:
         return self.layers in QUANTIZED_LAYERS
+
+    @property
+    def quantized_fallback(self) -> bool:
+        """transformers' model with its linear layers packed in Hearth's int4 or int8 as they are read
+        (``quantized_fallback``): a model the fast path does not run, quantized, on the CPU."""
+        return not self.fast_path and self.device == "cpu" and self.layers in QUANTIZED
 
 
 def choose_formats(device: str, precision: str, model: ModelTraits, host: HostFeatures | None = None,
@@ -134,6 +144,8 @@ def choose_formats(device: str, precision: str, model: ModelTraits, host: HostFe
     if model.fast_path and precision in FAST_LAYERS[device]:
         decode_copy = "int4" if device == "cpu" and model.four_bit_layers and precision == "fp16" else None
         return fast_formats(device, precision, model, host, decode_copy, note)
+    if device == "cpu" and precision in QUANTIZED:
+        return _fallback_formats(precision, model, host, note)
     return _transformers_formats(device, precision, host, note)
 
 
@@ -213,6 +225,18 @@ def _transformers_formats(device: str, precision: str, host: HostFeatures, note:
         device=device, precision=precision, fast_path=False, layers=layers, output_layer=compute,
         token_table=compute, compute=compute, prompt_attention=compute,
         prompt_path="transformers with bitsandbytes" if precision in QUANTIZED else "transformers",
+        host=host, note=note,
+    )
+
+
+def _fallback_formats(layers: str, model: ModelTraits, host: HostFeatures, note: str) -> FormatPlan:
+    """The quantized transformers fallback on the CPU: its linear layers in ``layers`` (int4 groups of 32, or int8)
+    on Hearth's kernels, the output layer as the fast path's beside such layers (``_output_layer``; int8 beside
+    int8), token tables in bf16 (``packed_linear.TABLE_DTYPE``), everything else and the activations in fp32."""
+    output = "int8" if layers == "int8" else _output_layer("cpu", layers, None, model, host)
+    return FormatPlan(
+        device="cpu", precision=layers, fast_path=False, layers=layers, output_layer=output, token_table="bf16",
+        compute="fp32", prompt_attention="fp32", prompt_path=f"transformers, linear layers on Hearth's {layers} kernel",
         host=host, note=note,
     )
 

@@ -389,10 +389,8 @@ class GGUFState(LazyTensors):
     def _blocks(self, info: GGUFTensorInfo, reuse_buffer: bool = True) -> np.ndarray:
         """The tensor's bytes, one row of the weight per row: [rows, bytes per row] uint8; in the kept buffer where
         it fits and ``reuse_buffer`` (the next read overwrites them), else in a buffer of their own."""
-        block_size, type_size = GGML_QUANT_SIZES[info.quant_type]
         raw = self._buffer_for(info.n_bytes) if reuse_buffer else np.empty(info.n_bytes, dtype=np.uint8)
-        read_exactly(self._path, memoryview(raw), self._start + info.offset)
-        return raw.reshape(-1, info.dims[0] // block_size * type_size)
+        return read_blocks(self._path, self._start, info, raw)
 
     def _buffer_for(self, size: int) -> np.ndarray:
         """``size`` bytes to read a tensor into: the kept buffer where it fits (the decoders copy what they
@@ -402,3 +400,12 @@ class GGUFState(LazyTensors):
         if self._read_buffer is None:
             self._read_buffer = np.empty(REUSED_READ_BYTES, dtype=np.uint8)  # pages are touched as reads reach them
         return self._read_buffer[:size]
+
+
+def read_blocks(path: Path, data_start: int, info: GGUFTensorInfo, raw: np.ndarray | None = None) -> np.ndarray:
+    """``info``'s bytes from ``path`` (whose tensor data begins at ``data_start``), one row of the weight per row:
+    [rows, bytes per row] uint8, read into ``raw`` (``info.n_bytes`` of them) or a buffer of their own."""
+    block_size, type_size = GGML_QUANT_SIZES[info.quant_type]
+    raw = np.empty(info.n_bytes, dtype=np.uint8) if raw is None else raw
+    read_exactly(path, memoryview(raw), data_start + info.offset)
+    return raw.reshape(-1, info.dims[0] // block_size * type_size)

@@ -11,6 +11,10 @@ GPU ``cuda_backend`` in bf16/fp16/fp32, int8 or int4 weights (``quant_int``).
 Everything else runs through transformers (``HFBackend``), with
 bitsandbytes for int8 (LLM.int8) and int4 (NF4). Which formats, exactly, is the
 ``LoadPlan``'s ``FormatPlan`` (``format_plan``), decided before any weight is read.
+
+On the CPU, at int4 or int8, a model the fast path does not run goes to the quantized transformers fallback
+(``quantized_fallback``) instead of bitsandbytes: transformers' model built empty, each linear layer packed into
+Hearth's formats as its tensor is read from the folder or GGUF file, never an fp32 copy of the whole model.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from engine.forward.fast_scope import unsupported_reason
 from engine.forward.windows import layer_windows
 from engine.forward.native.build import kernel_notices
 from engine.host.allocator import return_freed_memory
-from engine.models import gguf_direct
+from engine.models import gguf_direct, quantized_fallback
 from engine.models.format_plan import FormatPlan, ModelTraits, choose_formats
 from engine.models.gguf_check import read_gguf
 from engine.models.model_files import quantized_table_bytes
@@ -176,17 +180,25 @@ def load_model(plan: LoadPlan, progress: Progress, is_cancelled: Callable[[], bo
         model, backend, plan = _fast_backend(config, SafetensorsState(plan.folder, report), formats, plan)
         eos_ids = _eos_ids(_generation_config(plan.folder), config, tokenizer)
         return _assemble(model, backend, model.weight_bytes, eos_ids, tokenizer, plan, formats, started)
+    if formats.quantized_fallback:
+        hf_model = quantized_fallback.load_folder(plan.folder, config, formats, report)
+        return _fallback_model(hf_model, tokenizer, plan, formats, started, _generation_config(plan.folder))
     with report_tensors(report):
         hf_model = _load_weights(plan.folder, plan.device, formats)
     return wrap_model(hf_model, tokenizer, replace(plan, formats=formats), started)
 
 
 def _load_gguf(plan: LoadPlan, report: Progress, started: float) -> LoadedModel:
-    """A GGUF file straight into the fast path where it applies, else through transformers (fp32 on the way)."""
+    """A GGUF file straight into the fast path where it applies, else into the quantized fallback, else through
+    transformers (fp32 on the way)."""
     contents = read_gguf(plan.folder)
     tokenizer = gguf_direct.load_tokenizer(plan.folder)
     config = gguf_direct.hf_config(contents) if gguf_direct.direct_reason(contents) is None else None
     formats = formats_of(plan, config, kept_table=quantized_table_bytes(contents) is not None)
+    if formats.quantized_fallback:
+        hf_model = quantized_fallback.load_gguf(plan.folder, contents, formats, report)
+        eos_ids = gguf_direct.end_token_ids(contents)
+        return _fallback_model(hf_model, tokenizer, plan, formats, started, hf_model.generation_config, eos_ids)
     if not formats.fast_path:
         with report_tensors(report):
             hf_model = _load_weights(plan.folder, plan.device, formats)
@@ -208,6 +220,15 @@ def wrap_model(model: Any, tokenizer: Any, plan: LoadPlan, started: float) -> Lo
         fast, backend, plan = _fast_backend(model.config, model.state_dict(), formats, plan)
         return _assemble(fast, backend, fast.weight_bytes, eos_ids, tokenizer, plan, formats, started)
     return _assemble(model, HFBackend(model), weight_bytes(model), eos_ids, tokenizer, plan, formats, started)
+
+
+def _fallback_model(model: Any, tokenizer: Any, plan: LoadPlan, formats: FormatPlan, started: float,
+                    generation_config: Any, eos_ids: frozenset[int] = frozenset()) -> LoadedModel:
+    """The quantized fallback's model (``quantized_fallback``) as a ``LoadedModel``, with its notice."""
+    eos_ids |= _eos_ids(generation_config, model.config, tokenizer)
+    plan = replace(plan, notices=plan.notices + (quantized_fallback.fallback_notice(formats, model),) + kernel_notices())
+    held = weight_bytes(model) + quantized_fallback.packed_bytes(model)
+    return _assemble(model, HFBackend(model), held, eos_ids, tokenizer, plan, formats, started)
 
 
 def _assemble(

@@ -20,6 +20,10 @@ the same call the loader's plan comes from), so the two cannot disagree about fo
   in int4 beside fp16 layers too; a file's MXFP4 experts (gpt-oss) as the file holds them, whatever the plan.
   On the CPU ``auto`` picks fp16 (with an int4 decode copy of a 4-bit file) where it fits comfortably, else int4
   alone; a 4-bit file runs int4 alone where its prompts run faster so (``format_plan.four_bit_prompts_faster``).
+* The quantized transformers fallback (``quantized_fallback``: a model the fast path does not run, at int4 or int8
+  on the CPU) holds what it packs as each tensor is read: every matrix but the token tables in the layers'
+  format (int4: ``INT4_BYTES`` per weight; int8: the int8 kernel's ``INT8_FALLBACK_BYTES``; the few norms and biases
+  counted so too), the output layer in the plan's format, the token tables in bf16, and no fp32 copy.
 * Any other GGUF file goes through transformers, which dequantizes every tensor into
   fp32 before the model takes them: ``FP32_BYTES`` per parameter more while it loads.
 * KV cache: 2 (keys and values) × layers × KV heads × head size × context × bytes of the plan's
@@ -28,7 +32,8 @@ the same call the loader's plan comes from), so the two cannot disagree about fo
   A sliding-window layer (``windows.layer_windows``) holds its window and ``KV_POOL_TOKENS`` at most: the pool
   lets go of its blocks before the window.
 * Overhead: activations, allocator slack and the runtime itself, taken as
-  ``OVERHEAD_FIXED_BYTES`` plus ``OVERHEAD_FRACTION`` of weights and KV cache.
+  ``OVERHEAD_FIXED_BYTES`` plus ``OVERHEAD_FRACTION`` of weights and KV cache (and for the quantized fallback
+  ``FALLBACK_RUNTIME_BYTES``, transformers' own).
 
 ``fit_verdict`` says "fits" when the total is at most ``TIGHT_FRACTION`` (85 %) of the
 available memory, "tight" up to 100 %, and "won't fit" beyond.
@@ -58,14 +63,19 @@ UNQUANTIZED_BYTES = 2.0  # embeddings and output head under bitsandbytes stay in
 INT4_BYTES = 0.5 + 4 / 32  # the fast path's int4: 4 bits, and a bf16 scale and zero point per 32 weights
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 PRECISION_ORDER = {"cuda": ("bf16", "int8", "int4"), "cpu": ("fp32", "bf16", "int4")}
+FALLBACK_GGUF_ORDER = ("int8", "int4")  # a GGUF file the fast path does not read, on the CPU (a 4-bit one: int4)
 FAST_CPU_ORDER = ("fp16", "int4")  # the CPU fast path's: fp16 (+ an int4 decode copy of a 4-bit file), int4 alone
 FAST_LAYER_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": INT4_BYTES}
 FP32_BYTES = 4.0
+INT8_FALLBACK_BYTES = 1.0 + 2 / 32  # the CPU's int8 kernel: a byte a weight, an fp16 scale per 32
 KV_POOL_TOKENS = 256
 """The KV block pool holds whole blocks (16 tokens); a context is counted in whole multiples of this, which any
 block size up to it divides."""
 TIGHT_FRACTION = 0.85
 OVERHEAD_FIXED_BYTES = 256 * 1024**2
+FALLBACK_RUNTIME_BYTES = 128 * 1024**2
+"""What the quantized fallback's runtime holds beyond the fast path's: transformers' modelling code and its model's
+objects (resident after the imports: 340 MB against the engine's own 230 MB, on the development machine)."""
 OVERHEAD_FRACTION = 0.05
 
 
@@ -221,6 +231,8 @@ def precision_order(source: ModelSource, device: str) -> tuple[str, ...]:
     """The precisions ``auto`` tries on ``device``, best first."""
     if device == "cpu" and reads_fast(source):
         return ("int4",) if four_bit_prompts_faster(traits_of(source)) else FAST_CPU_ORDER
+    if device == "cpu" and source.kind == "gguf":  # the quantized fallback, near the file's own size
+        return ("int4",) if source.four_bit_layers else FALLBACK_GGUF_ORDER
     return PRECISION_ORDER[device]
 
 
@@ -236,6 +248,16 @@ def _fast_weight_bytes(source: ModelSource, shape: ModelShape, formats: FormatPl
     if formats.decode_copy:
         layers += layer_params * FAST_LAYER_BYTES[formats.decode_copy]
     return int(layers + _table_bytes(shape, formats, source.kept_table_bytes) + _output_layer_bytes(shape, formats))
+
+
+def _fallback_weight_bytes(source: ModelSource, shape: ModelShape, formats: FormatPlan) -> int:
+    """What the quantized transformers fallback holds (see the module docstring): the layers packed, the output
+    layer in its format (only where the model has one apart from the table, or ties it: it is packed either way),
+    the token table in bf16."""
+    layer_params = max(source.n_params - shape.embedding_params, 0)
+    per_weight = INT4_BYTES if formats.layers == "int4" else INT8_FALLBACK_BYTES
+    table = shape.vocab * shape.hidden * DTYPE_BYTES[formats.token_table]
+    return int(layer_params * per_weight + table + _output_layer_bytes(shape, formats))
 
 
 def _fp16_packing_bytes(shape: ModelShape, prompts_only: bool, fp16_math: bool) -> int:
@@ -289,6 +311,8 @@ def estimate_formats(source: ModelSource, formats: FormatPlan, context_length: i
     shape = model_shape(source.config)
     if formats.fast_path:
         weights = _fast_weight_bytes(source, shape, formats)
+    elif formats.quantized_fallback:
+        weights = _fallback_weight_bytes(source, shape, formats)
     else:
         weights = estimate_weight_bytes(source.n_params, formats.layers, shape.embedding_params)
         if source.kind == "gguf":
@@ -296,6 +320,8 @@ def estimate_formats(source: ModelSource, formats: FormatPlan, context_length: i
     pool_tokens = -(-context_length // KV_POOL_TOKENS) * KV_POOL_TOKENS
     kv = estimate_kv_bytes(source.config, pool_tokens, DTYPE_BYTES[formats.kv_cache])
     overhead = OVERHEAD_FIXED_BYTES + int(OVERHEAD_FRACTION * (weights + kv))
+    if formats.quantized_fallback:
+        overhead += FALLBACK_RUNTIME_BYTES
     return MemoryEstimate(weights, kv, overhead, weights + kv + overhead)
 
 
@@ -324,9 +350,10 @@ def choose_precision(
 
     On CUDA: bf16, then int8, then int4 (quality first, quantize only to fit). On CPU, for
     a model the fast path loads (``reads_fast``): fp16 (fp32 sums, within rounding of fp32),
-    then int4; for any other (transformers): fp32, then bf16, then int4 (NF4) — most CPUs run
+    then int4; for any other (transformers): fp32, then bf16, then int4 (the quantized fallback) — most CPUs run
     fp32 matrix products fastest and exactly, bf16 halves memory when fp32 would not fit,
-    and 4 bits take a quarter. A precision that "fits" wins over
+    and 4 bits take a quarter; a GGUF file of such a model goes to the quantized fallback, near the file's size
+    (a 4-bit file's blocks in int4, others in int8, then int4), never dequantized to fp32 whole. A precision that "fits" wins over
     one that is only "tight". Raises ``NotEnoughMemoryError`` when none fits.
     """
     if device not in PRECISION_ORDER:

@@ -15,8 +15,9 @@ Which format runs on which kernel, and why, on a GPU (``format_plan`` decides wh
   (64 or 32 when the layer's width demands) with a bf16 scale and zero point per
   group, packed for ``torch._weight_int4pack_mm``: PyTorch's tinygemm kernel, the
   one gpt-fast uses, graph-capturable, about 0.53 bytes per weight. (bitsandbytes'
-  NF4, a normal-float table, serves the 4-bit precision on architectures the fast
-  path does not cover.)
+  NF4, a normal-float table, serves the 4-bit precision on a GPU for architectures
+  the fast path does not cover; on the CPU they take these formats, through
+  ``packed_linear``.)
   A layer the kernel cannot take (rows not a multiple of 8, width not of 32)
   falls back to int8.
 
@@ -48,6 +49,7 @@ from engine.forward.native import int8_matmul as native_int8
 from engine.forward.weights import int4_prompts, triton_gemv
 from engine.forward.weights.cpu_int4_layout import codes_from_packed, packed_from_codes
 from engine.forward.weights.packed_sizes import INT4_PAIR
+from engine.forward.weights.row_chunks import RowChunks
 
 QUANT_FORMATS = ("int8", "int4", INT4_PAIR)
 INT4_FORMATS = ("int4", INT4_PAIR)  # formats whose weights stay in their groups: a norm scales the activations
@@ -117,13 +119,13 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scales
 
 
-def _int8_linear(weight: torch.Tensor) -> tuple[Run, int]:
-    """On the CPU Hearth's int8 kernel where it takes the shape (groups of 32, ``native.int8_matmul``); elsewhere
-    per-row int8, on a GPU with Triton's GEMV for one row."""
+def _int8_linear(weight: torch.Tensor | RowChunks) -> tuple[Run, int]:
+    """On the CPU Hearth's int8 kernel where it takes the shape (groups of 32, ``native.int8_matmul``, ``RowChunks``
+    a few rows at a time); elsewhere per-row int8, on a GPU with Triton's GEMV for one row."""
     if weight.device.type == "cpu" and native_int8.covers(*weight.shape):
         multiply = native_int8.Int8Matmul(weight)
         return multiply, multiply.nbytes
-    q, scales = quantize_int8(weight)
+    q, scales = quantize_int8(weight.dequantize() if isinstance(weight, RowChunks) else weight)
     use_gemv = weight.is_cuda and triton_gemv.available()
 
     def run(x: torch.Tensor) -> torch.Tensor:

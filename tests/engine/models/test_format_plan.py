@@ -69,17 +69,19 @@ def test_int8_on_cuda_runs_the_fast_path_computing_in_bf16():
     assert plan.label == "int8 weights"
 
 
-def test_int4_through_transformers_is_bitsandbytes_nf4_and_is_named_so():
+def test_int4_through_transformers_is_bitsandbytes_nf4_on_a_gpu_and_the_quantized_fallback_on_the_cpu():
     plan = choose_formats("cuda", "int4", GPT2_FOLDER)
     assert (plan.fast_path, plan.precision, plan.layers, plan.compute) == (False, "int4", "nf4", "bf16")
     assert plan.label == "nf4 (bitsandbytes) weights"
     on_cpu = choose_formats("cpu", "int4", GPT2_FOLDER, ZEN4)
-    assert (on_cpu.layers, on_cpu.compute) == ("nf4", "fp32")
+    assert (on_cpu.fast_path, on_cpu.layers, on_cpu.token_table, on_cpu.compute) == (False, "int4", "bf16", "fp32")
+    assert on_cpu.quantized_fallback and not plan.quantized_fallback
+    assert on_cpu.label == "quantized transformers fallback (int4)"
 
 
 def test_precisions_the_cpu_fast_path_lacks_go_through_transformers():
     assert not choose_formats("cpu", "bf16", LLAMA_FOLDER, ZEN4).fast_path
-    assert choose_formats("cpu", "int8", LLAMA_FOLDER, ZEN4).layers == "int8"  # bitsandbytes' LLM.int8
+    assert choose_formats("cpu", "int8", LLAMA_FOLDER, ZEN4).quantized_fallback  # Hearth's int8 under transformers
     assert not choose_formats("cpu", "int8", LLAMA_FOLDER, ZEN4).fast_path
 
 
