@@ -68,6 +68,7 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8", "int4")
 """``int4``: 4 bits a weight; on the fast path asymmetric groups (a scale and zero each), through transformers
 bitsandbytes' NF4 (``engine.models.format_plan``)."""
+KV_CACHES = ("auto", "bf16", "int8")  # the KV cache's precisions a load may ask for (``LoadOptions.kv_cache``)
 LEGACY_PRECISIONS = {"nf4": "int4"}  # what earlier versions called the 4-bit precision
 
 
@@ -79,11 +80,13 @@ def canonical_precision(name: str) -> str:
 @dataclass(frozen=True)
 class LoadOptions:
     """How to load a model: ``device`` one of ``DEVICES``, ``precision`` one of ``PRECISIONS`` (or a
-    ``LEGACY_PRECISIONS`` name, read as its ``canonical_precision``)."""
+    ``LEGACY_PRECISIONS`` name, read as its ``canonical_precision``), ``kv_cache`` one of ``KV_CACHES``: "auto"
+    (bf16 on the CPU), "bf16", or "int8" (a code a value and a scale per 32, half the memory; the CPU only)."""
 
     device: str = "auto"
     precision: str = "auto"
     context_length: int | None = None
+    kv_cache: str = "auto"
 
 
 @dataclass(frozen=True)
