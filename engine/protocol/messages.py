@@ -244,6 +244,7 @@ class ModelLoaded:
     notices: tuple[str, ...] = ()  # things the user should know (e.g. "no chat template: using a plain one")
     server: str = ""  # the remote server's base URL when the model runs there; "" for a model in this process
     tool_format: str = "hermes"  # how the model writes tool calls (``engine.chat.tool_formats``)
+    kv_cache: str = ""  # the KV cache's precision (``FormatPlan.kv_cache``: "bf16", "int8", …); "" for a remote model
 
 
 @dataclass(frozen=True)
