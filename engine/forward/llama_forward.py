@@ -29,7 +29,8 @@ from engine.forward.native import decode_attention as native_attention
 from engine.forward.native import norm as native_norm
 from engine.forward.native import rotary as native_rotary
 from engine.forward.native.decode_attention import ChunkRuns, DecodeRuns
-from engine.forward.paged_kv import BatchRow, GroupLayout, PagedKV
+from engine.forward.kv_layout import int8_kv_refusal
+from engine.forward.paged_kv import INT8_ROWS, BatchRow, GroupLayout, PagedKV
 from engine.forward.weights.quant import PLAIN_DTYPES
 from engine.forward.windows import KVGroups, layer_windows
 
@@ -69,12 +70,13 @@ class FastLlama(LlamaWeights):
         super().__init__(config, state, formats, device, context_length)
         self._eps = torch.full((1, 1), self.eps, dtype=self.dtype, device=device)
         self._turns = [torch.empty(0, 1, self.head_dim // 2, dtype=torch.complex64, device=device)] * len(self.rotary)
-        self.kv_dtype = PLAIN_DTYPES[formats.kv_cache]  # the block pool's (bf16 on the CPU)
+        self.kv_dtype = pool_dtype(formats.kv_cache, self.head_dim)  # the block pool's (bf16 on the CPU)
         self._softcap = self.family.attention_softcap  # the kernels do not cap scores nor take sinks: torch ops
         self._attention_kernels = (device.type == "cpu" and self._softcap is None and not self.family.attention_sinks
                                    and native_attention.covers(self.heads, self.kv_heads, self.head_dim, self.kv_dtype))
         self._mask_dtype = PLAIN_DTYPES[formats.prompt_attention]  # bf16 where 4-bit prompts multiply on AMX's tiles
-        self._chunk_tiles = self._mask_dtype == torch.bfloat16 and native_attention.tiles_cover(self.head_dim)
+        self._chunk_tiles = (self._mask_dtype == torch.bfloat16 and self.kv_dtype == torch.bfloat16
+                             and native_attention.tiles_cover(self.head_dim))  # an int8 pool: the fp32 kernel
         self.kv_groups = KVGroups.of(layer_windows(config))
         self._places = tuple(self.kv_groups.place(index) for index in range(len(self.layers)))  # (group, page layer)
 
@@ -240,6 +242,17 @@ class FastLlama(LlamaWeights):
 def _turns(angles: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
     """``magnitude`` [hd/2] times the unit complex numbers of ``angles`` [P, hd/2]: [P, 1, hd/2]."""
     return torch.complex(angles.cos() * magnitude, angles.sin() * magnitude).unsqueeze(1)
+
+
+def pool_dtype(kv_cache: str, head_dim: int) -> torch.dtype:
+    """The block pool's dtype for a plan's ``kv_cache``: int8 rows (``INT8_ROWS``; refused, ValueError, for heads
+    whose width ``kv_layout`` cannot group), else a plain dtype."""
+    if kv_cache != "int8":
+        return PLAIN_DTYPES[kv_cache]
+    refusal = int8_kv_refusal(head_dim)
+    if refusal:
+        raise ValueError(f"{refusal[0].upper()}{refusal[1:]}: load it with the bf16 KV cache.")
+    return INT8_ROWS
 
 
 def _slots(where: slice | torch.Tensor) -> torch.Tensor:

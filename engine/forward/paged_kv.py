@@ -8,7 +8,9 @@ a single stream nearly always, otherwise its positions) and the runs of blocks a
 its keys are read from: one, or two for a sequence that reuses another's prefix.
 
 The buffer's dtype is the plan's ``kv_cache`` (``FormatPlan``): bf16 on the CPU, where the
-forward pass computes in fp32, so a write rounds (to nearest even) and a reader widens.
+forward pass computes in fp32, so a write rounds (to nearest even) and a reader widens. An int8
+cache (``kv_layout``) holds each head's row as bytes (``INT8_ROWS``): its int8 codes, then an fp16
+scale per 32 of them; a write quantizes (``kv_int8``), a reader dequantizes to fp32.
 
 Layers may keep their keys in several KV groups (``windows.KVGroups``): a block then
 holds one group's layers (``page_layers`` of them), each sequence has a table per
@@ -23,8 +25,12 @@ from typing import Sequence
 
 import torch
 
+from engine.forward.kv_int8 import dequantize_rows, quantize_rows
+from engine.forward.kv_layout import kv_row_bytes
 from engine.forward.windows import window_start
 
+INT8_ROWS = torch.uint8
+"""The buffer's dtype where it holds int8 rows (``kv_layout``: codes, then fp16 scales, as bytes)."""
 
 @dataclass(frozen=True)
 class BatchRow:
@@ -77,7 +83,8 @@ class StepLayout:
 
 class PagedKV:
     """``[L, 2, Hkv, blocks × block_size, hd]``: keys and values of ``layers`` layers (a page: every layer of a
-    model with one KV group), block by block. ``windows``: each KV group's window (``KVGroups.windows``)."""
+    model with one KV group), block by block. ``windows``: each KV group's window (``KVGroups.windows``). With
+    ``dtype`` ``INT8_ROWS`` the last axis is an int8 row's bytes, ``hd + hd / 16`` (``kv_layout``)."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, num_blocks: int, block_size: int,
                  dtype: torch.dtype, device: torch.device, windows: tuple[int | None, ...] = (None,)) -> None:
@@ -85,7 +92,9 @@ class PagedKV:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.device = device
-        self.buffer = torch.empty((layers, 2, kv_heads, num_blocks * block_size, head_dim), dtype=dtype, device=device)
+        self.int8 = dtype == INT8_ROWS
+        row = kv_row_bytes("int8", head_dim) if self.int8 else head_dim
+        self.buffer = torch.empty((layers, 2, kv_heads, num_blocks * block_size, row), dtype=dtype, device=device)
 
     @property
     def bytes_per_block(self) -> int:
@@ -126,8 +135,11 @@ class PagedKV:
         return GroupLayout(tuple(spans), torch.cat([_as_tensor(w) for w in writes]).to(self.device))  # [R]
 
     def write(self, layer: int, where: Positions, keys_values: torch.Tensor) -> None:
-        """Store ``keys_values`` [2, Hkv, R, hd] at the step's new positions, in the buffer's dtype."""
-        held = self.buffer[layer]  # [2, Hkv, P, hd]
+        """Store ``keys_values`` [2, Hkv, R, hd] at the step's new positions, in the buffer's dtype (int8 rows
+        quantized)."""
+        held = self.buffer[layer]  # [2, Hkv, P, hd] (int8: [2, Hkv, P, row bytes])
+        if self.int8:
+            keys_values = quantize_rows(keys_values)  # [2, Hkv, R, row bytes]
         if isinstance(where, slice):
             held[:, :, where] = keys_values
         else:
@@ -135,15 +147,20 @@ class PagedKV:
 
     def read(self, layer: int, runs: tuple[slice, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """A sequence's keys and values so far, [Hkv, T, hd] each in the buffer's dtype: views of its one run, else its
-        runs joined."""
+        runs joined; an int8 cache's dequantized to fp32."""
         held = self.buffer[layer]  # [2, Hkv, P, hd]
         parts = [held.narrow(2, run.start, run.stop - run.start) for run in runs]
         pair = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)  # [2, Hkv, T, hd]
+        if self.int8:
+            pair = dequantize_rows(pair)  # [2, Hkv, T, hd] fp32
         return pair[0], pair[1]
 
-    def layer_runs(self, runs: tuple[slice, ...]) -> list[tuple[tuple[torch.Tensor, torch.Tensor], ...]]:
+    def layer_runs(self, runs: tuple[slice, ...]) -> Sequence[tuple[tuple[torch.Tensor, torch.Tensor], ...]]:
         """A sequence's keys, transposed, and values in each layer, run by run: [Hkv, hd, n] and [Hkv, n, hd] views
-        of every layer made once per step (they see what each layer writes later), for attention to read in place."""
+        of every layer made once per step (they see what each layer writes later), for attention to read in place;
+        an int8 cache's dequantized when a layer asks for them (``DequantizedRuns``)."""
+        if self.int8:
+            return DequantizedRuns(self, runs)
         per_run = []
         for run in runs:
             keys, values = self.buffer.narrow(3, run.start, run.stop - run.start).unbind(1)  # [L, Hkv, n, hd] each
@@ -174,6 +191,19 @@ class PagedKV:
         blocks = torch.tensor(block_ids[first : last + 1], dtype=torch.long)  # [n]
         slots = (blocks.unsqueeze(1) * size + torch.arange(size)).flatten()  # [n * size]
         return slots[start - first * size : end - first * size].to(self.device)
+
+
+class DequantizedRuns:
+    """``PagedKV.layer_runs`` of an int8 cache: layer ``i``'s runs, dequantized to fp32 when indexed (after the
+    layer has written its step's keys)."""
+
+    def __init__(self, kv: PagedKV, runs: tuple[slice, ...]) -> None:
+        self._kv, self._runs = kv, runs
+
+    def __getitem__(self, layer: int) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        held = self._kv.buffer[layer]  # [2, Hkv, P, row bytes]
+        pairs = [dequantize_rows(held.narrow(2, run.start, run.stop - run.start)) for run in self._runs]
+        return tuple((keys.transpose(1, 2), values) for keys, values in pairs)  # ([Hkv, hd, n], [Hkv, n, hd]) each
 
 
 def _as_tensor(where: Positions) -> torch.Tensor:

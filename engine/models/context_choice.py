@@ -59,8 +59,9 @@ class ContextChoice:
 
 
 def choose_load(source: ModelSource, device: str, precision: str, context: int | None,
-                available_bytes: int) -> tuple[str, ContextChoice]:
-    """The precision (``precision``, or ``auto``'s pick) and the context of a load of ``source`` on ``device``.
+                available_bytes: int, kv_cache: str = "auto") -> tuple[str, ContextChoice]:
+    """The precision (``precision``, or ``auto``'s pick) and the context of a load of ``source`` on ``device``,
+    its KV cache in ``kv_cache`` (int8's half of bf16's bytes fits about twice the context).
 
     ``context`` None: the longest that fits comfortably up to ``DEFAULT_CONTEXT_CAP`` (``auto`` picks its precision
     for that length, else for ``MIN_CONTEXT``). A named ``context`` must be at most the trained length and fit.
@@ -70,11 +71,11 @@ def choose_load(source: ModelSource, device: str, precision: str, context: int |
     trained = source.native_context
     if context is not None:
         _check_asked(source, context, trained)
-        chosen = _precision(source, device, precision, context, context, available_bytes)
+        chosen = _precision(source, device, precision, context, context, available_bytes, kv_cache)
         return chosen, ContextChoice(context, trained, available_bytes, asked=True)
     target, smallest = min(DEFAULT_CONTEXT_CAP, trained), min(MIN_CONTEXT, trained)
-    chosen = _precision(source, device, precision, target, smallest, available_bytes)
-    formats = formats_for_source(source, device, chosen)
+    chosen = _precision(source, device, precision, target, smallest, available_bytes, kv_cache)
+    formats = formats_for_source(source, device, chosen, kv_cache=kv_cache)
     return chosen, ContextChoice(fitting_context(source, formats, available_bytes, target, smallest), trained,
                                  available_bytes)
 
@@ -99,17 +100,17 @@ def kv_budget_bytes(source: ModelSource, formats: FormatPlan, context: int) -> i
 
 
 def _precision(source: ModelSource, device: str, precision: str, target: int, smallest: int,
-               available_bytes: int) -> str:
+               available_bytes: int, kv_cache: str) -> str:
     """``precision``, or ``auto``'s pick for ``target`` tokens (else for ``smallest``); refused, with the figures,
     when even ``smallest`` tokens do not fit beside its weights."""
     if precision == "auto":
         try:
-            return choose_precision(source, device, target, available_bytes)
+            return choose_precision(source, device, target, available_bytes, kv_cache)
         except NotEnoughMemoryError:
             if smallest == target:
                 raise
-            return choose_precision(source, device, smallest, available_bytes)
-    needed = estimate(source, precision, smallest, device)
+            return choose_precision(source, device, smallest, available_bytes, kv_cache)
+    needed = estimate(source, precision, smallest, device, kv_cache)
     if fit_verdict(needed.total_bytes, available_bytes) == "won't fit":
         raise not_enough_memory(source, precision, needed, smallest, device, available_bytes)
     return precision

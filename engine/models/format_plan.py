@@ -16,7 +16,7 @@ forward with Hearth's packed layers, in the fast path's formats. Earlier version
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine.forward.fast_scope import config_view, unsupported_reason
 from engine.forward.native.support import has_amx_kernels, has_prompt_kernel, may_run
@@ -24,6 +24,7 @@ from engine.forward.weights.packed_sizes import INT4_PAIR, int8_kernel_takes
 from engine.host.cpu_features import has_amx_tiles, has_fp16_math, has_int8_dot
 from engine.models.gguf_check import DIRECT_ARCHITECTURES
 from engine.models.model_source import ModelSource
+from engine.protocol.messages import KV_CACHES
 from engine.protocol.messages import PRECISIONS as OPTIONS
 from engine.protocol.messages import canonical_precision
 
@@ -82,6 +83,8 @@ class FormatPlan:
     table as the file keeps it, decoded when looked up). ``compute``: the activations' dtype, which the KV cache
     (``kv_cache``) keeps, but for the CPU fast path's bf16; ``prompt_attention``: a prompt chunk's attention dtype.
     ``prompt_path``: which kernel multiplies a prompt's rows, in words. ``note``: why ``auto`` chose these, when not the default.
+    ``kv_precision``: the KV cache the user asked for (``messages.KV_CACHES``; "int8" holds on the CPU fast path
+    only, ``kv_cache``).
     """
 
     device: str
@@ -96,13 +99,28 @@ class FormatPlan:
     decode_copy: str | None = None
     host: HostFeatures = HostFeatures()
     note: str = ""
+    kv_precision: str = "auto"
 
     @property
     def kv_cache(self) -> str:
-        """The KV cache's dtype: bf16 in the CPU fast path's block pool (half fp32's bytes, as llama.cpp's fp16; its
-        kernels widen each key and value exactly and sum in fp32), else the compute dtype. fp32 weights, the
+        """The KV cache's dtype: "int8" where the user asked for it on the CPU fast path (codes and a scale per 32
+        values, ``kv_layout``); else bf16 in the CPU fast path's block pool (half fp32's bytes, as llama.cpp's fp16;
+        its kernels widen each key and value exactly and sum in fp32), else the compute dtype. fp32 weights, the
         reference precision a user picks to rule out rounding, keep an fp32 cache (read by torch's ops)."""
-        return "bf16" if self.device == "cpu" and self.fast_path and self.layers != "fp32" else self.compute
+        cpu_fast = self.device == "cpu" and self.fast_path
+        if cpu_fast and self.kv_precision == "int8":
+            return "int8"
+        return "bf16" if cpu_fast and self.layers != "fp32" else self.compute
+
+    @property
+    def kv_notice(self) -> str | None:
+        """Why an int8 KV cache that was asked for is not kept (the load's notice), or None."""
+        if self.kv_precision != "int8" or self.kv_cache == "int8":
+            return None
+        where = ("a GPU keeps its own" if self.device != "cpu"
+                 else "this model runs through transformers, which keeps its own")
+        return (f"The int8 KV cache runs in Hearth's own forward pass on the CPU only ({where}): this load keeps a "
+                f"{self.kv_cache} KV cache.")
 
     @property
     def experts(self) -> str:
@@ -133,20 +151,26 @@ class FormatPlan:
 
 
 def choose_formats(device: str, precision: str, model: ModelTraits, host: HostFeatures | None = None,
-                   note: str = "") -> FormatPlan:
-    """The plan for ``model`` at ``precision`` on ``device`` ("cpu" or "cuda"). ``precision`` "auto" without a
-    memory estimate (random models, tests): bf16 on a GPU; on the CPU fp16 on the fast path (fp32 sums, within
-    rounding of fp32 at half the bytes), else fp32."""
+                   note: str = "", kv_cache: str = "auto") -> FormatPlan:
+    """The plan for ``model`` at ``precision`` on ``device`` ("cpu" or "cuda"), with the KV cache ``kv_cache``
+    asks for (``messages.KV_CACHES``). ``precision`` "auto" without a memory estimate (random models, tests):
+    bf16 on a GPU; on the CPU fp16 on the fast path (fp32 sums, within rounding of fp32 at half the bytes), else
+    fp32. An int8 KV cache holds on the CPU fast path only: elsewhere the plan keeps its usual cache and says so
+    (``FormatPlan.kv_notice``): a GPU's kernels read fp16/bf16 alone, and transformers keeps its own cache."""
     host = this_host() if host is None and device == "cpu" else host or HostFeatures()
     precision = _resolved(canonical_precision(precision), device, model.fast_path)
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
     if model.fast_path and precision in FAST_LAYERS[device]:
         decode_copy = "int4" if device == "cpu" and model.four_bit_layers and precision == "fp16" else None
-        return fast_formats(device, precision, model, host, decode_copy, note)
-    if device == "cpu" and precision in QUANTIZED:
-        return _fallback_formats(precision, model, host, note)
-    return _transformers_formats(device, precision, host, note)
+        plan = fast_formats(device, precision, model, host, decode_copy, note)
+    elif device == "cpu" and precision in QUANTIZED:
+        plan = _fallback_formats(precision, model, host, note)
+    else:
+        plan = _transformers_formats(device, precision, host, note)
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"unknown KV cache {kv_cache!r} (known: {', '.join(KV_CACHES)})")
+    return replace(plan, kv_precision=kv_cache)
 
 
 def _resolved(precision: str, device: str, fast_path: bool) -> str:
@@ -275,6 +299,7 @@ def traits_of(source: ModelSource) -> ModelTraits:
                        source.n_params)
 
 
-def formats_for_source(source: ModelSource, device: str, precision: str, note: str = "") -> FormatPlan:
+def formats_for_source(source: ModelSource, device: str, precision: str, note: str = "",
+                       kv_cache: str = "auto") -> FormatPlan:
     """``choose_formats`` for a checked model file."""
-    return choose_formats(device, precision, traits_of(source), note=note)
+    return choose_formats(device, precision, traits_of(source), note=note, kv_cache=kv_cache)

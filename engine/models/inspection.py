@@ -42,7 +42,8 @@ def inspect_for_dialog(
     free_memory: MemoryProbe = available_memory,
     cuda_available: bool | None = None,
 ) -> ModelInspected:
-    """Inspect ``path`` and estimate its memory on ``options.device`` for ``options.context_length`` tokens.
+    """Inspect ``path`` and estimate its memory on ``options.device`` for ``options.context_length`` tokens, its KV
+    cache in ``options.kv_cache``.
 
     ``free_memory`` and ``cuda_available`` default to this machine's; tests pass their own.
     Raises ``ModelFileError`` for a refused path, ``RuntimeError`` when CUDA is asked for but absent.
@@ -51,7 +52,8 @@ def inspect_for_dialog(
     device = _device(options.device, has_cuda)
     source = inspect_model(_model_path(path))
     available = {"cpu": free_memory("cpu"), "cuda": free_memory("cuda") if has_cuda else 0}
-    auto_precision, context = _auto_choice(source, device, options.context_length, available[device])
+    auto_precision, context = _auto_choice(source, device, options.context_length, available[device],
+                                           options.kv_cache)
     return ModelInspected(
         request_id=request_id,
         path=path,
@@ -61,7 +63,7 @@ def inspect_for_dialog(
         native_context_length=source.native_context,
         context_length=context.tokens,
         device=device,
-        estimates=_estimates(source, device, context.tokens, available[device]),
+        estimates=_estimates(source, device, context.tokens, available[device], options.kv_cache),
         available_bytes_cpu=available["cpu"],
         available_bytes_cuda=available["cuda"],
         cuda_available=has_cuda,
@@ -72,12 +74,12 @@ def inspect_for_dialog(
     )
 
 
-def _auto_choice(source: ModelSource, device: str, context: int | None, available: int) -> tuple[str | None,
-                                                                                                  ContextChoice]:
+def _auto_choice(source: ModelSource, device: str, context: int | None, available: int,
+                 kv_cache: str) -> tuple[str | None, ContextChoice]:
     """What ``auto`` would load: its precision and context, or None and the context asked (else the default's)
     when nothing fits."""
     try:
-        return choose_load(source, device, "auto", context, available)
+        return choose_load(source, device, "auto", context, available, kv_cache)
     except NotEnoughMemoryError:
         tokens = context or min(DEFAULT_CONTEXT_CAP, source.native_context)
         return None, ContextChoice(tokens, source.native_context, available, asked=context is not None)
@@ -101,10 +103,11 @@ def _model_path(requested: str) -> Path:
     return default_model.default_model_path()
 
 
-def _estimates(source: ModelSource, device: str, context_length: int, available: int) -> tuple[PrecisionEstimate, ...]:
+def _estimates(source: ModelSource, device: str, context_length: int, available: int,
+               kv_cache: str) -> tuple[PrecisionEstimate, ...]:
     found = []
     for precision in PRECISIONS_ON[device]:
-        needed = estimate(source, precision, context_length, device)
+        needed = estimate(source, precision, context_length, device, kv_cache)
         verdict = fit_verdict(needed.total_bytes, available)
         found.append(PrecisionEstimate(precision, needed.weight_bytes, needed.kv_bytes, needed.total_bytes, verdict))
     return tuple(found)

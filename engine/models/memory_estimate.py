@@ -27,7 +27,8 @@ the same call the loader's plan comes from), so the two cannot disagree about fo
 * Any other GGUF file goes through transformers, which dequantizes every tensor into
   fp32 before the model takes them: ``FP32_BYTES`` per parameter more while it loads.
 * KV cache: 2 (keys and values) × layers × KV heads × head size × context × bytes of the plan's
-  ``kv_cache`` dtype (bf16 on the CPU fast path, which computes in fp32 whatever its weights' format), the context
+  ``kv_cache`` dtype (bf16 on the CPU fast path, which computes in fp32 whatever its weights' format; int8 where
+  asked, 1 + 2/32 bytes a value with its share of the fp16 scales: ``kv_layout.KV_VALUE_BYTES``), the context
   rounded up to ``KV_POOL_TOKENS``: what the block pool sized from it holds (``context_choice.kv_budget_bytes``).
   A sliding-window layer (``windows.layer_windows``) holds its window and ``KV_POOL_TOKENS`` at most: the pool
   lets go of its blocks before the window.
@@ -48,6 +49,7 @@ from typing import Any, Literal
 
 import psutil
 
+from engine.forward.kv_layout import KV_VALUE_BYTES
 from engine.forward.weights.packed_sizes import fp16_packed_bytes, int8_bytes
 from engine.forward.windows import layer_windows
 from engine.models.format_plan import (
@@ -212,13 +214,14 @@ def estimate_weight_bytes(n_params: int, layers: str, unquantized_params: int = 
     return int(quantized * BYTES_PER_PARAM[layers] + unquantized_params * UNQUANTIZED_BYTES)
 
 
-def estimate_kv_bytes(config_like: Mapping[str, Any], context_length: int, dtype_bytes: int) -> int:
-    """KV cache bytes for ``context_length`` tokens: 2 × kv_heads × head_dim × bytes for each token each layer
-    holds, the whole context, or a sliding-window layer's window and ``KV_POOL_TOKENS`` where that is less."""
+def estimate_kv_bytes(config_like: Mapping[str, Any], context_length: int, dtype_bytes: float) -> int:
+    """KV cache bytes for ``context_length`` tokens: 2 × kv_heads × head_dim × bytes a value (``dtype_bytes``:
+    int8's 1.0625 counts its scales) for each token each layer holds, the whole context, or a sliding-window layer's
+    window and ``KV_POOL_TOKENS`` where that is less."""
     shape = model_shape(config_like)
     held = sum(context_length if window is None else min(context_length, window + KV_POOL_TOKENS)
                for window in config_windows(config_like, shape.layers))
-    return 2 * shape.kv_heads * shape.head_dim * held * dtype_bytes
+    return int(2 * shape.kv_heads * shape.head_dim * held * dtype_bytes)
 
 
 def config_windows(config: Mapping[str, Any], layers: int) -> tuple[int | None, ...]:
@@ -300,10 +303,11 @@ def _output_layer_bytes(shape: ModelShape, formats: FormatPlan) -> float:
     return weights * DTYPE_BYTES[formats.output_layer]
 
 
-def estimate(source: ModelSource, precision: str, context_length: int, device: str) -> MemoryEstimate:
-    """Memory to run ``source`` at ``precision`` on ``device`` with a KV cache of ``context_length`` tokens, in the
-    formats a load would use (``format_plan.formats_for_source``)."""
-    return estimate_formats(source, formats_for_source(source, device, precision), context_length)
+def estimate(source: ModelSource, precision: str, context_length: int, device: str,
+             kv_cache: str = "auto") -> MemoryEstimate:
+    """Memory to run ``source`` at ``precision`` on ``device`` with a KV cache of ``context_length`` tokens (in
+    ``kv_cache``, ``messages.KV_CACHES``), in the formats a load would use (``format_plan.formats_for_source``)."""
+    return estimate_formats(source, formats_for_source(source, device, precision, kv_cache=kv_cache), context_length)
 
 
 def estimate_formats(source: ModelSource, formats: FormatPlan, context_length: int) -> MemoryEstimate:
@@ -318,7 +322,7 @@ def estimate_formats(source: ModelSource, formats: FormatPlan, context_length: i
         if source.kind == "gguf":
             weights += int(source.n_params * FP32_BYTES)  # transformers' fp32 copy of the whole file
     pool_tokens = -(-context_length // KV_POOL_TOKENS) * KV_POOL_TOKENS
-    kv = estimate_kv_bytes(source.config, pool_tokens, DTYPE_BYTES[formats.kv_cache])
+    kv = estimate_kv_bytes(source.config, pool_tokens, KV_VALUE_BYTES[formats.kv_cache])
     overhead = OVERHEAD_FIXED_BYTES + int(OVERHEAD_FRACTION * (weights + kv))
     if formats.quantized_fallback:
         overhead += FALLBACK_RUNTIME_BYTES
@@ -344,7 +348,7 @@ def available_memory(device: str) -> int:
 
 
 def choose_precision(
-    source: ModelSource, device: str, context_length: int, available_bytes: int | None = None
+    source: ModelSource, device: str, context_length: int, available_bytes: int | None = None, kv_cache: str = "auto"
 ) -> str:
     """The best precision that fits, for ``precision="auto"``.
 
@@ -360,7 +364,7 @@ def choose_precision(
         raise ValueError(f"unknown device {device!r} (expected 'cpu' or 'cuda')")
     available = available_memory(device) if available_bytes is None else available_bytes
     order = precision_order(source, device)
-    estimates = {precision: estimate(source, precision, context_length, device) for precision in order}
+    estimates = {precision: estimate(source, precision, context_length, device, kv_cache) for precision in order}
     verdicts = {precision: fit_verdict(found.total_bytes, available) for precision, found in estimates.items()}
     for wanted in ("fits", "tight"):
         for precision, verdict in verdicts.items():

@@ -44,14 +44,16 @@ def open_model(
     device = resolve_device(options.device)
     requested = canonical_precision(options.precision)
     available = memory_estimate.available_memory(device.type)  # one reading for the precision and the context
-    precision, context = choose_load(source, device.type, requested, options.context_length, available)
-    formats = _plan_formats(source, device.type, requested, precision)
+    precision, context = choose_load(source, device.type, requested, options.context_length, available,
+                                     options.kv_cache)
+    formats = _plan_formats(source, device.type, requested, precision, options.kv_cache)
     notice = _formats_notice(source, requested, formats, context.tokens, available)
     template = ChatTemplate.for_model(source)
     emit(StatusChanged("loading", f"Loading {source.name} on {device.type}…"))
     plan = LoadPlan(
         source.path, source.name, device, formats.precision, context.tokens, template,
-        _notices(source, template) + remove_converted_copies() + notice + _context_notice(context),
+        _notices(source, template) + remove_converted_copies() + notice + _context_notice(context)
+        + ((formats.kv_notice,) if formats.kv_notice else ()),
         four_bit_source=source.four_bit_layers, formats=formats,
         kv_budget_bytes=kv_budget_bytes(source, formats, context.tokens),
     )
@@ -61,14 +63,15 @@ def open_model(
         return load_model(plan, progress, is_cancelled)
 
 
-def _plan_formats(source: ModelSource, device: str, requested: str, precision: str) -> FormatPlan:
-    """The load's formats at ``precision`` (with the reason, when ``auto`` ran a 4-bit file from its int4 weights
-    alone on the CPU's fast path)."""
-    formats = formats_for_source(source, device, precision)
+def _plan_formats(source: ModelSource, device: str, requested: str, precision: str, kv_cache: str) -> FormatPlan:
+    """The load's formats at ``precision`` with ``kv_cache`` (with the reason, when ``auto`` ran a 4-bit file from
+    its int4 weights alone on the CPU's fast path)."""
+    formats = formats_for_source(source, device, precision, kv_cache=kv_cache)
     if requested != "auto" or not formats.fast_path or device != "cpu" or precision != "int4":
         return formats
     faster = four_bit_prompts_faster(traits_of(source), formats.host)
-    return formats_for_source(source, device, precision, "int4 prompts run faster here" if faster else "fp16 did not fit")
+    return formats_for_source(source, device, precision, "int4 prompts run faster here" if faster else "fp16 did not fit",
+                              kv_cache)
 
 
 def _fetch_if_default(requested: str, emit: EventSink, is_cancelled: Callable[[], bool]) -> Path:

@@ -68,6 +68,7 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8", "int4")
 """``int4``: 4 bits a weight; on the fast path asymmetric groups (a scale and zero each), through transformers
 bitsandbytes' NF4 (``engine.models.format_plan``)."""
+KV_CACHES = ("auto", "bf16", "int8")  # the KV cache's precisions a load may ask for (``LoadOptions.kv_cache``)
 LEGACY_PRECISIONS = {"nf4": "int4"}  # what earlier versions called the 4-bit precision
 
 
@@ -79,11 +80,13 @@ def canonical_precision(name: str) -> str:
 @dataclass(frozen=True)
 class LoadOptions:
     """How to load a model: ``device`` one of ``DEVICES``, ``precision`` one of ``PRECISIONS`` (or a
-    ``LEGACY_PRECISIONS`` name, read as its ``canonical_precision``)."""
+    ``LEGACY_PRECISIONS`` name, read as its ``canonical_precision``), ``kv_cache`` one of ``KV_CACHES``: "auto"
+    (bf16 on the CPU), "bf16", or "int8" (a code a value and a scale per 32, half the memory; the CPU only)."""
 
     device: str = "auto"
     precision: str = "auto"
     context_length: int | None = None
+    kv_cache: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -241,6 +244,7 @@ class ModelLoaded:
     notices: tuple[str, ...] = ()  # things the user should know (e.g. "no chat template: using a plain one")
     server: str = ""  # the remote server's base URL when the model runs there; "" for a model in this process
     tool_format: str = "hermes"  # how the model writes tool calls (``engine.chat.tool_formats``)
+    kv_cache: str = ""  # the KV cache's precision (``FormatPlan.kv_cache``: "bf16", "int8", …); "" for a remote model
 
 
 @dataclass(frozen=True)

@@ -222,6 +222,7 @@ class ModelRuntime:
         self._emit(ModelLoaded(
             load.request.request_id, loaded.name, loaded.path, loaded.device, loaded.precision_label,
             loaded.context_length, loaded.load_s, self._memory(0), notices, tool_format=loaded.template.tool_format,
+            kv_cache=loaded.formats.kv_cache,
         ))
         self._admit_waiting()
 

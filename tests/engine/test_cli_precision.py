@@ -1,4 +1,5 @@
-"""The command line's precision names: int4 for 4 bits, and an earlier version's nf4 still accepted."""
+"""The command line's load options: precision names (int4 for 4 bits, an earlier version's nf4 still accepted), the
+context and the KV cache."""
 
 from __future__ import annotations
 
@@ -33,3 +34,14 @@ def test_a_context_that_is_not_a_positive_number_is_refused(value: str, capsys: 
     with pytest.raises(SystemExit):
         parse_args(["serve", "--context", value])
     assert "--context" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["chat", "serve"])
+def test_the_kv_cache_is_asked_for_on_the_command_line(command: str, capsys: pytest.CaptureFixture[str]):
+    from engine.api.server.standalone import load_options
+
+    assert load_options(parse_args([command, "--kv-cache", "int8"])).kv_cache == "int8"
+    assert load_options(parse_args([command])).kv_cache == "auto"  # bf16 on the CPU
+    with pytest.raises(SystemExit):
+        parse_args([command, "--kv-cache", "fp8"])
+    assert "int8" in capsys.readouterr().err

@@ -45,6 +45,7 @@ class ServedModel:
     name: str
     context_length: int
     tool_format: str = "hermes"  # how it writes tool calls (``tool_formats.FORMATS``)
+    kv_cache: str = ""  # its KV cache's precision (``ModelLoaded.kv_cache``)
 
 
 def conversation_key(ask: CompletionAsk) -> str:
@@ -140,7 +141,7 @@ class EngineLink:
         if isinstance(event, StatusChanged):
             self._state = event.state
         elif isinstance(event, ModelLoaded):
-            self._model = ServedModel(event.name, event.context_length, event.tool_format)
+            self._model = ServedModel(event.name, event.context_length, event.tool_format, event.kv_cache)
         elif isinstance(event, (MemorySampled, BatchSampled)):
             self._metrics.sampled(event)
         stream = self._streams.get(getattr(event, "request_id", ""))

@@ -13,7 +13,7 @@ import threading
 
 from engine.api.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
 from engine.api.server.server import ApiServer
-from engine.protocol.messages import PRECISIONS, LoadModel, LoadOptions, ModelLoaded, canonical_precision
+from engine.protocol.messages import KV_CACHES, PRECISIONS, LoadModel, LoadOptions, ModelLoaded, canonical_precision
 from engine.service.fanout import EngineHub
 
 EXIT_FAILED = 2
@@ -30,6 +30,7 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     serve.add_argument("--precision", default="auto", type=canonical_precision, choices=PRECISIONS)
     add_context_option(serve)
+    add_kv_cache_option(serve)
 
 
 def add_context_option(command: argparse.ArgumentParser) -> None:
@@ -37,6 +38,12 @@ def add_context_option(command: argparse.ArgumentParser) -> None:
     longest that fits comfortably, up to 32 768 tokens (``context_choice``)."""
     command.add_argument("--context", type=context_tokens, metavar="TOKENS",
                          help="context length in tokens (default: what fits, up to 32768; at most the trained length)")
+
+
+def add_kv_cache_option(command: argparse.ArgumentParser) -> None:
+    """``--kv-cache {auto,bf16,int8}``: the KV cache's precision (``LoadOptions.kv_cache``); int8 on the CPU only."""
+    command.add_argument("--kv-cache", default="auto", choices=KV_CACHES,
+                         help="KV cache precision: auto (bf16 on the CPU), bf16, or int8 (half the memory, CPU only)")
 
 
 def context_tokens(text: str) -> int:
@@ -51,13 +58,16 @@ def context_tokens(text: str) -> int:
 
 
 def load_options(args: argparse.Namespace) -> LoadOptions:
-    """The ``LoadOptions`` that ``chat`` and ``serve``'s ``--device``, ``--precision`` and ``--context`` ask for."""
-    return LoadOptions(device=args.device, precision=args.precision, context_length=args.context)
+    """The ``LoadOptions`` that ``chat`` and ``serve``'s ``--device``, ``--precision``, ``--context`` and
+    ``--kv-cache`` ask for."""
+    return LoadOptions(device=args.device, precision=args.precision, context_length=args.context,
+                       kv_cache=args.kv_cache)
 
 
 def load_line(loaded: ModelLoaded) -> str:
-    """The loaded model in one line for the terminal: name, device, formats and context."""
-    return f"{loaded.name} on {loaded.device}, {loaded.precision}, {loaded.context_length}-token context"
+    """The loaded model in one line for the terminal: name, device, formats, context and KV cache."""
+    kv = f", {loaded.kv_cache} KV cache" if loaded.kv_cache else ""
+    return f"{loaded.name} on {loaded.device}, {loaded.precision}, {loaded.context_length}-token context{kv}"
 
 
 def serve(args: argparse.Namespace, stop: threading.Event | None = None) -> int:

@@ -14,7 +14,12 @@ just the positions it sees. Where a model's prompts already run in bf16 on AMX's
 and weights rounded to bf16, sums in fp32.
 
 The pool holds bf16 (``FormatPlan.kv_cache``); the kernels read it as it is, each key
-and value widened exactly to fp32, and every sum runs in fp32.
+and value widened exactly to fp32, and every sum runs in fp32. An int8 pool (``kv_layout``:
+each row's codes, then an fp16 scale per 32) is read by the ``_q8`` functions, which
+dequantize each row as they read it (code × scale in fp32) and sum in fp32 likewise, where
+the variant has them (``reads_int8``). A chunk over an int8 pool never runs on AMX's tiles:
+the fp32 kernel reads the codes directly, where the tiles would need each row rounded to
+bf16 a second time (a code times an fp16 scale holds up to 19 significant bits).
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from typing import Iterable, Sequence
 
 import torch
 
+from engine.forward.kv_layout import KV_GROUP
 from engine.forward.native.build import LANES, address, library
+from engine.forward.paged_kv import INT8_ROWS
 
 MAX_GROUPS, MAX_HEAD_DIM = 16, 256  # the kernel's per-task arrays (``kernels.c``)
 TILE_DIMS, MAX_TILE_HEAD_DIM = 32, 128  # the tile kernel's head dimensions: whole tile rows, at most its arrays'
@@ -36,9 +43,15 @@ def tiles_cover(head_dim: int) -> bool:
     return head_dim % TILE_DIMS == 0 and head_dim <= MAX_TILE_HEAD_DIM and hasattr(library(), "chunk_attention_amx")
 
 
+def reads_int8() -> bool:
+    """Whether the loaded variant reads (and writes) an int8 pool: avx512, avx2 and avx2vnni do."""
+    return hasattr(library(), "decode_attention_q8")
+
+
 def covers(heads: int, kv_heads: int, head_dim: int, kv_dtype: torch.dtype) -> bool:
-    """Whether the kernels attend for these heads over a K/V cache of ``kv_dtype``."""
-    return (library() is not None and kv_dtype == torch.bfloat16 and heads // kv_heads <= MAX_GROUPS
+    """Whether the kernels attend for these heads over a K/V cache of ``kv_dtype`` (bf16, or ``INT8_ROWS``)."""
+    readable = kv_dtype == torch.bfloat16 or (kv_dtype == INT8_ROWS and head_dim % KV_GROUP == 0 and reads_int8())
+    return (library() is not None and readable and heads // kv_heads <= MAX_GROUPS
             and head_dim <= MAX_HEAD_DIM and head_dim % LANES == 0)
 
 
@@ -58,12 +71,13 @@ class DecodeRuns:
         return DecodeRuns(_int32(list(rows)), _int32(first_run), _bounds(run for row_runs in runs for run in row_runs))
 
     def attend(self, q: torch.Tensor, out: torch.Tensor, layer_kv: torch.Tensor) -> None:
-        """``q`` [R, H, hd] (already scaled) over ``layer_kv`` [2, Hkv, P, hd] bf16 into ``out`` [R, H, hd] (all
-        contiguous), at the decode rows only; query head ``h`` uses kv head ``h // (H / Hkv)``."""
+        """``q`` [R, H, hd] (already scaled) over ``layer_kv`` [2, Hkv, P, hd] bf16 (or int8 rows) into ``out``
+        [R, H, hd] (all contiguous), at the decode rows only; query head ``h`` uses kv head ``h // (H / Hkv)``."""
         _, heads, head_dim = q.shape
         kv_heads, positions = layer_kv.shape[1], layer_kv.shape[2]
-        library().decode_attention(address(q), address(out), kv_address(layer_kv), *self._addresses, heads, kv_heads,
-                                   head_dim, positions)
+        function = library().decode_attention_q8 if layer_kv.dtype == INT8_ROWS else library().decode_attention
+        function(address(q), address(out), kv_address(layer_kv), *self._addresses, heads, kv_heads, head_dim,
+                 positions)
 
     @property
     def _addresses(self) -> tuple[int, int, int, int]:
@@ -71,9 +85,10 @@ class DecodeRuns:
 
 
 def kv_address(layer_kv: torch.Tensor) -> int:
-    """A layer of the pool, for the kernels' bf16 pointer; ValueError for any other dtype, which they would misread."""
-    if layer_kv.dtype != torch.bfloat16:
-        raise ValueError(f"Hearth's attention kernels read a bf16 KV cache, not {layer_kv.dtype}.")
+    """A layer of the pool, for the kernels' pointer (bf16, or int8 rows for the ``_q8`` functions); ValueError for
+    any other dtype, which they would misread."""
+    if layer_kv.dtype not in (torch.bfloat16, INT8_ROWS):
+        raise ValueError(f"Hearth's attention kernels read a bf16 or int8 KV cache, not {layer_kv.dtype}.")
     return address(layer_kv)
 
 
@@ -96,7 +111,7 @@ class ChunkRuns:
     count: int
     start: int
     bounds: torch.Tensor  # [runs, 2] int32
-    on_tiles: bool = False  # in bf16 on AMX's tiles (only where ``int4_matmul.runs_on_amx`` and ``tiles_cover``)
+    on_tiles: bool = False  # in bf16 on AMX's tiles (where ``int4_matmul.runs_on_amx`` and ``tiles_cover``; bf16 pool)
     window: int = 0
 
     @staticmethod
@@ -105,10 +120,13 @@ class ChunkRuns:
         return ChunkRuns(first_row, count, start, _bounds(runs), on_tiles, window or 0)
 
     def attend(self, q: torch.Tensor, out: torch.Tensor, layer_kv: torch.Tensor) -> None:
-        """``q`` [R, H, hd] (already scaled) over ``layer_kv`` [2, Hkv, P, hd] bf16 into ``out`` [R, H, hd] (all
-        contiguous), at the chunk's rows only."""
+        """``q`` [R, H, hd] (already scaled) over ``layer_kv`` [2, Hkv, P, hd] bf16 (or int8 rows) into ``out``
+        [R, H, hd] (all contiguous), at the chunk's rows only."""
         _, heads, head_dim = q.shape
         kv_heads, positions = layer_kv.shape[1], layer_kv.shape[2]
         arguments = (address(q), address(out), kv_address(layer_kv), self.first_row, self.count, self.start,
                      self.bounds.data_ptr(), len(self.bounds), heads, kv_heads, head_dim, positions, self.window)
-        (library().chunk_attention_amx if self.on_tiles else library().chunk_attention)(*arguments)
+        if layer_kv.dtype == INT8_ROWS:
+            library().chunk_attention_q8(*arguments)
+        else:
+            (library().chunk_attention_amx if self.on_tiles else library().chunk_attention)(*arguments)

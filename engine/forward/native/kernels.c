@@ -29,6 +29,33 @@ static inline void bf16_widen(const uint16_t *values, int count, float *out) {  
     for (int i = 0; i < count; i += 16) _mm512_storeu_ps(out + i, bf16_load(values + i));
 }
 
+/* Values 16v .. 16v + 15 of a K/V row (kv_row_bytes) as fp32: bf16 widened, or int8 codes times their fp16 scale. */
+static inline __attribute__((always_inline)) __m512 kv_load(const uint8_t *row, int v, int head_dim, int int8) {
+    if (!int8) return bf16_load((const uint16_t *)row + 16 * v);
+    __m512 codes = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + 16 * v))));
+    return _mm512_mul_ps(codes, _mm512_set1_ps(_cvtsh_ss(((const uint16_t *)(row + head_dim))[v / 2])));
+}
+
+/* n consecutive K/V rows (kv_row_bytes each) as fp32 [n, head_dim]. */
+static void kv_widen(const uint8_t *rows, int n, int head_dim, int int8, float *out) {
+    if (!int8) {
+        bf16_widen((const uint16_t *)rows, n * head_dim, out);
+        return;
+    }
+    const size_t row = kv_row_bytes(head_dim, 1);
+    for (int p = 0; p < n; p++)
+        for (int v = 0; v < head_dim / 16; v++)
+            _mm512_storeu_ps(out + (size_t)p * head_dim + 16 * v, kv_load(rows + p * row, v, head_dim, 1));
+}
+
+/* x [head_dim] as an int8 K/V row (quantize_kv_row), its scales rounded to fp16 to nearest even. */
+static void kv_store_int8(uint8_t *row, const float *x, int head_dim) {
+    float scales[MAX_HEAD_DIM / KV_GROUP];
+    quantize_kv_row(x, head_dim, (int8_t *)row, scales);
+    for (int g = 0; g < head_dim / KV_GROUP; g++)
+        ((uint16_t *)(row + head_dim))[g] = _cvtss_sh(scales[g], _MM_FROUND_TO_NEAREST_INT);
+}
+
 /* 16 fp32 values as bf16, rounded to nearest even as PyTorch rounds (a NaN stays a NaN). */
 static inline void bf16_store(uint16_t *target, __m512 x) {
     __m512i bits = _mm512_castps_si512(x);
@@ -338,6 +365,74 @@ static inline __m512 exp_of_negative(__m512 x) {
     return _mm512_scalef_ps(power, n);
 }
 
+/* Decode row i's attention for kv head h (decode_attention's arguments), its K/V rows bf16 or, with int8, int8 rows
+   (kv_row_bytes): inlined with int8 a constant, so each format's loop is its own. */
+static inline __attribute__((always_inline)) void decode_task(
+        const float *q, float *out, const uint8_t *layer, const int32_t *rows, const int32_t *first_run,
+        const int32_t *runs, int heads, int kv_heads, int head_dim, int64_t positions, int i, int h, int int8) {
+    const int groups = heads / kv_heads, vectors = head_dim / 16;
+    const size_t row = kv_row_bytes(head_dim, int8);
+    const float *queries = q + ((size_t)rows[i] * heads + (size_t)h * groups) * head_dim;
+    const uint8_t *keys = layer + (size_t)h * positions * row;
+    const uint8_t *values = layer + ((size_t)kv_heads + h) * positions * row;
+    __m512 query[MAX_GROUPS][MAX_HEAD_DIM / 16], acc[MAX_GROUPS][MAX_HEAD_DIM / 16];
+    float best[MAX_GROUPS], weight_sum[MAX_GROUPS], score[MAX_GROUPS][POSITIONS];
+    for (int g = 0; g < groups; g++) {
+        best[g] = -INFINITY;
+        weight_sum[g] = 0.0f;
+        for (int v = 0; v < vectors; v++) {
+            query[g][v] = _mm512_loadu_ps(queries + (size_t)g * head_dim + 16 * v);
+            acc[g][v] = _mm512_setzero_ps();
+        }
+    }
+    for (int j = first_run[i]; j < first_run[i + 1]; j++)
+        for (int64_t start = runs[2 * j]; start < runs[2 * j + 1]; start += POSITIONS) {
+            int count = (int)(runs[2 * j + 1] - start < POSITIONS ? runs[2 * j + 1] - start : POSITIONS);
+            for (int p = 0; p < count; p++) {
+                const uint8_t *key_row = keys + (size_t)(start + p) * row;
+                __m512 key[MAX_HEAD_DIM / 16];
+                for (int v = 0; v < vectors; v++) key[v] = kv_load(key_row, v, head_dim, int8);
+                for (int g = 0; g < groups; g++) {
+                    __m512 dot = _mm512_mul_ps(query[g][0], key[0]);
+                    for (int v = 1; v < vectors; v++) dot = _mm512_fmadd_ps(query[g][v], key[v], dot);
+                    score[g][p] = _mm512_reduce_add_ps(dot);
+                }
+            }
+            for (int g = 0; g < groups; g++) {
+                float most = best[g];
+                for (int p = 0; p < count; p += 16) {
+                    __mmask16 valid = _cvtu32_mask16(count - p >= 16 ? 0xFFFFu : (1u << (count - p)) - 1);
+                    most = fmaxf(most, _mm512_mask_reduce_max_ps(valid, _mm512_maskz_loadu_ps(valid, score[g] + p)));
+                }
+                float kept = expf(best[g] - most);  /* 0 at the first tile */
+                __m512 tile_sum = _mm512_setzero_ps();
+                for (int p = 0; p < count; p += 16) {
+                    __mmask16 valid = _cvtu32_mask16(count - p >= 16 ? 0xFFFFu : (1u << (count - p)) - 1);
+                    __m512 weight = exp_of_negative(_mm512_sub_ps(_mm512_maskz_loadu_ps(valid, score[g] + p),
+                                                                  _mm512_set1_ps(most)));
+                    _mm512_mask_storeu_ps(score[g] + p, valid, weight);
+                    tile_sum = _mm512_mask_add_ps(tile_sum, valid, tile_sum, weight);
+                }
+                weight_sum[g] = weight_sum[g] * kept + _mm512_reduce_add_ps(tile_sum);
+                for (int v = 0; v < vectors; v++) acc[g][v] = _mm512_mul_ps(acc[g][v], _mm512_set1_ps(kept));
+                best[g] = most;
+            }
+            for (int p = 0; p < count; p++) {
+                const uint8_t *value = values + (size_t)(start + p) * row;
+                for (int v = 0; v < vectors; v++) {
+                    __m512 part = kv_load(value, v, head_dim, int8);
+                    for (int g = 0; g < groups; g++)
+                        acc[g][v] = _mm512_fmadd_ps(_mm512_set1_ps(score[g][p]), part, acc[g][v]);
+                }
+            }
+        }
+    for (int g = 0; g < groups; g++) {
+        float *target = out + ((size_t)rows[i] * heads + (size_t)h * groups + g) * head_dim;
+        __m512 inverse = _mm512_set1_ps(1.0f / weight_sum[g]);
+        for (int v = 0; v < vectors; v++) _mm512_storeu_ps(target + 16 * v, _mm512_mul_ps(acc[g][v], inverse));
+    }
+}
+
 /* Decode attention over a block pool's layer [2, Hkv, P, hd] bf16 (keys, then values; hd a multiple of 16): query row
    rows[i] of q [R, H, hd] (already scaled) attends to the positions runs[2j] .. runs[2j + 1] - 1 for first_run[i]
    <= j < first_run[i + 1], in order; query head h uses kv head h / (H / Hkv). out [R, H, hd]. The softmax runs
@@ -345,70 +440,22 @@ static inline __m512 exp_of_negative(__m512 x) {
 void decode_attention(const float *q, float *out, const uint16_t *layer, const int32_t *rows, int row_count,
                       const int32_t *first_run, const int32_t *runs, int heads, int kv_heads, int head_dim,
                       int64_t positions) {
-    const int groups = heads / kv_heads, vectors = head_dim / 16;
     #pragma omp parallel for collapse(2) schedule(static) if (row_count * kv_heads > 1)
     for (int i = 0; i < row_count; i++)
-        for (int h = 0; h < kv_heads; h++) {
-            const float *queries = q + ((size_t)rows[i] * heads + (size_t)h * groups) * head_dim;
-            const uint16_t *keys = layer + (size_t)h * positions * head_dim;
-            const uint16_t *values = layer + ((size_t)kv_heads + h) * positions * head_dim;
-            __m512 query[MAX_GROUPS][MAX_HEAD_DIM / 16], acc[MAX_GROUPS][MAX_HEAD_DIM / 16];
-            float best[MAX_GROUPS], weight_sum[MAX_GROUPS], score[MAX_GROUPS][POSITIONS];
-            for (int g = 0; g < groups; g++) {
-                best[g] = -INFINITY;
-                weight_sum[g] = 0.0f;
-                for (int v = 0; v < vectors; v++) {
-                    query[g][v] = _mm512_loadu_ps(queries + (size_t)g * head_dim + 16 * v);
-                    acc[g][v] = _mm512_setzero_ps();
-                }
-            }
-            for (int j = first_run[i]; j < first_run[i + 1]; j++)
-                for (int64_t start = runs[2 * j]; start < runs[2 * j + 1]; start += POSITIONS) {
-                    int count = (int)(runs[2 * j + 1] - start < POSITIONS ? runs[2 * j + 1] - start : POSITIONS);
-                    for (int p = 0; p < count; p++) {
-                        const uint16_t *key_bits = keys + (size_t)(start + p) * head_dim;
-                        __m512 key[MAX_HEAD_DIM / 16];
-                        for (int v = 0; v < vectors; v++) key[v] = bf16_load(key_bits + 16 * v);
-                        for (int g = 0; g < groups; g++) {
-                            __m512 dot = _mm512_mul_ps(query[g][0], key[0]);
-                            for (int v = 1; v < vectors; v++) dot = _mm512_fmadd_ps(query[g][v], key[v], dot);
-                            score[g][p] = _mm512_reduce_add_ps(dot);
-                        }
-                    }
-                    for (int g = 0; g < groups; g++) {
-                        float most = best[g];
-                        for (int p = 0; p < count; p += 16) {
-                            __mmask16 valid = _cvtu32_mask16(count - p >= 16 ? 0xFFFFu : (1u << (count - p)) - 1);
-                            most = fmaxf(most, _mm512_mask_reduce_max_ps(valid, _mm512_maskz_loadu_ps(valid, score[g] + p)));
-                        }
-                        float kept = expf(best[g] - most);  /* 0 at the first tile */
-                        __m512 tile_sum = _mm512_setzero_ps();
-                        for (int p = 0; p < count; p += 16) {
-                            __mmask16 valid = _cvtu32_mask16(count - p >= 16 ? 0xFFFFu : (1u << (count - p)) - 1);
-                            __m512 weight = exp_of_negative(_mm512_sub_ps(_mm512_maskz_loadu_ps(valid, score[g] + p),
-                                                                          _mm512_set1_ps(most)));
-                            _mm512_mask_storeu_ps(score[g] + p, valid, weight);
-                            tile_sum = _mm512_mask_add_ps(tile_sum, valid, tile_sum, weight);
-                        }
-                        weight_sum[g] = weight_sum[g] * kept + _mm512_reduce_add_ps(tile_sum);
-                        for (int v = 0; v < vectors; v++) acc[g][v] = _mm512_mul_ps(acc[g][v], _mm512_set1_ps(kept));
-                        best[g] = most;
-                    }
-                    for (int p = 0; p < count; p++) {
-                        const uint16_t *value = values + (size_t)(start + p) * head_dim;
-                        for (int v = 0; v < vectors; v++) {
-                            __m512 part = bf16_load(value + 16 * v);
-                            for (int g = 0; g < groups; g++)
-                                acc[g][v] = _mm512_fmadd_ps(_mm512_set1_ps(score[g][p]), part, acc[g][v]);
-                        }
-                    }
-                }
-            for (int g = 0; g < groups; g++) {
-                float *target = out + ((size_t)rows[i] * heads + (size_t)h * groups + g) * head_dim;
-                __m512 inverse = _mm512_set1_ps(1.0f / weight_sum[g]);
-                for (int v = 0; v < vectors; v++) _mm512_storeu_ps(target + 16 * v, _mm512_mul_ps(acc[g][v], inverse));
-            }
-        }
+        for (int h = 0; h < kv_heads; h++)
+            decode_task(q, out, (const uint8_t *)layer, rows, first_run, runs, heads, kv_heads, head_dim, positions,
+                        i, h, 0);
+}
+
+/* decode_attention over an int8 pool's layer [2, Hkv, P, row] (kv_row_bytes; hd a multiple of 32): each row's codes
+   times its scales in fp32 as they are read, the sums in fp32. */
+void decode_attention_q8(const float *q, float *out, const uint8_t *layer, const int32_t *rows, int row_count,
+                         const int32_t *first_run, const int32_t *runs, int heads, int kv_heads, int head_dim,
+                         int64_t positions) {
+    #pragma omp parallel for collapse(2) schedule(static) if (row_count * kv_heads > 1)
+    for (int i = 0; i < row_count; i++)
+        for (int h = 0; h < kv_heads; h++)
+            decode_task(q, out, layer, rows, first_run, runs, heads, kv_heads, head_dim, positions, i, h, 1);
 }
 
 /* out [M, K] = x [M, K] over each row's root mean square (the norm's own weight is the next matmul's). */
@@ -459,6 +506,30 @@ void rotate_and_store(float *qkv, const float *turns, int rows, int heads, int k
     }
 }
 
+/* rotate_and_store into an int8 pool's layer [2, Hkv, P, row] (kv_row_bytes; hd a multiple of 32): the rotated keys
+   and the values quantized to int8 rows (quantize_kv_row), their scales rounded to fp16. */
+void rotate_and_store_q8(float *qkv, const float *turns, int rows, int heads, int kv_heads, int head_dim,
+                         uint8_t *layer, int64_t positions, const int64_t *slots) {
+    const int width = (heads + 2 * kv_heads) * head_dim;
+    const size_t row_bytes = kv_row_bytes(head_dim, 1);
+    #pragma omp parallel for schedule(static) if (rows >= 16)
+    for (int s = 0; s < rows; s++) {
+        float *row = qkv + (size_t)s * width;
+        const float *turn = turns + (size_t)s * head_dim;
+        for (int h = 0; h < heads; h++)
+            for (int k = 0; k < head_dim; k += 16)
+                _mm512_storeu_ps(row + (size_t)h * head_dim + k, rotated_pairs(row + (size_t)h * head_dim + k, turn + k));
+        for (int h = 0; h < kv_heads; h++) {
+            size_t at = ((size_t)h * positions + (size_t)slots[s]) * row_bytes;
+            const float *key = row + (size_t)(heads + h) * head_dim, *value = key + (size_t)kv_heads * head_dim;
+            float rotated[MAX_HEAD_DIM];
+            for (int k = 0; k < head_dim; k += 16) _mm512_storeu_ps(rotated + k, rotated_pairs(key + k, turn + k));
+            kv_store_int8(layer + at, rotated, head_dim);
+            kv_store_int8(layer + (size_t)kv_heads * positions * row_bytes + at, value, head_dim);
+        }
+    }
+}
+
 /* out [M, F] = SiLU(gate) * up for gate_up [M, 2F] (each row its gate, then its up; F a multiple of 16):
    SiLU(g) = g * sigmoid(g), sigmoid(g) = 1 / (1 + e^-g), or e^g / (1 + e^g) for g < 0, so e's argument is never
    positive. */
@@ -499,14 +570,16 @@ static inline __attribute__((always_inline)) void score_keys(const float *keys, 
 }
 
 /* Runs a chunk task's score and value sums over the positions slot .. slot + n - 1 (logical positions logical ..),
-   their bf16 keys and values widened to fp32 once (a broadcast from bf16 in the inner loops costs twice the time).
-   qt [hd][32]: the task's queries, transposed; acc [hd][32]: its weighted values; best, total: per query. */
-static void chunk_tile(const uint16_t *key_bits, const uint16_t *value_bits, int64_t slot, int n, int64_t logical,
-                       int head_dim, const float (*qt)[CHUNK_QUERIES], float (*acc)[CHUNK_QUERIES],
+   their keys and values (bf16, or int8 rows) widened to fp32 once (a broadcast from bf16 in the inner loops costs
+   twice the time). qt [hd][32]: the task's queries, transposed; acc [hd][32]: its weighted values; best, total: per
+   query. */
+static void chunk_tile(const uint8_t *key_rows, const uint8_t *value_rows, int int8, int64_t slot, int n,
+                       int64_t logical, int head_dim, const float (*qt)[CHUNK_QUERIES], float (*acc)[CHUNK_QUERIES],
                        const __m512i limit[2], const __m512i low[2], __m512 best[2], __m512 total[2]) {
     float keys[POSITIONS * MAX_HEAD_DIM], values[POSITIONS * MAX_HEAD_DIM];  /* the tile's, widened once */
-    bf16_widen(key_bits + slot * head_dim, n * head_dim, keys);
-    bf16_widen(value_bits + slot * head_dim, n * head_dim, values);
+    const size_t row = kv_row_bytes(head_dim, int8);
+    kv_widen(key_rows + slot * row, n, head_dim, int8, keys);
+    kv_widen(value_rows + slot * row, n, head_dim, int8, values);
     __m512 score[POSITIONS][2];
     for (int p0 = 0; p0 < n; p0 += KEYS_AT_ONCE) {
         int m = n - p0 < KEYS_AT_ONCE ? n - p0 : KEYS_AT_ONCE;
@@ -552,25 +625,26 @@ static void chunk_tile(const uint16_t *key_bits, const uint16_t *value_bits, int
     }
 }
 
-/* A prompt chunk's attention over a block pool's layer [2, Hkv, P, hd] bf16: rows first_row .. first_row + count - 1 of
-   q [R, H, hd] (already scaled), row r at position start + r counted from the first position the runs hold, each
-   attending to the positions up to its own (with window > 0 only the last `window` of them), which lie in the runs
-   runs[2j] .. runs[2j + 1] - 1 (j < run_count, in order). Each task takes one kv head and a few rows, its queries
-   in the lanes of two vectors: a key's value is broadcast against all of them, so nothing is transposed and the
-   causal limit (and the window's start) is a compare per lane. */
-void chunk_attention(const float *q, float *out, const uint16_t *layer, int first_row, int count, int start,
-                     const int32_t *runs, int run_count, int heads, int kv_heads, int head_dim, int64_t positions,
-                     int window) {
+/* A prompt chunk's attention over a block pool's layer [2, Hkv, P, hd] bf16 (with int8, int8 rows: kv_row_bytes):
+   rows first_row .. first_row + count - 1 of q [R, H, hd] (already scaled), row r at position start + r counted from
+   the first position the runs hold, each attending to the positions up to its own (with window > 0 only the last
+   `window` of them), which lie in the runs runs[2j] .. runs[2j + 1] - 1 (j < run_count, in order). Each task takes
+   one kv head and a few rows, its queries in the lanes of two vectors: a key's value is broadcast against all of
+   them, so nothing is transposed and the causal limit (and the window's start) is a compare per lane. */
+static void chunk_attention_rows(const float *q, float *out, const uint8_t *layer, int int8, int first_row, int count,
+                                 int start, const int32_t *runs, int run_count, int heads, int kv_heads, int head_dim,
+                                 int64_t positions, int window) {
     const int groups = heads / kv_heads;
     const int rows_per_task = CHUNK_QUERIES / groups;
     const int blocks = (count + rows_per_task - 1) / rows_per_task;
+    const size_t row = kv_row_bytes(head_dim, int8);
     #pragma omp parallel for collapse(2) schedule(static)
     for (int h = 0; h < kv_heads; h++)
         for (int b = 0; b < blocks; b++) {
             const int r0 = b * rows_per_task, r1 = r0 + rows_per_task < count ? r0 + rows_per_task : count;
             const int queries = (r1 - r0) * groups;
-            const uint16_t *keys = layer + (size_t)h * positions * head_dim;
-            const uint16_t *values = layer + ((size_t)kv_heads + h) * positions * head_dim;
+            const uint8_t *keys = layer + (size_t)h * positions * row;
+            const uint8_t *values = layer + ((size_t)kv_heads + h) * positions * row;
             float qt[MAX_HEAD_DIM][CHUNK_QUERIES] __attribute__((aligned(64)));
             float acc[MAX_HEAD_DIM][CHUNK_QUERIES] __attribute__((aligned(64)));
             int32_t limits[CHUNK_QUERIES] __attribute__((aligned(64)));
@@ -597,8 +671,8 @@ void chunk_attention(const float *q, float *out, const uint16_t *layer, int firs
                     int64_t n = runs[2 * j + 1] - slot;
                     n = n < POSITIONS ? n : POSITIONS;
                     n = n < seen - logical ? n : seen - logical;
-                    chunk_tile(keys, values, slot, (int)n, logical, head_dim, (const float (*)[CHUNK_QUERIES])qt,
-                               acc, limit, low, best, total);
+                    chunk_tile(keys, values, int8, slot, (int)n, logical, head_dim,
+                               (const float (*)[CHUNK_QUERIES])qt, acc, limit, low, best, total);
                     logical += n;
                 }
             float totals[CHUNK_QUERIES] __attribute__((aligned(64)));
@@ -610,6 +684,23 @@ void chunk_attention(const float *q, float *out, const uint16_t *layer, int firs
                 for (int d = 0; d < head_dim; d++) target[d] = acc[d][j] / totals[j];
             }
         }
+}
+
+void chunk_attention(const float *q, float *out, const uint16_t *layer, int first_row, int count, int start,
+                     const int32_t *runs, int run_count, int heads, int kv_heads, int head_dim, int64_t positions,
+                     int window) {
+    chunk_attention_rows(q, out, (const uint8_t *)layer, 0, first_row, count, start, runs, run_count, heads, kv_heads,
+                         head_dim, positions, window);
+}
+
+/* chunk_attention over an int8 pool's layer [2, Hkv, P, row] (kv_row_bytes; hd a multiple of 32): each tile's rows
+   dequantized to fp32 once (codes times their scales), the sums in fp32. The AMX chunk kernel takes bf16 pools only:
+   it would round these values to bf16 a second time. */
+void chunk_attention_q8(const float *q, float *out, const uint8_t *layer, int first_row, int count, int start,
+                        const int32_t *runs, int run_count, int heads, int kv_heads, int head_dim, int64_t positions,
+                        int window) {
+    chunk_attention_rows(q, out, layer, 1, first_row, count, start, runs, run_count, heads, kv_heads, head_dim,
+                         positions, window);
 }
 
 /* Byte indices that take, from two vectors of 16 rows' four bytes (a 32-bit lane a row, bytes t0 .. t0 + 3, rows 0-15

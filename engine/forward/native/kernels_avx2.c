@@ -3,7 +3,8 @@
    call). Where kernels.c multiplies int8 codes with AVX-512's vpdpbusd, these use llama.cpp's AVX2 products: vpmaddubsw
    (unsigned by signed bytes, adjacent pairs summed in int16) and vpmaddwd (int16 pairs summed in int32); built with
    AVX-VNNI (variants.py's "avx2vnni", __AVXVNNI__), the matmuls take its 256-bit vpdpbusd instead. The K/V cache
-   is bf16 (uint16 storage): a value's fp32 is its 16 bits above 16 zero bits. No AMX here: amx_enable says so. */
+   is bf16 (uint16 storage): a value's fp32 is its 16 bits above 16 zero bits; or int8 rows (the _q8 functions,
+   kv_row_bytes: codes, then an fp16 scale per 32). No AMX here: amx_enable says so. */
 
 #include <immintrin.h>
 #include <math.h>
@@ -42,6 +43,21 @@ static inline __m256 bf16_load(const uint16_t *values) {
 
 static inline __m256 bf16_broadcast(const uint16_t *value) {
     return _mm256_castsi256_ps(_mm256_set1_epi32((int)((uint32_t)*value << 16)));
+}
+
+/* Values 8v .. 8v + 7 of a K/V row (kv_row_bytes) as fp32: bf16 widened, or int8 codes times their fp16 scale. */
+static inline __attribute__((always_inline)) __m256 kv_load(const uint8_t *row, int v, int head_dim, int int8) {
+    if (!int8) return bf16_load((const uint16_t *)row + 8 * v);
+    __m256 codes = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + 8 * v))));
+    return _mm256_mul_ps(codes, _mm256_set1_ps(_cvtsh_ss(((const uint16_t *)(row + head_dim))[v / 4])));
+}
+
+/* x [head_dim] as an int8 K/V row (quantize_kv_row), its scales rounded to fp16 to nearest even. */
+static void kv_store_int8(uint8_t *row, const float *x, int head_dim) {
+    float scales[MAX_HEAD_DIM / KV_GROUP];
+    quantize_kv_row(x, head_dim, (int8_t *)row, scales);
+    for (int g = 0; g < head_dim / KV_GROUP; g++)
+        ((uint16_t *)(row + head_dim))[g] = _cvtss_sh(scales[g], _MM_FROUND_TO_NEAREST_INT);
 }
 
 /* 8 fp32 values as bf16, rounded to nearest even as PyTorch rounds (a NaN stays a NaN). */
@@ -320,99 +336,149 @@ static float weights_of(float *score, int count, float most) {
     return total;
 }
 
+/* Decode row i's attention for kv head h (decode_attention's arguments), its K/V rows bf16 or, with int8, int8 rows
+   (kv_row_bytes): inlined with int8 a constant, so each format's loop is its own. */
+static inline __attribute__((always_inline)) void decode_task(
+        const float *q, float *out, const uint8_t *layer, const int32_t *rows, const int32_t *first_run,
+        const int32_t *runs, int heads, int kv_heads, int head_dim, int64_t positions, int i, int h, int int8) {
+    const int groups = heads / kv_heads, vectors = head_dim / 8;
+    const size_t row = kv_row_bytes(head_dim, int8);
+    const float *queries = q + ((size_t)rows[i] * heads + (size_t)h * groups) * head_dim;
+    const uint8_t *keys = layer + (size_t)h * positions * row;
+    const uint8_t *values = layer + ((size_t)kv_heads + h) * positions * row;
+    __m256 query[MAX_GROUPS][MAX_HEAD_DIM / 8], acc[MAX_GROUPS][MAX_HEAD_DIM / 8];
+    float best[MAX_GROUPS], weight_sum[MAX_GROUPS], score[MAX_GROUPS][POSITIONS];
+    for (int g = 0; g < groups; g++) {
+        best[g] = -INFINITY;
+        weight_sum[g] = 0.0f;
+        for (int v = 0; v < vectors; v++) {
+            query[g][v] = _mm256_loadu_ps(queries + (size_t)g * head_dim + 8 * v);
+            acc[g][v] = _mm256_setzero_ps();
+        }
+    }
+    for (int j = first_run[i]; j < first_run[i + 1]; j++)
+        for (int64_t start = runs[2 * j]; start < runs[2 * j + 1]; start += POSITIONS) {
+            int count = (int)(runs[2 * j + 1] - start < POSITIONS ? runs[2 * j + 1] - start : POSITIONS);
+            for (int p = 0; p < count; p++) {
+                const uint8_t *key_row = keys + (size_t)(start + p) * row;
+                __m256 key[MAX_HEAD_DIM / 8];
+                for (int v = 0; v < vectors; v++) key[v] = kv_load(key_row, v, head_dim, int8);
+                for (int g = 0; g < groups; g++) {
+                    __m256 dot = _mm256_mul_ps(query[g][0], key[0]);
+                    for (int v = 1; v < vectors; v++) dot = _mm256_fmadd_ps(query[g][v], key[v], dot);
+                    score[g][p] = sum_of(dot);
+                }
+            }
+            for (int g = 0; g < groups; g++) {
+                float most = best[g];
+                for (int p = 0; p < count; p++) most = fmaxf(most, score[g][p]);
+                float kept = expf(best[g] - most);  /* 0 at the first tile */
+                weight_sum[g] = weight_sum[g] * kept + weights_of(score[g], count, most);
+                for (int v = 0; v < vectors; v++) acc[g][v] = _mm256_mul_ps(acc[g][v], _mm256_set1_ps(kept));
+                best[g] = most;
+            }
+            for (int p = 0; p < count; p++) {
+                const uint8_t *value = values + (size_t)(start + p) * row;
+                for (int v = 0; v < vectors; v++) {
+                    __m256 part = kv_load(value, v, head_dim, int8);
+                    for (int g = 0; g < groups; g++)
+                        acc[g][v] = _mm256_fmadd_ps(_mm256_set1_ps(score[g][p]), part, acc[g][v]);
+                }
+            }
+        }
+    for (int g = 0; g < groups; g++) {
+        float *target = out + ((size_t)rows[i] * heads + (size_t)h * groups + g) * head_dim;
+        __m256 inverse = _mm256_set1_ps(1.0f / weight_sum[g]);
+        for (int v = 0; v < vectors; v++) _mm256_storeu_ps(target + 8 * v, _mm256_mul_ps(acc[g][v], inverse));
+    }
+}
+
 /* kernels.c's decode_attention: query row rows[i] of q [R, H, hd] (already scaled) attends to the positions
    runs[2j] .. runs[2j + 1] - 1 for first_run[i] <= j < first_run[i + 1]; query head h uses kv head h / (H / Hkv);
    out [R, H, hd]. A running maximum over tiles of positions: every position is read once. */
 void decode_attention(const float *q, float *out, const uint16_t *layer, const int32_t *rows, int row_count,
                       const int32_t *first_run, const int32_t *runs, int heads, int kv_heads, int head_dim,
                       int64_t positions) {
-    const int groups = heads / kv_heads, vectors = head_dim / 8;
     #pragma omp parallel for collapse(2) schedule(static) if (row_count * kv_heads > 1)
     for (int i = 0; i < row_count; i++)
-        for (int h = 0; h < kv_heads; h++) {
-            const float *queries = q + ((size_t)rows[i] * heads + (size_t)h * groups) * head_dim;
-            const uint16_t *keys = layer + (size_t)h * positions * head_dim;
-            const uint16_t *values = layer + ((size_t)kv_heads + h) * positions * head_dim;
-            __m256 query[MAX_GROUPS][MAX_HEAD_DIM / 8], acc[MAX_GROUPS][MAX_HEAD_DIM / 8];
-            float best[MAX_GROUPS], weight_sum[MAX_GROUPS], score[MAX_GROUPS][POSITIONS];
-            for (int g = 0; g < groups; g++) {
-                best[g] = -INFINITY;
-                weight_sum[g] = 0.0f;
-                for (int v = 0; v < vectors; v++) {
-                    query[g][v] = _mm256_loadu_ps(queries + (size_t)g * head_dim + 8 * v);
-                    acc[g][v] = _mm256_setzero_ps();
-                }
-            }
-            for (int j = first_run[i]; j < first_run[i + 1]; j++)
-                for (int64_t start = runs[2 * j]; start < runs[2 * j + 1]; start += POSITIONS) {
-                    int count = (int)(runs[2 * j + 1] - start < POSITIONS ? runs[2 * j + 1] - start : POSITIONS);
-                    for (int p = 0; p < count; p++) {
-                        const uint16_t *key_bits = keys + (size_t)(start + p) * head_dim;
-                        __m256 key[MAX_HEAD_DIM / 8];
-                        for (int v = 0; v < vectors; v++) key[v] = bf16_load(key_bits + 8 * v);
-                        for (int g = 0; g < groups; g++) {
-                            __m256 dot = _mm256_mul_ps(query[g][0], key[0]);
-                            for (int v = 1; v < vectors; v++) dot = _mm256_fmadd_ps(query[g][v], key[v], dot);
-                            score[g][p] = sum_of(dot);
-                        }
-                    }
-                    for (int g = 0; g < groups; g++) {
-                        float most = best[g];
-                        for (int p = 0; p < count; p++) most = fmaxf(most, score[g][p]);
-                        float kept = expf(best[g] - most);  /* 0 at the first tile */
-                        weight_sum[g] = weight_sum[g] * kept + weights_of(score[g], count, most);
-                        for (int v = 0; v < vectors; v++) acc[g][v] = _mm256_mul_ps(acc[g][v], _mm256_set1_ps(kept));
-                        best[g] = most;
-                    }
-                    for (int p = 0; p < count; p++) {
-                        const uint16_t *value = values + (size_t)(start + p) * head_dim;
-                        for (int v = 0; v < vectors; v++) {
-                            __m256 part = bf16_load(value + 8 * v);
-                            for (int g = 0; g < groups; g++)
-                                acc[g][v] = _mm256_fmadd_ps(_mm256_set1_ps(score[g][p]), part, acc[g][v]);
-                        }
-                    }
-                }
-            for (int g = 0; g < groups; g++) {
-                float *target = out + ((size_t)rows[i] * heads + (size_t)h * groups + g) * head_dim;
-                __m256 inverse = _mm256_set1_ps(1.0f / weight_sum[g]);
-                for (int v = 0; v < vectors; v++) _mm256_storeu_ps(target + 8 * v, _mm256_mul_ps(acc[g][v], inverse));
-            }
-        }
+        for (int h = 0; h < kv_heads; h++)
+            decode_task(q, out, (const uint8_t *)layer, rows, first_run, runs, heads, kv_heads, head_dim, positions,
+                        i, h, 0);
+}
+
+/* kernels.c's decode_attention_q8: over an int8 pool's layer [2, Hkv, P, row] (kv_row_bytes), each row's codes times
+   its scales in fp32 as they are read. */
+void decode_attention_q8(const float *q, float *out, const uint8_t *layer, const int32_t *rows, int row_count,
+                         const int32_t *first_run, const int32_t *runs, int heads, int kv_heads, int head_dim,
+                         int64_t positions) {
+    #pragma omp parallel for collapse(2) schedule(static) if (row_count * kv_heads > 1)
+    for (int i = 0; i < row_count; i++)
+        for (int h = 0; h < kv_heads; h++)
+            decode_task(q, out, layer, rows, first_run, runs, heads, kv_heads, head_dim, positions, i, h, 1);
 }
 
 #define CHUNK_QUERIES 16  /* a chunk task's queries (rows times query heads of one kv head): two vectors */
 #define KEYS_AT_ONCE 6    /* positions scored together: 12 running sums beside the two query vectors */
 #define DIMS_AT_ONCE 4    /* value dimensions summed together, likewise */
 
-/* The scores of `m` (at most KEYS_AT_ONCE) consecutive keys against a chunk task's queries: sums[p][v]. */
-static inline __attribute__((always_inline)) void score_keys(const uint16_t *keys, int m, int head_dim,
+/* The scores of `m` (at most KEYS_AT_ONCE) consecutive keys against a chunk task's queries: sums[p][v]. The keys
+   bf16, or fp32 (KEY a constant of the inlined copy: an int8 tile is widened once, chunk_tile). */
+#define KEY_BF16 0
+#define KEY_FP32 1
+static inline __attribute__((always_inline)) __m256 key_broadcast(const void *keys, size_t at, int key) {
+    return key == KEY_BF16 ? bf16_broadcast((const uint16_t *)keys + at) : _mm256_set1_ps(((const float *)keys)[at]);
+}
+
+static inline __attribute__((always_inline)) void score_keys(const void *keys, int key, int m, int head_dim,
                                                              const float (*qt)[CHUNK_QUERIES],
                                                              __m256 sums[KEYS_AT_ONCE][2]) {
     for (int p = 0; p < KEYS_AT_ONCE; p++) sums[p][0] = sums[p][1] = _mm256_setzero_ps();
     for (int d = 0; d < head_dim; d++) {
         __m256 q0 = _mm256_load_ps(qt[d]), q1 = _mm256_load_ps(qt[d] + 8);
         for (int p = 0; p < m; p++) {
-            __m256 k = bf16_broadcast(keys + p * head_dim + d);
+            __m256 k = key_broadcast(keys, (size_t)p * head_dim + d, key);
             sums[p][0] = _mm256_fmadd_ps(q0, k, sums[p][0]);
             sums[p][1] = _mm256_fmadd_ps(q1, k, sums[p][1]);
         }
     }
 }
 
-/* A chunk task's score and value sums over the positions slot .. slot + n - 1 (logical positions logical ..).
+/* n consecutive int8 K/V rows (kv_row_bytes each) as fp32 [n, head_dim]. */
+static void kv_widen_int8(const uint8_t *rows, int n, int head_dim, float *out) {
+    const size_t row = kv_row_bytes(head_dim, 1);
+    for (int p = 0; p < n; p++)
+        for (int v = 0; v < head_dim / 8; v++)
+            _mm256_storeu_ps(out + (size_t)p * head_dim + 8 * v, kv_load(rows + p * row, v, head_dim, 1));
+}
+
+/* A chunk task's score and value sums over the positions slot .. slot + n - 1 (logical positions logical ..), their
+   keys and values bf16 (broadcast from the pool) or, with int8, int8 rows (widened to fp32 once a tile).
    qt [hd][16]: the task's queries, transposed; acc [hd][16]: its weighted values; best, total: per query. */
-static void chunk_tile(const uint16_t *keys, const uint16_t *values, int64_t slot, int n, int64_t logical,
-                       int head_dim, const float (*qt)[CHUNK_QUERIES], float (*acc)[CHUNK_QUERIES],
+static void chunk_tile(const uint8_t *key_rows, const uint8_t *value_rows, int int8, int64_t slot, int n,
+                       int64_t logical, int head_dim, const float (*qt)[CHUNK_QUERIES], float (*acc)[CHUNK_QUERIES],
                        const __m256i limit[2], const __m256i low[2], __m256 best[2], __m256 total[2]) {
+    float widened[2][POSITIONS * MAX_HEAD_DIM];  /* an int8 tile's keys and values as fp32 */
+    const void *keys = key_rows + slot * 2 * head_dim, *values = value_rows + slot * 2 * head_dim;
+    const int key = int8 ? KEY_FP32 : KEY_BF16;
+    if (int8) {
+        kv_widen_int8(key_rows + slot * kv_row_bytes(head_dim, 1), n, head_dim, widened[0]);
+        kv_widen_int8(value_rows + slot * kv_row_bytes(head_dim, 1), n, head_dim, widened[1]);
+        keys = widened[0];
+        values = widened[1];
+    }
     __m256 score[POSITIONS][2];
     for (int p0 = 0; p0 < n; p0 += KEYS_AT_ONCE) {
         int m = n - p0 < KEYS_AT_ONCE ? n - p0 : KEYS_AT_ONCE;
         __m256 sums[KEYS_AT_ONCE][2];
-        if (m == KEYS_AT_ONCE)
-            score_keys(keys + (slot + p0) * head_dim, KEYS_AT_ONCE, head_dim, qt, sums);
+        size_t at = (size_t)p0 * head_dim;
+        if (m == KEYS_AT_ONCE && key == KEY_BF16)
+            score_keys((const uint16_t *)keys + at, KEY_BF16, KEYS_AT_ONCE, head_dim, qt, sums);
+        else if (m == KEYS_AT_ONCE)
+            score_keys((const float *)keys + at, KEY_FP32, KEYS_AT_ONCE, head_dim, qt, sums);
+        else if (key == KEY_BF16)
+            score_keys((const uint16_t *)keys + at, KEY_BF16, m, head_dim, qt, sums);
         else
-            score_keys(keys + (slot + p0) * head_dim, m, head_dim, qt, sums);
+            score_keys((const float *)keys + at, KEY_FP32, m, head_dim, qt, sums);
         for (int p = 0; p < m; p++)
             for (int v = 0; v < 2; v++) {  /* a query sees the positions from its low on, before its limit */
                 __m256i position = _mm256_set1_epi32((int)(logical + p0 + p));
@@ -438,9 +504,9 @@ static void chunk_tile(const uint16_t *keys, const uint16_t *values, int64_t slo
         for (int i = 0; i < DIMS_AT_ONCE; i++)
             for (int v = 0; v < 2; v++) sums[i][v] = _mm256_mul_ps(_mm256_load_ps(acc[d0 + i] + 8 * v), kept[v]);
         for (int p = 0; p < n; p++) {
-            const uint16_t *value = values + (slot + p) * head_dim + d0;
+            size_t at = (size_t)p * head_dim + d0;
             for (int i = 0; i < DIMS_AT_ONCE; i++) {
-                __m256 part = bf16_broadcast(value + i);
+                __m256 part = key_broadcast(values, at + i, key);
                 sums[i][0] = _mm256_fmadd_ps(score[p][0], part, sums[i][0]);
                 sums[i][1] = _mm256_fmadd_ps(score[p][1], part, sums[i][1]);
             }
@@ -454,19 +520,20 @@ static void chunk_tile(const uint16_t *keys, const uint16_t *values, int64_t slo
    position start + r counted from the first position the runs hold, each attending to the positions up to its own
    (with window > 0 only the last `window` of them), which lie in the runs runs[2j] .. runs[2j + 1] - 1 (j <
    run_count, in order). Each task takes one kv head and a few rows, its queries in the lanes of two vectors. */
-void chunk_attention(const float *q, float *out, const uint16_t *layer, int first_row, int count, int start,
-                     const int32_t *runs, int run_count, int heads, int kv_heads, int head_dim, int64_t positions,
-                     int window) {
+static void chunk_attention_rows(const float *q, float *out, const uint8_t *layer, int int8, int first_row, int count,
+                                 int start, const int32_t *runs, int run_count, int heads, int kv_heads, int head_dim,
+                                 int64_t positions, int window) {
     const int groups = heads / kv_heads;
     const int rows_per_task = CHUNK_QUERIES / groups;
     const int blocks = (count + rows_per_task - 1) / rows_per_task;
+    const size_t row = kv_row_bytes(head_dim, int8);
     #pragma omp parallel for collapse(2) schedule(static)
     for (int h = 0; h < kv_heads; h++)
         for (int b = 0; b < blocks; b++) {
             const int r0 = b * rows_per_task, r1 = r0 + rows_per_task < count ? r0 + rows_per_task : count;
             const int queries = (r1 - r0) * groups;
-            const uint16_t *keys = layer + (size_t)h * positions * head_dim;
-            const uint16_t *values = layer + ((size_t)kv_heads + h) * positions * head_dim;
+            const uint8_t *keys = layer + (size_t)h * positions * row;
+            const uint8_t *values = layer + ((size_t)kv_heads + h) * positions * row;
             float qt[MAX_HEAD_DIM][CHUNK_QUERIES] __attribute__((aligned(32)));
             float acc[MAX_HEAD_DIM][CHUNK_QUERIES] __attribute__((aligned(32)));
             int32_t limits[CHUNK_QUERIES] __attribute__((aligned(32)));
@@ -494,8 +561,8 @@ void chunk_attention(const float *q, float *out, const uint16_t *layer, int firs
                     int64_t n = runs[2 * j + 1] - slot;
                     n = n < POSITIONS ? n : POSITIONS;
                     n = n < seen - logical ? n : seen - logical;
-                    chunk_tile(keys, values, slot, (int)n, logical, head_dim, (const float (*)[CHUNK_QUERIES])qt,
-                               acc, limit, low, best, total);
+                    chunk_tile(keys, values, int8, slot, (int)n, logical, head_dim,
+                               (const float (*)[CHUNK_QUERIES])qt, acc, limit, low, best, total);
                     logical += n;
                 }
             float totals[CHUNK_QUERIES] __attribute__((aligned(32)));
@@ -507,6 +574,26 @@ void chunk_attention(const float *q, float *out, const uint16_t *layer, int firs
                 for (int d = 0; d < head_dim; d++) target[d] = acc[d][j] / totals[j];
             }
         }
+}
+
+/* kernels.c's chunk_attention: rows first_row .. first_row + count - 1 of q [R, H, hd] (already scaled), row r at
+   position start + r counted from the first position the runs hold, each attending to the positions up to its own
+   (with window > 0 only the last `window` of them), which lie in the runs runs[2j] .. runs[2j + 1] - 1 (j <
+   run_count, in order). Each task takes one kv head and a few rows, its queries in the lanes of two vectors. */
+void chunk_attention(const float *q, float *out, const uint16_t *layer, int first_row, int count, int start,
+                     const int32_t *runs, int run_count, int heads, int kv_heads, int head_dim, int64_t positions,
+                     int window) {
+    chunk_attention_rows(q, out, (const uint8_t *)layer, 0, first_row, count, start, runs, run_count, heads, kv_heads,
+                         head_dim, positions, window);
+}
+
+/* kernels.c's chunk_attention_q8: over an int8 pool's layer [2, Hkv, P, row] (kv_row_bytes), each tile's rows
+   dequantized to fp32 once, the sums in fp32. */
+void chunk_attention_q8(const float *q, float *out, const uint8_t *layer, int first_row, int count, int start,
+                        const int32_t *runs, int run_count, int heads, int kv_heads, int head_dim, int64_t positions,
+                        int window) {
+    chunk_attention_rows(q, out, layer, 1, first_row, count, start, runs, run_count, heads, kv_heads, head_dim,
+                         positions, window);
 }
 
 /* ------------------------------------------------------------------------------------------------------------------
@@ -581,6 +668,31 @@ void rotate_and_store(float *qkv, const float *turns, int rows, int heads, int k
                 bf16_store(layer + at + k, rotated_pairs(key + k, turn + k));
                 bf16_store(values + at + k, _mm256_loadu_ps(value + k));
             }
+        }
+    }
+}
+
+/* kernels.c's rotate_and_store_q8: the rotated keys and the values quantized to an int8 pool's rows (layer
+   [2, Hkv, P, row], kv_row_bytes; quantize_kv_row), their scales rounded to fp16. */
+void rotate_and_store_q8(float *qkv, const float *turns, int rows, int heads, int kv_heads, int head_dim,
+                         uint8_t *layer, int64_t positions, const int64_t *slots) {
+    const int width = (heads + 2 * kv_heads) * head_dim;
+    const size_t row_bytes = kv_row_bytes(head_dim, 1);
+    #pragma omp parallel for schedule(static) if (rows >= 16)
+    for (int s = 0; s < rows; s++) {
+        float *row = qkv + (size_t)s * width;
+        const float *turn = turns + (size_t)s * head_dim;
+        for (int h = 0; h < heads; h++) {
+            float *query = row + (size_t)h * head_dim;
+            for (int k = 0; k < head_dim; k += 8) _mm256_storeu_ps(query + k, rotated_pairs(query + k, turn + k));
+        }
+        for (int h = 0; h < kv_heads; h++) {
+            size_t at = ((size_t)h * positions + (size_t)slots[s]) * row_bytes;
+            const float *key = row + (size_t)(heads + h) * head_dim, *value = key + (size_t)kv_heads * head_dim;
+            float rotated[MAX_HEAD_DIM];
+            for (int k = 0; k < head_dim; k += 8) _mm256_storeu_ps(rotated + k, rotated_pairs(key + k, turn + k));
+            kv_store_int8(layer + at, rotated, head_dim);
+            kv_store_int8(layer + (size_t)kv_heads * positions * row_bytes + at, value, head_dim);
         }
     }
 }

@@ -15,6 +15,27 @@
 #define MAX_HEAD_DIM 256
 #define INT8_GROUP 32  /* columns a weight scale covers (the int8 layout, native/int8_matmul.py) */
 #define INT8_OFFSET 128.0f  /* a weight's code is q + 128, an unsigned byte: the dot products multiply u8 by s8 */
+#define KV_GROUP 32  /* values an int8 K/V row's fp16 scale covers (kv_layout.py) */
+
+/* The bytes of one head's K/V row of head_dim values in the pool: bf16, or with int8 (kv_layout.py) head_dim int8
+   codes followed by head_dim / KV_GROUP fp16 scales. */
+static inline size_t kv_row_bytes(int head_dim, int int8) {
+    return int8 ? (size_t)head_dim + (size_t)head_dim / KV_GROUP * 2 : (size_t)head_dim * 2;
+}
+
+/* x [head_dim] as an int8 K/V row's codes and fp32 scales, as llama.cpp's q8_0 and kv_int8.quantize_rows: per group
+   of KV_GROUP the scale max|x| / 127 (1 for an all-zero group), each code x * (1 / scale) rounded to nearest even.
+   The caller stores each scale rounded to fp16. */
+static inline void quantize_kv_row(const float *x, int head_dim, int8_t *codes, float *scales) {
+    for (int g = 0; g < head_dim / KV_GROUP; g++) {
+        const float *group = x + (size_t)g * KV_GROUP;
+        float largest = 0.0f;
+        for (int i = 0; i < KV_GROUP; i++) largest = fmaxf(largest, fabsf(group[i]));
+        float scale = largest > 0.0f ? largest / 127.0f : 1.0f, inverse = 1.0f / scale;
+        for (int i = 0; i < KV_GROUP; i++) codes[g * KV_GROUP + i] = (int8_t)nearbyintf(group[i] * inverse);
+        scales[g] = scale;
+    }
+}
 
 /* x [M, K] as int8 codes per group of `group`: x ~ scale * high, |high| <= 127 (llama.cpp's Q8_0), and where `low`
    is given a second code a value, x ~ scale * (high + low / LOW_STEPS) (about 15 bits). code_totals [M, K / group]:

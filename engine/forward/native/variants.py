@@ -27,7 +27,8 @@ COMMON_HEADER = "kernels_common.h"  # included by every variant's source
 class Variant:
     """One library: ``name`` as benchmarks record it, its C source beside this module, the flags GCC and clang take
     and those MSVC takes, the CPU flags it needs (``torch.cpu.get_capabilities``' names), whether it holds the
-    AMX functions (``AMX_EXPORTED``) and the architecture whose compilers build it (``architecture``'s names)."""
+    AMX functions (``AMX_EXPORTED``), the architecture whose compilers build it (``architecture``'s names) and whether
+    it holds the int8 KV cache's functions (``INT8_KV_EXPORTED``)."""
 
     name: str
     source: str
@@ -36,9 +37,10 @@ class Variant:
     cpu_flags: tuple[str, ...]
     amx: bool = False
     architecture: str = "x86_64"
+    int8_kv: bool = True
 
     def exported(self) -> tuple[str, ...]:
-        return (*EXPORTED, *(AMX_EXPORTED if self.amx else ()))
+        return (*EXPORTED, *(AMX_EXPORTED if self.amx else ()), *(INT8_KV_EXPORTED if self.int8_kv else ()))
 
     def source_path(self) -> Path:
         return HERE / self.source
@@ -60,14 +62,14 @@ LIBRARY_SUFFIX = ".dll" if sys.platform == "win32" else ".so"
 UNIX_FLAGS = ("-O3", "-Wall", "-fopenmp", "-fPIC")
 VARIANTS = (  # best first
     Variant("avx512", "kernels.c",
-            (*UNIX_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512vbmi", "-mfma"),
+            (*UNIX_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512vbmi", "-mfma", "-mf16c"),
             ("/O2", "/openmp", "/arch:AVX512"),
             ("avx512_f", "avx512_bw", "avx512_vl", "avx512_vnni", "avx512_vbmi"), amx=True),
     Variant("avx2vnni", "kernels_avx2.c", (*UNIX_FLAGS, "-mavx2", "-mfma", "-mf16c", "-mavxvnni"),
             ("/O2", "/openmp", "/arch:AVX2", "/D__AVXVNNI__"), ("avx2", "fma3", "f16c", "avx_vnni")),
     Variant("avx2", "kernels_avx2.c", (*UNIX_FLAGS, "-mavx2", "-mfma", "-mf16c"), ("/O2", "/openmp", "/arch:AVX2"),
             ("avx2", "fma3", "f16c")),
-    Variant("neon", "kernels_neon.c", UNIX_FLAGS, (), ("neon",), architecture="aarch64"),
+    Variant("neon", "kernels_neon.c", UNIX_FLAGS, (), ("neon",), architecture="aarch64", int8_kv=False),
 )
 NAMES = (*(variant.name for variant in VARIANTS), "none")
 PROMPT_VARIANTS = ("avx512", "avx2vnni", "avx2")
@@ -79,6 +81,9 @@ EXPORTED = ("int4_matmul", "int8_matmul", "decode_attention", "chunk_attention",
             "rotate_and_store", "int4_layout_from_nibbles", "amx_enable", "mxfp4_matmul")
 """What every variant's library exports (``amx_enable`` returns -1 where the variant has no AMX functions)."""
 AMX_EXPORTED = ("int4_matmul_amx", "chunk_attention_amx")  # only where ``Variant.amx``
+INT8_KV_EXPORTED = ("decode_attention_q8", "chunk_attention_q8", "rotate_and_store_q8")
+"""The int8 KV cache's functions (``decode_attention.reads_int8``), only where ``Variant.int8_kv``: the neon variant
+has none yet, and its int8 cache runs in PyTorch's ops."""
 
 
 def named(name: str) -> Variant:

@@ -70,6 +70,23 @@ def test_ctrl_o_opens_a_gguf_through_the_load_dialog_with_the_chosen_options(
     assert script.loads[-1].options == LoadOptions(device="auto", precision="bf16", context_length=2048)
 
 
+def test_the_load_dialogs_int8_kv_cache_is_estimated_and_loaded(qtbot, chat, window, script, gguf_file):
+    """Choosing the int8 KV cache asks the engine for its estimate again, and the load takes it."""
+    chat.wait_until_ready()
+    dialog = window.model_loader.choose(str(gguf_file))
+    qtbot.waitUntil(lambda: dialog.inspected is not None, timeout=5000)
+    assert script.inspections[-1].options.kv_cache == "auto"
+    assert dialog.kv_cache_box.currentText() == "bf16"
+
+    dialog.kv_cache_box.setCurrentIndex(dialog.kv_cache_box.findData("int8"))
+    assert dialog.kv_cache_box.currentText() == "int8 (half the memory)"
+    qtbot.waitUntil(lambda: script.inspections[-1].options.kv_cache == "int8", timeout=5000)
+    qtbot.mouseClick(dialog.load_button, Qt.MouseButton.LeftButton)
+
+    _wait_for_model(qtbot, window, "Fake tiny-chat.gguf")
+    assert script.loads[-1].options.kv_cache == "int8"
+
+
 def test_a_gguf_dropped_on_the_window_opens_the_load_dialog(qtbot, chat, window, script, gguf_file):
     chat.wait_until_ready()
     data = QMimeData()
@@ -193,6 +210,7 @@ def test_the_load_dialog_explains_a_refused_path_and_does_not_load(qtbot, chat, 
 def test_the_load_dialog_offers_every_device_and_precision_the_engine_takes_and_no_other():
     assert sorted(value for _label, value in load_dialog.PRECISIONS) == sorted(messages.PRECISIONS)
     assert sorted(value for _label, value in load_dialog.DEVICES) == sorted(messages.DEVICES)
+    assert {value for _label, value in load_dialog.KV_CACHES} <= set(messages.KV_CACHES)
 
 
 def test_the_open_dialog_starts_in_the_home_folder_then_where_the_last_model_was(

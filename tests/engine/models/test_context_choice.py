@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.forward.paged_kv import PagedKV
-from engine.forward.weights.quant import PLAIN_DTYPES
+from engine.forward.llama_forward import pool_dtype
+from engine.forward.paged_kv import INT8_ROWS, PagedKV
 from engine.host import memory
 from engine.host.memory import kv_pool_budget
 from engine.models.context_choice import choose_load, kv_budget_bytes
@@ -88,7 +88,7 @@ def test_a_context_asked_for_is_taken_and_checked(llama31_8b: Path):
 
 def _pool(formats, blocks: int) -> PagedKV:
     """The block pool a load in ``formats`` makes for Llama 3.1 8B's shape (its pages taken only when written)."""
-    return PagedKV(32, 8, 128, blocks, BLOCK_SIZE, PLAIN_DTYPES[formats.kv_cache], torch.device("cpu"))
+    return PagedKV(32, 8, 128, blocks, BLOCK_SIZE, pool_dtype(formats.kv_cache, 128), torch.device("cpu"))
 
 
 def test_the_kv_pool_holds_the_chosen_context_and_the_estimate_counts_it(llama31_8b: Path, monkeypatch):
@@ -107,17 +107,34 @@ def test_the_kv_pool_holds_the_chosen_context_and_the_estimate_counts_it(llama31
     assert pool_blocks(odd, one_block, 4_001, max_running=4) * BLOCK_SIZE >= 4_001, "a whole context's blocks"
 
 
+@pytest.mark.parametrize(("kv_cache", "dtype"), [("auto", torch.bfloat16), ("int8", INT8_ROWS)])
 @pytest.mark.parametrize("tokens", [4_001, 32_768])
-def test_the_estimates_kv_bytes_are_the_pool_buffers_bytes(llama31_8b: Path, monkeypatch, tokens: int):
-    """What the estimate counts for a context is what the pool made for it holds, in the plan's bf16."""
+def test_the_estimates_kv_bytes_are_the_pool_buffers_bytes(llama31_8b: Path, monkeypatch, tokens: int, kv_cache: str,
+                                                           dtype: torch.dtype):
+    """What the estimate counts for a context is what the pool made for it holds, in the plan's bf16, or int8 rows
+    with their scales (128 codes and 4 fp16 scales a head's row: 136 bytes where bf16 takes 256)."""
     source = inspect_model(llama31_8b)
-    formats = formats_for_source(source, "cpu", "int4")
+    formats = formats_for_source(source, "cpu", "int4", kv_cache=kv_cache)
     monkeypatch.setattr(memory, "device_memory", lambda _device: (0, 0, 0))  # no spare memory
     budget = kv_pool_budget("cpu", kv_budget_bytes(source, formats, tokens))
     pool = _pool(formats, pool_blocks(budget, _pool(formats, 1).bytes_per_block, tokens, max_running=16))
 
-    assert pool.buffer.dtype == torch.bfloat16
+    assert pool.buffer.dtype == dtype
     assert pool.buffer.nbytes == estimate_formats(source, formats, tokens).kv_bytes
+    per_token = KV_PER_TOKEN * (136 / 256 if kv_cache == "int8" else 1)
+    assert pool.buffer.nbytes == -(-tokens // 256) * 256 * per_token  # the estimate's whole multiples of 256
+
+
+def test_an_int8_kv_cache_fits_about_twice_the_context(llama31_8b: Path):
+    """On 7 GiB free the 4-bit weights leave room for a few thousand tokens of bf16 cache; int8 rows, at 136 bytes
+    to bf16's 256, fit nearly twice as many (whole steps of 1 024 tokens)."""
+    bf16 = _inspect(llama31_8b, 7 * GIB)
+    int8 = inspect_for_dialog(str(llama31_8b), LoadOptions(device="cpu", kv_cache="int8"), "r", lambda _device: 7 * GIB,
+                              cuda_available=False)
+
+    assert 2_048 < bf16.context_length < 16_384
+    assert 1.7 * bf16.context_length <= int8.context_length <= 2 * bf16.context_length + 1_024
+    assert _chosen(int8).kv_bytes == int8.context_length * KV_PER_TOKEN * 136 // 256
 
 
 def test_a_loaded_131k_file_takes_32k_tokens_and_a_pool_budget_for_them(tmp_path: Path, monkeypatch):

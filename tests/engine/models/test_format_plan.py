@@ -62,6 +62,19 @@ def test_the_cpu_fast_path_keeps_keys_and_values_in_bf16_below_fp32_weights(prec
     assert choose_formats("cuda", "fp16", LLAMA_FOLDER).kv_cache == "fp16"
 
 
+@pytest.mark.parametrize("precision", ["fp16", "int4", "fp32"])
+def test_an_int8_kv_cache_holds_on_the_cpu_fast_path_and_elsewhere_is_ignored_with_a_notice(precision):
+    plan = choose_formats("cpu", precision, LLAMA_FOLDER, ZEN4, kv_cache="int8")
+    assert plan.kv_cache == "int8" and plan.kv_notice is None
+    on_gpu = choose_formats("cuda", "bf16", LLAMA_FOLDER, kv_cache="int8")
+    assert on_gpu.kv_cache == "bf16" and "GPU keeps its own" in on_gpu.kv_notice
+    through_transformers = choose_formats("cpu", "fp32", GPT2_FOLDER, ZEN4, kv_cache="int8")
+    assert through_transformers.kv_cache == "fp32" and "transformers" in through_transformers.kv_notice
+    assert choose_formats("cpu", precision, LLAMA_FOLDER, ZEN4, kv_cache="bf16").kv_notice is None
+    with pytest.raises(ValueError, match="unknown KV cache"):
+        choose_formats("cpu", precision, LLAMA_FOLDER, ZEN4, kv_cache="fp8")
+
+
 def test_int8_on_cuda_runs_the_fast_path_computing_in_bf16():
     plan = choose_formats("cuda", "int8", LLAMA_FOLDER)
     assert (plan.fast_path, plan.layers, plan.output_layer, plan.compute, plan.kv_cache) == (

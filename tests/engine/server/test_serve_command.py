@@ -46,8 +46,8 @@ def test_serve_answers_and_stops_on_ctrl_c(tiny_model_dir) -> None:
         port = probe.getsockname()[1]
     process, lines = _start("--model", str(tiny_model_dir), "--port", str(port), "--device", "cpu", "--context", "512")
     try:
-        loaded = _line_matching(lines, r"(\d+)-token context; model id '([^']+)'")
-        model_id = loaded.group(2)
+        loaded = _line_matching(lines, r"(\d+)-token context, (\w+) KV cache; model id '([^']+)'")
+        model_id = loaded.group(3)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=60) as answer:
             listed = json.load(answer)["data"][0]
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
@@ -63,6 +63,16 @@ def test_serve_answers_and_stops_on_ctrl_c(tiny_model_dir) -> None:
     assert code == 0
     assert loaded.group(1) == "512"  # of the 1 024 it was trained for
     assert (listed["context_length"], listed["max_model_len"]) == (512, 512)
+    assert loaded.group(2) == listed["kv_cache"] == "bf16"  # the CPU's, unless int8 is asked for
+
+
+def test_serve_takes_the_int8_kv_cache_asked_for_and_refuses_heads_it_cannot_group(tiny_model_dir) -> None:
+    """The tiny model's heads are 16 values wide: too narrow for a scale per 32, so the load says so and stops."""
+    process, lines = _start("--model", str(tiny_model_dir), "--device", "cpu", "--context", "512", "--kv-cache", "int8")
+
+    assert process.wait(timeout=120) == 2
+    assert _line_matching(lines, r"int8 KV cache takes heads of a multiple of 32 values, and this model's have 16",
+                          timeout=10)
 
 
 def test_serve_refuses_a_context_past_the_trained_one(tiny_model_dir) -> None:
