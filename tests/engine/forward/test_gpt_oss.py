@@ -100,7 +100,8 @@ def test_fp16_layers_beside_mxfp4_experts_pick_transformers_greedy_tokens(mxfp4_
     assert loaded.model.layers[0].qkv.fmt == "fp16"
     got, expected = _stepwise_logits(loaded.backend), _reference(model)
     assert (got.argmax(dim=1) == expected.argmax(dim=1)).float().mean() >= 0.9
-    assert torch.nn.functional.cosine_similarity(got, expected, dim=1).min() > 0.999
+    # the experts round their activations to int8 as llama.cpp does (a prompt's rows to one code a value)
+    assert torch.nn.functional.cosine_similarity(got, expected, dim=1).min() > 0.998
 
 
 def test_batched_greedy_equals_each_sequence_alone(folder):
