@@ -52,7 +52,7 @@ def open_model(
     plan = LoadPlan(
         source.path, source.name, device, formats.precision, context.tokens, template,
         _notices(source, template) + remove_converted_copies() + notice + _context_notice(context),
-        four_bit_source=source.four_bit_layers, formats=formats,
+        four_bit_source=source.four_bit_layers, formats=formats, eight_bit_source=source.eight_bit_layers,
         kv_budget_bytes=kv_budget_bytes(source, formats, context.tokens),
     )
     if source.kind != "gguf":
