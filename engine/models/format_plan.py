@@ -63,7 +63,8 @@ def this_host() -> HostFeatures:
 @dataclass(frozen=True)
 class ModelTraits:
     """What the plan needs to know of a model: whether the fast path runs it, whether its file stores its layers
-    in 4-bit blocks (or its token table in quantized ones, ``kept_table``), its vocabulary, width and size."""
+    in 4-bit blocks or in Q8_0 ones beside MXFP4 experts (gpt-oss's, ``eight_bit_layers``), or its token table in
+    quantized ones (``kept_table``), its vocabulary, width and size."""
 
     fast_path: bool
     vocab: int
@@ -71,6 +72,7 @@ class ModelTraits:
     four_bit_layers: bool = False
     kept_table: bool = False
     n_params: int = 0
+    eight_bit_layers: bool = False
 
 
 @dataclass(frozen=True)
@@ -124,9 +126,9 @@ class FormatPlan:
 
     @property
     def experts(self) -> str:
-        """A mixture of experts' format (``engine.forward.experts``): the 4-bit decode copy alone where the plan
-        has one (the experts are most of such a model's bytes, and a decode row reads few of them), else the
-        layers'."""
+        """A mixture of experts' format (``engine.forward.experts``): the decode copy's alone where the plan has one
+        (the experts are most of such a model's bytes, and a decode row reads few of them), else the layers'. MXFP4
+        experts stay in their blocks whatever it says, their activations in fp32 where it is fp32."""
         return self.decode_copy or self.layers
 
     @property
@@ -162,8 +164,7 @@ def choose_formats(device: str, precision: str, model: ModelTraits, host: HostFe
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
     if model.fast_path and precision in FAST_LAYERS[device]:
-        decode_copy = "int4" if device == "cpu" and model.four_bit_layers and precision == "fp16" else None
-        plan = fast_formats(device, precision, model, host, decode_copy, note)
+        plan = fast_formats(device, precision, model, host, _decode_copy(device, precision, model, host), note)
     elif device == "cpu" and precision in QUANTIZED:
         plan = _fallback_formats(precision, model, host, note)
     else:
@@ -171,6 +172,18 @@ def choose_formats(device: str, precision: str, model: ModelTraits, host: HostFe
     if kv_cache not in KV_CACHES:
         raise ValueError(f"unknown KV cache {kv_cache!r} (known: {', '.join(KV_CACHES)})")
     return replace(plan, kv_precision=kv_cache)
+
+
+def _decode_copy(device: str, precision: str, model: ModelTraits, host: HostFeatures) -> str | None:
+    """The CPU's second copy of fp16 layers for decode steps, in the file's own blocks: a 4-bit file's ``int4``
+    groups; gpt-oss's Q8_0 layers as ``int8`` groups of 32 on Hearth's kernel (exactly the file's blocks, about
+    half of fp16's bytes: with its int8 output layer, a decode step of the 2-layer gpt-oss-20b cut reads 314 MB where
+    fp16 read 519 MB, and took 37 ms of one thread where fp16 took 59)."""
+    if device != "cpu" or precision != "fp16":
+        return None
+    if model.four_bit_layers:
+        return "int4"
+    return "int8" if model.eight_bit_layers and host.native_kernels else None
 
 
 def _resolved(precision: str, device: str, fast_path: bool) -> str:
@@ -198,13 +211,14 @@ def fast_formats(device: str, layers: str, model: ModelTraits, host: HostFeature
 
 def _output_layer(device: str, layers: str, decode_copy: str | None, model: ModelTraits, host: HostFeatures) -> str:
     """The output layer multiplies only the rows that are sampled, so on the CPU it is read once a decode step,
-    whatever the prompt: beside 4-bit layers (alone or as a decode copy) int8 on Hearth's kernel where it takes the
-    shape (``native.int8_matmul``: SmolLM2-135M's step 30 MB against FBGEMM's padded fp16 101 MB; SmolLM2-1.7B's
+    whatever the prompt: beside 4-bit layers (alone or as a decode copy) or an int8 decode copy, int8 on Hearth's
+    kernel where it takes the shape (``native.int8_matmul``: SmolLM2-135M's step 30 MB against FBGEMM's padded fp16 101 MB; SmolLM2-1.7B's
     107 MB against 126 MB in two planes of 4-bit groups, read in one pass instead of two), else those two planes
     (``INT4_PAIR``); fp16 beside int8 layers; elsewhere the layers' format."""
     if device != "cpu":
         return layers
-    if "int4" in (layers, decode_copy) and host.native_kernels and int8_kernel_takes(model.vocab, model.hidden):
+    if (layers == "int4" or decode_copy is not None) and host.native_kernels and int8_kernel_takes(model.vocab,
+                                                                                                   model.hidden):
         return "int8"
     if layers not in QUANTIZED:
         return layers
@@ -296,7 +310,7 @@ def traits_of(source: ModelSource) -> ModelTraits:
     vocab = config.get("vocab_size") or 0
     hidden = config.get("embedding_length") or (config.get("text_config") or config).get("hidden_size") or 0
     return ModelTraits(reads_fast(source), vocab, hidden, source.four_bit_layers, source.kept_table_bytes is not None,
-                       source.n_params)
+                       source.n_params, source.eight_bit_layers)
 
 
 def formats_for_source(source: ModelSource, device: str, precision: str, note: str = "",

@@ -106,7 +106,8 @@ class LoadPlan:
     ``formats``: the plan chosen with the memory estimate (``model_open``); None (random
     models, tests) lets the loader choose it from ``precision`` (which may be "auto")
     once it has read the model's config, with ``four_bit_source``: the file stores its
-    layers in 4 bits. ``kv_budget_bytes``: the KV cache the estimate counted for ``context_length``, which the
+    layers in 4 bits, and ``eight_bit_source``: in Q8_0 beside MXFP4 experts (gpt-oss's).
+    ``kv_budget_bytes``: the KV cache the estimate counted for ``context_length``, which the
     block pool may take (None: not planned, ``kv_pool_budget``'s default).
     """
 
@@ -119,6 +120,7 @@ class LoadPlan:
     notices: tuple[str, ...] = ()
     four_bit_source: bool = False
     formats: FormatPlan | None = None
+    eight_bit_source: bool = False
     kv_budget_bytes: int | None = None
 
 
@@ -143,7 +145,7 @@ def formats_of(plan: LoadPlan, config: Any | None, kept_table: bool = False) -> 
     if plan.formats is not None and (fast or not plan.formats.fast_path):
         return plan.formats
     traits = ModelTraits(fast, getattr(config, "vocab_size", 0), getattr(config, "hidden_size", 0),
-                         plan.four_bit_source, kept_table)
+                         plan.four_bit_source, kept_table, eight_bit_layers=plan.eight_bit_source)
     return choose_formats(plan.device.type, plan.precision, traits)
 
 

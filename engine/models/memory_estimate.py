@@ -393,7 +393,7 @@ def cpu_formats_notice(source: ModelSource, chosen: FormatPlan, context_length: 
         return None
     fp16 = estimate(source, "fp16", context_length, "cpu").total_bytes
     if chosen.precision == "fp16":
-        copy = " for prompts and an int4 copy for decode steps" if chosen.decode_copy else ""
+        copy = f" for prompts and an {chosen.decode_copy} copy for decode steps" if chosen.decode_copy else ""
         return (f"Running fp16 weights{copy}: {gib_text(fp16)} in all fits comfortably in the "
                 f"{gib_text(available_bytes)} free.")
     four_bit = estimate_formats(source, chosen, context_length).total_bytes

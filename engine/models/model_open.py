@@ -54,7 +54,7 @@ def open_model(
         source.path, source.name, device, formats.precision, context.tokens, template,
         _notices(source, template) + remove_converted_copies() + notice + _context_notice(context)
         + ((formats.kv_notice,) if formats.kv_notice else ()),
-        four_bit_source=source.four_bit_layers, formats=formats,
+        four_bit_source=source.four_bit_layers, formats=formats, eight_bit_source=source.eight_bit_layers,
         kv_budget_bytes=kv_budget_bytes(source, formats, context.tokens),
     )
     if source.kind != "gguf":

@@ -65,6 +65,12 @@ class ModelSource:
         return self.kind == "gguf" and str(self.config.get("file_type") or "").startswith("MOSTLY_Q4")
 
     @property
+    def eight_bit_layers(self) -> bool:
+        """A gpt-oss GGUF file (llama.cpp's MXFP4_MOE file type): its experts in MXFP4, its other layers in Q8_0 blocks
+        (as ggml-org's files hold them)."""
+        return self.kind == "gguf" and self.config.get("file_type") == "MOSTLY_MXFP4_MOE"
+
+    @property
     def native_context(self) -> int:
         """The context length the model was trained for (HF config or GGUF metadata)."""
         for key in CONTEXT_KEYS:

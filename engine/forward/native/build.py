@@ -48,7 +48,7 @@ SIGNATURES = {
     "int4_layout_from_nibbles": (P, I32, I32, I32, I64, I64, P),
     "int4_matmul_amx": (P, I32, I32, P, P, P, I32, I32, I32, P, P),
     "chunk_attention_amx": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64, I32),
-    "mxfp4_matmul": (P, I32, I32, P, I32, P, P),
+    "mxfp4_matmul": (P, I32, I32, P, I32, P, I32, P, P),
     "decode_attention_q8": (P, P, P, P, I32, P, P, I32, I32, I32, I64),
     "chunk_attention_q8": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64, I32),
     "rotate_and_store_q8": (P, P, I32, I32, I32, I32, P, I64, P),
@@ -196,7 +196,8 @@ def address(tensor: torch.Tensor) -> int:
     return tensor.data_ptr()
 
 
-def activation_scratch(rows: int, width: int, group: int) -> int:
+def activation_scratch(rows: int, width: int, group: int, lanes: bool = False) -> int:
     """Where a matmul kernel quantizes ``rows`` activation rows of ``width`` (``quantize_activations``): up to two
-    int8 codes a value, then a scale and the codes' sum (fp32) a group of ``group``; one reused buffer, by address."""
-    return _ACTIVATION_CODES.address(rows * (2 * width + 8 * (width // group)))
+    int8 codes a value, then a scale and the codes' sum (fp32) a group of ``group``, and with ``lanes`` three bytes
+    more a value (``mxfp4_matmul``'s offsets and scales per four codes); one reused buffer, by address."""
+    return _ACTIVATION_CODES.address(rows * ((5 if lanes else 2) * width + 8 * (width // group)))

@@ -1201,15 +1201,13 @@ AMX_TARGET void int4_matmul_amx(const float *x, int count, int width, uint16_t *
 /* gpt-oss's experts in MXFP4 blocks (kernels_common.h). */
 #define MXFP4_ROW_TILE 4  /* activation rows per pass over a weight row */
 
-/* y [count, rows] = x [count, width] times the MXFP4 weight's rows (blocks [rows, width / 32 * 17]), plus bias
-   [rows] where given: each block's 16 code bytes widen to 32-bit lanes, whose low 4 bits (the low nibbles, then the
-   high ones shifted down) pick the weights from a 16-entry fp32 table (vpermps), times the block's scale. */
-void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
-                  float *y) {
+/* The exact product, fp32 activations (the fp32 plan): each block's 16 code bytes widen to 32-bit lanes, whose low 4
+   bits (the low nibbles, then the high ones shifted down) pick the weights from a 16-entry fp32 table (vpermps),
+   times the block's scale. */
+static void mxfp4_matmul_exact(const float *x, int count, int width, const uint8_t *blocks, int rows,
+                               const float *bias, const float *scale_of, float *y) {
     const int per_row = width / MXFP4_BLOCK;
     const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    float scales[256];
-    for (int e = 0; e < 256; e++) scales[e] = mxfp4_scale((uint8_t)e);
     #pragma omp parallel for schedule(static) if (rows >= 64)
     for (int n = 0; n < rows; n++) {
         const uint8_t *row = blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
@@ -1220,7 +1218,7 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
             for (int b = 0; b < per_row; b++) {
                 const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
                 const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(block + 1)));
-                const __m512 scale = _mm512_set1_ps(scales[block[0]]);
+                const __m512 scale = _mm512_set1_ps(scale_of[block[0]]);
                 const __m512 first = _mm512_mul_ps(_mm512_permutexvar_ps(codes, table), scale);
                 const __m512 second = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table), scale);
                 for (int m = 0; m < tile; m++) {
@@ -1231,6 +1229,101 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
             }
             for (int m = 0; m < tile; m++)
                 y[(size_t)(m0 + m) * rows + n] = _mm512_reduce_add_ps(sums[m]) + (bias ? bias[n] : 0.0f);
+        }
+    }
+}
+
+/* Blocks b and b + 1 of a row (codes: b's 16 code bytes; next: b + 1's, or NULL where b is the row's last) as 64
+   unsigned weights + MXFP4_OFFSET in the activations' order: b's weights 0-15 (its low nibbles), 16-31 (its high
+   ones), then b + 1's; a zero block past the row's end. Each block's bytes fill two quarters (vbroadcasti128), the
+   second shifted down a nibble; the codes pick their weights through vpshufb. */
+static inline __attribute__((always_inline)) __m512i mxfp4_pair(const uint8_t *codes, const uint8_t *next,
+                                                                __m512i table) {
+    const __m256i first = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)codes));
+    const __m256i second = next ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)next))
+                                : _mm256_setzero_si256();
+    __m512i nibbles = _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1);  /* [b, b, b + 1, b + 1] */
+    nibbles = _mm512_mask_srli_epi16(nibbles, 0xFF00FF00u, nibbles, 4);  /* the second and fourth quarters' high */
+    return _mm512_shuffle_epi8(table, _mm512_and_si512(nibbles, _mm512_set1_epi8(0x0F)));
+}
+
+/* 64 bytes, or where not `whole` the first 32 and zeros. */
+static inline __attribute__((always_inline)) __m512i mxfp4_bytes(const void *at, int whole) {
+    return whole ? _mm512_loadu_si512(at) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, at);
+}
+
+/* Blocks b and b + 1 of a row (`block`: b's 17 bytes; `whole`: b + 1 is the row's too) against `tile` activation
+   rows from m0 (one code a value or two), added to sums[m]. vpdpbusd from the lanes' offsets gives each lane's exact
+   int32 sum of the signed weights times the codes, which meets its block's weight and activation scales in fp32. */
+static inline __attribute__((always_inline)) void mxfp4_two_blocks(
+        int tile, int two_codes, int whole, const mxfp4_activations *a, int m0, int width, const uint8_t *block,
+        size_t column, const float *scale_of, __m512i table, __m512 sums[MXFP4_ROW_TILE]) {
+    const __m512i weights = mxfp4_pair(block + 1, whole ? block + MXFP4_BLOCK_BYTES + 1 : NULL, table);
+    const __m512 weight_scales = _mm512_mask_blend_ps(
+        0xFF00, _mm512_set1_ps(scale_of[block[0]]), _mm512_set1_ps(whole ? scale_of[block[MXFP4_BLOCK_BYTES]] : 0.0f));
+    for (int m = 0; m < tile; m++) {
+        const size_t at = (size_t)(m0 + m) * width + column, lane = at / 4;  /* lanes: 4 codes' 4 bytes each */
+        __m512i dot = _mm512_dpbusd_epi32(mxfp4_bytes(a->high_offsets + lane, whole), weights,
+                                          mxfp4_bytes(a->high + at, whole));
+        __m512 value = _mm512_cvtepi32_ps(dot);
+        if (two_codes) {
+            dot = _mm512_dpbusd_epi32(mxfp4_bytes(a->low_offsets + lane, whole), weights,
+                                      mxfp4_bytes(a->low + at, whole));
+            value = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(1.0f / LOW_STEPS), value);
+        }
+        const __m512 lane_scales = _mm512_castsi512_ps(mxfp4_bytes(a->lane_scales + lane, whole));
+        sums[m] = _mm512_fmadd_ps(value, _mm512_mul_ps(weight_scales, lane_scales), sums[m]);
+    }
+}
+
+/* One weight row against `tile` activation rows from m0: out[m] = their dot products, without the bias. */
+static inline __attribute__((always_inline)) void mxfp4_row(
+        int tile, int two_codes, const mxfp4_activations *a, int m0, int width, const uint8_t *row,
+        const float *scale_of, __m512i table, float *out) {
+    const int per_row = width / MXFP4_BLOCK;
+    __m512 sums[MXFP4_ROW_TILE];
+    for (int m = 0; m < tile; m++) sums[m] = _mm512_setzero_ps();
+    int b = 0;
+    for (; b + 1 < per_row; b += 2)
+        mxfp4_two_blocks(tile, two_codes, 1, a, m0, width, row + (size_t)b * MXFP4_BLOCK_BYTES,
+                         (size_t)b * MXFP4_BLOCK, scale_of, table, sums);
+    if (b < per_row)  /* an odd last block: the vector's second half zero */
+        mxfp4_two_blocks(tile, two_codes, 0, a, m0, width, row + (size_t)b * MXFP4_BLOCK_BYTES,
+                         (size_t)b * MXFP4_BLOCK, scale_of, table, sums);
+    for (int m = 0; m < tile; m++) out[m] = _mm512_reduce_add_ps(sums[m]);
+}
+
+/* y [count, rows] = x [count, width] times the MXFP4 weight's rows (blocks [rows, width / 32 * 17]), plus bias
+   [rows] where given. codes: 1 or 2 int8 codes an activation per block of 32 (quantize_activations, as llama.cpp's
+   Q8_0 with one), whose products with the weights (twice their e2m1 values, exact in int8) sum exactly in int32;
+   0: the activations as they are, in fp32 (exact). scratch: M * (5K + K / 4) bytes (mxfp4_activations). */
+void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
+                  int codes, void *scratch, float *y) {
+    float scale_of[256];
+    for (int e = 0; e < 256; e++) scale_of[e] = mxfp4_scale((uint8_t)e);
+    if (codes == 0) {
+        mxfp4_matmul_exact(x, count, width, blocks, rows, bias, scale_of, y);
+        return;
+    }
+    const int two_codes = codes == 2, per_row = width / MXFP4_BLOCK;
+    const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, 1, scratch);
+    const __m512i table = _mm512_broadcast_i32x4(
+        _mm_add_epi8(_mm_loadu_si128((const __m128i *)MXFP4_HALVES), _mm_set1_epi8(MXFP4_OFFSET)));
+    #pragma omp parallel for schedule(static) if (rows >= 64)
+    for (int n = 0; n < rows; n++) {
+        const uint8_t *row = blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
+        for (int m0 = 0; m0 < count;) {  /* MXFP4_ROW_TILE rows at a time, then one (a constant tile each) */
+            const int tile = count - m0 >= MXFP4_ROW_TILE ? MXFP4_ROW_TILE : 1;
+            float sums[MXFP4_ROW_TILE];
+            #define MXFP4_ROWS(t, two) mxfp4_row(t, two, &a, m0, width, row, scale_of, table, sums)
+            if (tile == MXFP4_ROW_TILE) {
+                if (two_codes) MXFP4_ROWS(MXFP4_ROW_TILE, 1); else MXFP4_ROWS(MXFP4_ROW_TILE, 0);
+            } else {
+                if (two_codes) MXFP4_ROWS(1, 1); else MXFP4_ROWS(1, 0);
+            }
+            #undef MXFP4_ROWS
+            for (int m = 0; m < tile; m++) y[(size_t)(m0 + m) * rows + n] = sums[m] + (bias ? bias[n] : 0.0f);
+            m0 += tile;
         }
     }
 }

@@ -725,17 +725,20 @@ void int4_layout_from_nibbles(const uint8_t *nibbles, int rows, int runs, int le
 /* No AMX functions in this variant. */
 int amx_enable(void) { return -1; }
 
-/* kernels.c's mxfp4_matmul (gpt-oss's experts kept as MXFP4 blocks), in 8-lane vectors. */
+/* ------------------------------------------------------------------------------------------------------------------
+   kernels.c's mxfp4_matmul (gpt-oss's experts kept as MXFP4 blocks), a block a vector. */
 #define MXFP4_ROW_TILE 4
 
 static inline __m256 mxfp4_eight(__m128i values, __m256 scale) {  /* the low 8 int8 values, fp32, times scale */
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(values)), scale);
 }
 
-void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
-                  float *y) {
+/* The exact product, fp32 activations (the fp32 plan): each block's codes through a 16-entry int8 table (vpshufb),
+   widened to fp32 times the block's scale. */
+static void mxfp4_matmul_exact(const float *x, int count, int width, const uint8_t *blocks, int rows,
+                               const float *bias, const float *scale_of, float *y) {
     const int per_row = width / MXFP4_BLOCK;
-    const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i table = _mm_loadu_si128((const __m128i *)MXFP4_HALVES);
     const __m128i nibble = _mm_set1_epi8(0x0F);
     #pragma omp parallel for schedule(static) if (rows >= 64)
     for (int n = 0; n < rows; n++) {
@@ -747,7 +750,7 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
             for (int b = 0; b < per_row; b++) {
                 const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
                 const __m128i codes = _mm_loadu_si128((const __m128i *)(block + 1));
-                const __m256 scale = _mm256_set1_ps(mxfp4_scale(block[0]));
+                const __m256 scale = _mm256_set1_ps(scale_of[block[0]]);
                 const __m128i low = _mm_shuffle_epi8(table, _mm_and_si128(codes, nibble));
                 const __m128i high = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(codes, 4), nibble));
                 const __m256 w[4] = {mxfp4_eight(low, scale), mxfp4_eight(_mm_srli_si128(low, 8), scale),
@@ -759,6 +762,83 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
             }
             for (int m = 0; m < tile; m++)
                 y[(size_t)(m0 + m) * rows + n] = sum_of(sums[m]) + (bias ? bias[n] : 0.0f);
+        }
+    }
+}
+
+/* offsets + a lane's four unsigned weights times four activation codes, in int32: the weights are at most 24, so
+   vpmaddubsw's pairs stay within int16 (2 x 24 x 127). */
+static inline __m256i mxfp4_products(__m256i offsets, __m256i weights, __m256i x) {
+#ifdef __AVXVNNI__
+    return _mm256_dpbusd_avx_epi32(offsets, weights, x);
+#else
+    return _mm256_add_epi32(offsets, _mm256_madd_epi16(_mm256_maddubs_epi16(weights, x), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* One weight row against `tile` activation rows from m0 (one code a value or two): out[m] = their dot products,
+   without the bias. A block is one vector: its 16 code bytes in both halves (vbroadcasti128), the second half's
+   shifted down a nibble, pick weights + MXFP4_OFFSET through vpshufb in the activations' order (weights 0-15, then
+   16-31); the products from the lanes' offsets are each lane's exact int32 sum of the signed weights times the
+   codes, which meets the block's weight and activation scales in fp32. */
+static inline __attribute__((always_inline)) void mxfp4_row(
+        int tile, int two_codes, const mxfp4_activations *a, int m0, int width, const uint8_t *row,
+        const float *scale_of, __m256i table, float *out) {
+    const int per_row = width / MXFP4_BLOCK;
+    const __m256i halves = _mm256_setr_epi64x(0, 0, 4, 4), nibble = _mm256_set1_epi8(0x0F);
+    __m256 sums[MXFP4_ROW_TILE];
+    for (int m = 0; m < tile; m++) sums[m] = _mm256_setzero_ps();
+    for (int b = 0; b < per_row; b++) {
+        const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
+        const __m256i codes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(block + 1)));
+        const __m256i weights = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srlv_epi64(codes, halves), nibble));
+        const __m256 weight_scale = _mm256_set1_ps(scale_of[block[0]]);
+        for (int m = 0; m < tile; m++) {
+            const size_t at = (size_t)(m0 + m) * width + (size_t)b * MXFP4_BLOCK, lane = at / 4;
+            __m256i dot = mxfp4_products(_mm256_loadu_si256((const __m256i *)(a->high_offsets + lane)), weights,
+                                         _mm256_loadu_si256((const __m256i *)(a->high + at)));
+            __m256 value = _mm256_cvtepi32_ps(dot);
+            if (two_codes) {
+                dot = mxfp4_products(_mm256_loadu_si256((const __m256i *)(a->low_offsets + lane)), weights,
+                                     _mm256_loadu_si256((const __m256i *)(a->low + at)));
+                value = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(1.0f / LOW_STEPS), value);
+            }
+            const __m256 scale = _mm256_mul_ps(weight_scale, _mm256_loadu_ps(a->lane_scales + lane));
+            sums[m] = _mm256_fmadd_ps(value, scale, sums[m]);
+        }
+    }
+    for (int m = 0; m < tile; m++) out[m] = sum_of(sums[m]);
+}
+
+/* kernels.c's mxfp4_matmul: y [count, rows] = x [count, width] times the MXFP4 weight's rows, plus bias; codes 1 or
+   2 int8 codes an activation, 0 fp32 (exact); scratch: M * (5K + K / 4) bytes. */
+void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
+                  int codes, void *scratch, float *y) {
+    float scale_of[256];
+    for (int e = 0; e < 256; e++) scale_of[e] = mxfp4_scale((uint8_t)e);
+    if (codes == 0) {
+        mxfp4_matmul_exact(x, count, width, blocks, rows, bias, scale_of, y);
+        return;
+    }
+    const int two_codes = codes == 2, per_row = width / MXFP4_BLOCK;
+    const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, 1, scratch);
+    const __m256i table = _mm256_broadcastsi128_si256(
+        _mm_add_epi8(_mm_loadu_si128((const __m128i *)MXFP4_HALVES), _mm_set1_epi8(MXFP4_OFFSET)));
+    #pragma omp parallel for schedule(static) if (rows >= 64)
+    for (int n = 0; n < rows; n++) {
+        const uint8_t *row = blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
+        for (int m0 = 0; m0 < count;) {  /* MXFP4_ROW_TILE rows at a time, then one (a constant tile each) */
+            const int tile = count - m0 >= MXFP4_ROW_TILE ? MXFP4_ROW_TILE : 1;
+            float sums[MXFP4_ROW_TILE];
+            #define MXFP4_ROWS(t, two) mxfp4_row(t, two, &a, m0, width, row, scale_of, table, sums)
+            if (tile == MXFP4_ROW_TILE) {
+                if (two_codes) MXFP4_ROWS(MXFP4_ROW_TILE, 1); else MXFP4_ROWS(MXFP4_ROW_TILE, 0);
+            } else {
+                if (two_codes) MXFP4_ROWS(1, 1); else MXFP4_ROWS(1, 0);
+            }
+            #undef MXFP4_ROWS
+            for (int m = 0; m < tile; m++) y[(size_t)(m0 + m) * rows + n] = sums[m] + (bias ? bias[n] : 0.0f);
+            m0 += tile;
         }
     }
 }

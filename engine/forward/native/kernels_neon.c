@@ -635,9 +635,9 @@ void int4_layout_from_nibbles(const uint8_t *nibbles, int rows, int runs, int le
 /* No AMX functions in this variant. */
 int amx_enable(void) { return -1; }
 
-/* kernels.c's mxfp4_matmul (gpt-oss's experts kept as MXFP4 blocks): each block's 16 code bytes through a table
-   lookup (low nibbles are weights 0-15, high nibbles 16-31) to int8 values, widened to fp32 times the block's
-   scale, then multiply-added with up to MXFP4_ROW_TILE activation rows at once. */
+/* ------------------------------------------------------------------------------------------------------------------
+   kernels.c's mxfp4_matmul (gpt-oss's experts kept as MXFP4 blocks): each block's 16 code bytes through a table
+   lookup (low nibbles are weights 0-15, high nibbles 16-31) to int8 weights, twice their e2m1 values. */
 #define MXFP4_ROW_TILE 4
 
 static inline void mxfp4_sixteen(int8x16_t values, float32x4_t scale, float32x4_t *w) {  /* w[0..3] = values * scale */
@@ -648,11 +648,12 @@ static inline void mxfp4_sixteen(int8x16_t values, float32x4_t scale, float32x4_
     w[3] = vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(high))), scale);
 }
 
-void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
-                  float *y) {
-    static const int8_t values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+/* The exact product, fp32 activations (the fp32 plan): the weights widened to fp32 times the block's scale, then
+   multiply-added with up to MXFP4_ROW_TILE activation rows at once. */
+static void mxfp4_matmul_exact(const float *x, int count, int width, const uint8_t *blocks, int rows,
+                               const float *bias, const float *scale_of, float *y) {
     const int per_row = width / MXFP4_BLOCK;
-    const int8x16_t table = vld1q_s8(values);
+    const int8x16_t table = vld1q_s8(MXFP4_HALVES);
     #pragma omp parallel for schedule(static) if (rows >= 64)
     for (int n = 0; n < rows; n++) {
         const uint8_t *row = blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
@@ -663,7 +664,7 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
             for (int b = 0; b < per_row; b++) {
                 const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
                 const uint8x16_t codes = vld1q_u8(block + 1);
-                const float32x4_t scale = vdupq_n_f32(mxfp4_scale(block[0]));
+                const float32x4_t scale = vdupq_n_f32(scale_of[block[0]]);
                 float32x4_t w[8];
                 mxfp4_sixteen(vqtbl1q_s8(table, vandq_u8(codes, vdupq_n_u8(0x0F))), scale, w);
                 mxfp4_sixteen(vqtbl1q_s8(table, vshrq_n_u8(codes, 4)), scale, w + 4);
@@ -676,4 +677,69 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
                 y[(size_t)(m0 + m) * rows + n] = vaddvq_f32(sums[m]) + (bias ? bias[n] : 0.0f);
         }
     }
+}
+
+/* A call's activation codes and weights, which every weight row reads. */
+typedef struct {
+    int count, width, rows, two_codes;
+    mxfp4_activations a;
+    const uint8_t *blocks;
+    const float *bias, *scale_of;
+    float *y;
+} mxfp4_call;
+
+/* Weight row n against every activation row, MXFP4_ROW_TILE at a time, with sdot where `sdot` (signed weights by
+   signed codes: each block's sum exact in int32, then times its weight and activation scales in fp32): y[m, n]. */
+static inline __attribute__((always_inline)) void mxfp4_rows(int sdot, const mxfp4_call *call, int n) {
+    const int width = call->width, per_row = width / MXFP4_BLOCK, two_codes = call->two_codes;
+    const int8x16_t table = vld1q_s8(MXFP4_HALVES);
+    const uint8_t *row = call->blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
+    for (int m0 = 0; m0 < call->count; m0 += MXFP4_ROW_TILE) {
+        const int tile = call->count - m0 < MXFP4_ROW_TILE ? call->count - m0 : MXFP4_ROW_TILE;
+        float32x4_t sums[MXFP4_ROW_TILE];
+        for (int m = 0; m < tile; m++) sums[m] = vdupq_n_f32(0.0f);
+        for (int b = 0; b < per_row; b++) {
+            const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
+            const uint8x16_t codes = vld1q_u8(block + 1);
+            const int8x16_t first = vqtbl1q_s8(table, vandq_u8(codes, vdupq_n_u8(0x0F)));  /* weights 0-15 */
+            const int8x16_t second = vqtbl1q_s8(table, vshrq_n_u8(codes, 4));              /* weights 16-31 */
+            const float weight_scale = call->scale_of[block[0]];
+            for (int m = 0; m < tile; m++) {
+                const size_t at = (size_t)(m0 + m) * width + (size_t)b * MXFP4_BLOCK;
+                const int8_t *high = call->a.high + at;
+                int32x4_t dot = dot_add(dot_add(vdupq_n_s32(0), first, vld1q_s8(high), sdot), second,
+                                        vld1q_s8(high + 16), sdot);
+                float32x4_t value = vcvtq_f32_s32(dot);
+                if (two_codes) {
+                    const int8_t *low = call->a.low + at;
+                    dot = dot_add(dot_add(vdupq_n_s32(0), first, vld1q_s8(low), sdot), second, vld1q_s8(low + 16),
+                                  sdot);
+                    value = vfmaq_n_f32(value, vcvtq_f32_s32(dot), 1.0f / LOW_STEPS);
+                }
+                sums[m] = vfmaq_n_f32(sums[m], value, weight_scale * call->a.scales[at / MXFP4_BLOCK]);
+            }
+        }
+        for (int m = 0; m < tile; m++)
+            call->y[(size_t)(m0 + m) * call->rows + n] = vaddvq_f32(sums[m]) + (call->bias ? call->bias[n] : 0.0f);
+    }
+}
+
+static DOT_PRODUCTS void mxfp4_rows_sdot(const mxfp4_call *call, int n) { mxfp4_rows(1, call, n); }
+static void mxfp4_rows_smull(const mxfp4_call *call, int n) { mxfp4_rows(0, call, n); }
+
+/* kernels.c's mxfp4_matmul: y [count, rows] = x [count, width] times the MXFP4 weight's rows, plus bias; codes 1 or
+   2 int8 codes an activation, 0 fp32 (exact); scratch: M * (5K + K / 4) bytes (the codes and scales used here). */
+void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
+                  int codes, void *scratch, float *y) {
+    float scale_of[256];
+    for (int e = 0; e < 256; e++) scale_of[e] = mxfp4_scale((uint8_t)e);
+    if (codes == 0) {
+        mxfp4_matmul_exact(x, count, width, blocks, rows, bias, scale_of, y);
+        return;
+    }
+    const mxfp4_call call = {count, width, rows, codes == 2,
+                             mxfp4_quantize(x, count, width, codes == 2, 0, scratch), blocks, bias, scale_of, y};
+    void (*weight_row)(const mxfp4_call *, int) = has_dot_products() ? mxfp4_rows_sdot : mxfp4_rows_smull;
+    #pragma omp parallel for schedule(static) if (rows >= 64)
+    for (int n = 0; n < rows; n++) weight_row(&call, n);
 }

@@ -4,9 +4,14 @@ A block of 32 weights of a row is 17 bytes (gguf-py's ``MXFP4``, llama.cpp's ``b
 ``e``, then 16 bytes whose low nibble ``j`` is weight ``j``'s e2m1 code and high nibble weight ``j + 16``'s; a weight
 is ``HALVES[code] * 2^(e - 128)``. They stay so in memory, 4.25 bits a weight: Hearth's int4 groups (16 evenly
 spaced values and a bf16 scale and zero per 32, 5 bits a weight) would hold them 18% larger and inexactly, since
-e2m1's 15 values (0, ±0.5, ±1, ±1.5, ±2, ±3, ±4, ±6) are not evenly spaced. Hearth's CPU kernel
-(``native`` ``mxfp4_matmul``) turns each block's codes into int8 through a 16-entry table and multiplies in fp32,
-so its products are those of the exact weights; without the kernels each call decodes the weight in PyTorch's ops.
+e2m1's 15 values (0, ±0.5, ±1, ±1.5, ±2, ±3, ±4, ±6) are not evenly spaced.
+
+Hearth's CPU kernel (``native`` ``mxfp4_matmul``) turns each block's codes into int8 through a 16-entry table (twice
+the e2m1 values, exact) and multiplies them by the activations rounded to int8 codes per block of 32, as the int4
+kernel rounds them (two codes a value for a one-row call of one sequence, a decode step's, ``activation_codes``;
+one, as llama.cpp's Q8_0, in a batched step and from ``ONE_CODE_ROWS`` rows on): int8 dot products sum each block
+exactly, and its weight and activation scales meet the sum in fp32. The fp32 plan keeps the activations in fp32 (``exact``), for products of the exact weights; without the
+kernels each call decodes the weight in PyTorch's ops.
 openai's checkpoints (transformers' ``GptOssForCausalLM`` folders) hold the same numbers as blocks and scales
 apart, each byte two consecutive weights (``from_checkpoint``).
 """
@@ -18,9 +23,15 @@ from typing import Callable, Sequence
 
 import torch
 
-from engine.forward.native.build import library
+from engine.forward.native import activation_codes
+from engine.forward.native.build import activation_scratch, library
 
 BLOCK, BLOCK_BYTES = 32, 17
+ONE_CODE_ROWS = 2
+"""Rows from which a call rounds its activations to one code a value whatever the step (an expert's rows of a prompt
+chunk or a batched step): each block's products then meet their scales in fp32 once per activation row rather than
+twice, which made two codes slower than fp32 activations from two rows on (one avx512 thread, 5760 x 2880: 1.4 ms
+against 1.1 at 2 rows, 6.4 against 4.5 at 8); one code is as fast as fp32 or faster there."""
 HALVES = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.float32)  # 2 x e2m1
 
 
@@ -69,9 +80,11 @@ class Mxfp4Rows:
         return torch.ldexp(values, exponents.unsqueeze(-1)).view(rows, -1)
 
 
-def mxfp4_linear(weight: Mxfp4Rows, bias: torch.Tensor | None,
-                 input_scale: torch.Tensor | None) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
-    """``y = (x * input_scale) @ W.T + bias`` over ``weight``'s blocks, x and y fp32: the call and the bytes held."""
+def mxfp4_linear(weight: Mxfp4Rows, bias: torch.Tensor | None, input_scale: torch.Tensor | None,
+                 exact: bool = False) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
+    """``y = (x * input_scale) @ W.T + bias`` over ``weight``'s blocks, x and y fp32: the call and the bytes held.
+    The kernel rounds the activations to int8 codes (``activation_codes.codes()`` a value), or with ``exact`` keeps
+    them in fp32 (the module docstring)."""
     blocks = weight.blocks.contiguous()
     rows, width = weight.shape
     bias = bias.float().contiguous() if bias is not None else None
@@ -83,9 +96,12 @@ def mxfp4_linear(weight: Mxfp4Rows, bias: torch.Tensor | None,
         if kernels is None:
             return torch.nn.functional.linear(x, Mxfp4Rows(blocks).dequantize(), bias)
         x = x.contiguous()
-        out = torch.empty(x.shape[0], rows)  # [M, N]
-        kernels.mxfp4_matmul(x.data_ptr(), x.shape[0], width, blocks.data_ptr(), rows,
-                             bias.data_ptr() if bias is not None else None, out.data_ptr())
+        length = x.shape[0]
+        out = torch.empty(length, rows)  # [M, N]
+        codes = 0 if exact else 1 if length >= ONE_CODE_ROWS else activation_codes.codes()
+        kernels.mxfp4_matmul(x.data_ptr(), length, width, blocks.data_ptr(), rows,
+                             bias.data_ptr() if bias is not None else None, codes,
+                             activation_scratch(length, width, BLOCK, lanes=True), out.data_ptr())
         return out
 
     return run, nbytes

@@ -123,7 +123,7 @@ def _scaled_pack(
     """``_pack`` with ``input_scale`` folded into the weight, or (4-bit groups, the CPU's int8 groups) applied to
     the input on each call."""
     if isinstance(weight, Mxfp4Rows):  # gpt-oss's experts stay in their blocks, whatever the format
-        return mxfp4_linear(weight, bias, input_scale)
+        return mxfp4_linear(weight, bias, input_scale, exact=fmt == "fp32")
     if isinstance(weight, (Int4Groups, Int4Pair)) and fmt not in INT4_FORMATS:
         weight = weight.dequantize()  # [N, K] fp32
     if input_scale is None or not _scales_activations(fmt, weight.device):

@@ -85,7 +85,7 @@ int main(int count, char **words) {
     else if (strcmp(kernel, "int4_layout_from_nibbles") == 0)
         int4_layout_from_nibbles(P(0), I(1), I(2), I(3), L(4), L(5), P(6));
     else if (strcmp(kernel, "mxfp4_matmul") == 0)
-        mxfp4_matmul(P(0), I(1), I(2), P(3), I(4), P(5), P(6));
+        mxfp4_matmul(P(0), I(1), I(2), P(3), I(4), P(5), I(6), P(7), P(8));
     else if (strcmp(kernel, "amx_enable") == 0)
         printf("%d\n", amx_enable());
     else {

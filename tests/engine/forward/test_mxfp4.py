@@ -1,6 +1,7 @@
 """MXFP4 weights (gpt-oss's experts) kept as their blocks: decoded as gguf-py decodes them, and multiplied in
-Hearth's lookup-table kernel (each variant this CPU runs) or, without the kernels, in PyTorch's ops, within fp32
-rounding of the matmul over the decoded weight."""
+Hearth's kernel (each variant this CPU runs): int8 products of the weights and the activations' int8 codes, within
+fp32 rounding of the matmul of the rounded activations by the decoded weight, or with fp32 activations (the fp32
+plan) of the exact matmul; without the kernels, in PyTorch's ops."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from gguf.constants import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
+from engine.forward.native import activation_codes
 from engine.forward.weights import mxfp4
 from engine.forward.weights.mxfp4 import BLOCK_BYTES, Mxfp4Rows, mxfp4_linear
 
@@ -29,14 +31,48 @@ def test_the_blocks_decode_as_gguf_py_decodes_them_at_every_exponent():
     assert torch.equal(decoded, torch.from_numpy(dequantize(blocks, Q.MXFP4)))
 
 
+def _rounded(x: torch.Tensor, codes: int) -> torch.Tensor:
+    """``x`` [M, K] as the kernel rounds it (``quantize_activations``): per block of 32, int8 codes under the block's
+    largest magnitude over 127, and with two codes a second for what the first left, in steps of 1/254 of it."""
+    blocks = x.unflatten(1, (-1, 32))  # [M, B, 32]
+    scales = blocks.abs().amax(-1, keepdim=True) / 127
+    scaled = blocks * (1 / torch.where(scales > 0, scales, 1.0))  # as the kernel scales them
+    high = torch.round(scaled)
+    low = torch.round((scaled - high) * 254) if codes == 2 else torch.zeros_like(high)
+    return ((high + low / 254) * scales).flatten(1)
+
+
 @pytest.mark.usefixtures("kernel_variant")
-@pytest.mark.parametrize("count", [1, 5, 70])
-def test_the_kernel_equals_the_matmul_over_the_decoded_weight(count: int):
-    blocks = _blocks(96, 320, seed=count)
-    weight = torch.from_numpy(dequantize(blocks, Q.MXFP4))  # [96, 320]
-    bias, scale, x = torch.randn(96), torch.rand(320) + 0.5, torch.randn(count, 320)
+@pytest.mark.parametrize("sequences", [1, 3])  # one sequence's step, a batched one
+@pytest.mark.parametrize(("count", "width"), [(1, 320), (1, 352), (5, 352), (70, 320)])  # 352: an odd number of blocks
+def test_the_kernel_is_the_matmul_of_its_rounded_activations_by_the_decoded_weight(count: int, width: int,
+                                                                                   sequences: int):
+    """Two codes a value for one row of one sequence (a decode step), else one (``ONE_CODE_ROWS``)."""
+    torch.manual_seed(count)
+    blocks = _blocks(96, width, seed=count)
+    weight = torch.from_numpy(dequantize(blocks, Q.MXFP4))  # [96, K]
+    bias, scale = torch.randn(96), torch.rand(width) + 0.5
+    x = torch.randn(count, width) * torch.logspace(-2, 1, width)  # blocks of very different sizes
     run, nbytes = mxfp4_linear(Mxfp4Rows(torch.from_numpy(blocks.copy())), bias, scale)
     assert nbytes == blocks.nbytes + 96 * 4
+    with activation_codes.for_step(sequences):
+        got = run(x)
+    codes = 2 if sequences == 1 and count < mxfp4.ONE_CODE_ROWS else 1
+    exact = torch.nn.functional.linear(x * scale, weight, bias)
+    largest = (exact - bias).abs().max()
+    rounded = torch.nn.functional.linear(_rounded(x * scale, codes), weight, bias)
+    assert ((got - rounded).abs().max() / largest).item() < 2e-6  # the integer sums are exact
+    assert ((got - exact).abs().max() / largest).item() < (1e-4 if codes == 2 else 3e-2)  # Q8_0: about 1 %
+
+
+@pytest.mark.usefixtures("kernel_variant")
+@pytest.mark.parametrize("count", [1, 5, 70])
+def test_exact_keeps_the_activations_and_equals_the_matmul_over_the_decoded_weight(count: int):
+    """The fp32 plan's experts."""
+    blocks = _blocks(96, 352, seed=count)
+    weight = torch.from_numpy(dequantize(blocks, Q.MXFP4))  # [96, 352]
+    bias, scale, x = torch.randn(96), torch.rand(352) + 0.5, torch.randn(count, 352)
+    run, _ = mxfp4_linear(Mxfp4Rows(torch.from_numpy(blocks.copy())), bias, scale, exact=True)
     torch.testing.assert_close(run(x), torch.nn.functional.linear(x * scale, weight, bias), atol=1e-3, rtol=1e-5)
 
 

@@ -276,8 +276,10 @@ def test_a_gguf_files_nibbles_become_the_int4_layout(neon: NeonDriver):
     assert torch.equal(got, _int4_layout(q.view(rows, -1)))
 
 
-def test_mxfp4_rows_match_the_matmul_over_their_decoded_weight(neon: NeonDriver):
-    """gpt-oss's experts as GGUF's MXFP4 blocks (17 bytes per 32 weights), through a table lookup."""
+@pytest.mark.parametrize("codes", [2, 1, 0])  # one sequence's rows, a batched step's, the fp32 plan's
+def test_mxfp4_rows_match_the_matmul_over_their_decoded_weight(neon: NeonDriver, codes: int):
+    """gpt-oss's experts as GGUF's MXFP4 blocks (17 bytes per 32 weights), through a table lookup: int8 products with
+    the activations' codes, or fp32 products with the activations as they are."""
     from gguf.constants import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
 
@@ -285,7 +287,15 @@ def test_mxfp4_rows_match_the_matmul_over_their_decoded_weight(neon: NeonDriver)
     rows, width, count = 70, 96, 5
     blocks = quantize((rng.standard_normal((rows, width)) * 4).astype(np.float32), GGMLQuantizationType.MXFP4)
     weight = torch.from_numpy(dequantize(blocks, GGMLQuantizationType.MXFP4))  # [N, K]
-    x, bias = torch.randn(count, width), torch.randn(rows)
+    x, bias = torch.randn(count, width) * torch.logspace(-2, 1, width), torch.randn(rows)
     (_, _, _, got) = neon.call("mxfp4_matmul", x, count, width, torch.from_numpy(blocks.copy()), rows, bias,
-                               torch.empty(count, rows))
-    torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias), atol=1e-4, rtol=1e-5)
+                               codes, ScratchBytes(count * (5 * width + width // 4)), torch.empty(count, rows))
+    exact = torch.nn.functional.linear(x, weight, bias)
+    scale = (exact - bias).abs().max()
+    if codes == 0:
+        torch.testing.assert_close(got, exact, atol=1e-4, rtol=1e-5)
+    elif codes == 2:
+        assert ((got - exact).abs().max() / scale).item() < 1e-4
+    else:
+        assert ((got - torch.nn.functional.linear(_rounded_to_8_bits(x, 32), weight, bias)).abs().max()
+                / scale).item() < 2e-6

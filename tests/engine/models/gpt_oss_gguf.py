@@ -5,8 +5,9 @@ other layer, YaRN rope scaling, a router with a bias, experts with biases and th
 layers of 8 experts, 2 active. ``write_gpt_oss_gguf`` writes its weights under llama.cpp's names
 (``convert_hf_to_gguf``'s ``GptOssModel``): each layer's experts as 3-D tensors ``ffn_{gate,up,down}_exps`` [E, rows,
 width] in MXFP4 (gguf-py's quantizer) and their biases as 2-D ones, the router ``ffn_gate_inp``, the sinks
-``attn_sinks``, the MLP's input norm ``post_attention_norm``, the rest in F32; the model's own expert weights
-become what the MXFP4 blocks stand for, so transformers' forward is the reference for the file.
+``attn_sinks``, the MLP's input norm ``post_attention_norm``, the rest in F32 (or the attention's matrices in Q8_0,
+as ggml-org's files hold them); the model's own weights become what the blocks stand for, so transformers' forward
+is the reference for the file.
 """
 
 from __future__ import annotations
@@ -58,9 +59,10 @@ def tiny_gpt_oss(seed: int = 0, layers: int = 4, window: int = 128, vocab: int =
     return model.eval()
 
 
-def write_gpt_oss_gguf(path: Path, model: Any, expert_type: Q = Q.MXFP4) -> Path:
+def write_gpt_oss_gguf(path: Path, model: Any, expert_type: Q = Q.MXFP4, attention_type: Q = Q.F32) -> Path:
     """``model``'s weights as a GGUF file (see the module docstring), its experts in ``expert_type`` (MXFP4, or
-    F32); ``model``'s own expert weights become what the file's blocks stand for."""
+    F32), its attention's matrices in ``attention_type`` (F32 or Q8_0); ``model``'s own weights become what the
+    file's blocks stand for."""
     config = model.config
     writer = gguf.GGUFWriter(str(path), "gpt-oss")
     _metadata(writer, config)
@@ -68,6 +70,16 @@ def write_gpt_oss_gguf(path: Path, model: Any, expert_type: Q = Q.MXFP4) -> Path
 
     def add(name: str, tensor: torch.Tensor) -> None:
         writer.add_tensor(name, np.ascontiguousarray(tensor.detach().float().numpy()))
+
+    def add_attention(name: str, weight: torch.Tensor) -> None:
+        """``weight`` [rows, width] in ``attention_type``; ``model``'s own becomes what the file holds."""
+        if attention_type == Q.F32:
+            add(name, weight)
+            return
+        blocks = quantize(np.ascontiguousarray(weight.detach().float().numpy()), attention_type)
+        writer.add_tensor(name, blocks, raw_dtype=attention_type)
+        with torch.no_grad():
+            weight.copy_(torch.from_numpy(dequantize(blocks, attention_type)).reshape(weight.shape))
 
     def add_experts(name: str, weight: torch.Tensor) -> torch.Tensor:
         """``weight`` [E, rows, width] in ``expert_type``; returns what the file holds, [E, rows, width]."""
@@ -87,7 +99,8 @@ def write_gpt_oss_gguf(path: Path, model: Any, expert_type: Q = Q.MXFP4) -> Path
         for local, short in NAMES.items():
             for kind in ("weight", "bias"):
                 if prefix + f"{local}.{kind}" in state:
-                    add(f"{blk}{short}.{kind}", state[prefix + f"{local}.{kind}"])
+                    matrix = local.startswith("self_attn.") and kind == "weight"
+                    (add_attention if matrix else add)(f"{blk}{short}.{kind}", state[prefix + f"{local}.{kind}"])
         add(blk + "attn_sinks.weight", state[prefix + "self_attn.sinks"])
         experts = prefix + "mlp.experts."
         gate_up = state[experts + "gate_up_proj"].transpose(1, 2)  # [E, 2F, D], gate and up rows interleaved

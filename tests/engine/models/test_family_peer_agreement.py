@@ -9,6 +9,8 @@ upper half of the positions' leads. Random weights give flat distributions, so a
 fixed lead (as for the built-in model) would leave few positions; a family step
 missing or misread (a norm, a multiplier, a row order) leaves next to no agreement.
 
+gpt-oss's cut takes its experts' int8 kernel and the int8 copy of its Q8_0 attention, as a decode step does.
+
 Phi-4-mini is written in Q4_0: in Q4_K_M its fused q/k/v is Q5_K, which the 4-bit decode
 copy requantizes, and that rounding (not the reading of the family) moves 2 of 24 clear
 positions (fp32 from the same file agrees at all 24).
@@ -29,7 +31,7 @@ from tests.engine.forward.batch_of_one import OneSequence
 
 pytestmark = pytest.mark.peer
 FILES = (("gemma3-1b@2", "q4_k_m"), ("phi4-mini@2", "q4_0"), ("granite3.1-2b@2", "q4_k_m"),
-         ("qwen3-30b-a3b@2", "q4_k_m"))
+         ("qwen3-30b-a3b@2", "q4_k_m"), ("gpt-oss-20b@2", "mxfp4_moe"))
 POSITIONS = 48
 CONTEXT = POSITIONS + 8
 AGREEMENT = 0.95
