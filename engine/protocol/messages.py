@@ -79,11 +79,14 @@ def canonical_precision(name: str) -> str:
 @dataclass(frozen=True)
 class LoadOptions:
     """How to load a model: ``device`` one of ``DEVICES``, ``precision`` one of ``PRECISIONS`` (or a
-    ``LEGACY_PRECISIONS`` name, read as its ``canonical_precision``)."""
+    ``LEGACY_PRECISIONS`` name, read as its ``canonical_precision``). ``draft_model``: a small model with the same
+    tokenizer that drafts tokens for this one to verify ("default" for the built-in model, a folder or a .gguf
+    file; None for none)."""
 
     device: str = "auto"
     precision: str = "auto"
     context_length: int | None = None
+    draft_model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -241,6 +244,7 @@ class ModelLoaded:
     notices: tuple[str, ...] = ()  # things the user should know (e.g. "no chat template: using a plain one")
     server: str = ""  # the remote server's base URL when the model runs there; "" for a model in this process
     tool_format: str = "hermes"  # how the model writes tool calls (``engine.chat.tool_formats``)
+    draft_model: str = ""  # the name of the model drafting for this one; "" for none (``LoadOptions.draft_model``)
 
 
 @dataclass(frozen=True)

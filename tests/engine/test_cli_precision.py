@@ -1,4 +1,5 @@
-"""The command line's precision names: int4 for 4 bits, and an earlier version's nf4 still accepted."""
+"""The command line's load options: precision names (int4 for 4 bits, an earlier version's nf4 still accepted), the
+context and the draft model."""
 
 from __future__ import annotations
 
@@ -33,3 +34,21 @@ def test_a_context_that_is_not_a_positive_number_is_refused(value: str, capsys: 
     with pytest.raises(SystemExit):
         parse_args(["serve", "--context", value])
     assert "--context" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["chat", "serve"])
+def test_the_draft_model_is_asked_for_on_the_command_line(command: str):
+    from engine.api.server.standalone import load_options
+
+    assert load_options(parse_args([command, "--draft-model", "default"])).draft_model == "default"
+    assert load_options(parse_args([command, "--draft-model", "/models/small.gguf"])).draft_model == "/models/small.gguf"
+    assert load_options(parse_args([command])).draft_model is None  # no draft model unless asked
+
+
+def test_the_load_line_says_which_draft_model_is_on():
+    from engine.api.server.standalone import load_line
+    from engine.protocol.messages import ModelLoaded
+
+    loaded = ModelLoaded("r", "Big", "/big.gguf", "cpu", "fp16 weights", 8192, 1.0, draft_model="Small")
+    assert load_line(loaded).endswith("8192-token context, drafting with Small")
+    assert "drafting" not in load_line(ModelLoaded("r", "Big", "/big.gguf", "cpu", "fp16 weights", 8192, 1.0))
