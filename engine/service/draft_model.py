@@ -65,17 +65,18 @@ class ModelDrafts:
             step = self.scheduler.schedule()
             if not step.chunks:
                 break  # the rest wait for room in the draft pool: no draft for them this step
-            logits = self._run(step)  # [chunks, V]
+            greedy = self._run(step)[:, : self._vocab].argmax(dim=-1).tolist()  # [chunks], one host sync
             self.scheduler.complete(step)
-            for chunk, row in zip(step.chunks, logits):
+            for chunk, token in zip(step.chunks, greedy):
                 request_id = chunk.request_id
                 if chunk.samples and len(said[request_id]) < counts[request_id]:
-                    said[request_id].append(int(row[: self._vocab].argmax()))
+                    said[request_id].append(token)
                     if len(said[request_id]) < counts[request_id]:
-                        self.scheduler.append(request_id, said[request_id][-1])
+                        self.scheduler.append(request_id, token)
         return said
 
     def forget(self, request_id: str) -> None:
+        """The request ended or stopped drafting: its sequence ends, its blocks stay cached for a while."""
         if self.scheduler.get(request_id) is not None:
             self.scheduler.finish(request_id)
 
