@@ -2,8 +2,9 @@
 
 A draft model proposes token ids that the target verifies, so both must mean the
 same thing by every id: the same tokens under the same ids, the same special tokens.
-It must also run on Hearth's fast path, whose batched steps the drafting uses
-(``engine/service/draft_model.py``). A draft model that fails either check, or fails
+Both must also run on Hearth's fast path, whose batched steps the drafting uses
+(``engine/service/draft_model.py``); a model on the transformers fallback loads no
+draft model at all. A draft model that fails either check, or fails
 to load, is dropped: the target loads all the same, and its load notice says why no
 draft model is on. The draft model's KV pool holds ``DRAFT_POOL_CONTEXTS`` of the
 shorter of the two contexts; the notice counts its weights and that pool.
@@ -21,6 +22,13 @@ from engine.models.memory_estimate import gib_text
 DRAFT_POOL_CONTEXTS = 2
 """The draft pool's positions, in contexts: drafting sequences hold about what their target sequences hold, and a
 sequence it cannot place just goes without drafts until there is room."""
+
+
+def target_refused(target: LoadedModel) -> str | None:
+    """Why no draft model can draft for ``target`` (checked before one is loaded); None when one can."""
+    if isinstance(target.backend, HFBackend):
+        return "the model runs through transformers, one request at a time, where nothing drafts"
+    return None
 
 
 def draft_refused(target: LoadedModel, draft: LoadedModel) -> str | None:

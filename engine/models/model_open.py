@@ -23,7 +23,7 @@ from engine.models import default_model, memory_estimate
 from engine.models.gguf_check import explain_gguf_errors
 from engine.models.format_plan import FormatPlan, formats_for_source, four_bit_prompts_faster, traits_of
 from engine.models.context_choice import ContextChoice, choose_load, kv_budget_bytes
-from engine.models.draft_pairing import draft_not_used, with_draft
+from engine.models.draft_pairing import draft_not_used, target_refused, with_draft
 from engine.models.loading import LoadedModel, LoadPlan, Progress, load_model, resolve_device
 from engine.models.memory_estimate import cpu_formats_notice
 from engine.models.model_files import inspect_model
@@ -46,11 +46,14 @@ def open_model(
     loaded = _open_one(requested, options, emit, progress, is_cancelled)
     if options.draft_model is None:
         return loaded
+    name = "the built-in model" if options.draft_model == "default" else options.draft_model
+    refused = target_refused(loaded)
+    if refused is not None:
+        return draft_not_used(loaded, name, refused)
     draft_options = LoadOptions(device=loaded.device)  # its own precision and context, chosen as for any load
     try:
         draft = _open_one(options.draft_model, draft_options, emit, progress, is_cancelled)
     except (ModelFileError, OSError, RuntimeError, ValueError, MemoryError) as exc:  # the model itself loaded
-        name = "the built-in model" if options.draft_model == "default" else options.draft_model
         return draft_not_used(loaded, name, str(exc) or type(exc).__name__)
     return with_draft(loaded, draft)
 

@@ -3,9 +3,11 @@ and the model loads and answers without it (the tiny model, whose 400-odd tokens
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from engine.models.draft_pairing import vocabulary_difference
+from engine.forward.backend import HFBackend
+from engine.models.draft_pairing import target_refused, vocabulary_difference, with_draft
 from engine.protocol.messages import ChatMessage, LoadModel, LoadOptions, ModelLoaded
 
 
@@ -32,6 +34,22 @@ def test_tokenizers_that_differ_only_in_ids_or_special_tokens_are_told_apart(tin
     assert vocabulary_difference(tokenizer, swapped) == "1 of its tokenizer's tokens have other ids than the model's"
     other_end = _Vocabulary(tokenizer.get_vocab(), [0, 1])
     assert "special tokens" in vocabulary_difference(tokenizer, other_end)
+
+
+def test_a_draft_model_of_the_same_tokenizer_is_paired_and_its_memory_said(tiny_loaded):
+    paired = with_draft(tiny_loaded, tiny_loaded)
+    assert paired.draft is tiny_loaded
+    assert paired.held_weight_bytes == 2 * tiny_loaded.weight_bytes
+    assert paired.notices[-1].startswith("Drafting with tiny: ")
+    assert "of KV cache (2,048 positions) beside the model" in paired.notices[-1]  # two of its 1 024-token contexts
+
+
+def test_a_model_on_the_transformers_fallback_takes_no_draft_model(tiny_loaded, tiny_model_dir: Path):
+    from transformers import AutoModelForCausalLM
+
+    on_transformers = replace(tiny_loaded, backend=HFBackend(AutoModelForCausalLM.from_pretrained(tiny_model_dir)))
+    assert "transformers" in target_refused(on_transformers)
+    assert target_refused(tiny_loaded) is None
 
 
 class _Vocabulary:
