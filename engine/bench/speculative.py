@@ -89,7 +89,8 @@ def run(args: argparse.Namespace, show: Show) -> dict[str, Any]:
     summary: dict[str, Any] = {"model": args.model, "draft_model": args.draft_model or "prompt lookup",
                                "device": loaded.device, "precision": loaded.precision,
                                "draft_precision": loaded.draft.precision if loaded.draft else None,
-                               "cpu": cpu_name(), "threads": engine_threads(), "kernels": kernels_variant(loaded.device),
+                               "cpu": cpu_name(), "threads": engine_threads(),
+                               "kernels": kernels_variant(loaded.device),
                                "new_tokens": args.new_tokens, "rounds": args.rounds}
     for task in TASKS:
         summary |= _task_summary(task, [row for row in rows if row["task"] == task])

@@ -7,8 +7,9 @@ context together (the user's, or the longest that fits comfortably up to 32 768
 tokens, never past the trained length; the KV pool is sized from it), its
 ``FormatPlan`` is chosen once (``format_plan``), and the folder or GGUF file is loaded
 in it (``loading``). A draft model the options name is loaded after it, the same way, and
-paired with it where it can draft for it (``draft_pairing``). Earlier versions kept a converted copy of each GGUF file in the
-models cache; the first load removes them and says so.
+paired with it where it can draft for it (``draft_pairing``). Earlier versions kept a
+converted copy of each GGUF file in the models cache; the first load removes them and
+says so.
 """
 
 from __future__ import annotations

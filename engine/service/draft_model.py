@@ -55,7 +55,7 @@ class ModelDrafts:
     def drafts(self, wants: Sequence[DraftWant]) -> dict[str, list[int]]:
         """Each want's greedy draft, the draft model stepped for all of them together."""
         counts = {want.request_id: min(want.count, self.context_length - len(want.tokens)) for want in wants}
-        counts = {request_id: count for request_id, count in counts.items() if count > 0}  # past the draft's context: none
+        counts = {request_id: count for request_id, count in counts.items() if count > 0}  # none past its context
         wants = [want for want in wants if want.request_id in counts]
         self._end_others(counts)
         for want in wants:

@@ -41,7 +41,7 @@ def test_the_draft_model_is_asked_for_on_the_command_line(command: str):
     from engine.api.server.standalone import load_options
 
     assert load_options(parse_args([command, "--draft-model", "default"])).draft_model == "default"
-    assert load_options(parse_args([command, "--draft-model", "/models/small.gguf"])).draft_model == "/models/small.gguf"
+    assert load_options(parse_args([command, "--draft-model", "/m/small.gguf"])).draft_model == "/m/small.gguf"
     assert load_options(parse_args([command])).draft_model is None  # no draft model unless asked
 
 

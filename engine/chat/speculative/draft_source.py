@@ -52,8 +52,8 @@ class LookupDrafts:
         self._lookups: dict[str, PromptLookup] = {}  # request id -> its sequence's n-grams
 
     def drafts(self, wants: Sequence[DraftWant]) -> dict[str, list[int]]:
-        return {want.request_id: self._lookups.setdefault(want.request_id, PromptLookup()).draft(want.tokens, want.count)
-                for want in wants}
+        lookups = [self._lookups.setdefault(want.request_id, PromptLookup()) for want in wants]
+        return {want.request_id: lookup.draft(want.tokens, want.count) for want, lookup in zip(wants, lookups)}
 
     def forget(self, request_id: str) -> None:
         self._lookups.pop(request_id, None)
