@@ -16,7 +16,13 @@ import sys
 import uuid
 
 from engine.api.server.standalone import (
-    add_context_option, add_kv_cache_option, add_serve_command, load_line, load_options, serve,
+    add_context_option,
+    add_draft_option,
+    add_kv_cache_option,
+    add_serve_command,
+    load_line,
+    load_options,
+    serve,
 )
 from engine.protocol.messages import (
     ChatMessage,
@@ -55,6 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     chat.add_argument("--precision", default="auto", type=canonical_precision, choices=PRECISIONS)
     add_context_option(chat)
     add_kv_cache_option(chat)
+    add_draft_option(chat)
     chat.add_argument("--max-tokens", type=int, default=512)
     chat.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (the default)")
     chat.add_argument("--seed", type=int)

@@ -7,16 +7,21 @@ the free GPU and system memory, with a verdict: fits, tight or won't fit.
 The engine proposes the context (what fits, up to 32 768 tokens) and says why under
 the box. The KV cache may be bf16 or int8 (half the memory, so about twice the context; the
 CPU only). Changing the device, the context length or the KV cache asks again (debounced);
-changing the precision only redraws. "Load" is refused while the choice cannot fit.
+changing the precision only redraws. "Load" is refused while the choice cannot fit. The draft
+model (none, the built-in one, or a model file) is the caller's to remember per model: the
+dialog opens on the one it is given.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
     QDialogButtonBox,
+    QFileDialog,
     QFormLayout,
     QGroupBox,
     QLabel,
@@ -35,6 +40,12 @@ PRECISIONS = (
 )
 PRECISION_WORDS = {value: text for text, value in PRECISIONS}
 KV_CACHES = (("bf16", "auto"), ("int8 (half the memory)", "int8"))  # auto: bf16 on the CPU, the compute dtype on a GPU
+DRAFT_CHOICES = (("None", ""), ("The built-in model (SmolLM2-135M)", "default"), ("A model file…", "pick"))
+"""The draft model box's entries: "" for none, "pick" asks for a file (then listed by its name, the path its data)."""
+DRAFT_TIP = ("A small model with the same tokenizer drafts a few tokens ahead and this model checks them in one "
+             "step: replies read the same, sooner when the drafts are right. One with another tokenizer is not used; "
+             "the load says so.")
+GGUF_FILTER = "GGUF models (*.gguf);;All files (*)"
 MIN_CONTEXT = 256
 MAX_CONTEXT = 1 << 20
 REINSPECT_DELAY_MS = 300
@@ -81,7 +92,9 @@ def advice(found: ModelInspected, shown: PrecisionEstimate) -> str:
 class LoadDialog(QDialog):
     """Options for loading ``path``; ``options()`` gives them once accepted."""
 
-    def __init__(self, controller: EngineController, path: str, parent: QWidget | None = None) -> None:
+    def __init__(self, controller: EngineController, path: str, parent: QWidget | None = None,
+                 draft_model: str | None = None) -> None:
+        """``draft_model``: the draft model shown chosen ("default", a path; None for none)."""
         super().__init__(parent)
         self.setObjectName("loadDialog")
         self.setWindowTitle("Open model")
@@ -92,6 +105,7 @@ class LoadDialog(QDialog):
         self._pending_request = ""
         self._reinspect_timer = QTimer(self, singleShot=True, interval=REINSPECT_DELAY_MS)
         self._reinspect_timer.timeout.connect(self._inspect)
+        self._draft_model = draft_model
         self._build()
         controller.model_inspected.connect(self._on_inspected)
         controller.inspect_failed.connect(self._on_inspect_failed)
@@ -105,7 +119,7 @@ class LoadDialog(QDialog):
     def options(self) -> LoadOptions:
         context = self.context_box.value() if self.context_box.isEnabled() else None
         return LoadOptions(self.device_box.currentData(), self.precision_box.currentData(), context,
-                           self.kv_cache_box.currentData())
+                           kv_cache=self.kv_cache_box.currentData(), draft_model=self._draft_model)
 
     def chosen_estimate(self) -> PrecisionEstimate | None:
         if self._found is None:
@@ -162,11 +176,36 @@ class LoadDialog(QDialog):
         self.context_reason_label = self._wrapping_label("", "color: #6b6259;")
         self.context_reason_label.setObjectName("loadDialogContextReason")
         form.addRow("", self.context_reason_label)
+        self.draft_box = self._combo(DRAFT_CHOICES, "Draft model")
+        self.draft_box.setToolTip(DRAFT_TIP)
+        self._show_draft(self._draft_model)
+        self.draft_box.activated.connect(self._on_draft_chosen)
+        form.addRow("Draft model", self.draft_box)
         self.device_box.currentIndexChanged.connect(self._reinspect_timer.start)
         self.context_box.valueChanged.connect(self._reinspect_timer.start)
         self.kv_cache_box.currentIndexChanged.connect(self._reinspect_timer.start)
         self.precision_box.currentIndexChanged.connect(self._show_estimate)
         return form
+
+    def _show_draft(self, draft_model: str | None) -> None:
+        """Show ``draft_model`` chosen (a file not listed yet is listed by its name) and take it."""
+        self._draft_model = draft_model
+        index = self.draft_box.findData(draft_model or "")
+        if index < 0:
+            index = self.draft_box.count() - 1  # before "A model file…"
+            self.draft_box.insertItem(index, Path(draft_model).name, draft_model)
+            self.draft_box.setItemData(index, draft_model, Qt.ItemDataRole.ToolTipRole)
+        self.draft_box.setCurrentIndex(index)
+
+    def _on_draft_chosen(self, index: int) -> None:
+        """The user chose an entry: "A model file…" asks for the file (cancelled: the choice before stays)."""
+        chosen = self.draft_box.itemData(index)
+        if chosen != "pick":
+            self._draft_model = chosen or None
+            return
+        path, _filter = QFileDialog.getOpenFileName(self, "Choose a draft model", str(Path(self._path).parent),
+                                                    GGUF_FILTER)
+        self._show_draft(path or self._draft_model)
 
     def _combo(self, items: tuple[tuple[str, str], ...], name: str) -> QComboBox:
         box = QComboBox(self)

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import QFileDialog, QMainWindow, QMenu
 
 from app.chat.chat_session import ChatSession
 from app.controller import EngineController
-from app.models.load_dialog import LoadDialog
+from app.models.load_dialog import GGUF_FILTER, LoadDialog
 from app.models.load_progress import LoadProgressBar
 from app.models.recent_models import RecentModelsMenu, remember_model
 from app.storage.errors import StorageError
@@ -29,7 +29,6 @@ from app.window.status_line import StatusLine
 from engine.protocol.messages import LoadFailed, LoadOptions, ModelLoaded
 
 DEFAULT_MODEL = "default"
-GGUF_FILTER = "GGUF models (*.gguf);;All files (*)"
 
 ShowError = Callable[[str, str], None]
 
@@ -108,12 +107,23 @@ class ModelLoader(QObject):
             self.choose(folder)
 
     def choose(self, path: str) -> LoadDialog:
-        """Show the load dialog for ``path``; "Load" starts loading with its options."""
-        dialog = LoadDialog(self._controller, path, self._window)
+        """Show the load dialog for ``path``, on the draft model last chosen for it; "Load" keeps the draft model
+        chosen for next time and starts loading with the dialog's options."""
+        holder = self._window.settings_holder
+        dialog = LoadDialog(self._controller, path, self._window, holder.settings.draft_model_for(path))
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.accepted.connect(lambda: self.load(path, dialog.options()))
+        dialog.accepted.connect(lambda: self._load_chosen(path, dialog.options()))
         dialog.open()
         return dialog
+
+    def _load_chosen(self, path: str, options: LoadOptions) -> None:
+        """Load ``path`` with the dialog's ``options``, its draft model kept in the settings for ``path``."""
+        try:
+            self._window.settings_holder.replace(self._window.settings_holder.settings.with_draft_model(
+                path, options.draft_model))
+        except StorageError as error:
+            self._status.show_notice(str(error))
+        self.load(path, options)
 
     def load(self, path: str, options: LoadOptions = LoadOptions()) -> str:
         """Load ``path`` now (no dialog); returns the request id."""

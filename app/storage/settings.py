@@ -32,6 +32,7 @@ Theme = Literal["system", "light", "dark"]
 THEMES: tuple[str, ...] = ("system", "light", "dark")
 SETTINGS_NAME = "settings.json"
 RECENT_MODELS_LIMIT = 10
+DRAFT_CHOICES_LIMIT = 32  # models whose draft model choice is kept, the latest chosen first
 REMOTE_SERVERS_LIMIT = 10
 TOOL_SERVERS_LIMIT = 32
 SETTINGS_MODE = 0o600
@@ -201,6 +202,18 @@ class Settings:
     remote_servers: tuple[RemoteConnection, ...] = ()
     server: ServerSettings = field(default_factory=ServerSettings)
     tool_servers: tuple[ToolServerConfig, ...] = ()
+    draft_models: tuple[tuple[str, str], ...] = ()
+    """(model path, its draft model: "default" or a path) for the models loaded with one, the latest chosen first."""
+
+    def draft_model_for(self, model_path: str) -> str | None:
+        """The draft model last chosen for ``model_path``; None for none."""
+        return dict(self.draft_models).get(model_path)
+
+    def with_draft_model(self, model_path: str, draft_model: str | None) -> Settings:
+        """These settings with ``draft_model`` (None: none) as ``model_path``'s draft model."""
+        others = tuple((model, draft) for model, draft in self.draft_models if model != model_path)
+        chosen = ((model_path, draft_model),) if draft_model is not None else ()
+        return replace(self, draft_models=(*chosen, *others)[:DRAFT_CHOICES_LIMIT])
 
     def with_tool_allowed(self, server: str, tool: str) -> Settings:
         """These settings with ``tool`` of the server named ``server`` always allowed (unchanged if no such server)."""
@@ -322,6 +335,12 @@ def _read_recent(value: object) -> tuple[str, ...]:
     return _read_texts(value)[:RECENT_MODELS_LIMIT]
 
 
+def _read_draft_models(value: object) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict):
+        raise ValueError(f"expected an object of model paths and draft models, not {_shortened(value)}")
+    return tuple((_read_text(model), _read_text(draft)) for model, draft in value.items())[:DRAFT_CHOICES_LIMIT]
+
+
 def _read_remote_servers(value: object) -> tuple[RemoteConnection, ...]:
     if not isinstance(value, list):
         raise ValueError(f"expected a list of servers, not {_shortened(value)}")
@@ -343,6 +362,7 @@ _FIELD_READERS = {
     "remote_servers": _read_remote_servers,
     "server": ServerSettings.from_dict,
     "tool_servers": _read_tool_servers,
+    "draft_models": _read_draft_models,
 }
 
 
@@ -369,6 +389,7 @@ def save_settings(settings: Settings, path: Path | None = None) -> None:
     data = asdict(settings)
     data["recent_models"] = list(settings.recent_models)
     data["tool_servers"] = [config.to_dict() for config in settings.tool_servers]
+    data["draft_models"] = dict(settings.draft_models)
     text = json.dumps(data, indent=2, ensure_ascii=False)
     try:
         _write_atomically(path, text)

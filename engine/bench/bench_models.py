@@ -42,14 +42,17 @@ def gguf_file(model: str) -> Path:
     return resolved
 
 
-def open_bench_model(model: str, device: str, quant: str) -> LoadedModel:
+def open_bench_model(model: str, device: str, quant: str, draft_model: str | None = None) -> LoadedModel:
     """The model as the engine loads it: same precision choice, same backend. ``quant``: "none" (the device's
-    full precision) or a precision by name (``PRECISIONS``)."""
+    full precision) or a precision by name (``PRECISIONS``). ``draft_model``: a model to draft for it, named as
+    ``model`` is (``LoadOptions.draft_model``)."""
     chosen = resolve_device(device)
     precision = quant if quant in PRECISIONS else ("bf16" if chosen.type == "cuda" else "fp32")
     if is_random(model):
         return load_random(model, chosen.type, precision)
-    return open_model(resolve_model(model), LoadOptions(chosen.type, precision), _ignore, _ignore, lambda: False)
+    draft = resolve_model(draft_model) if draft_model is not None else None
+    options = LoadOptions(chosen.type, precision, draft_model=draft)
+    return open_model(resolve_model(model), options, _ignore, _ignore, lambda: False)
 
 
 def _ignore(*_: Any) -> None:

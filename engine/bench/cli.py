@@ -12,7 +12,7 @@
     serve  --model … --concurrency 1,2,4,8,16 [--prompt-tokens N] [--new-tokens N] [--shared-prefix N] [--rounds N]
            [--constrained-half] [--join [--join-tokens N] [--step-tokens N]]
     serve-api --model default|PATH --new-tokens N [--rounds N] [--clients N]   (``serve_api``: what the API server adds)
-    speculative --model default|PATH|random-gguf:… [--new-tokens N] [--rounds N]   (``speculative``: drafts off and on)
+    speculative --model default|PATH|random-gguf:… [--draft-model …] [--new-tokens N] [--rounds N]
     remote --url URL --model ID [--api-key KEY] [--new-tokens N] [--rounds N]
 
 ``decode``, ``prefill``, ``chat`` and ``turns`` time replies through the batch runner

@@ -1,6 +1,8 @@
 """``python -m engine.bench speculative``: single-stream decode with and without drafts (the bench's main thread).
 
-Two tasks, each replied to greedily through the batch runner (``runner_replies``)
+Drafts come from prompt lookup, or with ``--draft-model`` from that model (the
+batch runner's draft source: ``engine/service/draft_model.py``). Two tasks, each
+replied to greedily through the batch runner (``runner_replies``)
 with ``SamplingParams.speculative`` off and on, taking turns within each round so both
 see the same machine load: ``edit`` pastes a piece of code and asks for it back with
 a rename (the reply repeats most of its context, where prompt lookup drafts pay),
@@ -9,8 +11,9 @@ nothing). Each prompt is computed once before the rounds, and every reply reuses
 from the cache: a prompt prefilled whole and one whose last tokens are computed
 beside its cached prefix differ in their last bits, which can tip a near tie. One
 JSON line per reply (decode rate, drafted and accepted tokens, tokens per step);
-the summary gives each task's median rates, their ratio and whether the two texts
-were identical in every round.
+the summary gives each task's median rates, their ratio, the acceptance, tokens per
+step and whether the two texts were identical in every round, with the CPU and the
+kernels that ran.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from typing import Any, Callable
 
 from engine.bench.bench_models import open_bench_model
 from engine.bench.runner_replies import ReplyDriver
+from engine.forward.native.build import kernels_variant
+from engine.host.cpu_features import cpu_name
+from engine.host.cpu_threads import engine_threads
 from engine.protocol.messages import DEVICES, GREEDY, PRECISIONS, ChatMessage
 
 CODE = '''class Inventory:
@@ -56,16 +62,20 @@ Show = Callable[[dict[str, Any]], None]
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    command = commands.add_parser("speculative", help="single-stream decode with and without prompt-lookup drafts")
+    command = commands.add_parser("speculative", help="single-stream decode with and without drafts")
     command.add_argument("--device", default="cpu", choices=DEVICES)
     command.add_argument("--quant", default="auto", choices=("none", *PRECISIONS))
     command.add_argument("--new-tokens", type=int, default=128)
     command.add_argument("--rounds", type=int, default=3, help="replies with and without drafts, taking turns")
+    command.add_argument("--draft-model", metavar="PATH|default|random-gguf:…",
+                         help="draft with this model (same tokenizer) instead of prompt lookup")
     return command
 
 
 def run(args: argparse.Namespace, show: Show) -> dict[str, Any]:
-    loaded = open_bench_model(args.model, args.device, args.quant)
+    loaded = open_bench_model(args.model, args.device, args.quant, args.draft_model)
+    if args.draft_model is not None and loaded.draft is None:
+        raise ValueError(f"the draft model was refused: {loaded.notices[-1]}")
     prompts = {task: loaded.tokenize(loaded.render((ChatMessage("user", text),))) for task, text in TASKS.items()}
     driver = ReplyDriver(loaded, max(len(p) for p in prompts.values()) + args.new_tokens)
     for task, prompt in prompts.items():  # each prompt cached once: every measured reply reuses it alike
@@ -76,7 +86,11 @@ def run(args: argparse.Namespace, show: Show) -> dict[str, Any]:
             for drafting in (False, True):
                 rows.append(_reply(driver, task, prompt, drafting, args.new_tokens, round_index))
                 show(rows[-1])
-    summary: dict[str, Any] = {"model": args.model, "device": loaded.device, "precision": loaded.precision,
+    summary: dict[str, Any] = {"model": args.model, "draft_model": args.draft_model or "prompt lookup",
+                               "device": loaded.device, "precision": loaded.precision,
+                               "draft_precision": loaded.draft.precision if loaded.draft else None,
+                               "cpu": cpu_name(), "threads": engine_threads(),
+                               "kernels": kernels_variant(loaded.device),
                                "new_tokens": args.new_tokens, "rounds": args.rounds}
     for task in TASKS:
         summary |= _task_summary(task, [row for row in rows if row["task"] == task])

@@ -31,6 +31,17 @@ BEYOND_WIDTH = {"AVX2": ("avx512", "amx"), "DEFAULT": ("avx", "amx", "fma")}
 SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18  # x86-64 Linux's numbers
 
 
+def cpu_name() -> str:
+    """The CPU's model name as the OS gives it (Linux's ``/proc/cpuinfo``; elsewhere ``platform.processor``), for
+    benchmark reports."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            named = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
+    except OSError:
+        named = ""
+    return named or platform.processor() or platform.machine()
+
+
 def has_fp16_math() -> bool:
     return FP16_FLAG in _flags()
 

@@ -68,6 +68,7 @@ class LoadedModel:
     template: ChatTemplate
     notices: tuple[str, ...] = ()
     kv_budget_bytes: int | None = None  # what the KV block pool may take (``context_choice``); None: not planned
+    draft: LoadedModel | None = None  # a model with the same tokenizer drafting for this one (``draft_pairing``)
 
     def render(self, messages: Sequence[ChatMessage], tools: Sequence[str] = ()) -> str:
         """The chat as prompt text, ending where the assistant's reply begins (sandboxed template), with the
@@ -78,6 +79,11 @@ class LoadedModel:
 
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    @property
+    def held_weight_bytes(self) -> int:
+        """The weights this load holds: the model's and its draft model's."""
+        return self.weight_bytes + (self.draft.weight_bytes if self.draft else 0)
 
     @property
     def precision(self) -> str:

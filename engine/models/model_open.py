@@ -6,8 +6,10 @@ message for the user. Then ``context_choice`` picks or checks the precision and 
 context together (the user's, or the longest that fits comfortably up to 32 768
 tokens, never past the trained length; the KV pool is sized from it), its
 ``FormatPlan`` is chosen once (``format_plan``), and the folder or GGUF file is loaded
-in it (``loading``). Earlier versions kept a converted copy of each GGUF file in the
-models cache; the first load removes them and says so.
+in it (``loading``). A draft model the options name is loaded after it, the same way, and
+paired with it where it can draft for it (``draft_pairing``). Earlier versions kept a
+converted copy of each GGUF file in the models cache; the first load removes them and
+says so.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from engine.models import default_model, memory_estimate
 from engine.models.gguf_check import explain_gguf_errors
 from engine.models.format_plan import FormatPlan, formats_for_source, four_bit_prompts_faster, traits_of
 from engine.models.context_choice import ContextChoice, choose_load, kv_budget_bytes
+from engine.models.draft_pairing import draft_not_used, target_refused, with_draft
 from engine.models.loading import LoadedModel, LoadPlan, Progress, load_model, resolve_device
 from engine.models.memory_estimate import cpu_formats_notice
 from engine.models.model_files import inspect_model
@@ -33,6 +36,30 @@ CONVERTED_FOLDER = "converted"  # under the models cache, where earlier versions
 
 
 def open_model(
+    requested: str,
+    options: LoadOptions,
+    emit: EventSink,
+    progress: Progress,
+    is_cancelled: Callable[[], bool],
+) -> LoadedModel:
+    """The model ``requested`` loaded under ``options``, with its draft model where ``options`` names one that can
+    draft for it (``draft_pairing``; one that cannot leaves a notice saying why)."""
+    loaded = _open_one(requested, options, emit, progress, is_cancelled)
+    if options.draft_model is None:
+        return loaded
+    name = "the built-in model" if options.draft_model == "default" else options.draft_model
+    refused = target_refused(loaded)
+    if refused is not None:
+        return draft_not_used(loaded, name, refused)
+    draft_options = LoadOptions(device=loaded.device)  # its own precision and context, chosen as for any load
+    try:
+        draft = _open_one(options.draft_model, draft_options, emit, progress, is_cancelled)
+    except (ModelFileError, OSError, RuntimeError, ValueError, MemoryError) as exc:  # the model itself loaded
+        return draft_not_used(loaded, name, str(exc) or type(exc).__name__)
+    return with_draft(loaded, draft)
+
+
+def _open_one(
     requested: str,
     options: LoadOptions,
     emit: EventSink,

@@ -81,12 +81,15 @@ def canonical_precision(name: str) -> str:
 class LoadOptions:
     """How to load a model: ``device`` one of ``DEVICES``, ``precision`` one of ``PRECISIONS`` (or a
     ``LEGACY_PRECISIONS`` name, read as its ``canonical_precision``), ``kv_cache`` one of ``KV_CACHES``: "auto"
-    (bf16 on the CPU), "bf16", or "int8" (a code a value and a scale per 32, half the memory; the CPU only)."""
+    (bf16 on the CPU), "bf16", or "int8" (a code a value and a scale per 32, half the memory; the CPU only).
+    ``draft_model``: a small model with the same tokenizer that drafts tokens for this one to verify ("default" for
+    the built-in model, a folder or a .gguf file; None for none)."""
 
     device: str = "auto"
     precision: str = "auto"
     context_length: int | None = None
     kv_cache: str = "auto"
+    draft_model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -245,6 +248,7 @@ class ModelLoaded:
     server: str = ""  # the remote server's base URL when the model runs there; "" for a model in this process
     tool_format: str = "hermes"  # how the model writes tool calls (``engine.chat.tool_formats``)
     kv_cache: str = ""  # the KV cache's precision (``FormatPlan.kv_cache``: "bf16", "int8", …); "" for a remote model
+    draft_model: str = ""  # the name of the model drafting for this one; "" for none (``LoadOptions.draft_model``)
 
 
 @dataclass(frozen=True)

@@ -196,6 +196,16 @@ class Scheduler:
             self.pool.release(table[needed:])
             del table[needed:]
 
+    def follow(self, request_id: str, token_ids: list[int]) -> bool:
+        """The sequence goes on as ``token_ids`` (a draft model's sequence following its target's): True when what it
+        computed is their prefix, its tokens past that now pending; False (nothing changed) when it has no such
+        sequence or computed other tokens."""
+        seq = self.get(request_id)
+        if seq is None or len(token_ids) <= seq.computed or token_ids[: seq.computed] != seq.token_ids[: seq.computed]:
+            return False
+        seq.token_ids = list(token_ids)
+        return True
+
     def append(self, request_id: str, token_id: int) -> None:
         """A sampled token the sequence goes on with: the next step feeds it."""
         seq = self.get(request_id)

@@ -3,7 +3,8 @@
 ``worker`` owns the engine thread, the only thread that touches the model: one
 loop that hands every request that arrived to ``runtime`` (one loaded model) and
 then runs one step of the running replies. ``batch_runner`` runs the scheduler's
-batched steps, ``sequence_runner`` the transformers fallback's one request at a
+batched steps (with ``draft_model``, the draft model's own pool and steps, where the
+load has one), ``sequence_runner`` the transformers fallback's one request at a
 time, and ``reply_events`` sends each reply's events;
 ``background_load`` builds a new model on a helper thread while the old one keeps
 answering. ``fanout``'s ``EngineHub`` hands the engine's events to several listeners

@@ -223,6 +223,7 @@ class ModelRuntime:
             load.request.request_id, loaded.name, loaded.path, loaded.device, loaded.precision_label,
             loaded.context_length, loaded.load_s, self._memory(0), notices, tool_format=loaded.template.tool_format,
             kv_cache=loaded.formats.kv_cache,
+            draft_model=loaded.draft.name if loaded.draft else "",
         ))
         self._admit_waiting()
 
@@ -304,4 +305,4 @@ class ModelRuntime:
         loaded, runner = self._loaded, self._runner
         if loaded is None or runner is None:
             return read_memory("cpu", 0, 0, 0)
-        return read_memory(loaded.device, loaded.weight_bytes, request_bytes, runner.total_bytes())
+        return read_memory(loaded.device, loaded.held_weight_bytes, request_bytes, runner.total_bytes())

@@ -1,5 +1,5 @@
 """The command line's load options: precision names (int4 for 4 bits, an earlier version's nf4 still accepted), the
-context and the KV cache."""
+context, the KV cache and the draft model."""
 
 from __future__ import annotations
 
@@ -45,3 +45,18 @@ def test_the_kv_cache_is_asked_for_on_the_command_line(command: str, capsys: pyt
     with pytest.raises(SystemExit):
         parse_args([command, "--kv-cache", "fp8"])
     assert "int8" in capsys.readouterr().err
+def test_the_draft_model_is_asked_for_on_the_command_line(command: str):
+    from engine.api.server.standalone import load_options
+
+    assert load_options(parse_args([command, "--draft-model", "default"])).draft_model == "default"
+    assert load_options(parse_args([command, "--draft-model", "/m/small.gguf"])).draft_model == "/m/small.gguf"
+    assert load_options(parse_args([command])).draft_model is None  # no draft model unless asked
+
+
+def test_the_load_line_says_which_draft_model_is_on():
+    from engine.api.server.standalone import load_line
+    from engine.protocol.messages import ModelLoaded
+
+    loaded = ModelLoaded("r", "Big", "/big.gguf", "cpu", "fp16 weights", 8192, 1.0, draft_model="Small")
+    assert load_line(loaded).endswith("8192-token context, drafting with Small")
+    assert "drafting" not in load_line(ModelLoaded("r", "Big", "/big.gguf", "cpu", "fp16 weights", 8192, 1.0))

@@ -31,6 +31,7 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--precision", default="auto", type=canonical_precision, choices=PRECISIONS)
     add_context_option(serve)
     add_kv_cache_option(serve)
+    add_draft_option(serve)
 
 
 def add_context_option(command: argparse.ArgumentParser) -> None:
@@ -57,17 +58,27 @@ def context_tokens(text: str) -> int:
     return tokens
 
 
+def add_draft_option(command: argparse.ArgumentParser) -> None:
+    """``--draft-model PATH|default``: a small model with the same tokenizer drafting tokens for the model to verify
+    (``LoadOptions.draft_model``)."""
+    command.add_argument("--draft-model", metavar="PATH|default",
+                         help='a small model with the same tokenizer that drafts for the model ("default": the '
+                              "built-in one); the load notice says when it cannot")
+
+
 def load_options(args: argparse.Namespace) -> LoadOptions:
-    """The ``LoadOptions`` that ``chat`` and ``serve``'s ``--device``, ``--precision``, ``--context`` and
-    ``--kv-cache`` ask for."""
+    """The ``LoadOptions`` that ``chat`` and ``serve``'s ``--device``, ``--precision``, ``--context``,
+    ``--kv-cache`` and ``--draft-model`` ask for."""
     return LoadOptions(device=args.device, precision=args.precision, context_length=args.context,
-                       kv_cache=args.kv_cache)
+                       kv_cache=args.kv_cache, draft_model=args.draft_model)
 
 
 def load_line(loaded: ModelLoaded) -> str:
-    """The loaded model in one line for the terminal: name, device, formats, context and KV cache."""
+    """The loaded model in one line for the terminal: name, device, formats, context, KV cache and draft model."""
     kv = f", {loaded.kv_cache} KV cache" if loaded.kv_cache else ""
-    return f"{loaded.name} on {loaded.device}, {loaded.precision}, {loaded.context_length}-token context{kv}"
+    drafting = f", drafting with {loaded.draft_model}" if loaded.draft_model else ""
+    return (f"{loaded.name} on {loaded.device}, {loaded.precision}, {loaded.context_length}-token context{kv}"
+            f"{drafting}")
 
 
 def serve(args: argparse.Namespace, stop: threading.Event | None = None) -> int:

@@ -3,8 +3,9 @@
 A draft of k tokens costs its sequence k more rows in the step; each accepted one
 saves a whole step. ``DraftLength`` grows k while drafts are accepted whole and
 cuts it to just past the accepted run when one is rejected. It keeps a running
-mean of what a drafting step gained: tokens accepted less ``ROW_COST`` per drafted
-row (what a row of the step costs, in steps). When that mean falls below zero,
+mean of what a drafting step gained: tokens accepted less ``row_cost`` per drafted
+token (what a row of the step costs, in steps, plus what drafting it cost: the draft
+source's ``row_cost``). When that mean falls below zero,
 drafting pauses for a number of steps that doubles each time it pauses again, so a
 reply whose text does not repeat its context soon stops paying for drafts.
 """
@@ -26,9 +27,11 @@ LONGEST_PAUSE = 256
 class DraftLength:
     """One sequence's next draft length, or 0 while drafting pauses."""
 
-    def __init__(self) -> None:
+    def __init__(self, row_cost: float = ROW_COST) -> None:
+        """``row_cost``: a drafted token's cost in decode steps (``DraftSource.row_cost``)."""
+        self.row_cost = row_cost
         self.length = FIRST_LENGTH
-        self.gain = 1.0  # running mean of (accepted - ROW_COST * drafted) per drafting step
+        self.gain = 1.0  # running mean of (accepted - row_cost * drafted) per drafting step
         self._pause = FIRST_PAUSE
         self._paused_for = 0  # steps left without drafting
 
@@ -42,7 +45,7 @@ class DraftLength:
     def record(self, drafted: int, accepted: int) -> None:
         """A draft of ``drafted`` tokens was verified and its first ``accepted`` kept."""
         self.length = min(self.length * 2, MAX_LENGTH) if accepted == drafted else max(accepted + 1, 1)
-        self.gain = GAIN_MEMORY * self.gain + (1 - GAIN_MEMORY) * (accepted - ROW_COST * drafted)
+        self.gain = GAIN_MEMORY * self.gain + (1 - GAIN_MEMORY) * (accepted - self.row_cost * drafted)
         if self.gain >= 0:
             self._pause = FIRST_PAUSE
             return

@@ -13,6 +13,7 @@ from app.controller import EngineController
 from app.models import load_dialog
 from app.models.load_dialog import LoadDialog
 from app.models.recent_models import RecentModelsMenu
+from app.storage import load_settings
 from app.window.main_window import MainWindow
 from engine.protocol import messages
 from engine.protocol.messages import LoadOptions
@@ -230,3 +231,32 @@ def test_the_open_dialog_starts_in_the_home_folder_then_where_the_last_model_was
     action.trigger()
 
     assert opened_in == [str(Path.home()), str(gguf_file.parent)]
+
+
+def test_the_draft_model_chosen_in_the_load_dialog_loads_and_is_offered_again_for_that_model(
+    qtbot, chat, window, script, gguf_file, monkeypatch
+):
+    chat.wait_until_ready()
+    draft = gguf_file.with_name("small-draft.gguf")
+    draft.write_bytes(b"GGUF")
+    dialog = window.model_loader.choose(str(gguf_file))
+    qtbot.waitUntil(lambda: dialog.inspected is not None, timeout=5000)
+    assert dialog.draft_box.currentData() == ""  # none until chosen
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *args, **kwargs: (str(draft), ""))
+    dialog.draft_box.setCurrentIndex(dialog.draft_box.findData("pick"))
+    dialog.draft_box.activated.emit(dialog.draft_box.currentIndex())
+    assert dialog.draft_box.currentText() == "small-draft.gguf"
+    qtbot.mouseClick(dialog.load_button, Qt.MouseButton.LeftButton)
+    _wait_for_model(qtbot, window, "Fake tiny-chat.gguf")
+    assert script.loads[-1].options.draft_model == str(draft)
+
+    again = window.model_loader.choose(str(gguf_file))  # the file's choice comes back, in the settings file too
+    assert (again.draft_box.currentText(), again.options().draft_model) == ("small-draft.gguf", str(draft))
+    assert load_settings().settings.draft_model_for(str(gguf_file)) == str(draft)
+    again.draft_box.setCurrentIndex(again.draft_box.findData("default"))
+    again.draft_box.activated.emit(again.draft_box.currentIndex())
+    assert again.options().draft_model == "default"
+    again.reject()
+    other = window.model_loader.choose(str(gguf_file.with_name("other.gguf")))  # another model: none
+    assert other.options().draft_model is None
+    other.reject()

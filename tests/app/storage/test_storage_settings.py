@@ -42,6 +42,20 @@ def test_saved_settings_load_back_equal(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["settings.json"]  # no temporary file left
 
 
+def test_each_models_draft_model_loads_back_and_a_bad_one_falls_back_to_none(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    settings = Settings().with_draft_model("/models/a.gguf", "default").with_draft_model("/models/b", "/small.gguf")
+    settings = settings.with_draft_model("/models/c.gguf", "default").with_draft_model("/models/c.gguf", None)
+    save_settings(settings, path)
+    loaded = load_settings(path).settings
+    assert loaded == settings
+    assert [loaded.draft_model_for(model) for model in ("/models/a.gguf", "/models/b", "/models/c.gguf")] == [
+        "default", "/small.gguf", None]
+    path.write_text(json.dumps({"theme": "dark", "draft_models": ["default"]}))
+    damaged = load_settings(path)
+    assert damaged.settings == Settings(theme="dark") and "draft_models" in damaged.notice
+
+
 def test_sampling_settings_become_engine_sampling_params() -> None:
     assert SamplingSettings().to_sampling_params() == SamplingParams()
     params = SamplingSettings(temperature=0.0, seed=3).to_sampling_params()

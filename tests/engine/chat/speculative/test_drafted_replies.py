@@ -165,3 +165,42 @@ def test_a_constrained_reply_drafts_within_its_grammar_and_says_what_it_says_wit
         assert said.text == plain[request_id].text
         assert re.fullmatch("[a-z .]{1,120}", said.text), said.text
         assert said.finished.stats.accepted_tokens > 0, "the sentence is copied: its words are drafted"
+
+
+STORY = "Tell me a short story about a lighthouse keeper who finds a message in a bottle."  # little to look up
+
+
+def _drafting_for_itself(path: Path, precision: str):
+    """The built-in model at ``precision`` with the built-in model (as the app loads it) drafting for it."""
+    options = LoadOptions("cpu", precision, draft_model=str(path))
+    return open_model(str(path), options, lambda _: None, lambda *_: None, lambda: False)
+
+
+@pytest.fixture(scope="module")
+def self_drafting(default_model_path: Path):
+    loaded = _drafting_for_itself(default_model_path, "auto")
+    assert loaded.draft is not None, loaded.notices
+    return loaded
+
+
+def test_the_built_in_model_drafting_for_itself_says_the_same_text_and_most_drafts_are_accepted(self_drafting):
+    sampling = replace(GREEDY, max_new_tokens=NEW_TOKENS)
+    joins = ((0, STORY),)
+    plain = Batch(self_drafting).run(joins, replace(sampling, speculative=False))["r0"]
+    drafted = Batch(self_drafting).run(joins, replace(sampling, speculative=True))["r0"]
+    assert drafted.text == plain.text
+    stats = drafted.finished.stats
+    assert stats.drafted_tokens >= 8, "the draft model drafts where prompt lookup finds nothing"
+    assert stats.accepted_tokens / stats.drafted_tokens > 0.8
+    assert stats.decode_steps < stats.tokens_generated
+
+
+def test_streams_joining_a_batch_drafted_by_a_model_each_say_what_they_say_alone(default_model_path, built_in_fp32):
+    """fp32 steps: a stream's arithmetic does not depend on which others run beside it, drafted or not."""
+    sampling = replace(GREEDY, max_new_tokens=NEW_TOKENS)
+    alone = {f"r{index}": Batch(built_in_fp32).run(((0, question),), replace(sampling, speculative=False))["r0"].text
+             for index, (_, question) in enumerate(JOINS)}
+    drafting = _drafting_for_itself(default_model_path, "fp32")
+    drafted = Batch(drafting).run(JOINS, replace(sampling, speculative=True))
+    assert {request_id: said.text for request_id, said in drafted.items()} == alone
+    assert all(said.finished.stats.accepted_tokens > 0 for said in drafted.values())

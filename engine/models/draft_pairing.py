@@ -1,0 +1,73 @@
+"""A draft model beside the target: used only where it can draft for it, and its memory said (loader thread).
+
+A draft model proposes token ids that the target verifies, so both must mean the
+same thing by every id: the same tokens under the same ids, the same special tokens.
+Both must also run on Hearth's fast path, whose batched steps the drafting uses
+(``engine/service/draft_model.py``); a model on the transformers fallback loads no
+draft model at all. A draft model that fails either check, or fails
+to load, is dropped: the target loads all the same, and its load notice says why no
+draft model is on. The draft model's KV pool holds ``DRAFT_POOL_CONTEXTS`` of the
+shorter of the two contexts; the notice counts its weights and that pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from engine.forward.backend import HFBackend
+from engine.models.loading import LoadedModel
+from engine.models.memory_estimate import gib_text
+
+DRAFT_POOL_CONTEXTS = 2
+"""The draft pool's positions, in contexts: drafting sequences hold about what their target sequences hold, and a
+sequence it cannot place just goes without drafts until there is room."""
+
+
+def target_refused(target: LoadedModel) -> str | None:
+    """Why no draft model can draft for ``target`` (checked before one is loaded); None when one can."""
+    if isinstance(target.backend, HFBackend):
+        return "the model runs through transformers, one request at a time, where nothing drafts"
+    return None
+
+
+def draft_refused(target: LoadedModel, draft: LoadedModel) -> str | None:
+    """Why ``draft`` cannot draft for ``target`` (a sentence's end, after "not used:"); None when it can."""
+    if isinstance(draft.backend, HFBackend):
+        return "it does not run on Hearth's fast path, whose batched steps drafting needs"
+    if draft.device != target.device:
+        return f"it loaded on the {draft.device.upper()}, the model on the {target.device.upper()}"
+    return vocabulary_difference(target.tokenizer, draft.tokenizer)
+
+
+def vocabulary_difference(target: Any, draft: Any) -> str | None:
+    """How the tokenizers' vocabularies differ (sizes, the tokens under the same ids, the special tokens); None when
+    they are the same."""
+    target_vocab, draft_vocab = target.get_vocab(), draft.get_vocab()
+    if len(target_vocab) != len(draft_vocab):
+        return f"its tokenizer has {len(draft_vocab):,} tokens, the model's {len(target_vocab):,}"
+    if target_vocab != draft_vocab:
+        differing = sum(draft_vocab.get(token) != index for token, index in target_vocab.items())
+        return f"{differing:,} of its tokenizer's tokens have other ids than the model's"
+    if sorted(target.all_special_ids) != sorted(draft.all_special_ids):
+        return "its tokenizer's special tokens (beginning, end, padding) differ from the model's"
+    return None
+
+
+def with_draft(target: LoadedModel, draft: LoadedModel) -> LoadedModel:
+    """``target`` with ``draft`` drafting for it and a notice saying so with their memory, or ``target`` with a notice
+    saying why not."""
+    refused = draft_refused(target, draft)
+    if refused is not None:
+        return draft_not_used(target, draft.name, refused)
+    positions = DRAFT_POOL_CONTEXTS * min(target.context_length, draft.context_length)
+    pool = draft.backend.new_pool(1, 1)
+    kv_bytes = positions * pool.bytes_per_block * len(pool.windows)
+    notice = (f"Drafting with {draft.name}: {gib_text(draft.weight_bytes)} of weights and at most "
+              f"{gib_text(kv_bytes)} of KV cache ({positions:,} positions) beside the model.")
+    return replace(target, draft=draft, notices=target.notices + (notice,))
+
+
+def draft_not_used(target: LoadedModel, draft_name: str, why: str) -> LoadedModel:
+    """``target`` alone, its notice saying why the draft model ``draft_name`` is not used."""
+    return replace(target, notices=target.notices + (f"The draft model {draft_name} is not used: {why}.",))
