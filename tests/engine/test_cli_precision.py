@@ -45,6 +45,9 @@ def test_the_kv_cache_is_asked_for_on_the_command_line(command: str, capsys: pyt
     with pytest.raises(SystemExit):
         parse_args([command, "--kv-cache", "fp8"])
     assert "int8" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["chat", "serve"])
 def test_the_draft_model_is_asked_for_on_the_command_line(command: str):
     from engine.api.server.standalone import load_options
 

@@ -646,6 +646,14 @@ static inline __m256 rotated_pairs(const float *x, const float *turns) {
     return _mm256_fmaddsub_ps(v, _mm256_moveldup_ps(turn), swapped_sin);
 }
 
+/* A step row's queries [heads, hd] rotated in place by its turns [hd] (rotated_pairs). */
+static inline void rotate_queries(float *row, const float *turn, int heads, int head_dim) {
+    for (int h = 0; h < heads; h++) {
+        float *query = row + (size_t)h * head_dim;
+        for (int k = 0; k < head_dim; k += 8) _mm256_storeu_ps(query + k, rotated_pairs(query + k, turn + k));
+    }
+}
+
 /* kernels.c's rotate_and_store: qkv [S, H + 2Hkv, hd], turns [S, hd / 2, 2], slots [S]. The queries are rotated in
    place, the keys rotated into layer [2, Hkv, P, hd] bf16 at their slots and the values stored there, both rounded
    to nearest even. */
@@ -656,10 +664,7 @@ void rotate_and_store(float *qkv, const float *turns, int rows, int heads, int k
     for (int s = 0; s < rows; s++) {
         float *row = qkv + (size_t)s * width;
         const float *turn = turns + (size_t)s * head_dim;
-        for (int h = 0; h < heads; h++) {
-            float *query = row + (size_t)h * head_dim;
-            for (int k = 0; k < head_dim; k += 8) _mm256_storeu_ps(query + k, rotated_pairs(query + k, turn + k));
-        }
+        rotate_queries(row, turn, heads, head_dim);
         for (int h = 0; h < kv_heads; h++) {
             size_t at = ((size_t)h * positions + (size_t)slots[s]) * head_dim;
             const float *key = row + (size_t)(heads + h) * head_dim, *value = key + (size_t)kv_heads * head_dim;
@@ -682,10 +687,7 @@ void rotate_and_store_q8(float *qkv, const float *turns, int rows, int heads, in
     for (int s = 0; s < rows; s++) {
         float *row = qkv + (size_t)s * width;
         const float *turn = turns + (size_t)s * head_dim;
-        for (int h = 0; h < heads; h++) {
-            float *query = row + (size_t)h * head_dim;
-            for (int k = 0; k < head_dim; k += 8) _mm256_storeu_ps(query + k, rotated_pairs(query + k, turn + k));
-        }
+        rotate_queries(row, turn, heads, head_dim);
         for (int h = 0; h < kv_heads; h++) {
             size_t at = ((size_t)h * positions + (size_t)slots[s]) * row_bytes;
             const float *key = row + (size_t)(heads + h) * head_dim, *value = key + (size_t)kv_heads * head_dim;
