@@ -51,7 +51,14 @@ def describe_fetch(progress: FetchProgress) -> str:
 
 
 def describe_model(loaded: ModelLoaded) -> str:
-    return f"{loaded.name} on {loaded.device} ({loaded.precision})"
+    """The model, where it runs and its formats, with the choices a user made beyond the defaults: an int8 KV cache
+    and a draft model."""
+    choices = [loaded.precision]
+    if loaded.kv_cache == "int8":
+        choices.append("int8 KV cache")
+    if loaded.draft_model:
+        choices.append(f"drafting with {loaded.draft_model}")
+    return f"{loaded.name} on {loaded.device} ({'; '.join(choices)})"
 
 
 def describe_stats(stats: RequestStats) -> str:

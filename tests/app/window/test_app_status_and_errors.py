@@ -146,3 +146,14 @@ def test_the_window_comes_back_at_the_size_it_was_closed_at(chat, window, reopen
     reopened = reopen()
 
     assert (reopened.width(), reopened.height()) == (777, 555)
+
+
+def test_the_status_line_names_an_int8_kv_cache_and_a_draft_model():
+    from app.window.status_line import describe_model
+    from engine.protocol.messages import ModelLoaded
+
+    plain = ModelLoaded("r", "Big", "/big.gguf", "cpu", "int4 weights", 8192, 1.0, kv_cache="bf16")
+    chosen = ModelLoaded("r", "Big", "/big.gguf", "cpu", "int4 weights", 8192, 1.0, kv_cache="int8",
+                         draft_model="SmolLM2-135M")
+    assert describe_model(plain) == "Big on cpu (int4 weights)"
+    assert describe_model(chosen) == "Big on cpu (int4 weights; int8 KV cache; drafting with SmolLM2-135M)"
