@@ -300,7 +300,10 @@ class PerformancePanel(QWidget):
             return
         context = format_tokens(model.context_length)
         where = f"remote server {html.escape(model.server)} (figures measured here)" if model.server else model.device
-        self.model_label.setText(f"<b>{html.escape(model.name)}</b> · {where} · {model.precision} · {context} context")
+        choices = [f"{model.kv_cache} KV cache"] if model.kv_cache else []
+        choices += [f"drafting with {html.escape(model.draft_model)}"] if model.draft_model else []
+        self.model_label.setText(" · ".join([f"<b>{html.escape(model.name)}</b>", where, model.precision,
+                                             f"{context} context", *choices]))
 
     def _show_reply(self, reply: ReplyPerf | None) -> None:
         self._show_tokens(reply)

@@ -60,6 +60,8 @@ class ModelInfo:
     precision: str
     context_length: int
     server: str = ""  # the remote server's address, "" for a model in this process
+    kv_cache: str = ""  # "bf16", "int8", …; "" for a remote model
+    draft_model: str = ""  # the model drafting for this one, "" for none
 
 
 @dataclass
@@ -290,7 +292,8 @@ class PerfState:
         return self._live.pop(request_id)
 
     def _model_loaded(self, event: ModelLoaded) -> None:
-        self.model = ModelInfo(event.name, event.device, event.precision, event.context_length, event.server)
+        self.model = ModelInfo(event.name, event.device, event.precision, event.context_length, event.server,
+                               event.kv_cache, event.draft_model)
         self.memory = None if event.server else event.memory  # a remote model's memory is the server's: unknown here
         self.batch = None
         self._live.clear()

@@ -191,3 +191,12 @@ def test_repainting_does_not_use_up_pythons_references_to_none(panel):
         panel.repaint()
     lost = before - sys.getrefcount(None)
     assert lost < 50, f"{lost} references to None lost in 20 refreshes: pin pyside6-essentials==6.11.3"
+
+
+def test_the_model_line_names_the_kv_cache_and_the_draft_model(panel, qtbot):
+    loaded = ModelLoaded("load", "Big", "/models/big.gguf", "cpu", "int4 weights", 8192, 1.0, kv_cache="int8",
+                         draft_model="SmolLM2-135M")
+    with qtbot.waitSignal(panel.refreshed, timeout=1000):
+        panel.on_event(loaded)
+    assert panel.model_label.text() == ("<b>Big</b> · cpu · int4 weights · 8,192 tokens context · int8 KV cache · "
+                                        "drafting with SmolLM2-135M")
