@@ -48,10 +48,15 @@ def reads_int8() -> bool:
     return hasattr(library(), "decode_attention_q8")
 
 
+def holds_pool(kv_dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether the loaded variant writes and reads a pool of ``kv_dtype`` with heads ``head_dim`` wide: bf16, or
+    ``INT8_ROWS`` where it has the ``_q8`` functions and the heads split into whole scale groups."""
+    return kv_dtype == torch.bfloat16 or (kv_dtype == INT8_ROWS and head_dim % KV_GROUP == 0 and reads_int8())
+
+
 def covers(heads: int, kv_heads: int, head_dim: int, kv_dtype: torch.dtype) -> bool:
     """Whether the kernels attend for these heads over a K/V cache of ``kv_dtype`` (bf16, or ``INT8_ROWS``)."""
-    readable = kv_dtype == torch.bfloat16 or (kv_dtype == INT8_ROWS and head_dim % KV_GROUP == 0 and reads_int8())
-    return (library() is not None and readable and heads // kv_heads <= MAX_GROUPS
+    return (library() is not None and holds_pool(kv_dtype, head_dim) and heads // kv_heads <= MAX_GROUPS
             and head_dim <= MAX_HEAD_DIM and head_dim % LANES == 0)
 
 

@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import torch
 
-from engine.forward.kv_layout import KV_GROUP
 from engine.forward.native.build import LANES, address, library
-from engine.forward.native.decode_attention import reads_int8
+from engine.forward.native.decode_attention import holds_pool
 from engine.forward.paged_kv import INT8_ROWS
 
 
 def covers(qkv: torch.Tensor, layer_kv: torch.Tensor) -> bool:
     """Whether the kernel writes ``qkv``'s keys and values into ``layer_kv``: a bf16 pool, or an int8 one where the
     variant has ``rotate_and_store_q8``."""
-    writable = layer_kv.dtype == torch.bfloat16 or (layer_kv.dtype == INT8_ROWS and reads_int8()
-                                                    and qkv.shape[-1] % KV_GROUP == 0)
-    return (library() is not None and qkv.dtype == torch.float32 and writable
+    return (library() is not None and qkv.dtype == torch.float32 and holds_pool(layer_kv.dtype, qkv.shape[-1])
             and qkv.device.type == "cpu" and qkv.shape[-1] % LANES == 0)
 
 
