@@ -1287,9 +1287,11 @@ static inline __attribute__((always_inline)) void mxfp4_row(
     __m512 sums[MXFP4_ROW_TILE];
     for (int m = 0; m < tile; m++) sums[m] = _mm512_setzero_ps();
     int b = 0;
-    for (; b + 1 < per_row; b += 2)
+    for (; b + 1 < per_row; b += 2) {
+        __builtin_prefetch(row + (size_t)b * MXFP4_BLOCK_BYTES + MXFP4_PREFETCH_BYTES);
         mxfp4_two_blocks(tile, two_codes, 1, a, m0, width, row + (size_t)b * MXFP4_BLOCK_BYTES,
                          (size_t)b * MXFP4_BLOCK, scale_of, table, sums);
+    }
     if (b < per_row)  /* an odd last block: the vector's second half zero */
         mxfp4_two_blocks(tile, two_codes, 0, a, m0, width, row + (size_t)b * MXFP4_BLOCK_BYTES,
                          (size_t)b * MXFP4_BLOCK, scale_of, table, sums);

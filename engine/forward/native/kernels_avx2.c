@@ -792,6 +792,7 @@ static inline __attribute__((always_inline)) void mxfp4_row(
     for (int m = 0; m < tile; m++) sums[m] = _mm256_setzero_ps();
     for (int b = 0; b < per_row; b++) {
         const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
+        __builtin_prefetch(block + MXFP4_PREFETCH_BYTES);
         const __m256i codes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(block + 1)));
         const __m256i weights = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srlv_epi64(codes, halves), nibble));
         const __m256 weight_scale = _mm256_set1_ps(scale_of[block[0]]);
