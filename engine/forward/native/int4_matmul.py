@@ -111,11 +111,18 @@ class Int4Matmul:
         costs more than the kernel's own rounding (a step makes such a call per matmul)."""
         x = x.contiguous()
         length, width = x.shape
-        padded = -(-length // AMX_ROW_PASS) * AMX_ROW_PASS
-        threads = torch.get_num_threads()
-        activations = _AMX_ACTIVATIONS.address(padded * width)  # [M', K] bf16
-        tiles = _AMX_TILES.address(threads * width * AMX_DEPTH)  # a strip's tiles a thread: K * 64 bytes
+        activations, threads, tiles = tile_scratch(length, width)
         out = torch.empty(length, self._rows)
         library().int4_matmul_amx(x.data_ptr(), length, width, activations, *self._addresses, self._rows,
                                   self._group, threads, tiles, out.data_ptr())
         return out
+
+
+def tile_scratch(length: int, width: int) -> tuple[int, int, int]:
+    """The buffers of a call on AMX's tiles of ``length`` activation rows of ``width`` (every format's): the
+    activations' address (their bf16 rows padded to a pass of tile products), the threads and their tiles' address
+    (a strip's tiles a thread, K * 64 bytes). Reused by every call: the engine thread makes one at a time."""
+    padded = -(-length // AMX_ROW_PASS) * AMX_ROW_PASS
+    threads = torch.get_num_threads()
+    activations = _AMX_ACTIVATIONS.address(padded * width)  # [M', K] bf16
+    return activations, threads, _AMX_TILES.address(threads * width * AMX_DEPTH)

@@ -815,6 +815,11 @@ typedef struct {
     int group, half;
 } weight_strip;
 
+/* Columns 32t .. 32t + 31 of strip s (weight rows 32s .. 32s + 31) of a weight in some format as two B tiles,
+   tiles [2, 16, 32] bf16: tile c holds the strip's rows 16c .. 16c + 15, column pairs (2r, 2r + 1) in row r, a
+   32-bit lane a weight row. `weights`: the format's own description of the weight. */
+typedef void (*strip_step)(const void *weights, int s, int t, uint16_t *tiles);
+
 /* Columns 32t .. 32t + 31 of a strip as two B tiles, tiles [2, 16, 32] bf16: tile c holds the strip's rows
    16c .. 16c + 15, column pairs (2r, 2r + 1) in row r, a 32-bit lane a weight row. A code goes straight into a
    float's mantissa (one byte permute puts each row's byte where its nibble lies below the exponent, one ternary
@@ -890,10 +895,10 @@ static inline __attribute__((always_inline)) AMX_TARGET void step_to_tiles(weigh
 /* y [count, rows] columns col0 .. col0 + 31 (+)= x [count, K] (bf16, its rows padded to a multiple of 32 and
    readable) times one strip over columns k0 .. k1 - 1 of K: 32 rows at a time, or 16 for the last few; from k0 = 0
    the sums start at zero, past it from what the previous columns left in y (fp32 both ways: the same sums as one
-   pass). The first pass dequantizes each step's tiles just before it multiplies them (the vector units' work beside
+   pass). The first pass dequantizes each step's tiles (`step`) just before it multiplies them (the vector units' work beside
    the tiles'), into `tiles` [(k1 - k0) / 32, 2, 16, 32], where the later passes find them. */
-static AMX_TARGET void strip_product(const uint16_t *x, int count, int width, int k0, int k1, weight_strip strip,
-                                     uint16_t *tiles, float *y, int rows, int col0) {
+static AMX_TARGET void strip_product(const uint16_t *x, int count, int width, int k0, int k1, strip_step step,
+                                     const void *weights, int s, uint16_t *tiles, float *y, int rows, int col0) {
     const size_t stride = (size_t)width * 2;
     for (int m = 0; m < count; m += 2 * AMX_ROWS) {
         const uint16_t *x_rows = x + (size_t)m * width;
@@ -912,11 +917,11 @@ static AMX_TARGET void strip_product(const uint16_t *x, int count, int width, in
             }
         }
         for (int t = k0 / AMX_DEPTH; t < k1 / AMX_DEPTH; t++) {
-            uint16_t *step = tiles + (size_t)(t - k0 / AMX_DEPTH) * 2 * TILE_VALUES;
-            if (m == 0) step_to_tiles(strip, t, step);
+            uint16_t *b_tiles = tiles + (size_t)(t - k0 / AMX_DEPTH) * 2 * TILE_VALUES;
+            if (m == 0) step(weights, s, t, b_tiles);
             _tile_loadd(4, x_rows + t * AMX_DEPTH, stride);
-            _tile_loadd(6, step, 64);
-            _tile_loadd(7, step + TILE_VALUES, 64);
+            _tile_loadd(6, b_tiles, 64);
+            _tile_loadd(7, b_tiles + TILE_VALUES, 64);
             _tile_dpbf16ps(0, 4, 6);
             _tile_dpbf16ps(1, 4, 7);
             if (two) {
@@ -1158,6 +1163,7 @@ AMX_TARGET void chunk_attention_amx(const float *q, float *out, const uint16_t *
 #endif
 }
 
+#ifdef HAS_AMX
 /* x [count, K] fp32 as bf16 rows (rounded to nearest even) in `activations`, zero rows after them up to a
    multiple of 32: what a pass of tile products reads. Called inside a parallel region; a barrier follows. */
 static AMX_TARGET void activations_to_bf16(const float *x, int count, int width, uint16_t *activations) {
@@ -1170,17 +1176,14 @@ static AMX_TARGET void activations_to_bf16(const float *x, int count, int width,
     }
 }
 
-/* y [count, N] fp32 = x [count, K] fp32 . W^T on AMX's bf16 tiles, W [N, K] in the int4 layout (int4_matmul's
-   arguments; group and K multiples of 32). x is rounded to bf16 into `activations` (K * 2 bytes for each of
-   count rows rounded up to a multiple of 32). A strip of 32 weight rows at a time is dequantized once into a
-   thread's tiles in cache (a step of 32 columns just before its first tile products) and meets every activation
-   row there: no weight goes to memory, and nothing needs reordering. scratch: K * 64 bytes for each of `threads`
-   threads. Call only where amx_enable() returned 0. */
-AMX_TARGET void int4_matmul_amx(const float *x, int count, int width, uint16_t *activations, const uint8_t *packed,
-                                const uint16_t *scales_and_zeros, int rows, int group, int threads,
-                                uint16_t *scratch, float *y) {
-#ifdef HAS_AMX
-    const int strips = rows / STRIP, groups = width / group, columns = columns_a_pass(width);
+/* y [count, N] fp32 = x [count, K] fp32 . W^T on AMX's bf16 tiles, N and K multiples of 32, W's strips turned
+   into tiles by `step`. x is rounded to bf16 into `activations` (K * 2 bytes for each of count rows rounded up to a
+   multiple of 32). A strip of 32 weight rows at a time is dequantized once into a thread's tiles in cache (a step of
+   32 columns just before its first tile products) and meets every activation row there: no weight goes to memory,
+   and nothing needs reordering. scratch: K * 64 bytes for each of `threads` threads. */
+static AMX_TARGET void tiles_matmul(const float *x, int count, int width, uint16_t *activations, strip_step step,
+                                    const void *weights, int rows, int threads, uint16_t *scratch, float *y) {
+    const int strips = rows / STRIP, columns = columns_a_pass(width);
     #pragma omp parallel num_threads(threads)
     {
         activations_to_bf16(x, count, width, activations);
@@ -1189,20 +1192,46 @@ AMX_TARGET void int4_matmul_amx(const float *x, int count, int width, uint16_t *
         for (int k0 = 0; k0 < width; k0 += columns) {
             const int k1 = k0 + columns < width ? k0 + columns : width;
             #pragma omp for schedule(static)
-            for (int s = 0; s < strips; s++) {
-                const int b = s / 2;
-                weight_strip strip = {packed + (size_t)b * BLOCK_ROWS * (width / 2),
-                                      scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2, group, s % 2};
-                strip_product(activations, count, width, k0, k1, strip, tiles, y, rows, s * STRIP);
-            }
+            for (int s = 0; s < strips; s++)
+                strip_product(activations, count, width, k0, k1, step, weights, s, tiles, y, rows, s * STRIP);
         }
         _tile_release();
     }
+}
+
+typedef struct {
+    const uint8_t *packed;
+    const uint16_t *scales_and_zeros;
+    int width, group;
+} int4_weights;
+
+static AMX_TARGET void int4_strip_step(const void *weights, int s, int t, uint16_t *tiles) {
+    const int4_weights *w = weights;
+    const int b = s / 2;
+    const weight_strip strip = {w->packed + (size_t)b * BLOCK_ROWS * (w->width / 2),
+                                w->scales_and_zeros + (size_t)b * (w->width / w->group) * BLOCK_ROWS * 2, w->group,
+                                s % 2};
+    step_to_tiles(strip, t, tiles);
+}
+#endif
+
+/* y [count, N] fp32 = x [count, K] fp32 . W^T on AMX's bf16 tiles (tiles_matmul), W [N, K] in the int4 layout
+   (int4_matmul's arguments; group and K multiples of 32). Call only where amx_enable() returned 0. */
+AMX_TARGET void int4_matmul_amx(const float *x, int count, int width, uint16_t *activations, const uint8_t *packed,
+                                const uint16_t *scales_and_zeros, int rows, int group, int threads,
+                                uint16_t *scratch, float *y) {
+#ifdef HAS_AMX
+    const int4_weights weights = {packed, scales_and_zeros, width, group};
+    tiles_matmul(x, count, width, activations, int4_strip_step, &weights, rows, threads, scratch, y);
 #endif
 }
 
 /* gpt-oss's experts in MXFP4 blocks (kernels_common.h). */
 #define MXFP4_ROW_TILE 4  /* activation rows per pass over a weight row */
+
+static void mxfp4_scales(float scale_of[256]) {  /* each e8m0 exponent's weight scale */
+    for (int e = 0; e < 256; e++) scale_of[e] = mxfp4_scale((uint8_t)e);
+}
 
 /* The exact product, fp32 activations (the fp32 plan): each block's 16 code bytes widen to 32-bit lanes, whose low 4
    bits (the low nibbles, then the high ones shifted down) pick the weights from a 16-entry fp32 table (vpermps),
@@ -1305,7 +1334,7 @@ static inline __attribute__((always_inline)) void mxfp4_row(
 void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
                   int codes, void *scratch, float *y) {
     float scale_of[256];
-    for (int e = 0; e < 256; e++) scale_of[e] = mxfp4_scale((uint8_t)e);
+    mxfp4_scales(scale_of);
     if (codes == 0) {
         mxfp4_matmul_exact(x, count, width, blocks, rows, bias, scale_of, y);
         return;
@@ -1331,4 +1360,48 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
             m0 += tile;
         }
     }
+}
+
+#ifdef HAS_AMX
+typedef struct {
+    const uint8_t *blocks;
+    const float *scale_of;
+    int per_row;
+} mxfp4_weights;
+
+/* An MXFP4 strip's step (strip_step): block t of each of its 32 rows is one step's columns. Each block becomes a
+   vector of its 32 weights in bf16, in order (HALVES through vpermps, times the block's power of two: exact), so a
+   32-bit lane holds a column pair; 16 rows' vectors transposed are a tile's rows. */
+static AMX_TARGET void mxfp4_strip_step(const void *weights, int s, int t, uint16_t *tiles) {
+    const mxfp4_weights *w = weights;
+    const size_t row_bytes = (size_t)w->per_row * MXFP4_BLOCK_BYTES;
+    const uint8_t *first = w->blocks + (size_t)s * STRIP * row_bytes + (size_t)t * MXFP4_BLOCK_BYTES;
+    const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    for (int c = 0; c < 2; c++) {
+        __m512i rows[16];
+        for (int j = 0; j < 16; j++) {
+            const uint8_t *block = first + (size_t)(16 * c + j) * row_bytes;
+            const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(block + 1)));
+            const __m512 scale = _mm512_set1_ps(w->scale_of[block[0]]);
+            const __m512 low = _mm512_mul_ps(_mm512_permutexvar_ps(codes, table), scale);  /* weights 0-15 */
+            const __m512 high = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table), scale);
+            rows[j] = (__m512i)_mm512_cvtne2ps_pbh(high, low);
+        }
+        transpose_16x16(rows);
+        for (int r = 0; r < 16; r++) _mm512_storeu_si512(tiles + c * TILE_VALUES + 32 * r, rows[r]);
+    }
+}
+#endif
+
+/* y [count, N] fp32 = x [count, K] fp32 . W^T on AMX's bf16 tiles (tiles_matmul), W [N, K] as MXFP4 blocks
+   (mxfp4_matmul's; N a multiple of 32), without a bias: the weights exact in bf16, the activations rounded to it.
+   Call only where amx_enable() returned 0. */
+AMX_TARGET void mxfp4_matmul_amx(const float *x, int count, int width, uint16_t *activations, const uint8_t *blocks,
+                                 int rows, int threads, uint16_t *scratch, float *y) {
+#ifdef HAS_AMX
+    float scale_of[256];
+    mxfp4_scales(scale_of);
+    const mxfp4_weights weights = {blocks, scale_of, width / MXFP4_BLOCK};
+    tiles_matmul(x, count, width, activations, mxfp4_strip_step, &weights, rows, threads, scratch, y);
+#endif
 }

@@ -25,8 +25,10 @@ import torch
 
 from engine.forward.native import activation_codes
 from engine.forward.native.build import activation_scratch, library
+from engine.forward.native.int4_matmul import AMX_ROWS, runs_on_amx, tile_scratch
 
 BLOCK, BLOCK_BYTES = 32, 17
+AMX_STRIP = 32  # weight rows the tiles' kernel dequantizes at a time: a weight's rows a whole number of them
 ONE_CODE_ROWS = 2
 """Rows from which a call rounds its activations to one code a value whatever the step (an expert's rows of a prompt
 chunk or a batched step): each block's products then meet their scales in fp32 once per activation row rather than
@@ -91,12 +93,16 @@ def mxfp4_linear(weight: Mxfp4Rows, bias: torch.Tensor | None, input_scale: torc
     kernels = library() if blocks.device.type == "cpu" else None
     nbytes = blocks.numel() + (bias.numel() * 4 if bias is not None else 0)
 
+    on_tiles = kernels is not None and not exact and runs_on_amx() and rows % AMX_STRIP == 0
+
     def run(x: torch.Tensor) -> torch.Tensor:
         x = x.float() if input_scale is None else x * input_scale
         if kernels is None:
             return torch.nn.functional.linear(x, Mxfp4Rows(blocks).dequantize(), bias)
         x = x.contiguous()
         length = x.shape[0]
+        if on_tiles and length >= AMX_ROWS:
+            return _on_tiles(x, blocks, rows, bias)
         out = torch.empty(length, rows)  # [M, N]
         codes = 0 if exact else 1 if length >= ONE_CODE_ROWS else activation_codes.codes()
         kernels.mxfp4_matmul(x.data_ptr(), length, width, blocks.data_ptr(), rows,
@@ -105,3 +111,13 @@ def mxfp4_linear(weight: Mxfp4Rows, bias: torch.Tensor | None, input_scale: torc
         return out
 
     return run, nbytes
+
+
+def _on_tiles(x: torch.Tensor, blocks: torch.Tensor, rows: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x`` [M, K] fp32 times the blocks' weight [N, K] on AMX's bf16 tiles, [M, N] fp32 (the module docstring)."""
+    length, width = x.shape
+    activations, threads, tiles = tile_scratch(length, width)
+    out = torch.empty(length, rows)  # [M, N]
+    library().mxfp4_matmul_amx(x.data_ptr(), length, width, activations, blocks.data_ptr(), rows, threads, tiles,
+                               out.data_ptr())
+    return out if bias is None else out.add_(bias)

@@ -12,6 +12,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
 from engine.forward.native import activation_codes
+from engine.forward.native.int4_matmul import AMX_ROWS, runs_on_amx
 from engine.forward.weights import mxfp4
 from engine.forward.weights.mxfp4 import BLOCK_BYTES, Mxfp4Rows, mxfp4_linear
 
@@ -45,9 +46,11 @@ def _rounded(x: torch.Tensor, codes: int) -> torch.Tensor:
 @pytest.mark.usefixtures("kernel_variant")
 @pytest.mark.parametrize("sequences", [1, 3])  # one sequence's step, a batched one
 @pytest.mark.parametrize(("count", "width"), [(1, 320), (1, 352), (5, 352), (70, 320)])  # 352: an odd number of blocks
-def test_the_kernel_is_the_matmul_of_its_rounded_activations_by_the_decoded_weight(count: int, width: int,
-                                                                                   sequences: int):
-    """Two codes a value for one row of one sequence (a decode step), else one (``ONE_CODE_ROWS``)."""
+def test_the_kernel_is_the_matmul_of_its_rounded_activations_by_the_decoded_weight(
+        count: int, width: int, sequences: int, monkeypatch: pytest.MonkeyPatch):
+    """Two codes a value for one row of one sequence (a decode step), else one (``ONE_CODE_ROWS``); the int8 kernel
+    even where AMX's tiles would take many rows."""
+    monkeypatch.setattr(mxfp4, "runs_on_amx", lambda: False)
     torch.manual_seed(count)
     blocks = _blocks(96, width, seed=count)
     weight = torch.from_numpy(dequantize(blocks, Q.MXFP4))  # [96, K]
@@ -63,6 +66,25 @@ def test_the_kernel_is_the_matmul_of_its_rounded_activations_by_the_decoded_weig
     rounded = torch.nn.functional.linear(_rounded(x * scale, codes), weight, bias)
     assert ((got - rounded).abs().max() / largest).item() < 2e-6  # the integer sums are exact
     assert ((got - exact).abs().max() / largest).item() < (1e-4 if codes == 2 else 3e-2)  # Q8_0: about 1 %
+
+
+@pytest.mark.skipif(not runs_on_amx(), reason="no AMX bf16 tiles (or no kernels) here")
+@pytest.mark.parametrize(("count", "width"), [(AMX_ROWS, 352), (70, 320), (512, 352)])
+def test_many_rows_on_amx_tiles_are_their_bf16_rounding_times_the_exact_weight(count: int, width: int):
+    """Prompt chunks: the activations rounded to bf16 (padded to whole passes of tile products), the weights exact
+    in bf16, sums in fp32."""
+    torch.manual_seed(count)
+    blocks = _blocks(96, width, seed=count)
+    weight = torch.from_numpy(dequantize(blocks, Q.MXFP4))  # [96, K]
+    bias, scale = torch.randn(96), torch.rand(width) + 0.5
+    x = torch.randn(count, width) * torch.logspace(-2, 1, width)
+    run, _ = mxfp4_linear(Mxfp4Rows(torch.from_numpy(blocks.copy())), bias, scale)
+    got = run(x)
+    rounded = torch.nn.functional.linear((x * scale).bfloat16().double(), weight.double(), bias.double()).float()
+    exact = torch.nn.functional.linear(x * scale, weight, bias)
+    largest = (exact - bias).abs().max()
+    assert ((got - rounded).abs().max() / largest).item() < 1e-5
+    assert ((got - exact).abs().max() / largest).item() < 1e-2  # bf16's 8 bits: under int8's one code
 
 
 @pytest.mark.usefixtures("kernel_variant")
