@@ -126,6 +126,7 @@ static inline __attribute__((always_inline)) void int4_block(
         if (two_codes) zero_sums(count, low_sums);
         const uint8_t *bytes = block + (size_t)g * group * 32;
         for (int k = 0; k < group; k += 4) {
+            prefetch_ahead(bytes + k * 32, 2);
             __m512i two = _mm512_loadu_si512(bytes + k * 32), next = _mm512_loadu_si512(bytes + k * 32 + 64);
             __m512i rows_a = _mm512_permutex2var_epi8(two, first, next);   /* rows 0-15 low, 32-47 high nibbles */
             __m512i rows_b = _mm512_permutex2var_epi8(two, second, next);  /* rows 16-31 low, 48-63 high */
@@ -306,6 +307,7 @@ static inline __attribute__((always_inline)) void int8_block(
         const uint8_t *bytes = block + (size_t)g * INT8_GROUP * BLOCK_ROWS;
         for (int k = 0; k < INT8_GROUP; k += 4) {
             __m512i codes[4];  /* codes[j]: columns k .. k + 3 of rows 16j .. 16j + 15, a 32-bit lane a row */
+            prefetch_ahead(bytes + (size_t)k * BLOCK_ROWS, 4);
             for (int j = 0; j < 4; j++) codes[j] = _mm512_loadu_si512(bytes + (size_t)k * BLOCK_ROWS + 64 * j);
             dot_four_columns(count, high, width, (size_t)g * INT8_GROUP + k, codes, high_sums);
             dot_four_columns(count, low, width, (size_t)g * INT8_GROUP + k, codes, low_sums);
@@ -1317,7 +1319,7 @@ static inline __attribute__((always_inline)) void mxfp4_row(
     for (int m = 0; m < tile; m++) sums[m] = _mm512_setzero_ps();
     int b = 0;
     for (; b + 1 < per_row; b += 2) {
-        __builtin_prefetch(row + (size_t)b * MXFP4_BLOCK_BYTES + MXFP4_PREFETCH_BYTES);
+        prefetch_ahead(row + (size_t)b * MXFP4_BLOCK_BYTES, 1);
         mxfp4_two_blocks(tile, two_codes, 1, a, m0, width, row + (size_t)b * MXFP4_BLOCK_BYTES,
                          (size_t)b * MXFP4_BLOCK, scale_of, table, sums);
     }

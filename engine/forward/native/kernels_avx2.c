@@ -161,6 +161,7 @@ static inline __attribute__((always_inline)) void int4_block(
                     for (int i = 0; i < 8; i++) (&sums[m][0][0])[i] = _mm256_setzero_si256();
                 for (int k = k0; k < k1; k += 4) {
                     __m256i codes[4];
+                    if (pass == 0) prefetch_ahead(block + (size_t)k * HALF_ROWS, 2);
                     four_columns(block + (size_t)k * HALF_ROWS, pass, codes);
                     for (int m = 0; m < count; m++)
                         for (int c = 0; c < codes_per_value; c++) {
@@ -263,6 +264,7 @@ static inline __attribute__((always_inline)) void int8_block(
                 for (int i = 0; i < 2; i++) high_sums[m][i] = low_sums[m][i] = _mm256_setzero_si256();
             for (int k = g * INT8_GROUP; k < (g + 1) * INT8_GROUP; k += 4) {
                 const uint8_t *bytes = block + (size_t)k * BLOCK_ROWS + 64 * quarter;
+                if (quarter == 0) prefetch_ahead(block + (size_t)k * BLOCK_ROWS, 4);
                 __m256i weights[2];
                 for (int i = 0; i < 2; i++) weights[i] = _mm256_loadu_si256((const __m256i *)(bytes + 32 * i));
                 for (int m = 0; m < count; m++) {
@@ -792,7 +794,7 @@ static inline __attribute__((always_inline)) void mxfp4_row(
     for (int m = 0; m < tile; m++) sums[m] = _mm256_setzero_ps();
     for (int b = 0; b < per_row; b++) {
         const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
-        __builtin_prefetch(block + MXFP4_PREFETCH_BYTES);
+        prefetch_ahead(block, 1);
         const __m256i codes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(block + 1)));
         const __m256i weights = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srlv_epi64(codes, halves), nibble));
         const __m256 weight_scale = _mm256_set1_ps(scale_of[block[0]]);

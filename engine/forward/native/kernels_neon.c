@@ -700,7 +700,7 @@ static inline __attribute__((always_inline)) void mxfp4_rows(int sdot, const mxf
         for (int m = 0; m < tile; m++) sums[m] = vdupq_n_f32(0.0f);
         for (int b = 0; b < per_row; b++) {
             const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
-            __builtin_prefetch(block + MXFP4_PREFETCH_BYTES);
+            prefetch_ahead(block, 1);
             const uint8x16_t codes = vld1q_u8(block + 1);
             const int8x16_t first = vqtbl1q_s8(table, vandq_u8(codes, vdupq_n_u8(0x0F)));  /* weights 0-15 */
             const int8x16_t second = vqtbl1q_s8(table, vshrq_n_u8(codes, 4));              /* weights 16-31 */
