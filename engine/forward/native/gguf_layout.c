@@ -23,7 +23,11 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  /* GGMLQuantizationType's values */
 #define GROUP 32        /* weights of an int4 group, and of an int8 group */
@@ -229,6 +233,30 @@ static void row_groups(const uint8_t *row, int type, int width, uint8_t *codes, 
     }
 }
 
+/* out [width, 32] = rows [32, width] transposed (a block's bytes in the int4 layout, from its 32 rows of paired
+   codes). Where SSE2 is (every x86-64), 16 x 16 byte tiles turn in registers: four rounds of interleaving each row
+   with the one eight below; a byte at a time elsewhere, and for the columns past the last whole tile. */
+static void interleave_rows(const uint8_t *rows, int width, uint8_t *out) {
+    int k0 = 0;
+#ifdef __SSE2__
+    for (; k0 + 16 <= width; k0 += 16)
+        for (int j0 = 0; j0 < HALF_ROWS; j0 += 16) {
+            __m128i r[16], next[16];
+            for (int i = 0; i < 16; i++) r[i] = _mm_loadu_si128((const __m128i *)(rows + (size_t)(j0 + i) * width + k0));
+            for (int round = 0; round < 4; round++) {
+                for (int i = 0; i < 8; i++) {
+                    next[2 * i] = _mm_unpacklo_epi8(r[i], r[i + 8]);
+                    next[2 * i + 1] = _mm_unpackhi_epi8(r[i], r[i + 8]);
+                }
+                memcpy(r, next, sizeof r);
+            }
+            for (int i = 0; i < 16; i++) _mm_storeu_si128((__m128i *)(out + (size_t)(k0 + i) * HALF_ROWS + j0), r[i]);
+        }
+#endif
+    for (int k = k0; k < width; k++)
+        for (int j = 0; j < HALF_ROWS; j++) out[(size_t)k * HALF_ROWS + j] = rows[(size_t)j * width + k];
+}
+
 /* rows [rows, row_bytes] of `type`'s blocks as int4 groups of 32: codes, and scales_and_zeros [width / 32, rows, 2]
    fp32 whose groups lie `pitch` floats apart (2 * rows, or more where they are rows of a larger weight).
    in_layout: codes [rows, width / 2] in the CPU int4 layout (rows a multiple of 64), else one a byte [rows, width]. */
@@ -247,19 +275,22 @@ void gguf_int4_groups(const uint8_t *blocks, int64_t rows, int64_t row_bytes, in
     }
     #pragma omp parallel
     {
-        static _Thread_local uint8_t low[MAX_WIDTH], high[MAX_WIDTH];
+        static _Thread_local uint8_t high[MAX_WIDTH];
+        uint8_t *paired = malloc((size_t)HALF_ROWS * width);  /* [32, width]: row j's codes low, row j + 32's high */
         float weights[SUPER];
         #pragma omp for schedule(static)
         for (int64_t b = 0; b < rows / BLOCK_ROWS; b++) {
-            uint8_t *block = codes + b * BLOCK_ROWS * (width / 2);
             for (int j = 0; j < HALF_ROWS; j++) {
                 int64_t n = b * BLOCK_ROWS + j;
-                row_groups(blocks + n * row_bytes, type, width, low, scales_and_zeros + 2 * n, pitch, weights);
+                uint8_t *pair = paired + (size_t)j * width;
+                row_groups(blocks + n * row_bytes, type, width, pair, scales_and_zeros + 2 * n, pitch, weights);
                 n += HALF_ROWS;
                 row_groups(blocks + n * row_bytes, type, width, high, scales_and_zeros + 2 * n, pitch, weights);
-                for (int k = 0; k < width; k++) block[(int64_t)k * HALF_ROWS + j] = low[k] | (uint8_t)(high[k] << 4);
+                for (int k = 0; k < width; k++) pair[k] |= (uint8_t)(high[k] << 4);
             }
+            interleave_rows(paired, width, codes + b * BLOCK_ROWS * (width / 2));
         }
+        free(paired);
     }
 }
 
