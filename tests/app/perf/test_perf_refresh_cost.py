@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from PySide6.QtCore import QPoint
 from PySide6.QtGui import QColor
@@ -28,10 +29,12 @@ def test_while_tokens_stream_the_panel_refreshes_at_the_streaming_rate(panel, qt
     panel.on_event(PrefillDone("r1", 2.0, 100, 0, 50.0, 4096))
     qtbot.wait(150)
     refreshes.clear()
+    started = time.monotonic()
     for index in range(1, 101):
         panel.on_event(TokenStreamed("r1", "w", index, 30.0 + index / 10, 1000.0 + index / 64))
         qtbot.wait(10)
-    assert 1 <= len(refreshes) <= STREAMING_REFRESH_HZ + 1
+    streamed_s = time.monotonic() - started  # about a second; more on a busy machine, whose waits run long
+    assert 1 <= len(refreshes) <= STREAMING_REFRESH_HZ * streamed_s + 1
     qtbot.waitUntil(lambda: panel.value_text("tokens_generated") == "100", timeout=1000)
     assert panel.value_text("decode_speed") == format_tok_s(64.0)  # a token each 1/64 s, as the events are stamped
 
