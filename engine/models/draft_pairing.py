@@ -7,7 +7,8 @@ Both must also run on Hearth's fast path, whose batched steps the drafting uses
 draft model at all. A draft model that fails either check, or fails
 to load, is dropped: the target loads all the same, and its load notice says why no
 draft model is on. The draft model's KV pool holds ``DRAFT_POOL_CONTEXTS`` of the
-shorter of the two contexts; the notice counts its weights and that pool.
+shorter of the two contexts (``draft_pool_blocks``, which the pool and the notice both size from); the notice
+counts its weights and that pool.
 """
 
 from __future__ import annotations
@@ -18,10 +19,18 @@ from typing import Any
 from engine.forward.backend import HFBackend
 from engine.models.loading import LoadedModel
 from engine.models.memory_estimate import gib_text
+from engine.scheduler.block_pool import BLOCK_SIZE
 
 DRAFT_POOL_CONTEXTS = 2
 """The draft pool's positions, in contexts: drafting sequences hold about what their target sequences hold, and a
 sequence it cannot place just goes without drafts until there is room."""
+
+
+def draft_pool_blocks(context_length: int, block_size: int, groups: int) -> int:
+    """Blocks of the draft model's KV pool for drafting sequences of ``context_length`` positions (the shorter of the
+    two models' contexts): ``DRAFT_POOL_CONTEXTS`` contexts in whole blocks of ``block_size``, a block of each of the
+    ``groups`` KV groups per block of context (a window group's too, which makes the pool ample there)."""
+    return DRAFT_POOL_CONTEXTS * -(-context_length // block_size) * groups
 
 
 def target_refused(target: LoadedModel) -> str | None:
@@ -60,9 +69,9 @@ def with_draft(target: LoadedModel, draft: LoadedModel) -> LoadedModel:
     refused = draft_refused(target, draft)
     if refused is not None:
         return draft_not_used(target, draft.name, refused)
-    positions = DRAFT_POOL_CONTEXTS * min(target.context_length, draft.context_length)
-    pool = draft.backend.new_pool(1, 1)
-    kv_bytes = positions * pool.bytes_per_block * len(pool.windows)
+    one = draft.backend.new_pool(1, BLOCK_SIZE)
+    blocks = draft_pool_blocks(min(target.context_length, draft.context_length), BLOCK_SIZE, len(one.windows))
+    kv_bytes, positions = blocks * one.bytes_per_block, blocks // len(one.windows) * BLOCK_SIZE
     notice = (f"Drafting with {draft.name}: {gib_text(draft.weight_bytes)} of weights and at most "
               f"{gib_text(kv_bytes)} of KV cache ({positions:,} positions) beside the model.")
     return replace(target, draft=draft, notices=target.notices + (notice,))
