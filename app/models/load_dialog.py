@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QRect, Qt, QTimer
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
@@ -50,6 +51,9 @@ GGUF_FILTER = "GGUF models (*.gguf);;All files (*)"
 MIN_CONTEXT = 256
 MAX_CONTEXT = 1 << 20
 REINSPECT_DELAY_MS = 300
+LONGEST_REASON = "1 048 576 of 1 048 576 tokens: the default for chat, which fits in 1024.00 GiB free"
+"""The longest reason for a context the engine writes (``context_choice.ContextChoice.reason``), at its widest
+figures: the reason's label keeps its height at its width, whatever it says, so the rows below stay put."""
 VERDICT_TEXT = {"fits": "Fits", "tight": "Tight", "won't fit": "Won't fit"}
 ADVICE = {
     "fits": "Uses {share:.0%} of the free {memory}.",
@@ -95,6 +99,20 @@ def advice(found: ModelInspected, shown: PrecisionEstimate) -> str:
 def draft_bytes(found: ModelInspected) -> int:
     """What the chosen draft model holds beside the model (weights and KV pool); 0 without one."""
     return found.draft_weight_bytes + found.draft_kv_bytes
+
+
+class ReasonLabel(QLabel):
+    """The context's reason under its box: wraps, and keeps the height ``LONGEST_REASON`` takes at its width."""
+
+    def __init__(self, parent: QWidget) -> None:
+        super().__init__("", parent)
+        self.setWordWrap(True)
+        self.setStyleSheet("color: #6b6259;")
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        room = QRect(0, 0, event.size().width(), 1 << 20)
+        self.setMinimumHeight(self.fontMetrics().boundingRect(room, Qt.TextFlag.TextWordWrap, LONGEST_REASON).height())
 
 
 class LoadDialog(QDialog):
@@ -181,7 +199,7 @@ class LoadDialog(QDialog):
         form.addRow("Precision", self.precision_box)
         form.addRow("Context length", self.context_box)
         form.addRow("KV cache", self.kv_cache_box)
-        self.context_reason_label = self._wrapping_label("", "color: #6b6259;")
+        self.context_reason_label = ReasonLabel(self)
         self.context_reason_label.setObjectName("loadDialogContextReason")
         form.addRow("", self.context_reason_label)
         self.draft_box = self._combo(DRAFT_CHOICES, "Draft model")

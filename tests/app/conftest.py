@@ -83,6 +83,8 @@ class FakeScript:
     reading_delay_s: float = 0.0
     free_cpu_bytes: int = 16 * GIB
     """What the fake reports as free system memory when asked to inspect a model."""
+    context_reason: str | None = None
+    """When set, the reason every inspection gives for its context (else the fake's own)."""
     generates: list[Generate] = field(default_factory=list)
     loads: list[LoadModel] = field(default_factory=list)
     inspections: list[InspectModel] = field(default_factory=list)
@@ -170,9 +172,14 @@ class FakeRuntime(ServesWhole):
         return ModelInspected(
             request.request_id, request.path, "Fake inspected", "gguf", 500_000_000, 4096, context, "cpu",
             estimates, self._script.free_cpu_bytes, 0, False, fitting[0] if fitting else None, file_type="Q4_K_M",
-            context_reason="" if request.options.context_length else "4 096 tokens: the model's full context",
+            context_reason=self._context_reason(request),
             draft_weight_bytes=draft[0], draft_kv_bytes=draft[1],
         )
+
+    def _context_reason(self, request: InspectModel) -> str:
+        if self._script.context_reason is not None:
+            return self._script.context_reason
+        return "" if request.options.context_length else "4 096 tokens: the model's full context"
 
     def _break_off(self, request: Generate, text: str) -> bool:
         if self._script.crash:

@@ -233,6 +233,29 @@ def test_the_load_dialog_counts_the_chosen_draft_model_and_refuses_what_fits_onl
     dialog.reject()
 
 
+def test_the_rows_under_the_context_reason_stay_put_as_the_reason_changes(qtbot, chat, window, script):
+    script.context_reason = "4 096 tokens, as asked"
+    chat.wait_until_ready()
+    dialog = window.model_loader.choose("/models/big.gguf")
+    qtbot.waitUntil(lambda: dialog.inspected is not None, timeout=5000)
+    dialog.show()
+    below = (dialog.draft_box, dialog.verdict_label, dialog.load_button)
+
+    def rows_after(reason: str) -> list[int]:
+        """Where the rows below the reason lie once the engine's next answer gives ``reason``."""
+        script.context_reason = reason
+        dialog.kv_cache_box.setCurrentIndex(1 - dialog.kv_cache_box.currentIndex())  # asks the engine again
+        qtbot.waitUntil(lambda: dialog.context_reason_label.text() == reason, timeout=5000)
+        QApplication.processEvents()
+        return [widget.mapTo(dialog, QPoint(0, 0)).y() for widget in below]
+
+    short = rows_after("4 096 tokens: the model's full context")
+    assert rows_after("32 768 of 131 072 tokens: the default for chat, which fits in 120.00 GiB free") == short
+    assert rows_after("") == short  # nothing fits: no reason
+    assert rows_after("4 096 tokens, as asked") == short
+    dialog.reject()
+
+
 def test_the_load_dialog_explains_a_refused_path_and_does_not_load(qtbot, chat, window, script):
     chat.wait_until_ready()
     dialog = window.model_loader.choose(script.broken_path)
