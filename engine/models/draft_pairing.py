@@ -22,7 +22,7 @@ from engine.forward.backend import HFBackend
 from engine.forward.kv_layout import kv_row_bytes
 from engine.forward.windows import KVGroups
 from engine.models.context_choice import DEFAULT_CONTEXT_CAP, choose_load
-from engine.models.format_plan import formats_for_source
+from engine.models.format_plan import formats_for_source, reads_fast
 from engine.models.loading import LoadedModel
 from engine.models.memory_estimate import config_windows, estimate_formats, gib_text, model_shape
 from engine.models.model_source import ModelSource
@@ -59,8 +59,11 @@ def draft_need(draft: ModelSource, target: ModelSource, asked_context: int | Non
                available_bytes: int) -> DraftNeed:
     """What ``draft`` would hold drafting for ``target`` on ``device``, from their headers: its weights in the formats
     its own load would take (``auto``, as ``model_open`` loads it) and its pool for the longest context the target's
-    load may take (``asked_context``, else up to ``DEFAULT_CONTEXT_CAP``). Raises ``NotEnoughMemoryError`` when
-    ``draft`` would not load at all in ``available_bytes``."""
+    load may take (``asked_context``, else up to ``DEFAULT_CONTEXT_CAP``); nothing for a target the fast path does not
+    read, which takes no draft model (``target_refused``). Raises ``NotEnoughMemoryError`` when ``draft`` would not
+    load at all in ``available_bytes``."""
+    if not reads_fast(target):
+        return NO_DRAFT
     precision, context = choose_load(draft, device, "auto", None, available_bytes)
     formats = formats_for_source(draft, device, precision)
     target_context = asked_context or min(DEFAULT_CONTEXT_CAP, target.native_context)

@@ -132,3 +132,13 @@ def test_a_model_that_fits_only_without_its_draft_model_is_refused_with_it(tiny_
     monkeypatch.setattr(memory_estimate, "available_memory", lambda _device: just_enough)
     with pytest.raises(memory_estimate.NotEnoughMemoryError, match="The draft model takes"):
         model_open.open_model(str(tiny_model_dir), options, lambda _e: None, lambda *_: None, lambda: False)
+
+
+def test_a_model_that_takes_no_draft_model_counts_none(tmp_path: Path, tiny_model_dir: Path):
+    from tests.engine.models.fallback_models import FOLDER_VOCAB, random_model, tiny_config, write_folder
+
+    stablelm = write_folder(tmp_path / "stablelm", random_model(tiny_config("stablelm", FOLDER_VOCAB)))
+    options = LoadOptions(device="cpu", draft_model=str(tiny_model_dir))
+    found = inspect_for_dialog(str(stablelm), options, "r10", _plenty, cuda_available=False)
+
+    assert (found.draft_weight_bytes, found.draft_kv_bytes) == (0, 0)  # it runs through transformers: nothing drafts
