@@ -9,14 +9,16 @@ the box. The KV cache may be bf16 or int8 (half the memory, so about twice the c
 CPU only). Changing the device, the context length or the KV cache asks again (debounced);
 changing the precision only redraws. "Load" is refused while the choice cannot fit. The draft
 model (none, the built-in one, or a model file) is the caller's to remember per model: the
-dialog opens on the one it is given.
+dialog opens on the one it is given. Choosing one asks again: the engine counts its weights and its
+KV pool beside the model, in the total and the verdict, and the dialog shows its part on a row of its own.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QRect, Qt, QTimer
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
@@ -49,12 +51,16 @@ GGUF_FILTER = "GGUF models (*.gguf);;All files (*)"
 MIN_CONTEXT = 256
 MAX_CONTEXT = 1 << 20
 REINSPECT_DELAY_MS = 300
+LONGEST_REASON = "1 048 576 of 1 048 576 tokens: the default for chat, which fits in 1024.00 GiB free"
+"""The longest reason for a context the engine writes (``context_choice.ContextChoice.reason``), at its widest
+figures: the reason's label keeps its height at its width, whatever it says, so the rows below stay put."""
 VERDICT_TEXT = {"fits": "Fits", "tight": "Tight", "won't fit": "Won't fit"}
 ADVICE = {
     "fits": "Uses {share:.0%} of the free {memory}.",
     "tight": "Uses {share:.0%} of the free {memory}: it should load, but leaves little for other programs.",
-    "won't fit": "Needs {missing} more than the free {memory}. Pick a smaller precision or a shorter context.",
+    "won't fit": "Needs {missing} more than the free {memory}. Pick a smaller precision{or_draft}.",
 }
+SHORTER = {False: " or a shorter context", True: ", a shorter context or no draft model"}  # with a draft model?
 VERDICT_COLOUR = {"fits": "#2e7d32", "tight": "#b26a00", "won't fit": "#b3261e"}
 KIND_WORDS = {"gguf": "GGUF file", "hf_folder": "Hugging Face folder"}
 
@@ -86,7 +92,27 @@ def advice(found: ModelInspected, shown: PrecisionEstimate) -> str:
     memory = "GPU memory" if found.device == "cuda" else "system memory"
     share = shown.total_bytes / max(free, 1)
     missing = format_bytes(max(shown.total_bytes - free, 0))
-    return ADVICE[shown.verdict].format(share=share, memory=memory, missing=missing)
+    or_draft = SHORTER[draft_bytes(found) > 0]
+    return ADVICE[shown.verdict].format(share=share, memory=memory, missing=missing, or_draft=or_draft)
+
+
+def draft_bytes(found: ModelInspected) -> int:
+    """What the chosen draft model holds beside the model (weights and KV pool); 0 without one."""
+    return found.draft_weight_bytes + found.draft_kv_bytes
+
+
+class ReasonLabel(QLabel):
+    """The context's reason under its box: wraps, and keeps the height ``LONGEST_REASON`` takes at its width."""
+
+    def __init__(self, parent: QWidget) -> None:
+        super().__init__("", parent)
+        self.setWordWrap(True)
+        self.setStyleSheet("color: #6b6259;")
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        room = QRect(0, 0, event.size().width(), 1 << 20)
+        self.setMinimumHeight(self.fontMetrics().boundingRect(room, Qt.TextFlag.TextWordWrap, LONGEST_REASON).height())
 
 
 class LoadDialog(QDialog):
@@ -173,7 +199,7 @@ class LoadDialog(QDialog):
         form.addRow("Precision", self.precision_box)
         form.addRow("Context length", self.context_box)
         form.addRow("KV cache", self.kv_cache_box)
-        self.context_reason_label = self._wrapping_label("", "color: #6b6259;")
+        self.context_reason_label = ReasonLabel(self)
         self.context_reason_label.setObjectName("loadDialogContextReason")
         form.addRow("", self.context_reason_label)
         self.draft_box = self._combo(DRAFT_CHOICES, "Draft model")
@@ -202,10 +228,11 @@ class LoadDialog(QDialog):
         chosen = self.draft_box.itemData(index)
         if chosen != "pick":
             self._draft_model = chosen or None
-            return
-        path, _filter = QFileDialog.getOpenFileName(self, "Choose a draft model", str(Path(self._path).parent),
-                                                    GGUF_FILTER)
-        self._show_draft(path or self._draft_model)
+        else:
+            path, _filter = QFileDialog.getOpenFileName(self, "Choose a draft model", str(Path(self._path).parent),
+                                                        GGUF_FILTER)
+            self._show_draft(path or self._draft_model)
+        self._reinspect_timer.start()  # the estimate counts the draft model
 
     def _combo(self, items: tuple[tuple[str, str], ...], name: str) -> QComboBox:
         box = QComboBox(self)
@@ -216,9 +243,9 @@ class LoadDialog(QDialog):
 
     def _build_estimate(self) -> QGroupBox:
         group = QGroupBox("Memory estimate", self)
-        form = QFormLayout(group)
+        form = self._estimate_form = QFormLayout(group)
         self.estimate_labels: dict[str, QLabel] = {}
-        for key in ("weights", "kv", "total", "free_gpu", "free_cpu"):
+        for key in ("weights", "kv", "draft", "total", "free_gpu", "free_cpu"):
             label = QLabel("…", group, objectName=f"estimate_{key}")
             label.setAlignment(Qt.AlignmentFlag.AlignRight)
             self.estimate_labels[key] = label
@@ -238,7 +265,7 @@ class LoadDialog(QDialog):
 
     def _inspect(self) -> None:
         options = LoadOptions(self.device_box.currentData(), "auto", self.options().context_length,
-                              self.kv_cache_box.currentData())
+                              self.kv_cache_box.currentData(), self._draft_model)
         self._pending_request = self._controller.inspect_model(self._path, options)
 
     def _on_inspected(self, found: ModelInspected) -> None:
@@ -292,6 +319,7 @@ class LoadDialog(QDialog):
         for key, (name, value) in self._estimate_rows(found, shown).items():
             self.findChild(QLabel, f"estimate_{key}_name").setText(name)
             self.estimate_labels[key].setText(value)
+        self._estimate_form.setRowVisible(self.estimate_labels["draft"], draft_bytes(found) > 0)
         self.verdict_label.setText(VERDICT_TEXT[shown.verdict])
         self.verdict_label.setStyleSheet(f"font-weight: bold; font-size: 14px; color: {VERDICT_COLOUR[shown.verdict]};")
         self.advice_label.setText(advice(found, shown))
@@ -302,10 +330,13 @@ class LoadDialog(QDialog):
     def _estimate_rows(found: ModelInspected, shown: PrecisionEstimate) -> dict[str, tuple[str, str]]:
         free_gpu, free_cpu = free_memory_text(found)
         device = "GPU" if found.device == "cuda" else "system memory"
+        draft = f"+ {format_bytes(draft_bytes(found))}"
         return {
             "weights": (f"Weights ({shown.precision})", format_bytes(shown.weight_bytes)),
             "kv": (f"KV cache ({format_count(found.context_length)} tokens)", format_bytes(shown.kv_bytes)),
-            "total": (f"Needed in {device}, with overhead", format_bytes(shown.total_bytes)),
+            "draft": ("Draft model (weights + KV cache)", draft),
+            "total": (f"Needed in {device}, with overhead{' and draft model' if draft_bytes(found) else ''}",
+                      format_bytes(shown.total_bytes)),
             "free_gpu": ("Free GPU memory", free_gpu),
             "free_cpu": ("Free system memory", free_cpu),
         }

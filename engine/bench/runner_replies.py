@@ -18,7 +18,8 @@ from engine.forward.backend import HFBackend
 from engine.host.memory import read_memory
 from engine.models.loading import LoadedModel
 from engine.protocol.messages import GREEDY, ReplyFailed, ReplyFinished, RequestStats, SamplingParams
-from engine.service.batch_runner import BLOCK_SIZE, BatchRunner
+from engine.scheduler.block_pool import BLOCK_SIZE
+from engine.service.batch_runner import BatchRunner
 from engine.service.reply_events import ReplyEvents
 
 POOL_SPARE_BLOCKS = 4  # beyond the positions asked for: a partly filled block copied on reuse, say

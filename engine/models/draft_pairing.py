@@ -7,21 +7,77 @@ Both must also run on Hearth's fast path, whose batched steps the drafting uses
 draft model at all. A draft model that fails either check, or fails
 to load, is dropped: the target loads all the same, and its load notice says why no
 draft model is on. The draft model's KV pool holds ``DRAFT_POOL_CONTEXTS`` of the
-shorter of the two contexts; the notice counts its weights and that pool.
+shorter of the two contexts (``draft_pool_blocks``, which the pool and the notice both size from); the notice
+counts its weights and that pool. Before either model loads, ``draft_need`` estimates the same two figures from the
+draft model's headers, for the load dialog's estimate and the check that the model fits beside its draft model.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.forward.backend import HFBackend
+from engine.forward.kv_layout import kv_row_bytes
+from engine.forward.windows import KVGroups
+from engine.models.context_choice import DEFAULT_CONTEXT_CAP, choose_load
+from engine.models.format_plan import formats_for_source, reads_fast
 from engine.models.loading import LoadedModel
-from engine.models.memory_estimate import gib_text
+from engine.models.memory_estimate import config_windows, estimate_formats, gib_text, model_shape
+from engine.models.model_source import ModelSource
+from engine.scheduler.block_pool import BLOCK_SIZE
 
 DRAFT_POOL_CONTEXTS = 2
 """The draft pool's positions, in contexts: drafting sequences hold about what their target sequences hold, and a
 sequence it cannot place just goes without drafts until there is room."""
+
+
+def draft_pool_blocks(context_length: int, block_size: int, groups: int) -> int:
+    """Blocks of the draft model's KV pool for drafting sequences of ``context_length`` positions (the shorter of the
+    two models' contexts): ``DRAFT_POOL_CONTEXTS`` contexts in whole blocks of ``block_size``, a block of each of the
+    ``groups`` KV groups per block of context (a window group's too, which makes the pool ample there)."""
+    return DRAFT_POOL_CONTEXTS * -(-context_length // block_size) * groups
+
+
+@dataclass(frozen=True)
+class DraftNeed:
+    """The memory a draft model holds beside the model, in bytes: its weights and its KV pool."""
+
+    weight_bytes: int = 0
+    kv_bytes: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes
+
+
+NO_DRAFT = DraftNeed()
+
+
+def draft_need(draft: ModelSource, target: ModelSource, asked_context: int | None, device: str,
+               available_bytes: int) -> DraftNeed:
+    """What ``draft`` would hold drafting for ``target`` on ``device``, from their headers: its weights in the formats
+    its own load would take (``auto``, as ``model_open`` loads it) and its pool for the longest context the target's
+    load may take (``asked_context``, else up to ``DEFAULT_CONTEXT_CAP``); nothing for a target the fast path does not
+    read, which takes no draft model (``target_refused``). Raises ``NotEnoughMemoryError`` when ``draft`` would not
+    load at all in ``available_bytes``."""
+    if not reads_fast(target):
+        return NO_DRAFT
+    precision, context = choose_load(draft, device, "auto", None, available_bytes)
+    formats = formats_for_source(draft, device, precision)
+    target_context = asked_context or min(DEFAULT_CONTEXT_CAP, target.native_context)
+    pool = _pool_bytes(draft.config, formats.kv_cache, min(target_context, context.tokens))
+    return DraftNeed(estimate_formats(draft, formats, context.tokens).weight_bytes, pool)
+
+
+def _pool_bytes(config: Mapping[str, Any], kv_cache: str, context_length: int) -> int:
+    """The draft pool of a model of ``config`` for ``context_length`` positions in ``kv_cache``, as ``PagedKV`` holds
+    it: a block is the largest KV group's layers' keys and values for ``BLOCK_SIZE`` positions."""
+    shape = model_shape(config)
+    groups = KVGroups.of(config_windows(config, shape.layers))
+    block_bytes = groups.page_layers * 2 * shape.kv_heads * BLOCK_SIZE * kv_row_bytes(kv_cache, shape.head_dim)
+    return draft_pool_blocks(context_length, BLOCK_SIZE, len(groups.windows)) * block_bytes
 
 
 def target_refused(target: LoadedModel) -> str | None:
@@ -60,9 +116,9 @@ def with_draft(target: LoadedModel, draft: LoadedModel) -> LoadedModel:
     refused = draft_refused(target, draft)
     if refused is not None:
         return draft_not_used(target, draft.name, refused)
-    positions = DRAFT_POOL_CONTEXTS * min(target.context_length, draft.context_length)
-    pool = draft.backend.new_pool(1, 1)
-    kv_bytes = positions * pool.bytes_per_block * len(pool.windows)
+    one = draft.backend.new_pool(1, BLOCK_SIZE)
+    blocks = draft_pool_blocks(min(target.context_length, draft.context_length), BLOCK_SIZE, len(one.windows))
+    kv_bytes, positions = blocks * one.bytes_per_block, blocks // len(one.windows) * BLOCK_SIZE
     notice = (f"Drafting with {draft.name}: {gib_text(draft.weight_bytes)} of weights and at most "
               f"{gib_text(kv_bytes)} of KV cache ({positions:,} positions) beside the model.")
     return replace(target, draft=draft, notices=target.notices + (notice,))

@@ -6,8 +6,10 @@ message for the user. Then ``context_choice`` picks or checks the precision and 
 context together (the user's, or the longest that fits comfortably up to 32 768
 tokens, never past the trained length; the KV pool is sized from it), its
 ``FormatPlan`` is chosen once (``format_plan``), and the folder or GGUF file is loaded
-in it (``loading``). A draft model the options name is loaded after it, the same way, and
-paired with it where it can draft for it (``draft_pairing``). Earlier versions kept a
+in it (``loading``). A draft model the options name is read first: its weights and KV pool
+(``draft_pairing.draft_need``) are kept out of the memory the model's precision and context are chosen in, so a model
+that fits only without its draft model is refused with the figures. The draft model loads after the model, the
+same way, and pairs with it where it can draft for it (``draft_pairing``). Earlier versions kept a
 converted copy of each GGUF file in the models cache; the first load removes them and
 says so.
 """
@@ -24,9 +26,9 @@ from engine.models import default_model, memory_estimate
 from engine.models.gguf_check import explain_gguf_errors
 from engine.models.format_plan import FormatPlan, formats_for_source, four_bit_prompts_faster, traits_of
 from engine.models.context_choice import ContextChoice, choose_load, kv_budget_bytes
-from engine.models.draft_pairing import draft_not_used, target_refused, with_draft
+from engine.models.draft_pairing import draft_need, draft_not_used, target_refused, with_draft
 from engine.models.loading import LoadedModel, LoadPlan, Progress, load_model, resolve_device
-from engine.models.memory_estimate import cpu_formats_notice
+from engine.models.memory_estimate import NotEnoughMemoryError, cpu_formats_notice, gib_text
 from engine.models.model_files import inspect_model
 from engine.models.model_source import ModelFileError, ModelSource
 from engine.protocol.channels import EventSink
@@ -44,9 +46,10 @@ def open_model(
 ) -> LoadedModel:
     """The model ``requested`` loaded under ``options``, with its draft model where ``options`` names one that can
     draft for it (``draft_pairing``; one that cannot leaves a notice saying why)."""
-    loaded = _open_one(requested, options, emit, progress, is_cancelled)
     if options.draft_model is None:
-        return loaded
+        return _open_one(requested, options, emit, progress, is_cancelled)
+    loaded = _open_one(requested, options, emit, progress, is_cancelled,
+                       _draft_source(options.draft_model, emit, is_cancelled))
     name = "the built-in model" if options.draft_model == "default" else options.draft_model
     refused = target_refused(loaded)
     if refused is not None:
@@ -65,14 +68,16 @@ def _open_one(
     emit: EventSink,
     progress: Progress,
     is_cancelled: Callable[[], bool],
+    draft: ModelSource | None = None,
 ) -> LoadedModel:
+    """One model loaded under ``options``, its precision and context chosen in the memory ``draft`` (the draft model
+    to load after it, if any) leaves."""
     path = _fetch_if_default(requested, emit, is_cancelled)
     source = inspect_model(path)
     device = resolve_device(options.device)
     requested = canonical_precision(options.precision)
     available = memory_estimate.available_memory(device.type)  # one reading for the precision and the context
-    precision, context = choose_load(source, device.type, requested, options.context_length, available,
-                                     options.kv_cache)
+    precision, context = _choose_beside_draft(source, device.type, requested, options, available, draft)
     formats = _plan_formats(source, device.type, requested, precision, options.kv_cache)
     notice = _formats_notice(source, requested, formats, context.tokens, available)
     template = ChatTemplate.for_model(source)
@@ -88,6 +93,35 @@ def _open_one(
         return load_model(plan, progress, is_cancelled)
     with explain_gguf_errors(source.path):
         return load_model(plan, progress, is_cancelled)
+
+
+def _draft_source(requested: str, emit: EventSink, is_cancelled: Callable[[], bool]) -> ModelSource | None:
+    """The draft model's checked headers (the built-in model fetched first); None where it cannot be read, which its
+    own load, after the model's, then says."""
+    try:
+        return inspect_model(_fetch_if_default(requested, emit, is_cancelled))
+    except (ModelFileError, OSError):
+        return None
+
+
+def _choose_beside_draft(source: ModelSource, device: str, requested: str, options: LoadOptions, available: int,
+                         draft: ModelSource | None) -> tuple[str, ContextChoice]:
+    """``choose_load`` in the memory the draft model's weights and pool leave; its refusal then says what the draft
+    model takes. A draft model that would not load at all takes nothing (its own load says so)."""
+    try:
+        reserved = draft_need(draft, source, options.context_length, device, available).total_bytes if draft else 0
+    except NotEnoughMemoryError:
+        reserved = 0
+    try:
+        return choose_load(source, device, requested, options.context_length, available - reserved,
+                           options.kv_cache)
+    except NotEnoughMemoryError as exc:
+        if not reserved:
+            raise
+        raise NotEnoughMemoryError(
+            f"{exc} The draft model takes {gib_text(reserved)} of the {gib_text(available)} free (its weights and "
+            f"its KV cache): without one, the model has that much more room."
+        ) from exc
 
 
 def _plan_formats(source: ModelSource, device: str, requested: str, precision: str, kv_cache: str) -> FormatPlan:

@@ -441,7 +441,8 @@ class EngineError:
 
 @dataclass(frozen=True)
 class PrecisionEstimate:
-    """Memory to run the model at ``precision``; ``verdict`` is "fits", "tight" or "won't fit"."""
+    """Memory to run the model at ``precision`` (``total_bytes``: with overhead, and with the draft model where one
+    is chosen); ``verdict`` is "fits", "tight" or "won't fit"."""
 
     precision: str
     weight_bytes: int
@@ -457,6 +458,8 @@ class ModelInspected:
     ``auto_precision`` is what ``precision="auto"`` would pick, or None when nothing fits. ``context_length`` is
     the context a load would take (the one asked for, or what fits up to 32 768 tokens), ``context_reason`` that
     choice in words ("32 768 of 131 072 tokens: what fits in 20.00 GiB free"; "" when nothing fits).
+    ``draft_weight_bytes`` and ``draft_kv_bytes``: what the draft model the options name holds beside it, its weights
+    and its KV pool (0 without one), counted in each estimate's total.
     """
 
     request_id: str
@@ -475,6 +478,8 @@ class ModelInspected:
     notes: tuple[str, ...] = ()
     file_type: str = ""  # a GGUF file's quantization as llama.cpp names it ("Q4_K_M"); "" when none is stated
     context_reason: str = ""
+    draft_weight_bytes: int = 0
+    draft_kv_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
+BLOCK_SIZE = 16
+"""Positions a block holds, in every pool the engine makes (the model's and its draft model's)."""
 ROOT = -1  # the parent of every sequence's first block
 
 TokenKey = tuple[int, ...]

@@ -54,14 +54,13 @@ from engine.protocol.messages import (
     ReplyFailed,
     SamplingParams,
 )
-from engine.scheduler.block_pool import BlockPool
+from engine.scheduler.block_pool import BLOCK_SIZE, BlockPool
 from engine.scheduler.conversation_chains import ConversationChains
 from engine.scheduler.scheduler import ScheduledChunk, Scheduler, Step
 from engine.scheduler.step_pacer import StepPacer
 from engine.service.draft_model import ModelDrafts
 from engine.service.reply_events import ReplyEvents
 
-BLOCK_SIZE = 16
 SAMPLE_INTERVAL_S = 0.1
 THROUGHPUT_WINDOW_S = 3.0
 

@@ -2,7 +2,7 @@
 
 ``ModelDrafts`` is the draft model's ``DraftSource`` (``engine/chat/speculative``). It
 owns the draft model's own KV block pool and scheduler, small beside the target's
-(``draft_pairing.DRAFT_POOL_CONTEXTS`` contexts), in which each drafting request has a
+(``draft_pairing.draft_pool_blocks``: the blocks its load notice counts), in which each drafting request has a
 sequence that follows the target's. Asked for drafts, it first brings each sequence
 to the target's tokens: where everything it computed is still a prefix of them (the
 draft was accepted whole, or just short of it) the new tokens are fed after it;
@@ -27,7 +27,7 @@ import torch
 from engine.chat.speculative.draft_length import ROW_COST
 from engine.chat.speculative.draft_source import DraftWant
 from engine.forward.paged_kv import BatchRow
-from engine.models.draft_pairing import DRAFT_POOL_CONTEXTS
+from engine.models.draft_pairing import draft_pool_blocks
 from engine.models.loading import LoadedModel
 from engine.scheduler.block_pool import BlockPool
 from engine.scheduler.scheduler import IDLE_STEP_TOKENS, Scheduler, Step
@@ -42,7 +42,7 @@ class ModelDrafts:
         self._backend = draft.backend
         one = self._backend.new_pool(1, block_size)
         self.context_length = min(target.context_length, draft.context_length)
-        blocks = DRAFT_POOL_CONTEXTS * -(-self.context_length // block_size) * len(one.windows)  # window groups: ample
+        blocks = draft_pool_blocks(self.context_length, block_size, len(one.windows))
         self.bytes_per_block = one.bytes_per_block
         self.kv = self._backend.new_pool(blocks, block_size)
         self.scheduler = Scheduler(BlockPool(blocks, block_size), IDLE_STEP_TOKENS, max_running, windows=one.windows)

@@ -53,6 +53,7 @@ GIB = 1024**3
 FAKE_WEIGHTS_FP32 = 2 * GIB
 FAKE_KV_PER_TOKEN_FP32 = 64 * 1024
 FAKE_SCALES = {"fp32": (1.0, 1.0), "bf16": (0.5, 0.5), "fp16": (0.5, 0.5), "int4": (0.16, 0.5)}  # (weights, KV cache)
+FAKE_DRAFT_BYTES = (256 * 1024**2, 128 * 1024**2)  # a draft model's weights and KV pool
 LOAD_STEPS = 10
 FAKE_POOL_BLOCKS = 64
 FAKE_BLOCK_BYTES = 256 * 1024
@@ -82,6 +83,8 @@ class FakeScript:
     reading_delay_s: float = 0.0
     free_cpu_bytes: int = 16 * GIB
     """What the fake reports as free system memory when asked to inspect a model."""
+    context_reason: str | None = None
+    """When set, the reason every inspection gives for its context (else the fake's own)."""
     generates: list[Generate] = field(default_factory=list)
     loads: list[LoadModel] = field(default_factory=list)
     inspections: list[InspectModel] = field(default_factory=list)
@@ -155,20 +158,28 @@ class FakeRuntime(ServesWhole):
             self._emit(StatusChanged("ready"))
 
     def _inspect(self, request: InspectModel) -> ModelInspected | InspectFailed:
-        """A 0.5 B-parameter model; the KV cache grows with the asked context length."""
+        """A 0.5 B-parameter model; the KV cache grows with the asked context length; a draft model, when one is
+        asked, is counted beside it as the engine counts it (``FAKE_DRAFT_BYTES``)."""
         if request.path == self._script.broken_path:
             return InspectFailed(request.request_id, f"No model found at {request.path}: pick a folder or .gguf file.")
         context = request.options.context_length or 4096
+        draft = FAKE_DRAFT_BYTES if request.options.draft_model else (0, 0)
         estimates = tuple(
-            _fake_estimate(precision, scale, context, self._script.free_cpu_bytes)
+            _fake_estimate(precision, scale, context, self._script.free_cpu_bytes, sum(draft))
             for precision, scale in FAKE_SCALES.items()
         )
         fitting = [item.precision for item in estimates if item.verdict == "fits" and item.precision in AUTO_ON_CPU]
         return ModelInspected(
             request.request_id, request.path, "Fake inspected", "gguf", 500_000_000, 4096, context, "cpu",
             estimates, self._script.free_cpu_bytes, 0, False, fitting[0] if fitting else None, file_type="Q4_K_M",
-            context_reason="" if request.options.context_length else "4 096 tokens: the model's full context",
+            context_reason=self._context_reason(request),
+            draft_weight_bytes=draft[0], draft_kv_bytes=draft[1],
         )
+
+    def _context_reason(self, request: InspectModel) -> str:
+        if self._script.context_reason is not None:
+            return self._script.context_reason
+        return "" if request.options.context_length else "4 096 tokens: the model's full context"
 
     def _break_off(self, request: Generate, text: str) -> bool:
         if self._script.crash:
@@ -243,12 +254,14 @@ def hearth_home(tmp_path, monkeypatch):
 AUTO_ON_CPU = ("fp32", "bf16", "int4")  # what the engine's automatic choice tries (memory_estimate.PRECISION_ORDER)
 
 
-def _fake_estimate(precision: str, scale: tuple[float, float], context: int, free: int) -> PrecisionEstimate:
-    """``scale``: of the fp32 weights and of the fp32 KV cache."""
+def _fake_estimate(precision: str, scale: tuple[float, float], context: int, free: int,
+                   draft: int = 0) -> PrecisionEstimate:
+    """``scale``: of the fp32 weights and of the fp32 KV cache; ``draft``: the draft model's bytes, in the total and
+    out of the room the verdict weighs against."""
     weights, kv = int(FAKE_WEIGHTS_FP32 * scale[0]), int(FAKE_KV_PER_TOKEN_FP32 * scale[1]) * context
-    total = weights + kv
-    verdict = "fits" if total <= 0.85 * free else "tight" if total <= free else "won't fit"
-    return PrecisionEstimate(precision, weights, kv, total, verdict)
+    total, room = weights + kv, free - draft
+    verdict = "fits" if total <= 0.85 * room else "tight" if total <= room else "won't fit"
+    return PrecisionEstimate(precision, weights, kv, total + draft, verdict)
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@
 loop (``call_soon_threadsafe``); everything else here runs on that loop. The link
 keeps what the server must know between requests (the model served, whether it is
 ready) and the figures of ``metrics``, and tells ``on_activity`` (the app's panel)
-how each request is doing, at most a few times a second per request.
+how each request is doing, how far its prompt is read included, at most a few times a second per request.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from engine.protocol.messages import (
     MemorySampled,
     ModelLoaded,
     PrefillDone,
+    PromptProgress,
     ReplyFailed,
     ReplyFinished,
     StatusChanged,
@@ -158,12 +159,15 @@ class EngineLink:
             self._metrics.first_token(stream.first_token_at - stream.submitted_at)
             stream.info = replace(info, state="running", prompt_tokens=event.prompt_tokens, cached_tokens=event.reused_tokens,
                                   ttft_ms=(stream.first_token_at - stream.submitted_at) * 1000)
+        elif isinstance(event, PromptProgress):
+            stream.info = replace(info, state="reading", prompt_tokens=event.prompt_tokens,
+                                  read_tokens=event.computed_tokens)
         elif isinstance(event, TokenStreamed):
             stream.info = replace(info, completion_tokens=event.tokens_generated, tok_s=event.decode_tok_s)
         elif isinstance(event, (ReplyFinished, ReplyFailed)):
             self._close(stream, event)
             return
-        self._report(stream, force=isinstance(event, PrefillDone))
+        self._report(stream, force=isinstance(event, (PrefillDone, PromptProgress)))  # progress: paced by the engine
 
     def _close(self, stream: RequestStream, event: ReplyFinished | ReplyFailed) -> None:
         del self._streams[stream.request_id]

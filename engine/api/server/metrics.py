@@ -12,12 +12,13 @@ from typing import Literal
 from engine.protocol.messages import BatchSampled, MemorySampled
 
 TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-RequestState = Literal["waiting", "running", "done", "cancelled", "failed"]
+RequestState = Literal["waiting", "reading", "running", "done", "cancelled", "failed"]
 
 
 @dataclass(frozen=True)
 class ServerRequestInfo:
-    """One API request as the app's performance panel lists it (text and numbers only)."""
+    """One API request as the app's performance panel lists it (text and numbers only). While a long prompt is read
+    over several steps (``PromptProgress``) its state is "reading", ``read_tokens`` of its ``prompt_tokens`` in."""
 
     request_id: str
     client: str  # the peer's address and its User-Agent, e.g. "127.0.0.1 · OpenAI/Python 3.51.0"
@@ -28,6 +29,7 @@ class ServerRequestInfo:
     completion_tokens: int = 0
     ttft_ms: float = 0.0
     tok_s: float = 0.0
+    read_tokens: int = 0
 
 
 @dataclass

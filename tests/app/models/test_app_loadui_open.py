@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QMimeData, QPoint, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent, QKeySequence
-from PySide6.QtWidgets import QApplication, QFileDialog
+from PySide6.QtWidgets import QApplication, QFileDialog, QLabel
 
 from app.controller import EngineController
 from app.models import load_dialog
@@ -197,6 +197,63 @@ def test_the_load_dialog_refuses_a_model_that_cannot_fit(qtbot, chat, window, sc
     qtbot.waitUntil(lambda: dialog.inspected.context_length == 512, timeout=5000)
     assert dialog.estimate_labels["kv"].text() == "16.0 MiB"
     assert not dialog.load_button.isEnabled()
+
+
+def _choose_draft(dialog: LoadDialog, value: str) -> None:
+    dialog.draft_box.setCurrentIndex(dialog.draft_box.findData(value))
+    dialog.draft_box.activated.emit(dialog.draft_box.currentIndex())
+
+
+def test_the_load_dialog_counts_the_chosen_draft_model_and_refuses_what_fits_only_without_it(
+    qtbot, chat, window, script
+):
+    script.free_cpu_bytes = int(2.5 * GIB)  # fp32 (2.25 GiB) is tight alone
+    chat.wait_until_ready()
+    dialog = window.model_loader.choose("/models/big.gguf")
+    qtbot.waitUntil(lambda: dialog.inspected is not None, timeout=5000)
+    dialog.precision_box.setCurrentIndex(dialog.precision_box.findData("fp32"))
+    assert dialog.verdict_label.text().startswith("Tight")
+    assert dialog.estimate_labels["draft"].isHidden()
+
+    _choose_draft(dialog, "default")  # its weights and KV pool: 0.375 GiB more
+    qtbot.waitUntil(lambda: dialog.inspected.draft_weight_bytes > 0, timeout=5000)
+    assert script.inspections[-1].options.draft_model == "default"
+    assert not dialog.estimate_labels["draft"].isHidden()
+    assert dialog.estimate_labels["draft"].text() == "+ 384 MiB"
+    assert dialog.findChild(QLabel, "estimate_total_name").text().endswith("with overhead and draft model")
+    assert dialog.estimate_labels["total"].text() == "2.62 GiB"
+    assert dialog.verdict_label.text().startswith("Won't fit")
+    assert "no draft model" in dialog.advice_label.text()
+    assert not dialog.load_button.isEnabled()
+
+    _choose_draft(dialog, "")
+    qtbot.waitUntil(lambda: dialog.inspected.draft_weight_bytes == 0, timeout=5000)
+    assert dialog.verdict_label.text().startswith("Tight") and dialog.load_button.isEnabled()
+    assert dialog.estimate_labels["draft"].isHidden()
+    dialog.reject()
+
+
+def test_the_rows_under_the_context_reason_stay_put_as_the_reason_changes(qtbot, chat, window, script):
+    script.context_reason = "4 096 tokens, as asked"
+    chat.wait_until_ready()
+    dialog = window.model_loader.choose("/models/big.gguf")
+    qtbot.waitUntil(lambda: dialog.inspected is not None, timeout=5000)
+    dialog.show()
+    below = (dialog.draft_box, dialog.verdict_label, dialog.load_button)
+
+    def rows_after(reason: str) -> list[int]:
+        """Where the rows below the reason lie once the engine's next answer gives ``reason``."""
+        script.context_reason = reason
+        dialog.kv_cache_box.setCurrentIndex(1 - dialog.kv_cache_box.currentIndex())  # asks the engine again
+        qtbot.waitUntil(lambda: dialog.context_reason_label.text() == reason, timeout=5000)
+        QApplication.processEvents()
+        return [widget.mapTo(dialog, QPoint(0, 0)).y() for widget in below]
+
+    short = rows_after("4 096 tokens: the model's full context")
+    assert rows_after("32 768 of 131 072 tokens: the default for chat, which fits in 120.00 GiB free") == short
+    assert rows_after("") == short  # nothing fits: no reason
+    assert rows_after("4 096 tokens, as asked") == short
+    dialog.reject()
 
 
 def test_the_load_dialog_explains_a_refused_path_and_does_not_load(qtbot, chat, window, script):

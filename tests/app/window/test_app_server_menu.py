@@ -56,6 +56,25 @@ def test_the_server_answers_through_the_window_engine_and_shows_in_the_panel(cha
     assert QGuiApplication.clipboard().text() == menu.url
 
 
+def test_the_panel_says_how_far_a_long_api_prompt_is_read(chat, script, window, qtbot):
+    script.reading = ((5_600, 16_000), (12_000, 16_000))
+    script.reading_delay_s = 0.6  # PromptProgress is paced at most twice a second
+    chat.wait_until_ready()
+    _settings_dialog(window, port=0)
+    window.server_menu.start_action.trigger()
+    requests = window.server_menu.requests
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        reply = pool.submit(_ask, window.server_menu.url)
+        qtbot.waitUntil(lambda: "reading the conversation… 35 % of 16,000 tokens" in requests.label.text(),
+                        timeout=5000)
+        qtbot.waitUntil(lambda: "75 % of 16,000 tokens" in requests.label.text(), timeout=5000)
+        qtbot.waitUntil(reply.done, timeout=10000)
+
+    qtbot.waitUntil(lambda: requests.rows()[0].state == "done", timeout=5000)
+    assert "reading" not in requests.label.text()
+
+
 def test_stopping_the_server_closes_its_port(chat, window, qtbot):
     chat.wait_until_ready()
     _settings_dialog(window, port=0)

@@ -6,6 +6,8 @@ import math
 import queue
 from pathlib import Path
 
+import pytest
+
 from engine.models.inspection import inspect_for_dialog, inspect_request
 from engine.protocol.channels import CancelWatch
 from engine.protocol.messages import InspectFailed, InspectModel, LoadOptions, ModelInspected
@@ -97,3 +99,46 @@ def test_the_runtime_answers_inspect_model_with_model_inspected(tiny_model_dir: 
     assert len(events) == 1
     assert isinstance(events[0], ModelInspected)
     assert (events[0].request_id, events[0].context_length) == ("r7", 128)
+
+
+def test_a_draft_model_is_counted_beside_the_model_as_its_load_holds_it(tiny_model_dir: Path):
+    from engine.models.model_open import open_model
+    from engine.scheduler.block_pool import BLOCK_SIZE
+    from engine.service.draft_model import ModelDrafts
+
+    alone = inspect_for_dialog(str(tiny_model_dir), LoadOptions(device="cpu"), "r8", _plenty, cuda_available=False)
+    options = LoadOptions(device="cpu", draft_model=str(tiny_model_dir))
+    found = inspect_for_dialog(str(tiny_model_dir), options, "r8", _plenty, cuda_available=False)
+    draft_bytes = found.draft_weight_bytes + found.draft_kv_bytes
+
+    assert found.draft_weight_bytes == _by_precision(alone)[alone.auto_precision].weight_bytes  # auto's pick
+    assert found.draft_kv_bytes == 2 * 1024 * KV_BYTES_PER_TOKEN  # two of its 1 024-token contexts, bf16
+    assert [item.total_bytes for item in found.estimates] == [item.total_bytes + draft_bytes for item in alone.estimates]
+    loaded = open_model(str(tiny_model_dir), options, lambda _e: None, lambda *_: None, lambda: False)
+    assert loaded.draft is not None and loaded.draft.weight_bytes == pytest.approx(found.draft_weight_bytes, rel=0.01)
+    pool = ModelDrafts(loaded, BLOCK_SIZE, 4).kv
+    assert pool.num_blocks * pool.bytes_per_block == found.draft_kv_bytes
+
+
+def test_a_model_that_fits_only_without_its_draft_model_is_refused_with_it(tiny_model_dir: Path, monkeypatch):
+    from engine.models import memory_estimate, model_open
+
+    alone = inspect_for_dialog(str(tiny_model_dir), LoadOptions(device="cpu"), "r9", _plenty, cuda_available=False)
+    just_enough = _by_precision(alone)["fp32"].total_bytes  # "tight" alone, at the precision asked
+    options = LoadOptions(device="cpu", precision="fp32", context_length=1024, draft_model=str(tiny_model_dir))
+    found = inspect_for_dialog(str(tiny_model_dir), options, "r9", lambda _d: just_enough, cuda_available=False)
+    assert _by_precision(found)["fp32"].verdict == "won't fit"
+
+    monkeypatch.setattr(memory_estimate, "available_memory", lambda _device: just_enough)
+    with pytest.raises(memory_estimate.NotEnoughMemoryError, match="The draft model takes"):
+        model_open.open_model(str(tiny_model_dir), options, lambda _e: None, lambda *_: None, lambda: False)
+
+
+def test_a_model_that_takes_no_draft_model_counts_none(tmp_path: Path, tiny_model_dir: Path):
+    from tests.engine.models.fallback_models import FOLDER_VOCAB, random_model, tiny_config, write_folder
+
+    stablelm = write_folder(tmp_path / "stablelm", random_model(tiny_config("stablelm", FOLDER_VOCAB)))
+    options = LoadOptions(device="cpu", draft_model=str(tiny_model_dir))
+    found = inspect_for_dialog(str(stablelm), options, "r10", _plenty, cuda_available=False)
+
+    assert (found.draft_weight_bytes, found.draft_kv_bytes) == (0, 0)  # it runs through transformers: nothing drafts

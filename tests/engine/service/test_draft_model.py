@@ -9,6 +9,9 @@ from dataclasses import replace
 import pytest
 
 from engine.chat.speculative.draft_source import DraftWant
+from engine.models.draft_pairing import with_draft
+from engine.models.memory_estimate import gib_text
+from engine.scheduler.block_pool import BLOCK_SIZE
 from engine.service.draft_model import ModelDrafts
 
 BLOCK = 16
@@ -52,3 +55,12 @@ def test_requests_drafted_together_get_what_each_gets_alone_and_an_ended_one_let
     assert [seq.request_id for seq in drafts.scheduler.running] == ["b"]
     assert drafts.drafts([DraftWant("b", other, 1)])["b"] == together["b"][:1]  # b went back: its prefix is cached
     assert drafts.drafts([]) == {} and drafts.scheduler.pool.counts()[0] == 0  # none drafting: no block held
+
+
+def test_the_load_notice_counts_the_positions_and_bytes_the_draft_pool_allocates(tiny_loaded):
+    target = replace(tiny_loaded, context_length=1000)  # not a whole number of blocks: the pool rounds up
+    notice = with_draft(target, tiny_loaded).notices[-1]
+    pool = ModelDrafts(replace(target, draft=tiny_loaded), BLOCK_SIZE, 4).kv
+    allocated = pool.buffer.numel() * pool.buffer.element_size()
+    assert allocated == pool.num_blocks * pool.bytes_per_block
+    assert f"at most {gib_text(allocated)} of KV cache ({pool.num_blocks * BLOCK_SIZE:,} positions)" in notice
