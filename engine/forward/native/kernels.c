@@ -112,10 +112,12 @@ static inline __attribute__((always_inline)) void zero_totals(int count, __m512 
 }
 
 /* One block of 64 weight rows against `count` (1 or ROW_TILE) activation rows, one code a value or two (`low`
-   read only then): y[m, row0 .. row0 + 63]. */
+   read only then): y[m, row0 .. row0 + 63]. read_ahead: the call's first pass over the block, which asks for its
+   bytes ahead (prefetch_ahead); later passes find them in cache. */
 static inline __attribute__((always_inline)) void int4_block(
         int count, int two_codes, const int8_t *high, const int8_t *low, const float *scales, const float *code_totals,
-        int width, const uint8_t *block, const uint16_t *block_pairs, int rows, int group, float *y, int row0) {
+        int width, const uint8_t *block, const uint16_t *block_pairs, int rows, int group, float *y, int row0,
+        int read_ahead) {
     const __m512i nibble = _mm512_set1_epi8(0x0F), first = lane_gather(0), second = lane_gather(16);
     const int groups = width / group;
     __m512 total[ROW_TILE][4];
@@ -126,7 +128,7 @@ static inline __attribute__((always_inline)) void int4_block(
         if (two_codes) zero_sums(count, low_sums);
         const uint8_t *bytes = block + (size_t)g * group * 32;
         for (int k = 0; k < group; k += 4) {
-            prefetch_ahead(bytes + k * 32, 2);
+            if (read_ahead) prefetch_ahead(bytes + k * 32, 2);
             __m512i two = _mm512_loadu_si512(bytes + k * 32), next = _mm512_loadu_si512(bytes + k * 32 + 64);
             __m512i rows_a = _mm512_permutex2var_epi8(two, first, next);   /* rows 0-15 low, 32-47 high nibbles */
             __m512i rows_b = _mm512_permutex2var_epi8(two, second, next);  /* rows 16-31 low, 48-63 high */
@@ -281,7 +283,7 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
             float *out = y + (size_t)m * rows;
             #define INT4_ROWS(tile, two) int4_block(tile, two, high + x_at, row_low, scales + group_at, \
                                                     code_totals + group_at, width, block, block_pairs, rows, group, \
-                                                    out, b * BLOCK_ROWS)
+                                                    out, b * BLOCK_ROWS, m == 0)
             if (count - m >= ROW_TILE) {
                 if (two_codes) INT4_ROWS(ROW_TILE, 1); else INT4_ROWS(ROW_TILE, 0);
             } else {
@@ -293,10 +295,11 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
 }
 
 /* One block of 64 int8 weight rows against `count` (1 or ROW_TILE) activation rows, two codes a value:
-   y[m, row0 .. row0 + 63]. code_totals [M, K / 32]: each group's codes summed, which take the offset out. */
+   y[m, row0 .. row0 + 63]. code_totals [M, K / 32]: each group's codes summed, which take the offset out.
+   read_ahead: as int4_block's. */
 static inline __attribute__((always_inline)) void int8_block(
         int count, const int8_t *high, const int8_t *low, const float *scales, const float *code_totals, int width,
-        const uint8_t *block, const uint16_t *weight_scales, int rows, float *y) {
+        const uint8_t *block, const uint16_t *weight_scales, int rows, float *y, int read_ahead) {
     const int groups = width / INT8_GROUP;
     __m512 total[ROW_TILE][4];
     zero_totals(count, total);
@@ -307,7 +310,7 @@ static inline __attribute__((always_inline)) void int8_block(
         const uint8_t *bytes = block + (size_t)g * INT8_GROUP * BLOCK_ROWS;
         for (int k = 0; k < INT8_GROUP; k += 4) {
             __m512i codes[4];  /* codes[j]: columns k .. k + 3 of rows 16j .. 16j + 15, a 32-bit lane a row */
-            prefetch_ahead(bytes + (size_t)k * BLOCK_ROWS, 4);
+            if (read_ahead) prefetch_ahead(bytes + (size_t)k * BLOCK_ROWS, 4);
             for (int j = 0; j < 4; j++) codes[j] = _mm512_loadu_si512(bytes + (size_t)k * BLOCK_ROWS + 64 * j);
             dot_four_columns(count, high, width, (size_t)g * INT8_GROUP + k, codes, high_sums);
             dot_four_columns(count, low, width, (size_t)g * INT8_GROUP + k, codes, low_sums);
@@ -347,10 +350,10 @@ void int8_matmul(const float *x, int count, int width, const uint8_t *packed, co
             float *out = y + (size_t)m * rows + (size_t)b * BLOCK_ROWS;
             if (count - m >= ROW_TILE)
                 int8_block(ROW_TILE, high + x_at, low + x_at, scales + group_at, code_totals + group_at, width, block,
-                           block_scales, rows, out);
+                           block_scales, rows, out, m == 0);
             else
                 int8_block(1, high + x_at, low + x_at, scales + group_at, code_totals + group_at, width, block,
-                           block_scales, rows, out);
+                           block_scales, rows, out, m == 0);
         }
     }
 }

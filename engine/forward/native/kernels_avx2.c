@@ -140,10 +140,12 @@ static inline void store_rows(float *y, int row0, int high, int j, __m256 sums) 
 }
 
 /* A block of 64 rows against `count` (1 or ROW_TILE) activation rows, one code a value or two (`low` read only
-   then): y[m, row0 .. row0 + 63]. A group's bytes are read by the two passes in turn (the second from cache). */
+   then): y[m, row0 .. row0 + 63]. A group's bytes are read by the two passes in turn (the second from cache).
+   read_ahead: the call's first pass over the block, which asks for its bytes ahead (prefetch_ahead). */
 static inline __attribute__((always_inline)) void int4_block(
         int count, int two_codes, const int8_t *high, const int8_t *low, const float *scales, const float *code_totals,
-        int width, const uint8_t *block, const uint16_t *block_pairs, int rows, int group, float *y, int row0) {
+        int width, const uint8_t *block, const uint16_t *block_pairs, int rows, int group, float *y, int row0,
+        int read_ahead) {
     const int groups = width / group, codes_per_value = 1 + two_codes;
     const int8_t *x_codes[2] = {high, low};
     __m256 total[ROW_TILE][2][4];  /* [m][high][j] */
@@ -161,7 +163,7 @@ static inline __attribute__((always_inline)) void int4_block(
                     for (int i = 0; i < 8; i++) (&sums[m][0][0])[i] = _mm256_setzero_si256();
                 for (int k = k0; k < k1; k += 4) {
                     __m256i codes[4];
-                    if (pass == 0) prefetch_ahead(block + (size_t)k * HALF_ROWS, 2);
+                    if (read_ahead && pass == 0) prefetch_ahead(block + (size_t)k * HALF_ROWS, 2);
                     four_columns(block + (size_t)k * HALF_ROWS, pass, codes);
                     for (int m = 0; m < count; m++)
                         for (int c = 0; c < codes_per_value; c++) {
@@ -214,7 +216,7 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
             float *out = y + (size_t)m * rows;
             #define INT4_ROWS(n, two) int4_block(n, two, high + x_at, row_low, scales + group_at, \
                                                  code_totals + group_at, width, block, block_pairs, rows, group, \
-                                                 out, b * BLOCK_ROWS)
+                                                 out, b * BLOCK_ROWS, m == 0)
             if (two_codes) INT4_ROWS(1, 1);
             else if (count - m >= ROW_TILE) INT4_ROWS(ROW_TILE, 0);
             else INT4_ROWS(1, 0);
@@ -249,10 +251,10 @@ static inline float byte_offset(float code_total) { (void)code_total; return 0.0
 
 /* A block of 64 rows against `count` (1 or 2) activation rows, two codes a value: y[m, row0 .. row0 + 63]. A group's
    columns are 2 KiB of the block, read in order by its four quarters of 16 rows in turn (the later ones from cache),
-   each quarter's sums in eight registers. */
+   each quarter's sums in eight registers. read_ahead: as int4_block's. */
 static inline __attribute__((always_inline)) void int8_block(
         int count, const int8_t *high, const int8_t *low, const float *scales, const float *code_totals, int width,
-        const uint8_t *block, const uint16_t *weight_scales, int rows, float *y) {
+        const uint8_t *block, const uint16_t *weight_scales, int rows, float *y, int read_ahead) {
     const int groups = width / INT8_GROUP;
     __m256 total[2][8];
     for (int m = 0; m < count; m++)
@@ -264,7 +266,7 @@ static inline __attribute__((always_inline)) void int8_block(
                 for (int i = 0; i < 2; i++) high_sums[m][i] = low_sums[m][i] = _mm256_setzero_si256();
             for (int k = g * INT8_GROUP; k < (g + 1) * INT8_GROUP; k += 4) {
                 const uint8_t *bytes = block + (size_t)k * BLOCK_ROWS + 64 * quarter;
-                if (quarter == 0) prefetch_ahead(block + (size_t)k * BLOCK_ROWS, 4);
+                if (read_ahead && quarter == 0) prefetch_ahead(block + (size_t)k * BLOCK_ROWS, 4);
                 __m256i weights[2];
                 for (int i = 0; i < 2; i++) weights[i] = _mm256_loadu_si256((const __m256i *)(bytes + 32 * i));
                 for (int m = 0; m < count; m++) {
@@ -310,10 +312,10 @@ void int8_matmul(const float *x, int count, int width, const uint8_t *packed, co
             float *out = y + (size_t)m * rows + (size_t)b * BLOCK_ROWS;
             if (count - m >= 2)
                 int8_block(2, high + x_at, low + x_at, scales + group_at, code_totals + group_at, width, block,
-                           block_scales, rows, out);
+                           block_scales, rows, out, m == 0);
             else
                 int8_block(1, high + x_at, low + x_at, scales + group_at, code_totals + group_at, width, block,
-                           block_scales, rows, out);
+                           block_scales, rows, out, m == 0);
         }
     }
 }
