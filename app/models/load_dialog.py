@@ -132,6 +132,7 @@ class LoadDialog(QDialog):
         self._reinspect_timer = QTimer(self, singleShot=True, interval=REINSPECT_DELAY_MS)
         self._reinspect_timer.timeout.connect(self._inspect)
         self._draft_model = draft_model
+        self._context_edited = False
         self._build()
         controller.model_inspected.connect(self._on_inspected)
         controller.inspect_failed.connect(self._on_inspect_failed)
@@ -208,7 +209,7 @@ class LoadDialog(QDialog):
         self.draft_box.activated.connect(self._on_draft_chosen)
         form.addRow("Draft model", self.draft_box)
         self.device_box.currentIndexChanged.connect(self._reinspect_timer.start)
-        self.context_box.valueChanged.connect(self._reinspect_timer.start)
+        self.context_box.valueChanged.connect(self._on_context_edited)
         self.kv_cache_box.currentIndexChanged.connect(self._reinspect_timer.start)
         self.precision_box.currentIndexChanged.connect(self._show_estimate)
         return form
@@ -263,9 +264,18 @@ class LoadDialog(QDialog):
         item.setEnabled(enabled)
         item.setToolTip("" if enabled else why_not)
 
+    def _on_context_edited(self) -> None:
+        """The user set the context: from now on the estimates are for it (the engine's answers set the box with its
+        signals blocked)."""
+        self._context_edited = True
+        self._reinspect_timer.start()
+
     def _inspect(self) -> None:
-        options = LoadOptions(self.device_box.currentData(), "auto", self.options().context_length,
-                              self.kv_cache_box.currentData(), self._draft_model)
+        """Ask the engine for its estimate of the options shown; the context its own choice until the user sets one,
+        so that a change of device, KV cache or draft model chooses it anew."""
+        context = self.options().context_length if self._context_edited else None
+        options = LoadOptions(self.device_box.currentData(), "auto", context, self.kv_cache_box.currentData(),
+                              self._draft_model)
         self._pending_request = self._controller.inspect_model(self._path, options)
 
     def _on_inspected(self, found: ModelInspected) -> None:

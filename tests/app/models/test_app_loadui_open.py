@@ -64,6 +64,7 @@ def test_ctrl_o_opens_a_gguf_through_the_load_dialog_with_the_chosen_options(
     dialog.precision_box.setCurrentIndex(dialog.precision_box.findData("bf16"))
     dialog.context_box.setValue(2048)
     qtbot.waitUntil(lambda: dialog.inspected.context_length == 2048, timeout=5000)
+    assert script.inspections[-1].options.context_length == 2048  # the user's, from now on
     qtbot.mouseClick(dialog.load_button, Qt.MouseButton.LeftButton)
 
     _wait_for_model(qtbot, window, "Fake tiny-chat.gguf")
@@ -82,6 +83,7 @@ def test_the_load_dialogs_int8_kv_cache_is_estimated_and_loaded(qtbot, chat, win
     dialog.kv_cache_box.setCurrentIndex(dialog.kv_cache_box.findData("int8"))
     assert dialog.kv_cache_box.currentText() == "int8 (half the memory)"
     qtbot.waitUntil(lambda: script.inspections[-1].options.kv_cache == "int8", timeout=5000)
+    assert script.inspections[-1].options.context_length is None  # the engine chooses it anew for int8
     qtbot.mouseClick(dialog.load_button, Qt.MouseButton.LeftButton)
 
     _wait_for_model(qtbot, window, "Fake tiny-chat.gguf")
