@@ -34,7 +34,6 @@ enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  /* GGML
 #define BLOCK_ROWS 64   /* rows a block of the int4 and int8 layouts holds */
 #define HALF_ROWS 32
 #define SUPER 256       /* weights of a K-quant block */
-#define MAX_WIDTH 65536 /* widest row decoded here (a thread's buffer) */
 
 static float half_float(const uint8_t *at) {
     _Float16 value;
@@ -242,7 +241,8 @@ static void interleave_rows(const uint8_t *rows, int width, uint8_t *out) {
     for (; k0 + 16 <= width; k0 += 16)
         for (int j0 = 0; j0 < HALF_ROWS; j0 += 16) {
             __m128i r[16], next[16];
-            for (int i = 0; i < 16; i++) r[i] = _mm_loadu_si128((const __m128i *)(rows + (size_t)(j0 + i) * width + k0));
+            for (int i = 0; i < 16; i++)
+                r[i] = _mm_loadu_si128((const __m128i *)(rows + (size_t)(j0 + i) * width + k0));
             for (int round = 0; round < 4; round++) {
                 for (int i = 0; i < 8; i++) {
                     next[2 * i] = _mm_unpacklo_epi8(r[i], r[i + 8]);
@@ -275,8 +275,8 @@ void gguf_int4_groups(const uint8_t *blocks, int64_t rows, int64_t row_bytes, in
     }
     #pragma omp parallel
     {
-        static _Thread_local uint8_t high[MAX_WIDTH];
-        uint8_t *paired = malloc((size_t)HALF_ROWS * width);  /* [32, width]: row j's codes low, row j + 32's high */
+        /* [32, width]: row j's codes low, row j + 32's high; then a row for each row j + 32's codes */
+        uint8_t *paired = malloc((size_t)(HALF_ROWS + 1) * width), *high = paired + (size_t)HALF_ROWS * width;
         float weights[SUPER];
         #pragma omp for schedule(static)
         for (int64_t b = 0; b < rows / BLOCK_ROWS; b++) {

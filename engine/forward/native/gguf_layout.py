@@ -22,7 +22,7 @@ from engine.forward.weights.packed_sizes import CPU_INT4_PACK_ROWS, INT8_BLOCK_R
 
 TYPES = tuple(GGMLQuantizationType[name] for name in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"))
 GROUP = 32  # weights an int4 group holds
-MAX_WIDTH = 65536  # the widest row the C functions take (a thread's buffer)
+MAX_WIDTH = 65536  # the widest row handed to the C functions; wider rows keep the PyTorch ops
 
 
 def available() -> bool:

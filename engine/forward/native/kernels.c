@@ -900,8 +900,8 @@ static inline __attribute__((always_inline)) AMX_TARGET void step_to_tiles(weigh
 /* y [count, rows] columns col0 .. col0 + 31 (+)= x [count, K] (bf16, its rows padded to a multiple of 32 and
    readable) times one strip over columns k0 .. k1 - 1 of K: 32 rows at a time, or 16 for the last few; from k0 = 0
    the sums start at zero, past it from what the previous columns left in y (fp32 both ways: the same sums as one
-   pass). The first pass dequantizes each step's tiles (`step`) just before it multiplies them (the vector units' work beside
-   the tiles'), into `tiles` [(k1 - k0) / 32, 2, 16, 32], where the later passes find them. */
+   pass). The first pass dequantizes each step's tiles (`step`) just before it multiplies them (the vector units'
+   work beside the tiles'), into `tiles` [(k1 - k0) / 32, 2, 16, 32], where the later passes find them. */
 static AMX_TARGET void strip_product(const uint16_t *x, int count, int width, int k0, int k1, strip_step step,
                                      const void *weights, int s, uint16_t *tiles, float *y, int rows, int col0) {
     const size_t stride = (size_t)width * 2;
@@ -1234,10 +1234,6 @@ AMX_TARGET void int4_matmul_amx(const float *x, int count, int width, uint16_t *
 /* gpt-oss's experts in MXFP4 blocks (kernels_common.h). */
 #define MXFP4_ROW_TILE 4  /* activation rows per pass over a weight row */
 
-static void mxfp4_scales(float scale_of[256]) {  /* each e8m0 exponent's weight scale */
-    for (int e = 0; e < 256; e++) scale_of[e] = mxfp4_scale((uint8_t)e);
-}
-
 /* The exact product, fp32 activations (the fp32 plan): each block's 16 code bytes widen to 32-bit lanes, whose low 4
    bits (the low nibbles, then the high ones shifted down) pick the weights from a 16-entry fp32 table (vpermps),
    times the block's scale. */
@@ -1322,7 +1318,7 @@ static inline __attribute__((always_inline)) void mxfp4_row(
     for (int m = 0; m < tile; m++) sums[m] = _mm512_setzero_ps();
     int b = 0;
     for (; b + 1 < per_row; b += 2) {
-        prefetch_ahead(row + (size_t)b * MXFP4_BLOCK_BYTES, 1);
+        if (m0 == 0) prefetch_ahead(row + (size_t)b * MXFP4_BLOCK_BYTES, 1);  /* the call's first pass over the row */
         mxfp4_two_blocks(tile, two_codes, 1, a, m0, width, row + (size_t)b * MXFP4_BLOCK_BYTES,
                          (size_t)b * MXFP4_BLOCK, scale_of, table, sums);
     }

@@ -796,7 +796,7 @@ static inline __attribute__((always_inline)) void mxfp4_row(
     for (int m = 0; m < tile; m++) sums[m] = _mm256_setzero_ps();
     for (int b = 0; b < per_row; b++) {
         const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
-        prefetch_ahead(block, 1);
+        if (m0 == 0) prefetch_ahead(block, 1);  /* the call's first pass over the row */
         const __m256i codes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(block + 1)));
         const __m256i weights = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srlv_epi64(codes, halves), nibble));
         const __m256 weight_scale = _mm256_set1_ps(scale_of[block[0]]);
@@ -839,7 +839,7 @@ static inline __attribute__((always_inline)) void mxfp4_tile(
 void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
                   int codes, void *scratch, float *y) {
     float scale_of[256];
-    for (int e = 0; e < 256; e++) scale_of[e] = mxfp4_scale((uint8_t)e);
+    mxfp4_scales(scale_of);
     if (codes == 0) {
         mxfp4_matmul_exact(x, count, width, blocks, rows, bias, scale_of, y);
         return;

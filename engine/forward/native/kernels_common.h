@@ -107,6 +107,10 @@ static inline float mxfp4_scale(uint8_t e) {  /* 2^(e - 128), as ggml_e8m0_to_fp
     return scale.value;
 }
 
+static inline void mxfp4_scales(float scale_of[256]) {  /* each e8m0 exponent's weight scale */
+    for (int e = 0; e < 256; e++) scale_of[e] = mxfp4_scale((uint8_t)e);
+}
+
 /* mxfp4_matmul's activations, carved from its scratch (M * (5K + K / 4) bytes): quantize_activations' codes per
    block of 32 (high, and low where two codes a value) and scales [M, K / 32]; and for the x86 products, for each run
    of four codes (a 32-bit lane of the dot products) -MXFP4_OFFSET times their sum in each plane (high_offsets,

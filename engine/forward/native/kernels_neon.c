@@ -700,7 +700,7 @@ static inline __attribute__((always_inline)) void mxfp4_rows(int sdot, const mxf
         for (int m = 0; m < tile; m++) sums[m] = vdupq_n_f32(0.0f);
         for (int b = 0; b < per_row; b++) {
             const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
-            prefetch_ahead(block, 1);
+            if (m0 == 0) prefetch_ahead(block, 1);  /* the call's first pass over the row */
             const uint8x16_t codes = vld1q_u8(block + 1);
             const int8x16_t first = vqtbl1q_s8(table, vandq_u8(codes, vdupq_n_u8(0x0F)));  /* weights 0-15 */
             const int8x16_t second = vqtbl1q_s8(table, vshrq_n_u8(codes, 4));              /* weights 16-31 */
@@ -733,7 +733,7 @@ static void mxfp4_rows_smull(const mxfp4_call *call, int n) { mxfp4_rows(0, call
 void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
                   int codes, void *scratch, float *y) {
     float scale_of[256];
-    for (int e = 0; e < 256; e++) scale_of[e] = mxfp4_scale((uint8_t)e);
+    mxfp4_scales(scale_of);
     if (codes == 0) {
         mxfp4_matmul_exact(x, count, width, blocks, rows, bias, scale_of, y);
         return;
