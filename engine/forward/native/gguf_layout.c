@@ -25,7 +25,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __SSE2__
+#ifdef __AVX2__
+#include <immintrin.h>
+#elif defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
@@ -65,6 +67,7 @@ static inline float rounded(float x) {
 
 static inline float clamped(float x, float low, float high) { return x < low ? low : (x > high ? high : x); }
 
+static int is_four_bit(int type) { return type == Q4_0 || type == Q4_1 || type == Q4_K; }
 static int block_weights(int type) { return type == Q4_K || type == Q5_K || type == Q6_K ? SUPER : 32; }
 
 static int block_bytes(int type) {
@@ -86,6 +89,30 @@ static void k_scales_and_mins(const uint8_t *packed, uint8_t *scales, uint8_t *m
         scales[j + 4] = (packed[j + 8] & 0x0F) | ((packed[j] >> 2) & 0x30);
         mins[j + 4] = (packed[j + 8] >> 4) | ((packed[j + 4] >> 2) & 0x30);
     }
+}
+
+/* 32 weights of a Q6_K block: code l's low four bits from low_bytes[l] >> low_shift, its high two from
+   high_bytes[l] >> high_shift; weights 0-15 times `first`, 16-31 times `second`, each w = scale * (q - 32). */
+static void q6_k_run(const uint8_t *low_bytes, const uint8_t *high_bytes, int low_shift, int high_shift, float first,
+                     float second, float *out) {
+#ifdef __AVX2__
+    const __m256i low = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)low_bytes),
+                                                          _mm_cvtsi32_si128(low_shift)), _mm256_set1_epi8(0x0F));
+    const __m256i high = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)high_bytes),
+                                                           _mm_cvtsi32_si128(high_shift)), _mm256_set1_epi8(0x03));
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32));
+    const __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+    for (int i = 0; i < 4; i++) {  /* eight codes a time: [-32, 31] as int32, then floats */
+        const __m128i eight = i % 2 ? _mm_srli_si128(halves[i / 2], 8) : halves[i / 2];
+        const __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight));
+        _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(_mm256_set1_ps(i < 2 ? first : second), x));
+    }
+#else
+    for (int l = 0; l < 32; l++) {
+        const int q = ((low_bytes[l] >> low_shift) & 0x0F) | (((high_bytes[l] >> high_shift) & 0x03) << 4);
+        out[l] = (l < 16 ? first : second) * (float)(q - 32);
+    }
+#endif
 }
 
 /* One block's weights as gguf-py's dequantize gives them. */
@@ -137,15 +164,8 @@ static void decode_block(const uint8_t *block, int type, float *w) {
             for (int h = 0; h < 2; h++)
                 for (int j = 0; j < 4; j++) {
                     const uint8_t *low_bytes = block + 64 * h + 32 * (j % 2), *high_bytes = block + 128 + 32 * h;
-                    const int low_shift = 4 * (j / 2), high_shift = 2 * j;
-                    float *out = w + 128 * h + 32 * j;
-                    for (int half = 0; half < 2; half++) {
-                        const float scale = d * (float)sub_scales[8 * h + 2 * j + half];
-                        for (int l = 16 * half; l < 16 * half + 16; l++) {
-                            int q = ((low_bytes[l] >> low_shift) & 0x0F) | (((high_bytes[l] >> high_shift) & 0x03) << 4);
-                            out[l] = scale * (float)(q - 32);
-                        }
-                    }
+                    q6_k_run(low_bytes, high_bytes, 4 * (j / 2), 2 * j, d * (float)sub_scales[8 * h + 2 * j],
+                             d * (float)sub_scales[8 * h + 2 * j + 1], w + 128 * h + 32 * j);
                 }
         }
     }
@@ -160,32 +180,98 @@ void gguf_dense_rows(const uint8_t *blocks, int64_t rows, int64_t row_bytes, int
             decode_block(blocks + n * row_bytes + (int64_t)b * size, type, out + n * width + (int64_t)b * per_block);
 }
 
-/* A 4-bit type's block: its nibbles as codes (weight order) and each group of 32's (q - 8) * scale + zero. */
-static void four_bit_groups(const uint8_t *block, int type, uint8_t *codes, float *scales, float *zeros) {
+/* A 4-bit type's block: each group of 32's (q - 8) * scale + zero, as scales and zeros. */
+static void four_bit_scales(const uint8_t *block, int type, float *scales, float *zeros) {
     if (type == Q4_K) {
         float d = half_float(block), dmin = half_float(block + 2);
         uint8_t sub_scales[8], sub_mins[8];
         k_scales_and_mins(block + 4, sub_scales, sub_mins);
         for (int j = 0; j < 8; j++) {
-            const uint8_t *run = block + 16 + 32 * (j / 2);
-            int shift = 4 * (j & 1);
-            for (int l = 0; l < 32; l++) codes[32 * j + l] = (run[l] >> shift) & 0x0F;
             scales[j] = (float)sub_scales[j] * d;
             zeros[j] = scales[j] * 8.0f - (float)sub_mins[j] * dmin;  /* (q - 8) s + z = s q - min */
         }
         return;
     }
-    const uint8_t *nibbles = block + (type == Q4_1 ? 4 : 2);
-    for (int i = 0; i < 16; i++) {
-        codes[i] = nibbles[i] & 0x0F;
-        codes[i + 16] = nibbles[i] >> 4;
-    }
     scales[0] = half_float(block);
     zeros[0] = type == Q4_1 ? half_float(block + 2) + 8.0f * scales[0] : 0.0f;  /* (q - 8) d + z = q d + m */
 }
 
-/* fp32 weights of one group as int4 codes with a bf16 scale and zero point (quant_int.int4_group_params and
-   int4_codes): the scale spans the group's range in 15 steps, q = 0 stands for zero - 8 scale. */
+/* A 4-bit type's nibbles: runs of `run` bytes from `offset` on, byte l of run c holding weight 2 run c + l in its
+   low nibble and weight 2 run c + run + l in its high one. */
+static int nibble_run(int type) { return type == Q4_K ? 32 : 16; }
+static int nibble_offset(int type) { return type == Q4_K ? 16 : (type == Q4_1 ? 4 : 2); }
+
+/* A 4-bit type's block: its nibbles as codes, one a byte in weight order. */
+static void four_bit_codes(const uint8_t *block, int type, uint8_t *codes) {
+    const int run = nibble_run(type);
+    const uint8_t *nibbles = block + nibble_offset(type);
+    for (int c = 0; c < block_weights(type) / (2 * run); c++, nibbles += run, codes += 2 * run)
+        for (int l = 0; l < run; l++) {
+            codes[l] = nibbles[l] & 0x0F;
+            codes[run + l] = nibbles[l] >> 4;
+        }
+}
+
+/* Two rows' blocks of a 4-bit type as paired codes in weight order: `low`'s in each byte's low nibble, `high`'s in
+   its high one, straight from their nibbles. */
+static void paired_codes(const uint8_t *low, const uint8_t *high, int type, uint8_t *codes) {
+    const int run = nibble_run(type), offset = nibble_offset(type);
+    const uint8_t *a = low + offset, *b = high + offset;
+    for (int c = 0; c < block_weights(type) / (2 * run); c++, a += run, b += run, codes += 2 * run)
+        for (int l = 0; l < run; l++) {
+            codes[l] = (uint8_t)((a[l] & 0x0F) | (b[l] << 4));
+            codes[run + l] = (uint8_t)((a[l] >> 4) | (b[l] & 0xF0));
+        }
+}
+
+/* A group's scale and zero point from its lowest and highest weight (quant_int.int4_group_params): the scale spans
+   the range in 15 steps, bf16; q = 0 stands for zero - 8 scale. Returns that lowest representable weight. */
+static float group_params(float low, float high, float *scale_out, float *zero_out) {
+    const float range = high - low;
+    const float scale = bf16_rounded((range > 1e-6f ? range : 1e-6f) / 15.0f);
+    const float zero = bf16_rounded(low + scale * 8.0f);
+    *scale_out = scale;
+    *zero_out = zero;
+    return zero - scale * 8.0f;
+}
+
+#ifdef __AVX2__
+static float lowest_of(__m256 v) {
+    __m128 x = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_min_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_min_ss(x, _mm_shuffle_ps(x, x, 1)));
+}
+
+static float highest_of(__m256 v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_max_ss(x, _mm_shuffle_ps(x, x, 1)));
+}
+
+/* fp32 weights of one group as int4 codes (int4_codes: the nearest step, even on ties, clamped to 0..15) with a
+   bf16 scale and zero point: the same floats as the portable loop below, eight lanes at a time. */
+static void requantized_group(const float *w, uint8_t *codes, float *scale_out, float *zero_out) {
+    __m256 v[4];
+    for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(w + 8 * i);
+    const float lowest = group_params(lowest_of(_mm256_min_ps(_mm256_min_ps(v[0], v[1]), _mm256_min_ps(v[2], v[3]))),
+                                      highest_of(_mm256_max_ps(_mm256_max_ps(v[0], v[1]), _mm256_max_ps(v[2], v[3]))),
+                                      scale_out, zero_out);
+    const __m256 base = _mm256_set1_ps(lowest), step = _mm256_set1_ps(*scale_out), magic = _mm256_set1_ps(12582912.0f);
+    const __m256 top = _mm256_set1_ps(15.0f), bottom = _mm256_setzero_ps();
+    __m256i q[4];
+    for (int i = 0; i < 4; i++) {
+        __m256 x = _mm256_div_ps(_mm256_sub_ps(v[i], base), step);
+        x = _mm256_sub_ps(_mm256_add_ps(x, magic), magic);
+        q[i] = _mm256_cvttps_epi32(_mm256_max_ps(_mm256_min_ps(x, top), bottom));
+    }
+    /* [32] int32 -> bytes: packs interleave the two 128-bit halves, the permute puts them back in order */
+    const __m256i words = _mm256_packs_epi32(q[0], q[1]), more = _mm256_packs_epi32(q[2], q[3]);
+    const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(words, more),
+                                                      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)codes, bytes);
+}
+#else
+/* fp32 weights of one group as int4 codes (quant_int.int4_codes) with a bf16 scale and zero point. */
 static void requantized_group(const float *w, uint8_t *codes, float *scale_out, float *zero_out) {
     float lows[8], highs[8];  /* eight lanes, then across them: exact in any order, and it vectorizes */
     for (int k = 0; k < 8; k++) lows[k] = highs[k] = w[k];
@@ -199,13 +285,17 @@ static void requantized_group(const float *w, uint8_t *codes, float *scale_out, 
         low = lows[k] < low ? lows[k] : low;
         high = highs[k] > high ? highs[k] : high;
     }
-    const float range = high - low;
-    const float scale = bf16_rounded((range > 1e-6f ? range : 1e-6f) / 15.0f);
-    const float zero = bf16_rounded(low + scale * 8.0f);
-    const float lowest = zero - scale * 8.0f;
+    const float lowest = group_params(low, high, scale_out, zero_out), scale = *scale_out;
     for (int i = 0; i < GROUP; i++) codes[i] = (uint8_t)clamped(rounded((w[i] - lowest) / scale), 0.0f, 15.0f);
-    *scale_out = scale;
-    *zero_out = zero;
+}
+#endif
+
+/* A block's groups' scales and zeros, pair g at out[g * pitch]. */
+static void put_groups(const float *scales, const float *zeros, int groups, float *out, int64_t pitch) {
+    for (int g = 0; g < groups; g++) {
+        out[g * pitch] = scales[g];
+        out[g * pitch + 1] = zeros[g];
+    }
 }
 
 /* One row of blocks as int4 codes [width] and its groups' scales and zeros, written at scales_and_zeros[g * pitch]
@@ -213,22 +303,35 @@ static void requantized_group(const float *w, uint8_t *codes, float *scale_out, 
 static void row_groups(const uint8_t *row, int type, int width, uint8_t *codes, float *scales_and_zeros,
                        int64_t pitch, float *weights) {
     const int per_block = block_weights(type), size = block_bytes(type), groups = per_block / GROUP;
-    const int four_bit = type == Q4_0 || type == Q4_1 || type == Q4_K;
+    const int four_bit = is_four_bit(type);
     for (int b = 0; b < width / per_block; b++) {
         float scales[8], zeros[8];
         uint8_t *block_codes = codes + (int64_t)b * per_block;
         if (four_bit) {
-            four_bit_groups(row + (int64_t)b * size, type, block_codes, scales, zeros);
+            four_bit_scales(row + (int64_t)b * size, type, scales, zeros);
+            four_bit_codes(row + (int64_t)b * size, type, block_codes);
         } else {
             decode_block(row + (int64_t)b * size, type, weights);
             for (int g = 0; g < groups; g++)
                 requantized_group(weights + g * GROUP, block_codes + g * GROUP, scales + g, zeros + g);
         }
-        for (int g = 0; g < groups; g++) {
-            float *pair = scales_and_zeros + (int64_t)(b * groups + g) * pitch;
-            pair[0] = scales[g];
-            pair[1] = zeros[g];
-        }
+        put_groups(scales, zeros, groups, scales_and_zeros + (int64_t)b * groups * pitch, pitch);
+    }
+}
+
+/* Two rows of a 4-bit type (rows j and j + 32 of a block of the int4 layout) as paired codes [width] and each row's
+   groups' scales and zeros, as row_groups writes them. */
+static void paired_four_bit_rows(const uint8_t *low, const uint8_t *high, int type, int width, uint8_t *codes,
+                                 float *low_scales_and_zeros, float *high_scales_and_zeros, int64_t pitch) {
+    const int per_block = block_weights(type), size = block_bytes(type), groups = per_block / GROUP;
+    for (int b = 0; b < width / per_block; b++) {
+        const int64_t at = (int64_t)b * size, first_group = (int64_t)b * groups * pitch;
+        float scales[8], zeros[8];
+        four_bit_scales(low + at, type, scales, zeros);
+        put_groups(scales, zeros, groups, low_scales_and_zeros + first_group, pitch);
+        four_bit_scales(high + at, type, scales, zeros);
+        put_groups(scales, zeros, groups, high_scales_and_zeros + first_group, pitch);
+        paired_codes(low + at, high + at, type, codes + (int64_t)b * per_block);
     }
 }
 
@@ -273,6 +376,7 @@ void gguf_int4_groups(const uint8_t *blocks, int64_t rows, int64_t row_bytes, in
         }
         return;
     }
+    const int four_bit = is_four_bit(type);
     #pragma omp parallel
     {
         /* [32, width]: row j's codes low, row j + 32's high; then a row for each row j + 32's codes */
@@ -281,11 +385,15 @@ void gguf_int4_groups(const uint8_t *blocks, int64_t rows, int64_t row_bytes, in
         #pragma omp for schedule(static)
         for (int64_t b = 0; b < rows / BLOCK_ROWS; b++) {
             for (int j = 0; j < HALF_ROWS; j++) {
-                int64_t n = b * BLOCK_ROWS + j;
+                const int64_t n = b * BLOCK_ROWS + j, m = n + HALF_ROWS;
                 uint8_t *pair = paired + (size_t)j * width;
+                if (four_bit) {
+                    paired_four_bit_rows(blocks + n * row_bytes, blocks + m * row_bytes, type, width, pair,
+                                         scales_and_zeros + 2 * n, scales_and_zeros + 2 * m, pitch);
+                    continue;
+                }
                 row_groups(blocks + n * row_bytes, type, width, pair, scales_and_zeros + 2 * n, pitch, weights);
-                n += HALF_ROWS;
-                row_groups(blocks + n * row_bytes, type, width, high, scales_and_zeros + 2 * n, pitch, weights);
+                row_groups(blocks + m * row_bytes, type, width, high, scales_and_zeros + 2 * m, pitch, weights);
                 for (int k = 0; k < width; k++) pair[k] |= (uint8_t)(high[k] << 4);
             }
             interleave_rows(paired, width, codes + b * BLOCK_ROWS * (width / 2));
