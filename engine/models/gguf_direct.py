@@ -5,11 +5,12 @@ config is built from the file's metadata, the tokenizer by transformers from the
 alone (it reads no tensor), and ``GGUFState`` hands ``FastLlama`` the tensors under Hugging
 Face's names, each read from the file and decoded when it is asked for
 (``engine.forward.weights.gguf_blocks``): a load holds the packed weights and one layer's
-tensors on their way there, never the whole file decoded. Each tensor's bytes are read
-(``tensor_reads.read_exactly``) rather than mapped, so the pages of tensors already packed do not stay in
-the process's resident memory beside their packed form; a layer's tensor is read into one
-buffer the state keeps (``REUSED_READ_BYTES``), since reading each into fresh memory costs a
-page fault per 4 KiB, a noticeable part of a large model's load.
+tensors on their way there, never the whole file decoded. A tensor that is decoded into a form
+of its own is mapped from the page cache (``tensor_reads.mapped_bytes``) for as long as its
+decoding takes, not copied first: mapping pages is several times faster than copying them, and
+once the mapping goes the file's pages no longer count in the process's resident memory beside
+their packed form. A tensor whose bytes are kept (a quantized token table) is read into a buffer
+of its own.
 
 llama.cpp's converter reorders the query and key rows of llama-architecture models
 (Llama, Mistral, Granite) for its rotary layout, rows 2i and 2i + 1 of each head a pair: the order
@@ -51,7 +52,7 @@ from engine.forward.weights.quant_int import INT4_PAIR, Int4Groups
 from engine.forward.weights.row_chunks import RowChunks
 from engine.host.allocator import return_freed_memory
 from engine.models.gguf_check import DIRECT_ARCHITECTURES, PLAIN_TYPES, GGUFContents, GGUFTensorInfo
-from engine.models.tensor_reads import LazyTensors, read_exactly
+from engine.models.tensor_reads import LazyTensors, mapped_bytes, read_exactly
 
 PERMUTED_ARCHITECTURES = ("llama", "granite")  # llama.cpp's ``GraniteModel`` is its ``LlamaModel``'s
 GEMMA_ARCHITECTURES = ("gemma2", "gemma3")  # their norms hold 1 + w (``shifted_norms``)
@@ -61,8 +62,6 @@ GRANITE_MULTIPLIERS = {"embedding_multiplier": "embedding_scale", "residual_mult
                        "attention_multiplier": "attention.scale", "logits_scaling": "logit_scale"}
 SLIDING_PATTERNS = {"gemma2": 2, "gemma3": 6}  # every n-th layer attends to all, as llama.cpp sets them
 GEMMA_LOCAL_ROPE_BASE = 10000.0
-REUSED_READ_BYTES = 64 * 1024**2  # the kept read buffer: an 8B model's largest layer tensor (Q6_K down) is 48 MB;
-# a larger one (a token table, an output layer) is read into its own buffer, freed with it
 TOP_LEVEL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -303,7 +302,6 @@ class GGUFState(LazyTensors):
         self.shifted_norms = architecture in GEMMA_ARCHITECTURES
         self._groups, self._all_groups, self._report, self._done = groups, all_groups, report, set()
         self._table_format, self._cpu_layout = table_format, cpu_layout
-        self._read_buffer: np.ndarray | None = None  # REUSED_READ_BYTES, made at the first tensor that fits
 
     def __getitem__(self, name: str) -> Weight:
         info = self._tensors[name]
@@ -356,7 +354,7 @@ class GGUFState(LazyTensors):
         info = self._tensors[name]
         if info.quant_type in PLAIN_TYPES:
             return None
-        table = BlockTable(self._blocks(info, reuse_buffer=False), info.quant_type, dtype)
+        table = BlockTable(self._blocks(info, own_buffer=True), info.quant_type, dtype)
         self._counted(name)
         return table
 
@@ -371,7 +369,7 @@ class GGUFState(LazyTensors):
     def _row_chunks(self, info: GGUFTensorInfo) -> RowChunks:
         """The tensor's rows decoded where they are packed, from blocks in a buffer of their own: the next read
         does not overwrite them first."""
-        blocks = self._blocks(info, reuse_buffer=False)
+        blocks = self._blocks(info, own_buffer=True)
         return RowChunks(blocks.shape[0], row_width(blocks, info.quant_type),
                          lambda start, end: dense(blocks[start:end], info.quant_type))
 
@@ -386,26 +384,24 @@ class GGUFState(LazyTensors):
             return int4_groups(blocks, info.quant_type, self._cpu_layout)
         return dense(blocks, info.quant_type).reshape(info.shape)
 
-    def _blocks(self, info: GGUFTensorInfo, reuse_buffer: bool = True) -> np.ndarray:
-        """The tensor's bytes, one row of the weight per row: [rows, bytes per row] uint8; in the kept buffer where
-        it fits and ``reuse_buffer`` (the next read overwrites them), else in a buffer of their own."""
-        raw = self._buffer_for(info.n_bytes) if reuse_buffer else np.empty(info.n_bytes, dtype=np.uint8)
-        return read_blocks(self._path, self._start, info, raw)
-
-    def _buffer_for(self, size: int) -> np.ndarray:
-        """``size`` bytes to read a tensor into: the kept buffer where it fits (the decoders copy what they
-        return), else a buffer of its own."""
-        if size > REUSED_READ_BYTES:
-            return np.empty(size, dtype=np.uint8)
-        if self._read_buffer is None:
-            self._read_buffer = np.empty(REUSED_READ_BYTES, dtype=np.uint8)  # pages are touched as reads reach them
-        return self._read_buffer[:size]
+    def _blocks(self, info: GGUFTensorInfo, own_buffer: bool = False) -> np.ndarray:
+        """The tensor's bytes, one row of the weight per row: [rows, bytes per row] uint8; mapped from the file
+        (``mapped_bytes``: read-only, for a decoder that copies what it returns), or with ``own_buffer`` read into a
+        buffer of their own, for a caller that keeps them."""
+        if own_buffer:
+            return read_blocks(self._path, self._start, info)
+        return _rows(mapped_bytes(self._path, self._start + info.offset, info.n_bytes), info)
 
 
 def read_blocks(path: Path, data_start: int, info: GGUFTensorInfo, raw: np.ndarray | None = None) -> np.ndarray:
     """``info``'s bytes from ``path`` (whose tensor data begins at ``data_start``), one row of the weight per row:
     [rows, bytes per row] uint8, read into ``raw`` (``info.n_bytes`` of them) or a buffer of their own."""
-    block_size, type_size = GGML_QUANT_SIZES[info.quant_type]
     raw = np.empty(info.n_bytes, dtype=np.uint8) if raw is None else raw
     read_exactly(path, memoryview(raw), data_start + info.offset)
+    return _rows(raw, info)
+
+
+def _rows(raw: np.ndarray, info: GGUFTensorInfo) -> np.ndarray:
+    """A tensor's bytes [n_bytes] as one row of the weight per row: [rows, bytes per row]."""
+    block_size, type_size = GGML_QUANT_SIZES[info.quant_type]
     return raw.reshape(-1, info.dims[0] // block_size * type_size)

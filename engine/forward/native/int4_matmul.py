@@ -82,7 +82,9 @@ class Int4Matmul:
         self._packed = packed
         self._block_pairs = torch.empty(rows // CPU_INT4_PACK_ROWS, groups, CPU_INT4_PACK_ROWS, 2,
                                         dtype=torch.bfloat16)  # [N / 64, G, 64, 2]
-        self._block_pairs.copy_(scales_and_zeros.reshape(groups, -1, CPU_INT4_PACK_ROWS, 2).transpose(0, 1))  # one pass
+        pairs_a_block = 2 * CPU_INT4_PACK_ROWS  # one pass, a block's 64 pairs of a group a contiguous run
+        self._block_pairs.view(-1, groups, pairs_a_block).copy_(
+            scales_and_zeros.reshape(groups, -1, pairs_a_block).transpose(0, 1))
         self._addresses = (address(packed), address(self._block_pairs))
         self._rows, self._group = rows, group
         self.on_amx = runs_on_amx() and group % AMX_DEPTH == 0
