@@ -10,6 +10,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels_common.h"
@@ -89,7 +90,12 @@ static inline void bf16_store(uint16_t *target, __m256 x) {
 
 /* sums + codes . x, a lane's four unsigned codes by four signed activations: int32 sums. */
 static inline __m256i add_products(__m256i sums, __m256i codes, __m256i x) {
+#if defined(__GNUC__) && !defined(__clang__)
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(sums) : "x"(codes), "xm"(x));
+    return sums;
+#else
     return _mm256_dpbusd_avx_epi32(sums, codes, x);
+#endif
 }
 
 static inline __m256i widened(__m256i sums) { return sums; }
@@ -196,6 +202,171 @@ static inline __attribute__((always_inline)) void int4_block(
             for (int j = 0; j < 4; j++) store_rows(y + (size_t)m * rows, row0, half, j, total[m][half][j]);
 }
 
+/* ------------------------------------------------------------------------------------------------------------------
+   int4 for many activation rows (a prompt's). Above, a pass unpacks a block's nibbles for every ROW_TILE rows, and
+   sixteen registers hold no more than two rows' sums. Here a block's codes are unpacked once, four_columns' vectors
+   each laid out over all of its columns (unpack_block), and the activations' codes transposed so a vector holds eight
+   activation rows' four codes (xt [M / 8, K / 4, 8, 4]). A tile broadcasts one weight row's four codes at a time
+   against X_VECTORS such vectors: W_ROWS x X_VECTORS products for a broadcast and X_VECTORS loads, nothing to unpack
+   in the loop. The floats are int4_block's, in its order: a group's sums times the weights' scale, plus their offset
+   times the activations' code totals, times the activations' scale, added group after group. Only groups of at most
+   CODE_RUN columns (vpmaddubsw's int16 sums widen once a group). */
+
+#define W_ROWS 4          /* weight rows a tile broadcasts: the four lanes of a vector's half */
+#define X_VECTORS 3       /* vectors of eight activation rows a tile loads: 4 x 3 sums + 3 + 1 = 16 registers */
+#define MANY_ROWS_FROM 24 /* activation rows from which int4_matmul takes this path */
+#define MANY_CHUNK 1024   /* columns a tile covers before the next tile: X_VECTORS x 8 KiB of activations, in L1 */
+
+/* The block row that lane `lane` (0-7) of unpacked vector u (2 x pass + v of four_columns) holds. */
+static inline int unpacked_row(int u, int lane) {
+    const int pass = u / 4, v = u % 4, half = v / 2, j = 2 * pass + v % 2;
+    return HALF_ROWS * half + 4 * j + (lane < 4 ? lane : 12 + lane);
+}
+
+/* A block's codes, unpacked [8, K / 4] vectors (vector u's K / 4 column runs one after another: K * 64 bytes), and
+   its groups' scales and offsets per row, steps [K / group, 64, 2] fp32 (w = q * scale + offset). */
+static void unpack_block(const uint8_t *block, const uint16_t *block_pairs, int width, int group, __m256i *unpacked,
+                         float *steps) {
+    const int runs = width / 4;
+    for (int r = 0; r < runs; r++) {
+        prefetch_ahead(block + (size_t)4 * r * HALF_ROWS, 2);
+        for (int pass = 0; pass < 2; pass++) {
+            __m256i codes[4];
+            four_columns(block + (size_t)4 * r * HALF_ROWS, pass, codes);
+            for (int v = 0; v < 4; v++) _mm256_store_si256(unpacked + (size_t)(4 * pass + v) * runs + r, codes[v]);
+        }
+    }
+    for (int i = 0; i < width / group * BLOCK_ROWS; i++) {
+        uint32_t scale_bits = (uint32_t)block_pairs[2 * i] << 16, zero_bits = (uint32_t)block_pairs[2 * i + 1] << 16;
+        float scale, zero;
+        memcpy(&scale, &scale_bits, 4);
+        memcpy(&zero, &zero_bits, 4);
+        steps[2 * i] = scale;
+        steps[2 * i + 1] = fmaf(-8.0f, scale, zero);
+    }
+}
+
+/* The activations' codes, scales and code totals [M, ...] transposed eight rows to a vector: codes xt [V, K / 4, 8, 4],
+   scales and totals [V, K / group, 8] (V = M / 8 rounded up; rows past M are zero, so they add nothing). */
+static void transpose_activations(const int8_t *high, const float *scales, const float *code_totals, int count,
+                                  int width, int groups, int8_t *xt, float *xt_scales, float *xt_totals) {
+    const int vectors = (count + 7) / 8, runs = width / 4;
+    #pragma omp parallel for schedule(static)
+    for (int v = 0; v < vectors; v++)
+        for (int lane = 0; lane < 8; lane++) {
+            const int m = 8 * v + lane;
+            int32_t *lanes = (int32_t *)xt + (size_t)v * runs * 8 + lane;
+            const int32_t *row = (const int32_t *)(high + (size_t)m * width);
+            for (int r = 0; r < runs; r++) lanes[8 * r] = m < count ? row[r] : 0;
+            for (int g = 0; g < groups; g++) {
+                xt_scales[((size_t)v * groups + g) * 8 + lane] = m < count ? scales[(size_t)m * groups + g] : 0.0f;
+                xt_totals[((size_t)v * groups + g) * 8 + lane] = m < count ? code_totals[(size_t)m * groups + g] : 0.0f;
+            }
+        }
+}
+
+/* One tile: weight rows `lane0` .. lane0 + 3 of unpacked vector `weights` (its K / 4 runs) against `vectors` (1 ..
+   X_VECTORS) vectors of activation rows from xt's vector `first` on, over groups first_group .. last_group - 1:
+   their sums added to totals [W_ROWS, X_VECTORS] (eight activation rows a vector). */
+static inline __attribute__((always_inline)) void int4_many_tile(
+        int vectors, const __m256i *weights, int lane0, const int8_t *xt, const float *xt_scales, const float *xt_totals,
+        const float *row_steps, int width, int group, int first_group, int last_group, __m256 *totals) {
+    const int runs = width / 4, groups = width / group;
+    for (int g = first_group; g < last_group; g++) {
+        __m256i dot[W_ROWS][X_VECTORS];
+        for (int r = 0; r < W_ROWS; r++)
+            for (int v = 0; v < vectors; v++) dot[r][v] = _mm256_setzero_si256();
+        for (int run = g * group / 4; run < (g + 1) * group / 4; run++) {
+            __m256i x[X_VECTORS];
+            for (int v = 0; v < vectors; v++)
+                x[v] = _mm256_load_si256((const __m256i *)(xt + ((size_t)v * runs + run) * 32));
+            const uint8_t *four = (const uint8_t *)(weights + run) + 4 * lane0;
+            for (int r = 0; r < W_ROWS; r++) {
+                const __m256i w = _mm256_set1_epi32(*(const int32_t *)(four + 4 * r));
+                for (int v = 0; v < vectors; v++) dot[r][v] = add_products(dot[r][v], w, x[v]);
+            }
+        }
+        for (int r = 0; r < W_ROWS; r++) {
+            const float *step = row_steps + ((size_t)g * BLOCK_ROWS + r) * 2;
+            const __m256 scale = _mm256_set1_ps(step[0]), offset = _mm256_set1_ps(step[1]);
+            for (int v = 0; v < vectors; v++) {
+                const size_t at = ((size_t)v * groups + g) * 8;
+                __m256 d = _mm256_cvtepi32_ps(widened(dot[r][v]));
+                d = _mm256_fmadd_ps(offset, _mm256_load_ps(xt_totals + at), _mm256_mul_ps(d, scale));
+                totals[r * X_VECTORS + v] = _mm256_fmadd_ps(d, _mm256_load_ps(xt_scales + at),
+                                                            totals[r * X_VECTORS + v]);
+            }
+        }
+    }
+}
+
+/* A tile's totals [W_ROWS, X_VECTORS] (vectors of them) into y's columns row0 .. row0 + 3, rows from 8 first_vector. */
+static void store_tile(const __m256 *totals, int vectors, int first_vector, int count, int rows, int row0, float *y) {
+    for (int r = 0; r < W_ROWS; r++)
+        for (int v = 0; v < vectors; v++) {
+            float lanes[8];
+            _mm256_storeu_ps(lanes, totals[r * X_VECTORS + v]);
+            for (int lane = 0; lane < 8 && 8 * (first_vector + v) + lane < count; lane++)
+                y[(size_t)(8 * (first_vector + v) + lane) * rows + row0 + r] = lanes[lane];
+        }
+}
+
+/* int4_matmul for M >= MANY_ROWS_FROM rows with one code a value, the codes already made: OpenMP over blocks. */
+static void int4_matmul_many(const int8_t *high, const float *scales, const float *code_totals, int count, int width,
+                             const uint8_t *packed, const uint16_t *scales_and_zeros, int rows, int group, float *y) {
+    const int blocks = rows / BLOCK_ROWS, groups = width / group, vectors = (count + 7) / 8;
+    int8_t *xt = aligned_alloc(32, (size_t)vectors * 8 * width);
+    float *xt_scales = aligned_alloc(32, (size_t)vectors * groups * 8 * sizeof(float) * 2);
+    float *xt_totals = xt_scales + (size_t)vectors * groups * 8;
+    transpose_activations(high, scales, code_totals, count, width, groups, xt, xt_scales, xt_totals);
+    const int tiles = 8 * 8 / W_ROWS, vector_runs = (vectors + X_VECTORS - 1) / X_VECTORS;
+    const int chunk_groups = MANY_CHUNK > group ? MANY_CHUNK / group : 1;
+    #pragma omp parallel
+    {
+        __m256i *unpacked = aligned_alloc(32, (size_t)width * BLOCK_ROWS);
+        __m256 *totals = aligned_alloc(32, (size_t)tiles * vector_runs * W_ROWS * X_VECTORS * sizeof(__m256));
+        float *steps = malloc((size_t)groups * BLOCK_ROWS * 2 * sizeof(float));
+        #pragma omp for schedule(static)
+        for (int b = 0; b < blocks; b++) {
+            unpack_block(packed + (size_t)b * BLOCK_ROWS * (width / 2), scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2,
+                         width, group, unpacked, steps);
+            memset(totals, 0, (size_t)tiles * vector_runs * W_ROWS * X_VECTORS * sizeof(__m256));
+            for (int g0 = 0; g0 < groups; g0 += chunk_groups) {  /* a chunk's activations stay in cache over the tiles */
+                const int g1 = g0 + chunk_groups < groups ? g0 + chunk_groups : groups;
+                for (int run = 0; run < vector_runs; run++) {
+                    const int v0 = run * X_VECTORS, n = vectors - v0 < X_VECTORS ? vectors - v0 : X_VECTORS;
+                    for (int tile = 0; tile < tiles; tile++) {
+                        const int u = tile / (8 / W_ROWS), lane0 = W_ROWS * (tile % (8 / W_ROWS));
+                        __m256 *tile_totals = totals + ((size_t)tile * vector_runs + run) * W_ROWS * X_VECTORS;
+                        #define MANY_TILE(k) int4_many_tile(k, unpacked + (size_t)u * (width / 4), lane0, \
+                                                            xt + (size_t)v0 * 8 * width, xt_scales + (size_t)v0 * groups * 8, \
+                                                            xt_totals + (size_t)v0 * groups * 8, \
+                                                            steps + 2 * unpacked_row(u, lane0), width, group, g0, g1, \
+                                                            tile_totals)
+                        if (n == X_VECTORS) MANY_TILE(X_VECTORS);
+                        else if (n == 2) MANY_TILE(2);
+                        else MANY_TILE(1);
+                        #undef MANY_TILE
+                    }
+                }
+            }
+            for (int run = 0; run < vector_runs; run++) {
+                const int v0 = run * X_VECTORS, n = vectors - v0 < X_VECTORS ? vectors - v0 : X_VECTORS;
+                for (int tile = 0; tile < tiles; tile++) {
+                    const int u = tile / (8 / W_ROWS), lane0 = W_ROWS * (tile % (8 / W_ROWS));
+                    store_tile(totals + ((size_t)tile * vector_runs + run) * W_ROWS * X_VECTORS, n, v0, count, rows,
+                               b * BLOCK_ROWS + unpacked_row(u, lane0), y);
+                }
+            }
+        }
+        free(unpacked);
+        free(totals);
+        free(steps);
+    }
+    free(xt);
+    free(xt_scales);
+}
+
 /* kernels.c's int4_matmul: y [M, N] = x [M, K] . W^T in the int4 layout (N a multiple of 64, K of group, group of
    4), scales_and_zeros [N / 64, K / group, 64, 2] bf16, 1 or 2 int8 codes an activation; scratch: M * (2K + 8K /
    group) bytes. Each block meets ROW_TILE activation rows at a time with one code, one row with two. */
@@ -206,6 +377,10 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
     int8_t *high = (int8_t *)scratch, *low = high + (size_t)count * width;
     float *scales = (float *)(low + (size_t)count * width), *code_totals = scales + (size_t)count * groups;
     quantize_activations(x, count, width, group, high, two_codes ? low : NULL, scales, code_totals);
+    if (!two_codes && count >= MANY_ROWS_FROM && group <= CODE_RUN) {
+        int4_matmul_many(high, scales, code_totals, count, width, packed, scales_and_zeros, rows, group, y);
+        return;
+    }
     #pragma omp parallel for schedule(static) if (blocks > 1)
     for (int b = 0; b < blocks; b++) {
         const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * (width / 2);

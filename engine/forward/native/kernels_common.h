@@ -56,6 +56,7 @@ static inline void quantize_kv_row(const float *x, int head_dim, int8_t *codes, 
 static void quantize_activations(const float *x, int rows, int width, int group, int8_t *high, int8_t *low,
                                  float *scales, float *code_totals) {
     int groups = width / group;
+    #pragma omp parallel for schedule(static) if (rows >= 8)
     for (int m = 0; m < rows; m++)
         for (int g = 0; g < groups; g++) {
             size_t at = (size_t)m * width + (size_t)g * group;

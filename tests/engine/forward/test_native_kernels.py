@@ -93,6 +93,21 @@ def test_a_prompt_chunks_rows_take_one_code_a_value_in_any_step(length):
         assert torch.equal(one_sequence, multiply(x))
 
 
+@needs_kernels
+@pytest.mark.parametrize("length", [24, 45])
+def test_a_prompts_rows_give_the_same_floats_however_the_kernel_tiles_them(length):
+    """A call of many rows (the avx2 variants transpose them eight to a vector, in tiles of 24 over 1 024 columns
+    at a time) gives each row what a call of two rows gives it, over more columns than a tile covers at once."""
+    torch.manual_seed(length)
+    groups = int4_groups_of(torch.randn(128, 2144) * 0.05)  # 67 groups of 32
+    multiply = Int4Matmul(groups.cpu_packed(2), groups.scales_and_zeros.to(torch.bfloat16).contiguous(), 32)
+    multiply.on_amx = False
+    x = torch.randn(length, 2144) * torch.logspace(-2, 1, 2144)
+    with activation_codes.for_step(8):
+        _multiplied_as_in_a_step(multiply, x, _dequantized(groups), sequences=8)
+        assert torch.equal(multiply(x), torch.cat([multiply(x[m : m + 2]) for m in range(0, length, 2)]))
+
+
 @needs_amx
 @pytest.mark.parametrize("length", [native_int4.AMX_ROWS, 40, 77])
 def test_int4_rows_on_amx_tiles_are_their_bf16_rounding_times_each_weight_rounded_once(length):
