@@ -144,7 +144,8 @@ class LoadDialog(QDialog):
         return self._found
 
     def options(self) -> LoadOptions:
-        context = self.context_box.value() if self.context_box.isEnabled() else None
+        """What the user chose; the context only where they set it (else the engine chooses it, and says why)."""
+        context = self.context_box.value() if self.context_box.isEnabled() and self._context_edited else None
         return LoadOptions(self.device_box.currentData(), self.precision_box.currentData(), context,
                            kv_cache=self.kv_cache_box.currentData(), draft_model=self._draft_model)
 
@@ -273,9 +274,8 @@ class LoadDialog(QDialog):
     def _inspect(self) -> None:
         """Ask the engine for its estimate of the options shown; the context its own choice until the user sets one,
         so that a change of device, KV cache or draft model chooses it anew."""
-        context = self.options().context_length if self._context_edited else None
-        options = LoadOptions(self.device_box.currentData(), "auto", context, self.kv_cache_box.currentData(),
-                              self._draft_model)
+        options = LoadOptions(self.device_box.currentData(), "auto", self.options().context_length,
+                              self.kv_cache_box.currentData(), self._draft_model)
         self._pending_request = self._controller.inspect_model(self._path, options)
 
     def _on_inspected(self, found: ModelInspected) -> None:

@@ -88,6 +88,7 @@ def test_the_load_dialogs_int8_kv_cache_is_estimated_and_loaded(qtbot, chat, win
 
     _wait_for_model(qtbot, window, "Fake tiny-chat.gguf")
     assert script.loads[-1].options.kv_cache == "int8"
+    assert script.loads[-1].options.context_length is None  # not "as asked": the user never set it
 
 
 def test_a_gguf_dropped_on_the_window_opens_the_load_dialog(qtbot, chat, window, script, gguf_file):
@@ -107,7 +108,7 @@ def test_a_gguf_dropped_on_the_window_opens_the_load_dialog(qtbot, chat, window,
     dialog.accept()
 
     _wait_for_model(qtbot, window, "Fake tiny-chat.gguf")
-    assert script.loads[-1].options == LoadOptions(device="auto", precision="auto", context_length=4096)
+    assert script.loads[-1].options == LoadOptions(device="auto", precision="auto")  # the engine chooses the context
 
 
 def test_a_dropped_text_file_is_not_taken_for_a_model(window, tmp_path):
