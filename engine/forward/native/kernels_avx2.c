@@ -213,7 +213,11 @@ static inline __attribute__((always_inline)) void int4_block(
    CODE_RUN columns (vpmaddubsw's int16 sums widen once a group). */
 
 #define W_ROWS 4          /* weight rows a tile broadcasts: the four lanes of a vector's half */
+#ifdef __AVXVNNI__
 #define X_VECTORS 3       /* vectors of eight activation rows a tile loads: 4 x 3 sums + 3 + 1 = 16 registers */
+#else
+#define X_VECTORS 2       /* vpmaddubsw's products need a register of their own before they add: 4 x 2 sums */
+#endif
 #define MANY_ROWS_FROM 24 /* activation rows from which int4_matmul takes this path */
 #define MANY_CHUNK 1024   /* columns a tile covers before the next tile: X_VECTORS x 8 KiB of activations, in L1 */
 
