@@ -1,4 +1,5 @@
-"""A tensor's bytes are read exactly, at any offset, on a system without ``os.pread``/``os.preadv`` (Windows) too."""
+"""A tensor's bytes are read exactly, at any offset, on a system without ``os.pread``/``os.preadv`` (Windows) too; a
+large read in spans at once, and a mapped tensor's bytes are the file's."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from engine.models.gguf_check import read_gguf
 from engine.models.gguf_direct import GGUFState
-from engine.models.tensor_reads import read_exactly
+from engine.models.tensor_reads import PARALLEL_READ_BYTES, mapped_bytes, read_exactly
 from tests.engine.models.random_gguf import write_random_gguf
 
 
@@ -35,6 +36,31 @@ def test_a_file_that_ends_before_the_tensor_does_is_an_error(tmp_path: Path, win
     path.write_bytes(b"\1" * 100)
     with pytest.raises(OSError, match="ended while reading a tensor"):
         read_exactly(path, memoryview(bytearray(64)), 50)
+
+
+def test_a_large_read_in_spans_fills_the_buffer_exactly(tmp_path: Path):
+    path = tmp_path / "large.bin"
+    content = os.urandom(PARALLEL_READ_BYTES + (1 << 20))
+    path.write_bytes(content)
+    buffer = bytearray(PARALLEL_READ_BYTES + 12_345)
+    read_exactly(path, memoryview(buffer), 777)
+    assert bytes(buffer) == content[777 : 777 + len(buffer)]
+
+
+def test_mapped_bytes_are_the_files_at_any_offset_and_read_only(tmp_path: Path):
+    path = tmp_path / "bytes.bin"
+    content = os.urandom(300_000)
+    path.write_bytes(content)
+    mapped = mapped_bytes(path, 123_457, 70_000)  # not on a page boundary
+    assert mapped.tobytes() == content[123_457:193_457] and not mapped.flags.writeable
+
+
+def test_mapping_past_the_files_end_is_an_error_not_a_fault(tmp_path: Path):
+    """Touching mapped bytes past a file's end would kill the process (SIGBUS): the map is refused first."""
+    path = tmp_path / "short.bin"
+    path.write_bytes(b"\1" * 100)
+    with pytest.raises(OSError, match="ended while reading a tensor"):
+        mapped_bytes(path, 50, 64)
 
 
 def test_a_gguf_files_tensors_read_without_positioned_reads_are_the_files(tmp_path: Path, monkeypatch):
