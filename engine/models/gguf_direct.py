@@ -393,10 +393,10 @@ class GGUFState(LazyTensors):
         return _rows(mapped_bytes(self._path, self._start + info.offset, info.n_bytes), info)
 
 
-def read_blocks(path: Path, data_start: int, info: GGUFTensorInfo, raw: np.ndarray | None = None) -> np.ndarray:
+def read_blocks(path: Path, data_start: int, info: GGUFTensorInfo) -> np.ndarray:
     """``info``'s bytes from ``path`` (whose tensor data begins at ``data_start``), one row of the weight per row:
-    [rows, bytes per row] uint8, read into ``raw`` (``info.n_bytes`` of them) or a buffer of their own."""
-    raw = np.empty(info.n_bytes, dtype=np.uint8) if raw is None else raw
+    [rows, bytes per row] uint8, read into a buffer of their own."""
+    raw = np.empty(info.n_bytes, dtype=np.uint8)
     read_exactly(path, memoryview(raw), data_start + info.offset)
     return _rows(raw, info)
 

@@ -1,10 +1,10 @@
 """What the lazy weight mappings of model files share: the mapping's frame and exact reads (engine thread).
 
-``GGUFState`` and ``SafetensorsState`` each hand ``FastLlama`` one tensor when it asks,
-read into a buffer of its own (their module docstrings say why not a memory map) through
-an unbuffered file's ``readinto``: one ``read`` call a chunk straight into the buffer, on
-Linux, macOS and Windows alike (Windows has no ``os.pread``/``os.preadv``; on Linux a large read
-is as fast either way).
+``GGUFState`` and ``SafetensorsState`` each hand ``FastLlama`` one tensor when it asks. Bytes a caller keeps
+are read into a buffer of their own (``read_exactly``) through an unbuffered file's ``readinto``: one ``read``
+call a chunk straight into the buffer, on Linux, macOS and Windows alike (Windows has no
+``os.pread``/``os.preadv``), a large read in spans on threads. Bytes that are only decoded into a form of their
+own are mapped instead (``mapped_bytes``: ``GGUFState``'s layer tensors), for as long as the decoding takes.
 """
 
 from __future__ import annotations
