@@ -1328,23 +1328,6 @@ static inline __attribute__((always_inline)) void mxfp4_row(
     for (int m = 0; m < tile; m++) out[m] = _mm512_reduce_add_ps(sums[m]);
 }
 
-/* mxfp4_row over `tile` (1 .. MXFP4_ROW_TILE) rows, the tile and the codes constants in each loop: two or three
-   rows' weights are decoded once for all of them, not once a row. */
-static inline __attribute__((always_inline)) void mxfp4_tile(
-        int tile, int two_codes, const mxfp4_activations *a, int m0, int width, const uint8_t *row,
-        const float *scale_of, __m512i table, float *out) {
-    #define MXFP4_TILE(t)                                                        \
-        if (two_codes) mxfp4_row(t, 1, a, m0, width, row, scale_of, table, out); \
-        else mxfp4_row(t, 0, a, m0, width, row, scale_of, table, out)
-    switch (tile) {
-        case 4: MXFP4_TILE(4); break;
-        case 3: MXFP4_TILE(3); break;
-        case 2: MXFP4_TILE(2); break;
-        default: MXFP4_TILE(1);
-    }
-    #undef MXFP4_TILE
-}
-
 /* y [count, rows] = x [count, width] times the MXFP4 weight's rows (blocks [rows, width / 32 * 17]), plus bias
    [rows] where given. codes: 1 or 2 int8 codes an activation per block of 32 (quantize_activations, as llama.cpp's
    Q8_0 with one), whose products with the weights (twice their e2m1 values, exact in int8) sum exactly in int32;
@@ -1367,7 +1350,9 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
         for (int m0 = 0; m0 < count;) {  /* MXFP4_ROW_TILE rows at a time, then the rest */
             const int tile = count - m0 < MXFP4_ROW_TILE ? count - m0 : MXFP4_ROW_TILE;
             float sums[MXFP4_ROW_TILE];
-            mxfp4_tile(tile, two_codes, &a, m0, width, row, scale_of, table, sums);
+            #define MXFP4_ROWS(t, two) mxfp4_row(t, two, &a, m0, width, row, scale_of, table, sums)
+            MXFP4_CONSTANT_TILE(tile, two_codes, MXFP4_ROWS);
+            #undef MXFP4_ROWS
             for (int m = 0; m < tile; m++) y[(size_t)(m0 + m) * rows + n] = sums[m] + (bias ? bias[n] : 0.0f);
             m0 += tile;
         }

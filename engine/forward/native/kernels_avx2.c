@@ -227,10 +227,8 @@ static inline int unpacked_row(int u, int lane) {
     return HALF_ROWS * half + 4 * j + (lane < 4 ? lane : 12 + lane);
 }
 
-/* A block's codes, unpacked [8, K / 4] vectors (vector u's K / 4 column runs one after another: K * 64 bytes), and
-   its groups' scales and offsets per row, steps [K / group, 64, 2] fp32 (w = q * scale + offset). */
-static void unpack_block(const uint8_t *block, const uint16_t *block_pairs, int width, int group, __m256i *unpacked,
-                         float *steps) {
+/* A block's codes, unpacked [8, K / 4] vectors: vector u's K / 4 column runs one after another (K * 64 bytes). */
+static void unpack_block(const uint8_t *block, int width, __m256i *unpacked) {
     const int runs = width / 4;
     for (int r = 0; r < runs; r++) {
         prefetch_ahead(block + (size_t)4 * r * HALF_ROWS, 2);
@@ -239,14 +237,6 @@ static void unpack_block(const uint8_t *block, const uint16_t *block_pairs, int 
             four_columns(block + (size_t)4 * r * HALF_ROWS, pass, codes);
             for (int v = 0; v < 4; v++) _mm256_store_si256(unpacked + (size_t)(4 * pass + v) * runs + r, codes[v]);
         }
-    }
-    for (int i = 0; i < width / group * BLOCK_ROWS; i++) {
-        uint32_t scale_bits = (uint32_t)block_pairs[2 * i] << 16, zero_bits = (uint32_t)block_pairs[2 * i + 1] << 16;
-        float scale, zero;
-        memcpy(&scale, &scale_bits, 4);
-        memcpy(&zero, &zero_bits, 4);
-        steps[2 * i] = scale;
-        steps[2 * i + 1] = fmaf(-8.0f, scale, zero);
     }
 }
 
@@ -271,10 +261,11 @@ static void transpose_activations(const int8_t *high, const float *scales, const
 
 /* One tile: weight rows `lane0` .. lane0 + 3 of unpacked vector `weights` (its K / 4 runs) against `vectors` (1 ..
    X_VECTORS) vectors of activation rows from xt's vector `first` on, over groups first_group .. last_group - 1:
-   their sums added to totals [W_ROWS, X_VECTORS] (eight activation rows a vector). */
+   their sums added to totals [W_ROWS, X_VECTORS] (eight activation rows a vector). row_pairs: the first of those
+   rows' bf16 (scale, zero) pairs in the block's [K / group, 64, 2]. */
 static inline __attribute__((always_inline)) void int4_many_tile(
         int vectors, const __m256i *weights, int lane0, const int8_t *xt, const float *xt_scales, const float *xt_totals,
-        const float *row_steps, int width, int group, int first_group, int last_group, __m256 *totals) {
+        const uint16_t *row_pairs, int width, int group, int first_group, int last_group, __m256 *totals) {
     const int runs = width / 4, groups = width / group;
     for (int g = first_group; g < last_group; g++) {
         __m256i dot[W_ROWS][X_VECTORS];
@@ -291,8 +282,9 @@ static inline __attribute__((always_inline)) void int4_many_tile(
             }
         }
         for (int r = 0; r < W_ROWS; r++) {
-            const float *step = row_steps + ((size_t)g * BLOCK_ROWS + r) * 2;
-            const __m256 scale = _mm256_set1_ps(step[0]), offset = _mm256_set1_ps(step[1]);
+            const uint16_t *pair = row_pairs + ((size_t)g * BLOCK_ROWS + r) * 2;  /* as group_scale_and_offset */
+            const __m256 scale = bf16_broadcast(pair);
+            const __m256 offset = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), scale, bf16_broadcast(pair + 1));
             for (int v = 0; v < vectors; v++) {
                 const size_t at = ((size_t)v * groups + g) * 8;
                 __m256 d = _mm256_cvtepi32_ps(widened(dot[r][v]));
@@ -325,47 +317,39 @@ static void int4_matmul_many(const int8_t *high, const float *scales, const floa
     transpose_activations(high, scales, code_totals, count, width, groups, xt, xt_scales, xt_totals);
     const int tiles = 8 * 8 / W_ROWS, vector_runs = (vectors + X_VECTORS - 1) / X_VECTORS;
     const int chunk_groups = MANY_CHUNK > group ? MANY_CHUNK / group : 1;
+    const size_t totals_bytes = (size_t)tiles * vector_runs * W_ROWS * X_VECTORS * sizeof(__m256);
     #pragma omp parallel
     {
         __m256i *unpacked = aligned_alloc(32, (size_t)width * BLOCK_ROWS);
-        __m256 *totals = aligned_alloc(32, (size_t)tiles * vector_runs * W_ROWS * X_VECTORS * sizeof(__m256));
-        float *steps = malloc((size_t)groups * BLOCK_ROWS * 2 * sizeof(float));
+        __m256 *totals = aligned_alloc(32, totals_bytes);  /* [tiles, vector_runs, W_ROWS, X_VECTORS] */
         #pragma omp for schedule(static)
         for (int b = 0; b < blocks; b++) {
-            unpack_block(packed + (size_t)b * BLOCK_ROWS * (width / 2), scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2,
-                         width, group, unpacked, steps);
-            memset(totals, 0, (size_t)tiles * vector_runs * W_ROWS * X_VECTORS * sizeof(__m256));
+            const uint16_t *block_pairs = scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2;
+            unpack_block(packed + (size_t)b * BLOCK_ROWS * (width / 2), width, unpacked);
+            memset(totals, 0, totals_bytes);
             for (int g0 = 0; g0 < groups; g0 += chunk_groups) {  /* a chunk's activations stay in cache over the tiles */
                 const int g1 = g0 + chunk_groups < groups ? g0 + chunk_groups : groups;
                 for (int run = 0; run < vector_runs; run++) {
                     const int v0 = run * X_VECTORS, n = vectors - v0 < X_VECTORS ? vectors - v0 : X_VECTORS;
                     for (int tile = 0; tile < tiles; tile++) {
                         const int u = tile / (8 / W_ROWS), lane0 = W_ROWS * (tile % (8 / W_ROWS));
+                        const int row0 = unpacked_row(u, lane0);  /* the tile's first weight row in the block */
                         __m256 *tile_totals = totals + ((size_t)tile * vector_runs + run) * W_ROWS * X_VECTORS;
                         #define MANY_TILE(k) int4_many_tile(k, unpacked + (size_t)u * (width / 4), lane0, \
                                                             xt + (size_t)v0 * 8 * width, xt_scales + (size_t)v0 * groups * 8, \
-                                                            xt_totals + (size_t)v0 * groups * 8, \
-                                                            steps + 2 * unpacked_row(u, lane0), width, group, g0, g1, \
-                                                            tile_totals)
+                                                            xt_totals + (size_t)v0 * groups * 8, block_pairs + 2 * row0, \
+                                                            width, group, g0, g1, tile_totals)
                         if (n == X_VECTORS) MANY_TILE(X_VECTORS);
                         else if (n == 2) MANY_TILE(2);
                         else MANY_TILE(1);
                         #undef MANY_TILE
+                        if (g1 == groups) store_tile(tile_totals, n, v0, count, rows, b * BLOCK_ROWS + row0, y);
                     }
-                }
-            }
-            for (int run = 0; run < vector_runs; run++) {
-                const int v0 = run * X_VECTORS, n = vectors - v0 < X_VECTORS ? vectors - v0 : X_VECTORS;
-                for (int tile = 0; tile < tiles; tile++) {
-                    const int u = tile / (8 / W_ROWS), lane0 = W_ROWS * (tile % (8 / W_ROWS));
-                    store_tile(totals + ((size_t)tile * vector_runs + run) * W_ROWS * X_VECTORS, n, v0, count, rows,
-                               b * BLOCK_ROWS + unpacked_row(u, lane0), y);
                 }
             }
         }
         free(unpacked);
         free(totals);
-        free(steps);
     }
     free(xt);
     free(xt_scales);
@@ -996,23 +980,6 @@ static inline __attribute__((always_inline)) void mxfp4_row(
     for (int m = 0; m < tile; m++) out[m] = sum_of(sums[m]);
 }
 
-/* mxfp4_row over `tile` (1 .. MXFP4_ROW_TILE) rows, the tile and the codes constants in each loop: two or three
-   rows' weights are decoded once for all of them, not once a row. */
-static inline __attribute__((always_inline)) void mxfp4_tile(
-        int tile, int two_codes, const mxfp4_activations *a, int m0, int width, const uint8_t *row,
-        const float *scale_of, __m256i table, float *out) {
-    #define MXFP4_TILE(t)                                                        \
-        if (two_codes) mxfp4_row(t, 1, a, m0, width, row, scale_of, table, out); \
-        else mxfp4_row(t, 0, a, m0, width, row, scale_of, table, out)
-    switch (tile) {
-        case 4: MXFP4_TILE(4); break;
-        case 3: MXFP4_TILE(3); break;
-        case 2: MXFP4_TILE(2); break;
-        default: MXFP4_TILE(1);
-    }
-    #undef MXFP4_TILE
-}
-
 /* kernels.c's mxfp4_matmul: y [count, rows] = x [count, width] times the MXFP4 weight's rows, plus bias; codes 1 or
    2 int8 codes an activation, 0 fp32 (exact); scratch: M * (5K + K / 4) bytes. */
 void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
@@ -1033,7 +1000,9 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
         for (int m0 = 0; m0 < count;) {  /* MXFP4_ROW_TILE rows at a time, then the rest */
             const int tile = count - m0 < MXFP4_ROW_TILE ? count - m0 : MXFP4_ROW_TILE;
             float sums[MXFP4_ROW_TILE];
-            mxfp4_tile(tile, two_codes, &a, m0, width, row, scale_of, table, sums);
+            #define MXFP4_ROWS(t, two) mxfp4_row(t, two, &a, m0, width, row, scale_of, table, sums)
+            MXFP4_CONSTANT_TILE(tile, two_codes, MXFP4_ROWS);
+            #undef MXFP4_ROWS
             for (int m = 0; m < tile; m++) y[(size_t)(m0 + m) * rows + n] = sums[m] + (bias ? bias[n] : 0.0f);
             m0 += tile;
         }

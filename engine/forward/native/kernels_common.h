@@ -112,6 +112,20 @@ static inline void mxfp4_scales(float scale_of[256]) {  /* each e8m0 exponent's 
     for (int e = 0; e < 256; e++) scale_of[e] = mxfp4_scale((uint8_t)e);
 }
 
+/* A variant's MXFP4 rows call, ROWS(t, two), with its tile of t activation rows (1 .. 4) and its codes (two: 0 or
+   1) constants, picked from the run-time `tile` and `two_codes`: each loop over the tile unrolls, and two or three
+   rows decode the weights once for all of them, not once a row. */
+#define MXFP4_CONSTANT_TILE(tile, two_codes, ROWS)                  \
+    do {                                                            \
+        _Static_assert(MXFP4_ROW_TILE <= 4, "tiles of up to 4 rows"); \
+        switch (tile) {                                             \
+            case 4: if (two_codes) ROWS(4, 1); else ROWS(4, 0); break; \
+            case 3: if (two_codes) ROWS(3, 1); else ROWS(3, 0); break; \
+            case 2: if (two_codes) ROWS(2, 1); else ROWS(2, 0); break; \
+            default: if (two_codes) ROWS(1, 1); else ROWS(1, 0);     \
+        }                                                           \
+    } while (0)
+
 /* mxfp4_matmul's activations, carved from its scratch (M * (5K + K / 4) bytes): quantize_activations' codes per
    block of 32 (high, and low where two codes a value) and scales [M, K / 32]; and for the x86 products, for each run
    of four codes (a 32-bit lane of the dot products) -MXFP4_OFFSET times their sum in each plane (high_offsets,
