@@ -348,19 +348,20 @@ def _peer_load(path: Any, probe: list[int]) -> dict[str, Any]:
     return peer_load(path, engine_threads(), probe)
 
 
-def _batched(args: argparse.Namespace, show) -> dict[str, Any]:
+def _batched(args: argparse.Namespace, show, prompts: list[list[int]] | None = None) -> dict[str, Any]:
     from engine.bench.peer_compare import batched_rates
     from engine.host.cpu_threads import engine_threads
 
-    return batched_rates(args.model, args.sequences, args.prompt_tokens, args.new_tokens, engine_threads())
+    return batched_rates(args.model, args.sequences, args.prompt_tokens, args.new_tokens, engine_threads(), prompts)
 
 
-def _peer_batched_rates(args: argparse.Namespace, levels: list[int]) -> dict[str, float]:
-    """llama.cpp's aggregate decode rate per level on the same file ({} without the peer or a GGUF file)."""
+def _peer_batched_rates(args: argparse.Namespace, levels: list[int], prompts: list[list[int]]) -> dict[str, float]:
+    """llama.cpp's aggregate decode rate per level on the same file, its sequences from Hearth's requests'
+    ``prompts`` ({} without the peer or a GGUF file)."""
     if _peer_file(args.model) is None:
         return {}
     return _batched(argparse.Namespace(model=args.model, sequences=levels, prompt_tokens=args.prompt_tokens,
-                                       new_tokens=args.new_tokens), None)["llama_cpp_tok_s"]
+                                       new_tokens=args.new_tokens), None, prompts)["llama_cpp_tok_s"]
 
 
 def _median_level(runs: list[dict[str, Any]], peer_rates: list[float]) -> dict[str, Any]:
@@ -402,8 +403,9 @@ def _serve(args: argparse.Namespace, show) -> dict[str, Any]:
     levels = [int(level) for level in args.concurrency.split(",") if level.strip()]
     runs: dict[int, list[dict[str, Any]]] = {level: [] for level in levels}
     peer_runs: dict[int, list[float]] = {level: [] for level in levels}
+    prompts = serve.prompts_for(loaded, max(levels), args.prompt_tokens, args.shared_prefix)  # llama.cpp's too
     for _ in range(max(args.rounds, 1)):  # llama.cpp and the engine take turns, so both see the same machine load
-        for level, rate in _peer_batched_rates(args, levels).items():
+        for level, rate in _peer_batched_rates(args, levels, prompts).items():
             peer_runs[int(level)].append(rate)
         for level in levels:
             runs[level].append(serve.run_level(loaded, level, args.prompt_tokens, args.new_tokens, args.shared_prefix,

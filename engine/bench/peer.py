@@ -97,8 +97,10 @@ class PeerProcess:
             self.request("logits", ids=list(ids), out=str(out), chunk=chunk)
             return np.load(out)
 
-    def batched_tok_s(self, prompt: Sequence[int], sequences: Sequence[int], new_tokens: int) -> dict[int, float]:
-        answer = self.request("batched", prompt=list(prompt), sequences=list(sequences), new_tokens=new_tokens)
+    def batched_tok_s(self, prompts: Sequence[Sequence[int]], sequences: Sequence[int],
+                      new_tokens: int) -> dict[int, float]:
+        answer = self.request("batched", prompts=[list(prompt) for prompt in prompts], sequences=list(sequences),
+                              new_tokens=new_tokens)
         return {int(n): rate for n, rate in answer["tok_s"].items()}
 
     def _log_tail(self) -> str:
@@ -122,16 +124,19 @@ class PeerProcess:
         self.close()
 
 
-def batched_decode_tok_s(model: str | Path, prompt: Sequence[int], sequences: Sequence[int],
+def batched_decode_tok_s(model: str | Path, prompts: Sequence[Sequence[int]], sequences: Sequence[int],
                          new_tokens: int = 32, threads: int = 2) -> dict[int, float]:
     """llama.cpp's aggregate decode rate (tokens per second, all sequences together) for each N in ``sequences``.
 
-    One context holds N sequences, each prefilled with ``prompt``; each of the
-    ``new_tokens`` steps then decodes one token of every sequence in a single
-    ``llama_decode``, as llama-server's slots share one context.
+    One context holds N sequences, sequence i prefilled with ``prompts[i % len(prompts)]``; each of the
+    ``new_tokens`` steps then decodes one token of every sequence in a single ``llama_decode``, as
+    llama-server's slots share one context. Prompts that differ keep the sequences apart, as N users' are:
+    identical ones would decode identical tokens, and a mixture of experts would read a single sequence's
+    experts for all of them.
     """
-    with PeerProcess(model, threads, n_ctx=len(prompt) + 1) as peer:  # each N gets a context of its own
-        return peer.batched_tok_s(prompt, sequences, new_tokens)
+    longest = max(map(len, prompts))
+    with PeerProcess(model, threads, n_ctx=longest + 1) as peer:  # each N gets a context of its own
+        return peer.batched_tok_s(prompts, sequences, new_tokens)
 
 
 def peer_load(model: str | Path, threads: int, probe: Sequence[int]) -> dict[str, Any]:

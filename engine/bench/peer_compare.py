@@ -60,10 +60,16 @@ def _summary(figure: str, hearth: list[float], peer_rates: list[float], threads:
             f"llama_cpp_{figure}": round(theirs, 2), "ratio": round(ours / theirs, 3) if theirs else None}
 
 
-def batched_rates(model: str, sequences: list[int], prompt_tokens: int, new_tokens: int,
-                  threads: int) -> dict[str, Any]:
-    """llama.cpp's aggregate decode rate for each N of ``sequences`` (see ``peer.batched_decode_tok_s``)."""
-    prompt = list(range(1, prompt_tokens + 1))  # speed does not depend on which tokens
-    rates = batched_decode_tok_s(gguf_file(model), prompt, sequences, new_tokens, threads)
+def batched_rates(model: str, sequences: list[int], prompt_tokens: int, new_tokens: int, threads: int,
+                  prompts: list[list[int]] | None = None) -> dict[str, Any]:
+    """llama.cpp's aggregate decode rate for each N of ``sequences`` (see ``peer.batched_decode_tok_s``), sequence
+    i from ``prompts[i]`` (Hearth's own requests', where it runs them beside), else from ``distinct_prompts``."""
+    prompts = prompts or distinct_prompts(max(sequences), prompt_tokens)
+    rates = batched_decode_tok_s(gguf_file(model), prompts, sequences, new_tokens, threads)
     return {"model": model, "threads": threads, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
             "llama_cpp_tok_s": {str(n): round(rate, 2) for n, rate in rates.items()}}
+
+
+def distinct_prompts(count: int, prompt_tokens: int) -> list[list[int]]:
+    """``count`` prompts of ``prompt_tokens`` token ids that differ from their first token on."""
+    return [[1 + (index + position) % prompt_tokens for position in range(prompt_tokens)] for index in range(count)]

@@ -15,10 +15,12 @@ Requests (``op`` and its fields), each answered with ``ok`` and its figures:
 - ``logits`` ``ids, out, chunk``: every position's logits (``logits_all``) saved as
   float32 ``[len(ids), vocab]`` to the ``.npy`` file ``out``; ``ids`` go in
   ``llama_decode`` calls of ``chunk`` tokens (1: token by token, as replies are made).
-- ``batched`` ``prompt, sequences, new_tokens``: for each N, one context holding N
-  sequences (each prefilled with ``prompt``), then ``new_tokens`` steps that each
-  decode one token of every sequence in one ``llama_decode``, as llama-server's
-  slots do: ``tok_s`` (all sequences' tokens per second) per N.
+- ``batched`` ``prompts, sequences, new_tokens``: for each N, one context holding N
+  sequences (sequence i prefilled with ``prompts[i % len(prompts)]``, so N
+  conversations that differ route a mixture of experts' rows as N users would),
+  then ``new_tokens`` steps that each decode one token of every sequence in one
+  ``llama_decode``, as llama-server's slots do: ``tok_s`` (all sequences' tokens
+  per second) per N.
 """
 
 from __future__ import annotations
@@ -107,8 +109,10 @@ class Peer:
         np.save(request["out"], self._feed(self.ctx, request["ids"], 0, all_logits=True, chunk=request.get("chunk", CHUNK)))
         return {"positions": len(request["ids"])}
 
-    def _feed(self, ctx: Any, ids: list[int], start: int, all_logits: bool, chunk: int = CHUNK) -> np.ndarray:
-        """Decode ``ids`` of sequence 0 from ``start``, ``chunk`` tokens a call: logits ``[len(ids) or 1, vocab]``."""
+    def _feed(self, ctx: Any, ids: list[int], start: int, all_logits: bool, chunk: int = CHUNK,
+              seq: int = 0) -> np.ndarray:
+        """Decode ``ids`` of sequence ``seq`` from ``start``, ``chunk`` tokens a call: logits ``[len(ids) or 1,
+        vocab]``."""
         from llama_cpp import _internals as internals
 
         rows = []
@@ -116,6 +120,8 @@ class Peer:
         for offset in range(0, len(ids), chunk):
             part = ids[offset:offset + chunk]
             batch.set_batch(part, start + offset, all_logits)
+            for i in range(len(part)):
+                batch.batch.seq_id[i][0] = seq
             ctx.decode(batch)
             wanted = len(part) if all_logits else 1
             base = len(part) - wanted
@@ -125,22 +131,23 @@ class Peer:
         return np.stack(rows)  # [positions, vocab]
 
     def batched(self, request: dict[str, Any]) -> dict[str, Any]:
-        self._check(request["prompt"])
-        return {"tok_s": {str(n): self._batched_rate(request["prompt"], n, request["new_tokens"])
+        prompts = request["prompts"]
+        for prompt in prompts:
+            self._check(prompt)
+        return {"tok_s": {str(n): self._batched_rate(prompts, n, request["new_tokens"])
                           for n in request["sequences"]}}
 
-    def _batched_rate(self, prompt: list[int], sequences: int, new_tokens: int) -> float:
+    def _batched_rate(self, prompts: list[list[int]], sequences: int, new_tokens: int) -> float:
         from llama_cpp import _internals as internals
 
-        ctx = self._context(sequences * (len(prompt) + new_tokens + 1), sequences)
-        first = self._feed(ctx, prompt, 0, all_logits=False)[-1]
-        for seq in range(1, sequences):  # every slot holds the same prompt, as its own sequence
-            ctx.kv_cache_seq_cp(0, seq, -1, -1)
-        last = [int(np.argmax(first))] * sequences
+        own = [prompts[seq % len(prompts)] for seq in range(sequences)]
+        ctx = self._context(sequences * (max(map(len, own)) + new_tokens + 1), sequences)
+        last = [int(np.argmax(self._feed(ctx, prompt, 0, all_logits=False, seq=seq)[-1]))
+                for seq, prompt in enumerate(own)]
         batch = internals.LlamaBatch(n_tokens=sequences, embd=0, n_seq_max=1, verbose=False)
         started = time.perf_counter()
         for step in range(new_tokens):
-            _fill_step(batch.batch, last, len(prompt) + step)
+            _fill_step(batch.batch, last, [len(prompt) + step for prompt in own])
             ctx.decode(batch)
             last = [int(np.argmax(np.ctypeslib.as_array(ctx.get_logits_ith(i), shape=(self.model.n_vocab(),))))
                     for i in range(sequences)]
@@ -150,10 +157,10 @@ class Peer:
         return sequences * new_tokens / spent
 
 
-def _fill_step(batch: Any, tokens: list[int], position: int) -> None:
-    """One token for each sequence ``i`` (``seq_id`` i) at ``position``, every one wanting its logits."""
+def _fill_step(batch: Any, tokens: list[int], positions: list[int]) -> None:
+    """One token for each sequence ``i`` (``seq_id`` i) at ``positions[i]``, every one wanting its logits."""
     batch.n_tokens = len(tokens)
-    for i, token in enumerate(tokens):
+    for i, (token, position) in enumerate(zip(tokens, positions)):
         batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, position, 1, True
         batch.seq_id[i][0] = i
 

@@ -13,6 +13,7 @@ import pytest
 
 from engine.bench import peer, random_gguf
 from engine.bench.peer import PeerError, PeerProcess, PeerUnavailable, batched_decode_tok_s
+from engine.bench.peer_compare import distinct_prompts
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -64,9 +65,16 @@ def test_a_request_llama_cpp_refuses_comes_back_as_an_error(default_model_path):
         assert llama.prefill_ms([1, 2, 3]) > 0, "the process stays up"
 
 
+def test_the_peers_batched_sequences_start_from_prompts_that_differ():
+    prompts = distinct_prompts(8, 32)
+
+    assert len({prompt[0] for prompt in prompts}) == 8, "identical sequences would share a mixture's experts"
+    assert all(len(prompt) == 32 and min(prompt) >= 1 for prompt in prompts)
+
+
 @pytest.mark.peer
 def test_batched_decode_gives_an_aggregate_rate_per_sequence_count(default_model_path):
-    rates = batched_decode_tok_s(default_model_path, list(range(1, 17)), [1, 3], new_tokens=4, threads=1)
+    rates = batched_decode_tok_s(default_model_path, distinct_prompts(3, 16), [1, 3], new_tokens=4, threads=1)
 
     assert sorted(rates) == [1, 3] and all(rate > 0 for rate in rates.values())
 
