@@ -67,7 +67,7 @@ class MixtureOfExperts:
 
     def _routed(self, h: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """The sum over each row's chosen experts of their outputs times their weights, [R, D]: the rows grouped
-        by expert, one call of each active expert over all its rows, results added back to their rows."""
+        by expert, one call of each active expert over all its rows, each row's k weighted results summed."""
         rows = h.shape[0]
         if rows == 1:  # a lone decode row: its k experts on the row itself, no grouping
             out = torch.zeros_like(h)  # [1, D]
@@ -78,16 +78,16 @@ class MixtureOfExperts:
         order = slots.argsort(stable=True)  # [R k]: slots grouped by expert
         counts = torch.bincount(slots, minlength=len(self.experts))  # [E]
         active = counts.nonzero().flatten()  # [A]: the chosen experts, in the order the slots are grouped
-        routed_rows = order // self.top_k  # [R k]: each grouped slot's row
-        routed_weights = weights.flatten()[order].unsqueeze(1)  # [R k, 1]
-        out = torch.zeros_like(h)  # [R, D]
+        grouped = h.index_select(0, order // self.top_k)  # [R k, D]: each grouped slot's row
+        results = torch.empty_like(grouped)  # [R k, D]
         start = 0
         for expert, count in zip(active.tolist(), counts[active].tolist()):
             end = start + count
-            own_rows = routed_rows[start:end]  # [n]
-            out.index_add_(0, own_rows, self.experts[expert](h[own_rows]).mul_(routed_weights[start:end]))
+            results[start:end] = self.experts[expert](grouped[start:end])
             start = end
-        return out
+        results.mul_(weights.flatten()[order].unsqueeze(1))  # [R k, D]
+        by_slot = results.index_select(0, order.argsort())  # [R k, D]: back in (row, choice) order
+        return by_slot.view(rows, self.top_k, -1).sum(dim=1)  # [R, D]
 
     @property
     def linears(self) -> tuple[Linear, ...]:
