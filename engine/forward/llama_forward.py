@@ -71,9 +71,10 @@ class FastLlama(LlamaWeights):
         self._eps = torch.full((1, 1), self.eps, dtype=self.dtype, device=device)
         self._turns = [torch.empty(0, 1, self.head_dim // 2, dtype=torch.complex64, device=device)] * len(self.rotary)
         self.kv_dtype = pool_dtype(formats.kv_cache, self.head_dim)  # the block pool's (bf16 on the CPU)
-        self._softcap = self.family.attention_softcap  # the kernels do not cap scores nor take sinks: torch ops
-        self._attention_kernels = (device.type == "cpu" and self._softcap is None and not self.family.attention_sinks
+        self._softcap = self.family.attention_softcap  # the kernels do not cap scores: torch ops
+        self._attention_kernels = (device.type == "cpu" and self._softcap is None
                                    and native_attention.covers(self.heads, self.kv_heads, self.head_dim, self.kv_dtype))
+        self._chunk_kernels = self._attention_kernels and not self.family.attention_sinks  # decode rows take sinks
         self._mask_dtype = PLAIN_DTYPES[formats.prompt_attention]  # bf16 where 4-bit prompts multiply on AMX's tiles
         self._chunk_tiles = (self._mask_dtype == torch.bfloat16 and self.kv_dtype == torch.bfloat16
                              and native_attention.tiles_cover(self.head_dim))  # an int8 pool: the fp32 kernel
@@ -91,8 +92,11 @@ class FastLlama(LlamaWeights):
 
     def _kernel_takes(self, length: int) -> bool:
         """Whether ``length`` new tokens of one sequence attend in the CPU kernels (else SDPA, or two bmm a row):
-        any number on AMX's tiles (``KERNEL_CHUNK_ROWS``)."""
-        return self._attention_kernels and (length <= KERNEL_CHUNK_ROWS or self._chunk_tiles)
+        a decode row; a prompt chunk where the model has no sinks, any number on AMX's tiles
+        (``KERNEL_CHUNK_ROWS``)."""
+        if length == 1:
+            return self._attention_kernels
+        return self._chunk_kernels and (length <= KERNEL_CHUNK_ROWS or self._chunk_tiles)
 
     def project(self, layer: LlamaLayer, h: torch.Tensor, turns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotated queries [S, H, hd] and the new keys and values [2, Hkv, S, hd] of ``h`` [S, D]."""
@@ -199,7 +203,7 @@ class FastLlama(LlamaWeights):
         if step.kernels is not None:
             q = q.contiguous()  # a view of the step's q, k, v projections
             for kernel in step.kernels:
-                kernel.attend(q, attended, layer_kv)
+                kernel.attend(q, attended, layer_kv, layer.sinks)
         else:
             runs = [run[index] if run is not None else None for run in step.runs]
             self._attend_decode_rows(q, attended, layout, runs, layer.sinks)

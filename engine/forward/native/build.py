@@ -40,7 +40,7 @@ LANES = 16  # fp32 values a vector: the kernels take a head's or a row's dimensi
 SIGNATURES = {
     "int4_matmul": (P, I32, I32, P, P, I32, I32, I32, P, P),
     "int8_matmul": (P, I32, I32, P, P, I32, P, P),
-    "decode_attention": (P, P, P, P, I32, P, P, I32, I32, I32, I64),
+    "decode_attention": (P, P, P, P, I32, P, P, I32, I32, I32, I64, P),
     "chunk_attention": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64, I32),
     "rms_norm": (P, I32, I32, ctypes.c_float, P),
     "swiglu": (P, I32, I32, P),
@@ -50,7 +50,7 @@ SIGNATURES = {
     "chunk_attention_amx": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64, I32),
     "mxfp4_matmul": (P, I32, I32, P, I32, P, I32, P, P),
     "mxfp4_matmul_amx": (P, I32, I32, P, P, I32, I32, P, P),
-    "decode_attention_q8": (P, P, P, P, I32, P, P, I32, I32, I32, I64),
+    "decode_attention_q8": (P, P, P, P, I32, P, P, I32, I32, I32, I64, P),
     "chunk_attention_q8": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64, I32),
     "rotate_and_store_q8": (P, P, I32, I32, I32, I32, P, I64, P),
 }

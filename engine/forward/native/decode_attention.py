@@ -75,18 +75,30 @@ class DecodeRuns:
             first_run.append(first_run[-1] + len(row_runs))
         return DecodeRuns(_int32(list(rows)), _int32(first_run), _bounds(run for row_runs in runs for run in row_runs))
 
-    def attend(self, q: torch.Tensor, out: torch.Tensor, layer_kv: torch.Tensor) -> None:
+    def attend(self, q: torch.Tensor, out: torch.Tensor, layer_kv: torch.Tensor,
+               sinks: torch.Tensor | None = None) -> None:
         """``q`` [R, H, hd] (already scaled) over ``layer_kv`` [2, Hkv, P, hd] bf16 (or int8 rows) into ``out``
-        [R, H, hd] (all contiguous), at the decode rows only; query head ``h`` uses kv head ``h // (H / Hkv)``."""
+        [R, H, hd] (all contiguous), at the decode rows only; query head ``h`` uses kv head ``h // (H / Hkv)``.
+        ``sinks`` [H] fp32 (gpt-oss's) join each query head's softmax denominator as a position of value zero."""
         _, heads, head_dim = q.shape
         kv_heads, positions = layer_kv.shape[1], layer_kv.shape[2]
         function = library().decode_attention_q8 if layer_kv.dtype == INT8_ROWS else library().decode_attention
         function(address(q), address(out), kv_address(layer_kv), *self._addresses, heads, kv_heads, head_dim,
-                 positions)
+                 positions, _sinks_address(sinks, heads))
 
     @property
     def _addresses(self) -> tuple[int, int, int, int]:
         return self.rows.data_ptr(), len(self.rows), self.first_run.data_ptr(), self.bounds.data_ptr()
+
+
+def _sinks_address(sinks: torch.Tensor | None, heads: int) -> int | None:
+    """The kernels' pointer to ``sinks`` (None: none), which must be ``heads`` contiguous fp32 values."""
+    if sinks is None:
+        return None
+    if sinks.dtype != torch.float32 or sinks.shape != (heads,) or not sinks.is_contiguous():
+        raise ValueError(f"attention sinks must be {heads} contiguous fp32 values, "
+                         f"not {sinks.dtype} {tuple(sinks.shape)}")
+    return address(sinks)
 
 
 def kv_address(layer_kv: torch.Tensor) -> int:
@@ -124,9 +136,13 @@ class ChunkRuns:
            window: int | None = None) -> ChunkRuns:
         return ChunkRuns(first_row, count, start, _bounds(runs), on_tiles, window or 0)
 
-    def attend(self, q: torch.Tensor, out: torch.Tensor, layer_kv: torch.Tensor) -> None:
+    def attend(self, q: torch.Tensor, out: torch.Tensor, layer_kv: torch.Tensor,
+               sinks: torch.Tensor | None = None) -> None:
         """``q`` [R, H, hd] (already scaled) over ``layer_kv`` [2, Hkv, P, hd] bf16 (or int8 rows) into ``out``
-        [R, H, hd] (all contiguous), at the chunk's rows only."""
+        [R, H, hd] (all contiguous), at the chunk's rows only; a model with ``sinks`` attends its chunks in PyTorch's
+        ops (ValueError here)."""
+        if sinks is not None:
+            raise ValueError("the chunk kernels do not take attention sinks")
         _, heads, head_dim = q.shape
         kv_heads, positions = layer_kv.shape[1], layer_kv.shape[2]
         arguments = (address(q), address(out), kv_address(layer_kv), self.first_row, self.count, self.start,

@@ -374,7 +374,8 @@ static inline __m512 exp_of_negative(__m512 x) {
    (kv_row_bytes): inlined with int8 a constant, so each format's loop is its own. */
 static inline __attribute__((always_inline)) void decode_task(
         const float *q, float *out, const uint8_t *layer, const int32_t *rows, const int32_t *first_run,
-        const int32_t *runs, int heads, int kv_heads, int head_dim, int64_t positions, int i, int h, int int8) {
+        const int32_t *runs, int heads, int kv_heads, int head_dim, int64_t positions, const float *sinks,
+        int i, int h, int int8) {
     const int groups = heads / kv_heads, vectors = head_dim / 16;
     const size_t row = kv_row_bytes(head_dim, int8);
     const float *queries = q + ((size_t)rows[i] * heads + (size_t)h * groups) * head_dim;
@@ -433,7 +434,7 @@ static inline __attribute__((always_inline)) void decode_task(
         }
     for (int g = 0; g < groups; g++) {
         float *target = out + ((size_t)rows[i] * heads + (size_t)h * groups + g) * head_dim;
-        __m512 inverse = _mm512_set1_ps(1.0f / weight_sum[g]);
+        __m512 inverse = _mm512_set1_ps(softmax_inverse(best[g], weight_sum[g], sinks, h * groups + g));
         for (int v = 0; v < vectors; v++) _mm512_storeu_ps(target + 16 * v, _mm512_mul_ps(acc[g][v], inverse));
     }
 }
@@ -441,26 +442,27 @@ static inline __attribute__((always_inline)) void decode_task(
 /* Decode attention over a block pool's layer [2, Hkv, P, hd] bf16 (keys, then values; hd a multiple of 16): query row
    rows[i] of q [R, H, hd] (already scaled) attends to the positions runs[2j] .. runs[2j + 1] - 1 for first_run[i]
    <= j < first_run[i + 1], in order; query head h uses kv head h / (H / Hkv). out [R, H, hd]. The softmax runs
-   over tiles of positions with a running maximum, so every position is read once. */
+   over tiles of positions with a running maximum, so every position is read once; sinks [H] (NULL: none) join its
+   denominator (softmax_inverse). */
 void decode_attention(const float *q, float *out, const uint16_t *layer, const int32_t *rows, int row_count,
                       const int32_t *first_run, const int32_t *runs, int heads, int kv_heads, int head_dim,
-                      int64_t positions) {
+                      int64_t positions, const float *sinks) {
     #pragma omp parallel for collapse(2) schedule(static) if (row_count * kv_heads > 1)
     for (int i = 0; i < row_count; i++)
         for (int h = 0; h < kv_heads; h++)
             decode_task(q, out, (const uint8_t *)layer, rows, first_run, runs, heads, kv_heads, head_dim, positions,
-                        i, h, 0);
+                        sinks, i, h, 0);
 }
 
 /* decode_attention over an int8 pool's layer [2, Hkv, P, row] (kv_row_bytes; hd a multiple of 32): each row's codes
    times its scales in fp32 as they are read, the sums in fp32. */
 void decode_attention_q8(const float *q, float *out, const uint8_t *layer, const int32_t *rows, int row_count,
                          const int32_t *first_run, const int32_t *runs, int heads, int kv_heads, int head_dim,
-                         int64_t positions) {
+                         int64_t positions, const float *sinks) {
     #pragma omp parallel for collapse(2) schedule(static) if (row_count * kv_heads > 1)
     for (int i = 0; i < row_count; i++)
         for (int h = 0; h < kv_heads; h++)
-            decode_task(q, out, layer, rows, first_run, runs, heads, kv_heads, head_dim, positions, i, h, 1);
+            decode_task(q, out, layer, rows, first_run, runs, heads, kv_heads, head_dim, positions, sinks, i, h, 1);
 }
 
 /* out [M, K] = x [M, K] over each row's root mean square (the norm's own weight is the next matmul's). */

@@ -507,7 +507,8 @@ static float weights_of(float *score, int count, float most) {
    (kv_row_bytes): inlined with int8 a constant, so each format's loop is its own. */
 static inline __attribute__((always_inline)) void decode_task(
         const float *q, float *out, const uint8_t *layer, const int32_t *rows, const int32_t *first_run,
-        const int32_t *runs, int heads, int kv_heads, int head_dim, int64_t positions, int i, int h, int int8) {
+        const int32_t *runs, int heads, int kv_heads, int head_dim, int64_t positions, const float *sinks,
+        int i, int h, int int8) {
     const int groups = heads / kv_heads, vectors = head_dim / 8;
     const size_t row = kv_row_bytes(head_dim, int8);
     const float *queries = q + ((size_t)rows[i] * heads + (size_t)h * groups) * head_dim;
@@ -555,7 +556,7 @@ static inline __attribute__((always_inline)) void decode_task(
         }
     for (int g = 0; g < groups; g++) {
         float *target = out + ((size_t)rows[i] * heads + (size_t)h * groups + g) * head_dim;
-        __m256 inverse = _mm256_set1_ps(1.0f / weight_sum[g]);
+        __m256 inverse = _mm256_set1_ps(softmax_inverse(best[g], weight_sum[g], sinks, h * groups + g));
         for (int v = 0; v < vectors; v++) _mm256_storeu_ps(target + 8 * v, _mm256_mul_ps(acc[g][v], inverse));
     }
 }
@@ -565,23 +566,23 @@ static inline __attribute__((always_inline)) void decode_task(
    out [R, H, hd]. A running maximum over tiles of positions: every position is read once. */
 void decode_attention(const float *q, float *out, const uint16_t *layer, const int32_t *rows, int row_count,
                       const int32_t *first_run, const int32_t *runs, int heads, int kv_heads, int head_dim,
-                      int64_t positions) {
+                      int64_t positions, const float *sinks) {
     #pragma omp parallel for collapse(2) schedule(static) if (row_count * kv_heads > 1)
     for (int i = 0; i < row_count; i++)
         for (int h = 0; h < kv_heads; h++)
             decode_task(q, out, (const uint8_t *)layer, rows, first_run, runs, heads, kv_heads, head_dim, positions,
-                        i, h, 0);
+                        sinks, i, h, 0);
 }
 
 /* kernels.c's decode_attention_q8: over an int8 pool's layer [2, Hkv, P, row] (kv_row_bytes), each row's codes times
    its scales in fp32 as they are read. */
 void decode_attention_q8(const float *q, float *out, const uint8_t *layer, const int32_t *rows, int row_count,
                          const int32_t *first_run, const int32_t *runs, int heads, int kv_heads, int head_dim,
-                         int64_t positions) {
+                         int64_t positions, const float *sinks) {
     #pragma omp parallel for collapse(2) schedule(static) if (row_count * kv_heads > 1)
     for (int i = 0; i < row_count; i++)
         for (int h = 0; h < kv_heads; h++)
-            decode_task(q, out, layer, rows, first_run, runs, heads, kv_heads, head_dim, positions, i, h, 1);
+            decode_task(q, out, layer, rows, first_run, runs, heads, kv_heads, head_dim, positions, sinks, i, h, 1);
 }
 
 #define CHUNK_QUERIES 16  /* a chunk task's queries (rows times query heads of one kv head): two vectors */

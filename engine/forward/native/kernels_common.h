@@ -20,6 +20,14 @@
 static inline __attribute__((always_inline)) void prefetch_ahead(const void *at, int lines) {
     for (int i = 0; i < lines; i++) __builtin_prefetch((const char *)at + WEIGHT_PREFETCH_BYTES + 64 * i);
 }
+
+/* What turns a query head's weighted sum of values into its attention output: 1 / the softmax's denominator
+   (weight_sum, its terms relative to the running maximum best). `sinks` (gpt-oss's per-head logits; NULL: none)
+   add e^(sink - best) to it, a position each head sees whose value is zero. */
+static inline float softmax_inverse(float best, float weight_sum, const float *sinks, int head) {
+    return 1.0f / (sinks ? weight_sum + expf(sinks[head] - best) : weight_sum);
+}
+
 #define LOW_STEPS 254.0f  /* an activation's second code counts in steps of 1/254 of its first's */
 #define POSITIONS 64      /* attention: positions scored at a time */
 #define MAX_GROUPS 16

@@ -337,7 +337,7 @@ static float weights_of(float *score, int count, float most) {
    out [R, H, hd]. A running maximum over tiles of positions: every position is read once. */
 void decode_attention(const float *q, float *out, const uint16_t *layer, const int32_t *rows, int row_count,
                       const int32_t *first_run, const int32_t *runs, int heads, int kv_heads, int head_dim,
-                      int64_t positions) {
+                      int64_t positions, const float *sinks) {
     const int groups = heads / kv_heads, vectors = head_dim / 4;
     #pragma omp parallel for collapse(2) schedule(static) if (row_count * kv_heads > 1)
     for (int i = 0; i < row_count; i++)
@@ -384,7 +384,7 @@ void decode_attention(const float *q, float *out, const uint16_t *layer, const i
                 }
             for (int g = 0; g < groups; g++) {
                 float *target = out + ((size_t)rows[i] * heads + (size_t)h * groups + g) * head_dim;
-                const float inverse = 1.0f / weight_sum[g];
+                const float inverse = softmax_inverse(best[g], weight_sum[g], sinks, h * groups + g);
                 for (int v = 0; v < vectors; v++) vst1q_f32(target + 4 * v, vmulq_n_f32(acc[g][v], inverse));
             }
         }

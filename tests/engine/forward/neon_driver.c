@@ -58,6 +58,7 @@ int main(int count, char **words) {
         switch (word[0]) {
             case 'f': a[i].pointer = file_contents(value, &sizes[i]); break;
             case 's': a[i].pointer = calloc(1, (size_t)atol(value) + 64); break;
+            case 'n': a[i].pointer = NULL; break;
             case 'i': a[i].integer = atoi(value); break;
             case 'l': a[i].wide = atoll(value); break;
             case 'e': a[i].real = strtof(value, NULL); break;
@@ -73,7 +74,7 @@ int main(int count, char **words) {
     else if (strcmp(kernel, "int8_matmul") == 0)
         int8_matmul(P(0), I(1), I(2), P(3), P(4), I(5), P(6), P(7));
     else if (strcmp(kernel, "decode_attention") == 0)
-        decode_attention(P(0), P(1), P(2), P(3), I(4), P(5), P(6), I(7), I(8), I(9), L(10));
+        decode_attention(P(0), P(1), P(2), P(3), I(4), P(5), P(6), I(7), I(8), I(9), L(10), P(11));
     else if (strcmp(kernel, "chunk_attention") == 0)
         chunk_attention(P(0), P(1), P(2), I(3), I(4), I(5), P(6), I(7), I(8), I(9), I(10), L(11), I(12));
     else if (strcmp(kernel, "rms_norm") == 0)

@@ -208,18 +208,20 @@ def test_a_q8_0_blocks_codes_and_scale_come_back_exactly():
 
 @needs_kernels
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(6, 2, 32), (28, 4, 128)])  # 28/4/128: Qwen2.5-7B's
-def test_decode_attention_matches_pytorchs_over_runs_of_the_bf16_pool(heads, kv_heads, head_dim):
+@pytest.mark.parametrize("with_sinks", [False, True])  # gpt-oss's: a logit per query head beside the positions
+def test_decode_attention_matches_pytorchs_over_runs_of_the_bf16_pool(heads, kv_heads, head_dim, with_sinks):
     torch.manual_seed(0)
     positions = 512
     layer = torch.randn(2, kv_heads, positions, head_dim).bfloat16()  # [2, Hkv, P, hd]: as the pool holds them
     runs = [(slice(0, 1),), (slice(64, 64 + 130),), (slice(300, 364), slice(400, 411))]  # one, past a tile, two runs
     q = torch.randn(len(runs) + 1, heads, head_dim) * 0.3  # the last row: a prompt chunk's, not attended here
     out = torch.full_like(q, 7.0)
-    DecodeRuns.of(list(range(len(runs))), runs).attend(q, out, layer)
+    sinks = torch.randn(heads) * 2 if with_sinks else None
+    DecodeRuns.of(list(range(len(runs))), runs).attend(q, out, layer, sinks)
     for row, row_runs in enumerate(runs):
         views = tuple((layer[0, :, r].float().transpose(1, 2), layer[1, :, r].float()) for r in row_runs)
         expected = attend_runs(q[row].view(kv_heads, -1, head_dim), views, torch.empty(kv_heads, heads // kv_heads,
-                                                                                       head_dim))
+                                                                                       head_dim), sinks=sinks)
         assert torch.allclose(out[row], expected.view(heads, head_dim), atol=1e-5)
     assert torch.equal(out[-1], torch.full_like(out[-1], 7.0))
 

@@ -83,6 +83,8 @@ class NeonDriver:
                 tensors.append((path, value))
             elif isinstance(value, ScratchBytes):
                 words.append(f"s:{value.size}")
+            elif value is None:  # a NULL pointer
+                words.append("n:")
             else:
                 letter = {ctypes.c_int: "i", ctypes.c_int64: "l", ctypes.c_float: "e"}[kind]
                 words.append(f"{letter}:{value}")
@@ -185,7 +187,9 @@ def _bounds(runs: Sequence[slice]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(6, 2, 32), (28, 4, 128)])
-def test_decode_attention_matches_pytorchs_over_runs_of_the_bf16_pool(neon: NeonDriver, heads, kv_heads, head_dim):
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_decode_attention_matches_pytorchs_over_runs_of_the_bf16_pool(neon: NeonDriver, heads, kv_heads, head_dim,
+                                                                      with_sinks):
     torch.manual_seed(0)
     positions = 512
     layer = torch.randn(2, kv_heads, positions, head_dim).bfloat16()  # [2, Hkv, P, hd]
@@ -194,12 +198,13 @@ def test_decode_attention_matches_pytorchs_over_runs_of_the_bf16_pool(neon: Neon
     first_run = torch.tensor([0, 1, 2, 4], dtype=torch.int32)
     rows = torch.arange(len(runs), dtype=torch.int32)
     bounds = _bounds([run for row_runs in runs for run in row_runs])
+    sinks = torch.randn(heads) * 2 if with_sinks else None  # gpt-oss's: a logit per query head
     (_, out, *_) = neon.call("decode_attention", q, torch.full_like(q, 7.0), layer, rows, len(runs), first_run,
-                             bounds, heads, kv_heads, head_dim, positions)
+                             bounds, heads, kv_heads, head_dim, positions, sinks)
     for row, row_runs in enumerate(runs):
         views = tuple((layer[0, :, r].float().transpose(1, 2), layer[1, :, r].float()) for r in row_runs)
         expected = attend_runs(q[row].view(kv_heads, -1, head_dim), views,
-                               torch.empty(kv_heads, heads // kv_heads, head_dim))
+                               torch.empty(kv_heads, heads // kv_heads, head_dim), sinks=sinks)
         assert torch.allclose(out[row], expected.view(heads, head_dim), atol=1e-5)
     assert torch.equal(out[-1], torch.full_like(out[-1], 7.0))
 
