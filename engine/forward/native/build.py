@@ -199,6 +199,6 @@ def address(tensor: torch.Tensor) -> int:
 
 def activation_scratch(rows: int, width: int, group: int, lanes: bool = False) -> int:
     """Where a matmul kernel quantizes ``rows`` activation rows of ``width`` (``quantize_activations``): up to two
-    int8 codes a value, then a scale and the codes' sum (fp32) a group of ``group``, and with ``lanes`` three bytes
-    more a value (``mxfp4_matmul``'s offsets and scales per four codes); one reused buffer, by address."""
-    return _ACTIVATION_CODES.address(rows * ((5 if lanes else 2) * width + 8 * (width // group)))
+    int8 codes a value, then a scale and the codes' sum (fp32) a group of ``group``, and with ``lanes`` a byte more
+    a value (``mxfp4_matmul``'s scale per four codes); one reused buffer, by address."""
+    return _ACTIVATION_CODES.address(rows * ((3 if lanes else 2) * width + 8 * (width // group)))

@@ -1269,9 +1269,9 @@ static void mxfp4_matmul_exact(const float *x, int count, int width, const uint8
 }
 
 /* Blocks b and b + 1 of a row (codes: b's 16 code bytes; next: b + 1's, or NULL where b is the row's last) as 64
-   unsigned weights + MXFP4_OFFSET in the activations' order: b's weights 0-15 (its low nibbles), 16-31 (its high
-   ones), then b + 1's; a zero block past the row's end. Each block's bytes fill two quarters (vbroadcasti128), the
-   second shifted down a nibble; the codes pick their weights through vpshufb. */
+   signed weights (twice their e2m1 values) in the activations' order: b's weights 0-15 (its low nibbles), 16-31 (its
+   high ones), then b + 1's; a zero block past the row's end. Each block's bytes fill two quarters (vbroadcasti128),
+   the second shifted down a nibble; the codes pick their weights through vpshufb. */
 static inline __attribute__((always_inline)) __m512i mxfp4_pair(const uint8_t *codes, const uint8_t *next,
                                                                 __m512i table) {
     const __m256i first = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)codes));
@@ -1287,24 +1287,30 @@ static inline __attribute__((always_inline)) __m512i mxfp4_bytes(const void *at,
     return whole ? _mm512_loadu_si512(at) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, at);
 }
 
+/* 64 activation codes as unsigned bytes, code + 128 (vpdpbusd's unsigned operand). */
+static inline __attribute__((always_inline)) __m512i mxfp4_unsigned_codes(const int8_t *codes, int whole) {
+    return _mm512_xor_si512(mxfp4_bytes(codes, whole), _mm512_set1_epi8((char)0x80));
+}
+
 /* Blocks b and b + 1 of a row (`block`: b's 17 bytes; `whole`: b + 1 is the row's too) against `tile` activation
-   rows from m0 (one code a value or two), added to sums[m]. vpdpbusd from the lanes' offsets gives each lane's exact
-   int32 sum of the signed weights times the codes, which meets its block's weight and activation scales in fp32. */
+   rows from m0 (one code a value or two), added to sums[m]. vpdpbusd multiplies the codes + 128 by the signed
+   weights; starting each lane from -128 times its four weights (once for every row) leaves its exact int32 sum of
+   the weights times the codes, which meets its block's weight and activation scales in fp32. */
 static inline __attribute__((always_inline)) void mxfp4_two_blocks(
         int tile, int two_codes, int whole, const mxfp4_activations *a, int m0, int width, const uint8_t *block,
         size_t column, const float *scale_of, __m512i table, __m512 sums[MXFP4_ROW_TILE]) {
     const __m512i weights = mxfp4_pair(block + 1, whole ? block + MXFP4_BLOCK_BYTES + 1 : NULL, table);
+    const __m512i lifted = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), weights);
+    const __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(), lifted);
     const __m512 weight_scales = _mm512_mask_blend_ps(
         0xFF00, _mm512_set1_ps(scale_of[block[0]]), _mm512_set1_ps(whole ? scale_of[block[MXFP4_BLOCK_BYTES]] : 0.0f));
     for (int m = 0; m < tile; m++) {
         const size_t at = (size_t)(m0 + m) * width + column, lane = at / 4;  /* lanes: 4 codes' 4 bytes each */
-        __m512i dot = _mm512_dpbusd_epi32(mxfp4_bytes(a->high_offsets + lane, whole), weights,
-                                          mxfp4_bytes(a->high + at, whole));
-        __m512 value = _mm512_cvtepi32_ps(dot);
+        __m512 value = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, mxfp4_unsigned_codes(a->high + at, whole),
+                                                              weights));
         if (two_codes) {
-            dot = _mm512_dpbusd_epi32(mxfp4_bytes(a->low_offsets + lane, whole), weights,
-                                      mxfp4_bytes(a->low + at, whole));
-            value = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(1.0f / LOW_STEPS), value);
+            const __m512i low = _mm512_dpbusd_epi32(start, mxfp4_unsigned_codes(a->low + at, whole), weights);
+            value = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low), _mm512_set1_ps(1.0f / LOW_STEPS), value);
         }
         const __m512 lane_scales = _mm512_castsi512_ps(mxfp4_bytes(a->lane_scales + lane, whole));
         sums[m] = _mm512_fmadd_ps(value, _mm512_mul_ps(weight_scales, lane_scales), sums[m]);
@@ -1333,7 +1339,7 @@ static inline __attribute__((always_inline)) void mxfp4_row(
 /* y [count, rows] = x [count, width] times the MXFP4 weight's rows (blocks [rows, width / 32 * 17]), plus bias
    [rows] where given. codes: 1 or 2 int8 codes an activation per block of 32 (quantize_activations, as llama.cpp's
    Q8_0 with one), whose products with the weights (twice their e2m1 values, exact in int8) sum exactly in int32;
-   0: the activations as they are, in fp32 (exact). scratch: M * (5K + K / 4) bytes (mxfp4_activations). */
+   0: the activations as they are, in fp32 (exact). scratch: M * (3K + K / 4) bytes (mxfp4_activations). */
 void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
                   int codes, void *scratch, float *y) {
     float scale_of[256];
@@ -1344,8 +1350,7 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
     }
     const int two_codes = codes == 2, per_row = width / MXFP4_BLOCK;
     const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, 1, scratch);
-    const __m512i table = _mm512_broadcast_i32x4(
-        _mm_add_epi8(_mm_loadu_si128((const __m128i *)MXFP4_HALVES), _mm_set1_epi8(MXFP4_OFFSET)));
+    const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
     #pragma omp parallel for schedule(static) if (rows >= 64)
     for (int n = 0; n < rows; n++) {
         const uint8_t *row = blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;

@@ -936,21 +936,28 @@ static void mxfp4_matmul_exact(const float *x, int count, int width, const uint8
     }
 }
 
-/* offsets + a lane's four unsigned weights times four activation codes, in int32: the weights are at most 24, so
-   vpmaddubsw's pairs stay within int16 (2 x 24 x 127). */
-static inline __m256i mxfp4_products(__m256i offsets, __m256i weights, __m256i x) {
+/* start + a lane's four activation codes + 128 (unsigned) times its four signed weights, in int32: the weights are
+   at most 12 in magnitude, so vpmaddubsw's pairs stay within int16 (2 x 255 x 12). */
+static inline __m256i mxfp4_products(__m256i start, __m256i unsigned_codes, __m256i weights) {
 #ifdef __AVXVNNI__
-    return _mm256_dpbusd_avx_epi32(offsets, weights, x);
+    return _mm256_dpbusd_avx_epi32(start, unsigned_codes, weights);
 #else
-    return _mm256_add_epi32(offsets, _mm256_madd_epi16(_mm256_maddubs_epi16(weights, x), _mm256_set1_epi16(1)));
+    return _mm256_add_epi32(start, _mm256_madd_epi16(_mm256_maddubs_epi16(unsigned_codes, weights),
+                                                     _mm256_set1_epi16(1)));
 #endif
+}
+
+/* 32 activation codes as unsigned bytes, code + 128. */
+static inline __m256i mxfp4_unsigned_codes(const int8_t *codes) {
+    return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)codes), _mm256_set1_epi8((char)0x80));
 }
 
 /* One weight row against `tile` activation rows from m0 (one code a value or two): out[m] = their dot products,
    without the bias. A block is one vector: its 16 code bytes in both halves (vbroadcasti128), the second half's
-   shifted down a nibble, pick weights + MXFP4_OFFSET through vpshufb in the activations' order (weights 0-15, then
-   16-31); the products from the lanes' offsets are each lane's exact int32 sum of the signed weights times the
-   codes, which meets the block's weight and activation scales in fp32. */
+   shifted down a nibble, pick the signed weights through vpshufb in the activations' order (weights 0-15, then
+   16-31). The codes + 128 times the weights, from each lane's -128 times its four weights (once for every row), are
+   each lane's exact int32 sum of the weights times the codes, which meets the block's weight and activation scales
+   in fp32. */
 static inline __attribute__((always_inline)) void mxfp4_row(
         int tile, int two_codes, const mxfp4_activations *a, int m0, int width, const uint8_t *row,
         const float *scale_of, __m256i table, float *out) {
@@ -963,16 +970,15 @@ static inline __attribute__((always_inline)) void mxfp4_row(
         if (m0 == 0) prefetch_ahead(block, 1);  /* the call's first pass over the row */
         const __m256i codes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(block + 1)));
         const __m256i weights = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srlv_epi64(codes, halves), nibble));
+        const __m256i start = _mm256_sub_epi32(
+            _mm256_setzero_si256(), mxfp4_products(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), weights));
         const __m256 weight_scale = _mm256_set1_ps(scale_of[block[0]]);
         for (int m = 0; m < tile; m++) {
             const size_t at = (size_t)(m0 + m) * width + (size_t)b * MXFP4_BLOCK, lane = at / 4;
-            __m256i dot = mxfp4_products(_mm256_loadu_si256((const __m256i *)(a->high_offsets + lane)), weights,
-                                         _mm256_loadu_si256((const __m256i *)(a->high + at)));
-            __m256 value = _mm256_cvtepi32_ps(dot);
+            __m256 value = _mm256_cvtepi32_ps(mxfp4_products(start, mxfp4_unsigned_codes(a->high + at), weights));
             if (two_codes) {
-                dot = mxfp4_products(_mm256_loadu_si256((const __m256i *)(a->low_offsets + lane)), weights,
-                                     _mm256_loadu_si256((const __m256i *)(a->low + at)));
-                value = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(1.0f / LOW_STEPS), value);
+                const __m256i low = mxfp4_products(start, mxfp4_unsigned_codes(a->low + at), weights);
+                value = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low), _mm256_set1_ps(1.0f / LOW_STEPS), value);
             }
             const __m256 scale = _mm256_mul_ps(weight_scale, _mm256_loadu_ps(a->lane_scales + lane));
             sums[m] = _mm256_fmadd_ps(value, scale, sums[m]);
@@ -982,7 +988,7 @@ static inline __attribute__((always_inline)) void mxfp4_row(
 }
 
 /* kernels.c's mxfp4_matmul: y [count, rows] = x [count, width] times the MXFP4 weight's rows, plus bias; codes 1 or
-   2 int8 codes an activation, 0 fp32 (exact); scratch: M * (5K + K / 4) bytes. */
+   2 int8 codes an activation, 0 fp32 (exact); scratch: M * (3K + K / 4) bytes. */
 void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
                   int codes, void *scratch, float *y) {
     float scale_of[256];
@@ -993,8 +999,7 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
     }
     const int two_codes = codes == 2, per_row = width / MXFP4_BLOCK;
     const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, 1, scratch);
-    const __m256i table = _mm256_broadcastsi128_si256(
-        _mm_add_epi8(_mm_loadu_si128((const __m128i *)MXFP4_HALVES), _mm_set1_epi8(MXFP4_OFFSET)));
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
     #pragma omp parallel for schedule(static) if (rows >= 64)
     for (int n = 0; n < rows; n++) {
         const uint8_t *row = blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;

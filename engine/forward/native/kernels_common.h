@@ -108,7 +108,6 @@ static inline int64_t run_slot(const int32_t *runs, int j, int64_t logical) {
 #define MXFP4_BLOCK 32
 #define MXFP4_BLOCK_BYTES 17
 
-#define MXFP4_OFFSET 12  /* added to each weight for the x86 products (unsigned by signed bytes): codes 0 ... 24 */
 static const int8_t MXFP4_HALVES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 static inline float mxfp4_scale(uint8_t e) {  /* 2^(e - 128), as ggml_e8m0_to_fp32_half */
@@ -134,27 +133,19 @@ static inline void mxfp4_scales(float scale_of[256]) {  /* each e8m0 exponent's 
         }                                                           \
     } while (0)
 
-/* mxfp4_matmul's activations, carved from its scratch (M * (5K + K / 4) bytes): quantize_activations' codes per
-   block of 32 (high, and low where two codes a value) and scales [M, K / 32]; and for the x86 products, for each run
-   of four codes (a 32-bit lane of the dot products) -MXFP4_OFFSET times their sum in each plane (high_offsets,
-   low_offsets [M, K / 4]: the products start from them, which takes the weights' offset out exactly) and its block's
-   scale (lane_scales [M, K / 4]). */
+/* mxfp4_matmul's activations, carved from its scratch (M * (3K + K / 4) bytes): quantize_activations' codes per
+   block of 32 (high, and low where two codes a value) and scales [M, K / 32]; and for the x86 products, each run of
+   four codes' (a 32-bit lane of the dot products') block scale (lane_scales [M, K / 4]). The x86 products take the
+   codes as unsigned bytes, code + 128 (an exclusive or with 0x80), against the signed weights: each lane's sum then
+   holds 128 times its four weights beyond the codes' products, which the kernel takes out once for every row. */
 typedef struct {
     int8_t *high, *low;
     float *scales;
-    int32_t *high_offsets, *low_offsets;
     float *lane_scales;
 } mxfp4_activations;
 
-static void mxfp4_offsets(const int8_t *codes, size_t count, int32_t *offsets) {
-    for (size_t lane = 0; lane < count / 4; lane++) {
-        const int8_t *four = codes + 4 * lane;
-        offsets[lane] = -MXFP4_OFFSET * (four[0] + four[1] + four[2] + four[3]);
-    }
-}
-
-/* x [M, K] rounded into `scratch` (the type's comment), one code a value or two; `offsets`: the x86 lanes too. */
-static mxfp4_activations mxfp4_quantize(const float *x, int count, int width, int two_codes, int offsets,
+/* x [M, K] rounded into `scratch` (the type's comment), one code a value or two; `lanes`: the x86 lane scales too. */
+static mxfp4_activations mxfp4_quantize(const float *x, int count, int width, int two_codes, int lanes,
                                         void *scratch) {
     const size_t values = (size_t)count * width;
     mxfp4_activations a;
@@ -162,14 +153,10 @@ static mxfp4_activations mxfp4_quantize(const float *x, int count, int width, in
     a.low = a.high + values;
     a.scales = (float *)(a.low + values);
     float *code_totals = a.scales + values / MXFP4_BLOCK;
-    a.high_offsets = (int32_t *)(code_totals + values / MXFP4_BLOCK);
-    a.low_offsets = a.high_offsets + values / 4;
-    a.lane_scales = (float *)(a.low_offsets + values / 4);
+    a.lane_scales = code_totals + values / MXFP4_BLOCK;
     quantize_activations(x, count, width, MXFP4_BLOCK, a.high, two_codes ? a.low : NULL, a.scales, code_totals);
-    if (!offsets) return a;
-    mxfp4_offsets(a.high, values, a.high_offsets);
-    if (two_codes) mxfp4_offsets(a.low, values, a.low_offsets);
-    for (size_t lane = 0; lane < values / 4; lane++) a.lane_scales[lane] = a.scales[lane / 8];
+    if (lanes)
+        for (size_t lane = 0; lane < values / 4; lane++) a.lane_scales[lane] = a.scales[lane / 8];
     return a;
 }
 

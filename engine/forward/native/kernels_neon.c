@@ -729,7 +729,7 @@ static DOT_PRODUCTS void mxfp4_rows_sdot(const mxfp4_call *call, int n) { mxfp4_
 static void mxfp4_rows_smull(const mxfp4_call *call, int n) { mxfp4_rows(0, call, n); }
 
 /* kernels.c's mxfp4_matmul: y [count, rows] = x [count, width] times the MXFP4 weight's rows, plus bias; codes 1 or
-   2 int8 codes an activation, 0 fp32 (exact); scratch: M * (5K + K / 4) bytes (the codes and scales used here). */
+   2 int8 codes an activation, 0 fp32 (exact); scratch: M * (3K + K / 4) bytes (the codes and scales used here). */
 void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
                   int codes, void *scratch, float *y) {
     float scale_of[256];
