@@ -102,9 +102,14 @@ class MixtureOfExperts:
     def one_row_nbytes(self) -> int:
         """Weight bytes one decode row reads: its ``top_k`` experts (of the average size), the shared one, the
         router."""
-        routed = sum(expert.one_row_nbytes for expert in self.experts) * self.top_k // len(self.experts)
         shared = self.shared.one_row_nbytes if self.shared is not None else 0
-        return routed + shared + self.router.numel() * self.router.element_size()
+        return self.routed_row_nbytes + shared + self.router.numel() * self.router.element_size()
+
+    @property
+    def routed_row_nbytes(self) -> int:
+        """Weight bytes of one row's ``top_k`` experts (of the average size): what a row routed apart from a step's
+        others adds to the step's reads."""
+        return sum(expert.one_row_nbytes for expert in self.experts) * self.top_k // len(self.experts)
 
 
 def mixture_of_experts(config: Any, family: Family, tensor: Callable[[str], Any], has: Callable[[str], bool],

@@ -202,6 +202,12 @@ class LlamaWeights:
         mlps = sum(layer.mlp.one_row_nbytes for layer in self.layers)
         return sum(linear.one_row_nbytes for linear in self._linears()) + mlps
 
+    @property
+    def routed_row_bytes(self) -> int:
+        """Weight bytes one more row of a step may add to its reads: its own experts' in each mixture-of-experts
+        layer (0 for a dense model, whose every row shares the step's one read of the weights)."""
+        return sum(getattr(layer.mlp, "routed_row_nbytes", 0) for layer in self.layers)
+
     def _linears(self) -> list[Linear]:
         """The attention's matmuls and the output layer (the MLPs count their own)."""
         return [l for layer in self.layers for l in (layer.qkv, layer.out)] + [self.lm_head]

@@ -58,7 +58,7 @@ from engine.scheduler.block_pool import BLOCK_SIZE, BlockPool
 from engine.scheduler.conversation_chains import ConversationChains
 from engine.scheduler.scheduler import ScheduledChunk, Scheduler, Step
 from engine.scheduler.step_pacer import StepPacer
-from engine.service.draft_model import ModelDrafts
+from engine.service.draft_model import ModelDrafts, drafted_row_cost
 from engine.service.reply_events import ReplyEvents
 
 SAMPLE_INTERVAL_S = 0.1
@@ -124,7 +124,7 @@ class BatchRunner:
         self._last_sample = (0.0, None)
         self.constraints = ConstraintVocabulary(loaded.tokenizer, loaded.eos_ids)
         self.model_drafts = ModelDrafts(loaded, BLOCK_SIZE, max_running) if loaded.draft is not None else None
-        self._lookup_drafts = LookupDrafts()
+        self._lookup_drafts = LookupDrafts(drafted_row_cost(loaded))
         self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="hearth-masks")  # started on first use
 
     @property

@@ -44,11 +44,10 @@ class DraftSource(Protocol):
 
 
 class LookupDrafts:
-    """Drafts by prompt lookup: no model, nothing but the drafted row's cost."""
+    """Drafts by prompt lookup: no model, nothing but the drafted row's cost (``row_cost``: the target's)."""
 
-    row_cost = ROW_COST
-
-    def __init__(self) -> None:
+    def __init__(self, row_cost: float = ROW_COST) -> None:
+        self.row_cost = row_cost
         self._lookups: dict[str, PromptLookup] = {}  # request id -> its sequence's n-grams
 
     def drafts(self, wants: Sequence[DraftWant]) -> dict[str, list[int]]:

@@ -14,10 +14,13 @@ import torch
 from gguf.constants import GGMLQuantizationType as Q
 
 from engine.chat.chat_template import ChatTemplate
+from engine.chat.speculative.draft_length import ROW_COST
 from engine.forward.experts import MixtureOfExperts
 from engine.forward.paged_kv import BatchRow
 from engine.models.loading import LoadPlan, load_model, wrap_model
 from engine.models.random_models import byte_tokenizer
+from engine.service.batch_runner import BatchRunner
+from engine.service.draft_model import drafted_row_cost
 from tests.engine.forward.batch_of_one import OneSequence, greedy_tokens, prompt_logits
 from tests.engine.models.moe_gguf import tiny_moe, write_moe_gguf
 
@@ -133,6 +136,18 @@ def test_batched_greedy_equals_each_sequence_alone(folder):
             sequence[2].append(int(row_logits.argmax()))
     for (_, _, tokens, prompt_length), prompt in zip(sequences, prompts.values()):
         assert tokens[prompt_length:] == greedy_tokens(backend, prompt, count)
+
+
+def test_a_drafted_row_of_a_mixture_costs_its_own_experts_reads(folder):
+    """A drafted token's row routes to experts of its own: prompt lookup charges them, so drafts that do not pay
+    pause sooner than in a dense model."""
+    loaded = _load(folder[0], "fp32")
+    routed = sum(layer.mlp.routed_row_nbytes for layer in loaded.model.layers
+                 if isinstance(layer.mlp, MixtureOfExperts))  # each mixture's top k experts of one row
+    expected = ROW_COST + routed / loaded.model.decode_bytes
+    assert routed > 0 and drafted_row_cost(loaded) == pytest.approx(expected)
+    runner = BatchRunner(loaded, lambda event: None, lambda request_id: False)
+    assert runner._draft_source().row_cost == pytest.approx(expected)
 
 
 class _Counted:

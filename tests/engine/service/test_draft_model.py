@@ -12,7 +12,8 @@ from engine.chat.speculative.draft_source import DraftWant
 from engine.models.draft_pairing import with_draft
 from engine.models.memory_estimate import gib_text
 from engine.scheduler.block_pool import BLOCK_SIZE
-from engine.service.draft_model import ModelDrafts
+from engine.chat.speculative.draft_length import ROW_COST
+from engine.service.draft_model import ModelDrafts, drafted_row_cost
 
 BLOCK = 16
 
@@ -64,3 +65,8 @@ def test_the_load_notice_counts_the_positions_and_bytes_the_draft_pool_allocates
     allocated = pool.buffer.numel() * pool.buffer.element_size()
     assert allocated == pool.num_blocks * pool.bytes_per_block
     assert f"at most {gib_text(allocated)} of KV cache ({pool.num_blocks * BLOCK_SIZE:,} positions)" in notice
+
+
+def test_a_dense_models_drafted_row_costs_the_rows_arithmetic_alone(tiny_loaded):
+    """Its rows share the step's one read of the weights (a mixture's rows add their experts': test_experts)."""
+    assert drafted_row_cost(tiny_loaded) == ROW_COST
