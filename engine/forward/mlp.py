@@ -29,6 +29,8 @@ def gated(gate_up: torch.Tensor, activation: str | Clamp) -> torch.Tensor:
     if activation == "silu":
         return swiglu(gate_up)
     if isinstance(activation, Clamp):
+        if native_norm.swiglu_covers(gate_up):
+            return native_norm.swiglu(gate_up, activation)
         return clamped_swiglu(gate_up, activation)
     width = gate_up.shape[1] // 2
     return F.gelu(gate_up[:, :width], approximate="tanh").mul_(gate_up[:, width:])  # [S, F]
@@ -36,7 +38,8 @@ def gated(gate_up: torch.Tensor, activation: str | Clamp) -> torch.Tensor:
 
 def clamped_swiglu(gate_up: torch.Tensor, clamp: Clamp) -> torch.Tensor:
     """gpt-oss's gate of ``gate_up`` [S, 2F] (its gate half, then its up half): ``(up + 1) * g * sigmoid(alpha g)``
-    over the clamped halves (``family.Clamp``), [S, F]."""
+    over the clamped halves (``family.Clamp``), [S, F], in PyTorch's ops (``native.norm.swiglu`` where the kernels
+    are)."""
     width = gate_up.shape[1] // 2
     gate = gate_up[:, :width].clamp(max=clamp.limit)  # [S, F]
     up = gate_up[:, width:].clamp(-clamp.limit, clamp.limit)  # [S, F]

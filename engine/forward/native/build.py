@@ -43,7 +43,7 @@ SIGNATURES = {
     "decode_attention": (P, P, P, P, I32, P, P, I32, I32, I32, I64, P),
     "chunk_attention": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64, I32),
     "rms_norm": (P, I32, I32, ctypes.c_float, P),
-    "swiglu": (P, I32, I32, P),
+    "swiglu": (P, I32, I32, ctypes.c_float, ctypes.c_float, ctypes.c_float, P),
     "rotate_and_store": (P, P, I32, I32, I32, I32, P, I64, P),
     "int4_layout_from_nibbles": (P, I32, I32, I32, I64, I64, P),
     "int4_matmul_amx": (P, I32, I32, P, P, P, I32, I32, I32, P, P),

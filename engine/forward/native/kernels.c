@@ -540,21 +540,25 @@ void rotate_and_store_q8(float *qkv, const float *turns, int rows, int heads, in
     }
 }
 
-/* out [M, F] = SiLU(gate) * up for gate_up [M, 2F] (each row its gate, then its up; F a multiple of 16):
-   SiLU(g) = g * sigmoid(g), sigmoid(g) = 1 / (1 + e^-g), or e^g / (1 + e^g) for g < 0, so e's argument is never
-   positive. */
-void swiglu(const float *gate_up, int rows, int width, float *out) {
+/* out [M, F] = g * sigmoid(alpha g) * (u + shift) for gate_up [M, 2F] (each row its gate, then its up; F a multiple
+   of 16), g its gate clamped from above at limit, u its up clamped to [-limit, limit]: SwiGLU with limit = inf,
+   alpha = 1, shift = 0; gpt-oss's clamped gate otherwise (family.Clamp, shift = 1). sigmoid(a) = 1 / (1 + e^-a), or
+   e^a / (1 + e^a) for a < 0, so e's argument is never positive. A NaN stays a NaN. */
+void swiglu(const float *gate_up, int rows, int width, float limit, float alpha, float shift, float *out) {
+    const __m512 high = _mm512_set1_ps(limit), low = _mm512_set1_ps(-limit);
     #pragma omp parallel for schedule(static) if (rows >= 16)
     for (int m = 0; m < rows; m++) {
         const float *gate = gate_up + (size_t)m * 2 * width, *up = gate + width;
         for (int k = 0; k < width; k += 16) {
-            __m512 g = _mm512_loadu_ps(gate + k);
-            __m512 e = exp_of_negative(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));  /* e^-|g| */
-            __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+            __m512 g = _mm512_min_ps(high, _mm512_loadu_ps(gate + k));  /* the second operand where one is NaN */
+            __m512 a = _mm512_mul_ps(g, _mm512_set1_ps(alpha));
+            __m512 e = exp_of_negative(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(a)));  /* e^-|a| */
+            __mmask16 negative = _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_LT_OQ);
             __m512 numerator = _mm512_mask_blend_ps(negative, _mm512_set1_ps(1.0f), e);
             __m512 sigmoid = _mm512_div_ps(numerator, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+            __m512 u = _mm512_max_ps(low, _mm512_min_ps(high, _mm512_loadu_ps(up + k)));
             _mm512_storeu_ps(out + (size_t)m * width + k,
-                             _mm512_mul_ps(_mm512_mul_ps(g, sigmoid), _mm512_loadu_ps(up + k)));
+                             _mm512_mul_ps(_mm512_mul_ps(g, sigmoid), _mm512_add_ps(u, _mm512_set1_ps(shift))));
         }
     }
 }

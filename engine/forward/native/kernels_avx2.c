@@ -788,20 +788,24 @@ void rms_norm(const float *x, int rows, int width, float eps, float *out) {
     }
 }
 
-/* out [M, F] = SiLU(gate) * up for gate_up [M, 2F] (F a multiple of 8): sigmoid(g) = 1 / (1 + e^-g), or
-   e^g / (1 + e^g) for g < 0, so e's argument is never positive. */
-void swiglu(const float *gate_up, int rows, int width, float *out) {
+/* kernels.c's swiglu: out [M, F] = g * sigmoid(alpha g) * (u + shift) for gate_up [M, 2F] (F a multiple of 8), g
+   the gate clamped from above at limit, u the up clamped to [-limit, limit]; sigmoid(a) = 1 / (1 + e^-a), or
+   e^a / (1 + e^a) for a < 0, so e's argument is never positive. */
+void swiglu(const float *gate_up, int rows, int width, float limit, float alpha, float shift, float *out) {
     const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    const __m256 high = _mm256_set1_ps(limit), low = _mm256_set1_ps(-limit);
     #pragma omp parallel for schedule(static) if (rows >= 16)
     for (int m = 0; m < rows; m++) {
         const float *gate = gate_up + (size_t)m * 2 * width, *up = gate + width;
         for (int k = 0; k < width; k += 8) {
-            __m256 g = _mm256_loadu_ps(gate + k);
-            __m256 e = exp_of_negative(_mm256_or_ps(g, sign));  /* e^-|g| */
-            __m256 numerator = _mm256_blendv_ps(one, e, g);  /* e where g's sign bit is set */
+            __m256 g = _mm256_min_ps(high, _mm256_loadu_ps(gate + k));  /* the second operand where one is NaN */
+            __m256 a = _mm256_mul_ps(g, _mm256_set1_ps(alpha));
+            __m256 e = exp_of_negative(_mm256_or_ps(a, sign));  /* e^-|a| */
+            __m256 numerator = _mm256_blendv_ps(one, e, a);  /* e where a's sign bit is set */
             __m256 sigmoid = _mm256_div_ps(numerator, _mm256_add_ps(one, e));
-            __m256 silu = _mm256_mul_ps(g, sigmoid);
-            _mm256_storeu_ps(out + (size_t)m * width + k, _mm256_mul_ps(silu, _mm256_loadu_ps(up + k)));
+            __m256 u = _mm256_max_ps(low, _mm256_min_ps(high, _mm256_loadu_ps(up + k)));
+            _mm256_storeu_ps(out + (size_t)m * width + k,
+                             _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), _mm256_add_ps(u, _mm256_set1_ps(shift))));
         }
     }
 }

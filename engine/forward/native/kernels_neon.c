@@ -548,19 +548,23 @@ void rms_norm(const float *x, int rows, int width, float eps, float *out) {
     }
 }
 
-/* out [M, F] = SiLU(gate) * up for gate_up [M, 2F] (F a multiple of 4): sigmoid(g) = 1 / (1 + e^-g), or
-   e^g / (1 + e^g) for g < 0, so e's argument is never positive. */
-void swiglu(const float *gate_up, int rows, int width, float *out) {
-    const float32x4_t one = vdupq_n_f32(1.0f);
+/* kernels.c's swiglu: out [M, F] = g * sigmoid(alpha g) * (u + shift) for gate_up [M, 2F] (F a multiple of 4), g
+   the gate clamped from above at limit, u the up clamped to [-limit, limit]; sigmoid(a) = 1 / (1 + e^-a), or
+   e^a / (1 + e^a) for a < 0, so e's argument is never positive. vminnmq/vmaxnmq would drop a NaN: vbslq keeps it. */
+void swiglu(const float *gate_up, int rows, int width, float limit, float alpha, float shift, float *out) {
+    const float32x4_t one = vdupq_n_f32(1.0f), high = vdupq_n_f32(limit), low = vdupq_n_f32(-limit);
     #pragma omp parallel for schedule(static) if (rows >= 16)
     for (int m = 0; m < rows; m++) {
         const float *gate = gate_up + (size_t)m * 2 * width, *up = gate + width;
         for (int k = 0; k < width; k += 4) {
-            float32x4_t g = vld1q_f32(gate + k);
-            float32x4_t e = exp_of_negative(vnegq_f32(vabsq_f32(g)));  /* e^-|g| */
-            float32x4_t numerator = vbslq_f32(vcltzq_f32(g), e, one);
-            float32x4_t silu = vmulq_f32(g, vdivq_f32(numerator, vaddq_f32(one, e)));
-            vst1q_f32(out + (size_t)m * width + k, vmulq_f32(silu, vld1q_f32(up + k)));
+            float32x4_t g = vld1q_f32(gate + k), u = vld1q_f32(up + k);
+            g = vbslq_f32(vcgtq_f32(g, high), high, g);
+            u = vbslq_f32(vcltq_f32(u, low), low, vbslq_f32(vcgtq_f32(u, high), high, u));
+            float32x4_t a = vmulq_n_f32(g, alpha);
+            float32x4_t e = exp_of_negative(vnegq_f32(vabsq_f32(a)));  /* e^-|a| */
+            float32x4_t numerator = vbslq_f32(vcltzq_f32(a), e, one);
+            float32x4_t gated = vmulq_f32(g, vdivq_f32(numerator, vaddq_f32(one, e)));
+            vst1q_f32(out + (size_t)m * width + k, vmulq_f32(gated, vaddq_f32(u, vdupq_n_f32(shift))));
         }
     }
 }

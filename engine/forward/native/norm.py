@@ -5,13 +5,16 @@ each spread over the threads, and it is called twice a layer and once more for t
 output layer: at a few rows, dispatch and thread wake-up cost more than the arithmetic.
 The kernel is one pass a row, on one thread below 64 rows. SwiGLU likewise: PyTorch's
 SiLU and multiply are two passes, the kernel one that writes the down projection's
-input whole.
+input whole, gpt-oss's clamped gate too.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from engine.forward.family import Clamp
 from engine.forward.native.build import LANES, library
 
 
@@ -31,10 +34,12 @@ def swiglu_covers(gate_up: torch.Tensor) -> bool:
     return covers(gate_up) and gate_up.shape[1] % (2 * LANES) == 0  # gate and up in whole vectors
 
 
-def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
-    """SiLU(gate) * up of ``gate_up`` [M, 2F] fp32 (each row's gate, then its up): [M, F], contiguous."""
+def swiglu(gate_up: torch.Tensor, clamp: Clamp | None = None) -> torch.Tensor:
+    """SiLU(gate) * up of ``gate_up`` [M, 2F] fp32 (each row's gate, then its up), or with ``clamp`` gpt-oss's
+    clamped gate of them (``mlp.clamped_swiglu``): [M, F], contiguous."""
     gate_up = gate_up.contiguous()
     rows, width = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(rows, width)
-    library().swiglu(gate_up.data_ptr(), rows, width, out.data_ptr())
+    limit, alpha, shift = (math.inf, 1.0, 0.0) if clamp is None else (clamp.limit, clamp.alpha, 1.0)
+    library().swiglu(gate_up.data_ptr(), rows, width, limit, alpha, shift, out.data_ptr())
     return out

@@ -80,7 +80,7 @@ int main(int count, char **words) {
     else if (strcmp(kernel, "rms_norm") == 0)
         rms_norm(P(0), I(1), I(2), a[3].real, P(4));
     else if (strcmp(kernel, "swiglu") == 0)
-        swiglu(P(0), I(1), I(2), P(3));
+        swiglu(P(0), I(1), I(2), a[3].real, a[4].real, a[5].real, P(6));
     else if (strcmp(kernel, "rotate_and_store") == 0)
         rotate_and_store(P(0), P(1), I(2), I(3), I(4), I(5), P(6), L(7), P(8));
     else if (strcmp(kernel, "int4_layout_from_nibbles") == 0)

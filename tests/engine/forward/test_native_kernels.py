@@ -22,6 +22,8 @@ from engine.forward.native import int8_matmul as native_int8
 from engine.forward.native.decode_attention import ChunkRuns, DecodeRuns
 from engine.forward.native.int4_matmul import Int4Matmul
 from engine.forward.native.int8_matmul import Int8Matmul
+from engine.forward.family import Clamp
+from engine.forward.mlp import clamped_swiglu
 from engine.forward.native.norm import rms_norm, swiglu
 from engine.forward.native.scratch import Scratch
 from engine.forward.weights.quant_int import dequantize_int4, int4_groups_of, pack_quantized
@@ -338,6 +340,21 @@ def test_swiglu_matches_pytorchs_over_the_whole_range(length):
     expected = torch.nn.functional.silu(gate_up[:, :1536]) * gate_up[:, 1536:]  # [M, F]
     got = swiglu(gate_up)
     assert got.is_contiguous() and torch.allclose(got, expected, rtol=2e-6, atol=1e-6)
+
+
+@needs_kernels
+@pytest.mark.parametrize("length", [1, 20])
+def test_gpt_oss_clamped_gate_matches_pytorchs_ops(length):
+    """Gates above the limit and ups beyond it on either side are clamped; a NaN stays a NaN."""
+    torch.manual_seed(length)
+    clamp = Clamp(alpha=1.702, limit=7.0)  # gpt-oss's
+    gate_up = torch.randn(length, 2 * 1536) * 6
+    gate_up[0, :4] = torch.tensor([-100.0, -20.0, 20.0, 100.0])
+    gate_up[0, 1536:1540] = torch.tensor([-100.0, -7.5, 7.5, 100.0])
+    gate_up[-1, 8] = float("nan")
+    expected = clamped_swiglu(gate_up.clone(), clamp)
+    got = swiglu(gate_up, clamp)
+    assert torch.allclose(got, expected, rtol=2e-6, atol=1e-5, equal_nan=True) and got[-1, 8].isnan()
 
 
 @needs_kernels

@@ -8,6 +8,7 @@ gcc-aarch64-linux-gnu, qemu-user)."""
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import shutil
 import subprocess
@@ -20,7 +21,9 @@ import pytest
 import torch
 
 from engine.forward.attention import attend, attend_runs, causal_mask
+from engine.forward.family import Clamp
 from engine.forward.llama_forward import rotate_pairs_
+from engine.forward.mlp import clamped_swiglu
 from engine.forward.native import variants
 from engine.forward.native.build import SIGNATURES
 from engine.forward.native.int8_matmul import quantize as int8_quantize
@@ -240,9 +243,14 @@ def test_rms_norm_and_swiglu_match_pytorchs(neon: NeonDriver):
     assert torch.allclose(normed, torch.nn.functional.rms_norm(x, (576,), eps=1e-5), atol=1e-5)
     gate_up = torch.randn(2, 2 * 96) * 6
     gate_up[0, :4] = torch.tensor([-100.0, -20.0, 20.0, 100.0])  # far into both tails of the sigmoid
-    (_, got) = neon.call("swiglu", gate_up, 2, 96, torch.empty(2, 96))
+    (_, got) = neon.call("swiglu", gate_up, 2, 96, math.inf, 1.0, 0.0, torch.empty(2, 96))
     expected = torch.nn.functional.silu(gate_up[:, :96]) * gate_up[:, 96:]
     assert torch.allclose(got, expected, rtol=2e-6, atol=1e-6)
+    gate_up[1, 96:100] = torch.tensor([-100.0, -7.5, 7.5, 100.0])  # ups beyond gpt-oss's limit, either side
+    gate_up[1, 5] = float("nan")
+    (_, got) = neon.call("swiglu", gate_up, 2, 96, 7.0, 1.702, 1.0, torch.empty(2, 96))
+    expected = clamped_swiglu(gate_up.clone(), Clamp(alpha=1.702, limit=7.0))
+    assert torch.allclose(got, expected, rtol=2e-6, atol=1e-5, equal_nan=True) and got[1, 5].isnan()
 
 
 def test_rotating_and_storing_new_rows_is_pytorchs_rotation_and_bf16_cache_write(neon: NeonDriver):
