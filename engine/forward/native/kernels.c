@@ -5,6 +5,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <omp.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -1340,6 +1341,116 @@ static inline __attribute__((always_inline)) void mxfp4_row(
     for (int m = 0; m < tile; m++) out[m] = _mm512_reduce_add_ps(sums[m]);
 }
 
+/* Calls of MXFP4_STRIP_ROWS activation rows or more (prompt chunks, where AMX's tiles are not) take the weight 16
+   rows at a time. Each block of a strip's rows is decoded once into a vector a column quad (lane r: four consecutive
+   signed weights of row r, vpgatherdd of the rows' code bytes through the table), beside -128 times each row's 32
+   weights and their scales, and then meets every activation row: each quad's four codes + 128 broadcast to
+   vpdpbusd, MXFP4_STRIP_TILE rows' sums in registers. One vpdpbusd then makes 64 products, where the row loop's make
+   64 for each activation row and each weight row's decode. */
+#define MXFP4_STRIP_ROWS 5
+#define MXFP4_STRIP_TILE 12
+#define MXFP4_STRIP 16  /* weight rows a strip: a vector's lanes */
+
+typedef struct {
+    __m512i weights[MXFP4_BLOCK / 4];  /* weights[g] lane r: row r's weights 4g .. 4g + 3, signed */
+    __m512i start;                     /* lane r: -128 times row r's 32 weights */
+    __m512 scales;                     /* lane r: row r's block scale */
+} mxfp4_strip_block;
+
+/* Every block of the 16 rows from first_row, decoded into out[per_row]. A row's code byte j holds weight j (its low
+   nibble) and j + 16 (its high one), so its code bytes 4q .. 4q + 3 give quads q and q + 4. Rows i, 4 + i, 8 + i and
+   12 + i's 16 code bytes fill vector i; a 4 x 4 transpose of 32-bit lanes within each 128-bit quarter then leaves
+   vector q holding every row's bytes 4q .. 4q + 3, in row order. */
+static void mxfp4_decode_strip(const uint8_t *blocks, int per_row, int first_row, const float *scale_of,
+                               __m512i table, mxfp4_strip_block *out) {
+    const size_t row_bytes = (size_t)per_row * MXFP4_BLOCK_BYTES;
+    const __m512i nibble = _mm512_set1_epi8(0x0F), lift = _mm512_set1_epi8((char)0x80);
+    const uint8_t *first = blocks + (size_t)first_row * row_bytes;
+    for (int b = 0; b < per_row; b++) {
+        const uint8_t *block = first + (size_t)b * MXFP4_BLOCK_BYTES;
+        __m512i rows[4];
+        for (int i = 0; i < 4; i++) {
+            __m512i four = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(block + i * row_bytes + 1)));
+            for (int j = 1; j < 4; j++)
+                four = _mm512_inserti32x4(four, _mm_loadu_si128((const __m128i *)(block + (4 * j + i) * row_bytes + 1)),
+                                          j);
+            rows[i] = four;
+        }
+        const __m512i low01 = _mm512_unpacklo_epi32(rows[0], rows[1]), high01 = _mm512_unpackhi_epi32(rows[0], rows[1]);
+        const __m512i low23 = _mm512_unpacklo_epi32(rows[2], rows[3]), high23 = _mm512_unpackhi_epi32(rows[2], rows[3]);
+        const __m512i quads[4] = {_mm512_unpacklo_epi64(low01, low23), _mm512_unpackhi_epi64(low01, low23),
+                                  _mm512_unpacklo_epi64(high01, high23), _mm512_unpackhi_epi64(high01, high23)};
+        __m512i lifted = _mm512_setzero_si512();
+        for (int q = 0; q < 4; q++) {
+            const __m512i low = _mm512_shuffle_epi8(table, _mm512_and_si512(quads[q], nibble));
+            const __m512i high = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(quads[q], 4), nibble));
+            out[b].weights[q] = low;
+            out[b].weights[q + 4] = high;
+            lifted = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(lifted, lift, low), lift, high);
+        }
+        out[b].start = _mm512_sub_epi32(_mm512_setzero_si512(), lifted);
+        float scales[MXFP4_STRIP];
+        for (int r = 0; r < MXFP4_STRIP; r++) scales[r] = scale_of[block[r * row_bytes]];
+        out[b].scales = _mm512_loadu_ps(scales);
+    }
+}
+
+/* A strip's 16 outputs of `tile` activation rows (codes: their unsigned codes, scales: their block scales), into y
+   [., rows] from column first_row, plus bias. */
+static inline __attribute__((always_inline)) void mxfp4_strip_pass(
+        int tile, const mxfp4_strip_block *strip, int per_row, const uint8_t *codes, const float *scales, int width,
+        const float *bias, int rows, int first_row, float *y) {
+    __m512 sums[MXFP4_STRIP_TILE];
+    for (int m = 0; m < tile; m++) sums[m] = _mm512_setzero_ps();
+    for (int b = 0; b < per_row; b++) {
+        const mxfp4_strip_block *block = strip + b;
+        for (int m = 0; m < tile; m++) {
+            const uint8_t *quads = codes + (size_t)m * width + (size_t)b * MXFP4_BLOCK;
+            __m512i dot = block->start;
+            for (int g = 0; g < MXFP4_BLOCK / 4; g++) {
+                int32_t four;
+                __builtin_memcpy(&four, quads + 4 * g, 4);
+                dot = _mm512_dpbusd_epi32(dot, _mm512_set1_epi32(four), block->weights[g]);
+            }
+            const __m512 scale = _mm512_mul_ps(block->scales, _mm512_set1_ps(scales[(size_t)m * per_row + b]));
+            sums[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, sums[m]);
+        }
+    }
+    const __m512 shift = bias ? _mm512_loadu_ps(bias + first_row) : _mm512_setzero_ps();
+    for (int m = 0; m < tile; m++) _mm512_storeu_ps(y + (size_t)m * rows + first_row, _mm512_add_ps(sums[m], shift));
+}
+
+/* mxfp4_matmul's product for MXFP4_STRIP_ROWS rows or more, one code a value (rows a multiple of 16): OpenMP over
+   strips, each decoded once into a thread's buffer. The codes turn unsigned in place. */
+static void mxfp4_matmul_strips(const mxfp4_activations *a, int count, int width, const uint8_t *blocks, int rows,
+                                const float *bias, const float *scale_of, __m512i table, float *y) {
+    const int per_row = width / MXFP4_BLOCK, strips = rows / MXFP4_STRIP;
+    uint8_t *codes = (uint8_t *)a->high;
+    for (size_t i = 0; i < (size_t)count * width; i += 64)  /* width: a multiple of 32; the scratch has room */
+        _mm512_storeu_si512(codes + i, _mm512_xor_si512(_mm512_loadu_si512(codes + i), _mm512_set1_epi8((char)0x80)));
+    #pragma omp parallel
+    {
+        mxfp4_strip_block *strip = aligned_alloc(64, (size_t)per_row * sizeof(mxfp4_strip_block));
+        #pragma omp for schedule(static)
+        for (int s = 0; s < strips; s++) {
+            mxfp4_decode_strip(blocks, per_row, s * MXFP4_STRIP, scale_of, table, strip);
+            for (int m0 = 0; m0 < count; m0 += MXFP4_STRIP_TILE) {
+                const int tile = count - m0 < MXFP4_STRIP_TILE ? count - m0 : MXFP4_STRIP_TILE;
+                const uint8_t *tile_codes = codes + (size_t)m0 * width;
+                const float *tile_scales = a->scales + (size_t)m0 * per_row;
+                float *tile_y = y + (size_t)m0 * rows;
+                if (tile == MXFP4_STRIP_TILE)  /* a constant tile: its sums unroll into registers */
+                    mxfp4_strip_pass(MXFP4_STRIP_TILE, strip, per_row, tile_codes, tile_scales, width, bias, rows,
+                                     s * MXFP4_STRIP, tile_y);
+                else
+                    mxfp4_strip_pass(tile, strip, per_row, tile_codes, tile_scales, width, bias, rows, s * MXFP4_STRIP,
+                                     tile_y);
+            }
+        }
+        free(strip);
+    }
+}
+
 /* y [count, rows] = x [count, width] times the MXFP4 weight's rows (blocks [rows, width / 32 * 17]), plus bias
    [rows] where given. codes: 1 or 2 int8 codes an activation per block of 32 (quantize_activations, as llama.cpp's
    Q8_0 with one), whose products with the weights (twice their e2m1 values, exact in int8) sum exactly in int32;
@@ -1353,8 +1464,13 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
         return;
     }
     const int two_codes = codes == 2, per_row = width / MXFP4_BLOCK;
-    const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, 1, scratch);
+    const int strips = !two_codes && count >= MXFP4_STRIP_ROWS && rows % MXFP4_STRIP == 0;
+    const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, !strips, scratch);
     const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
+    if (strips) {
+        mxfp4_matmul_strips(&a, count, width, blocks, rows, bias, scale_of, table, y);
+        return;
+    }
     #pragma omp parallel for schedule(static) if (rows >= 64)
     for (int n = 0; n < rows; n++) {
         const uint8_t *row = blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
