@@ -991,6 +991,110 @@ static inline __attribute__((always_inline)) void mxfp4_row(
     for (int m = 0; m < tile; m++) out[m] = sum_of(sums[m]);
 }
 
+/* kernels.c's strips for MXFP4 prompts (mxfp4_matmul_strips), 8 weight rows a strip: each block of a strip's rows
+   decoded once into a vector a column quad (lane r: row r's four signed weights), then met by every activation row,
+   MXFP4_STRIP_TILE at a time, its four codes + 128 broadcast to each quad's products. */
+#define MXFP4_STRIP_ROWS 5
+#define MXFP4_STRIP_TILE 4
+#define MXFP4_STRIP 8
+
+typedef struct {
+    __m256i weights[MXFP4_BLOCK / 4];  /* weights[g] lane r: row r's weights 4g .. 4g + 3, signed */
+    __m256i start;                     /* lane r: -128 times row r's 32 weights */
+    __m256 scales;                     /* lane r: row r's block scale */
+} mxfp4_strip_block;
+
+/* Every block of the 8 rows from first_row, decoded into out[per_row]: rows i and 4 + i's 16 code bytes fill vector i,
+   and a 4 x 4 transpose of 32-bit lanes within each half leaves vector q holding every row's bytes 4q .. 4q + 3 (its
+   quads q and q + 4: low nibbles, then high). */
+static void mxfp4_decode_strip(const uint8_t *blocks, int per_row, int first_row, const float *scale_of,
+                               __m256i table, mxfp4_strip_block *out) {
+    const size_t row_bytes = (size_t)per_row * MXFP4_BLOCK_BYTES;
+    const __m256i nibble = _mm256_set1_epi8(0x0F), lift = _mm256_set1_epi8((char)0x80);
+    const uint8_t *first = blocks + (size_t)first_row * row_bytes;
+    for (int b = 0; b < per_row; b++) {
+        const uint8_t *block = first + (size_t)b * MXFP4_BLOCK_BYTES;
+        __m256i rows[4];
+        for (int i = 0; i < 4; i++)
+            rows[i] = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(block + i * row_bytes + 1))),
+                _mm_loadu_si128((const __m128i *)(block + (4 + i) * row_bytes + 1)), 1);
+        const __m256i low01 = _mm256_unpacklo_epi32(rows[0], rows[1]), high01 = _mm256_unpackhi_epi32(rows[0], rows[1]);
+        const __m256i low23 = _mm256_unpacklo_epi32(rows[2], rows[3]), high23 = _mm256_unpackhi_epi32(rows[2], rows[3]);
+        const __m256i quads[4] = {_mm256_unpacklo_epi64(low01, low23), _mm256_unpackhi_epi64(low01, low23),
+                                  _mm256_unpacklo_epi64(high01, high23), _mm256_unpackhi_epi64(high01, high23)};
+        __m256i lifted = _mm256_setzero_si256();
+        for (int q = 0; q < 4; q++) {
+            const __m256i low = _mm256_shuffle_epi8(table, _mm256_and_si256(quads[q], nibble));
+            const __m256i high = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(quads[q], 4), nibble));
+            out[b].weights[q] = low;
+            out[b].weights[q + 4] = high;
+            lifted = mxfp4_products(mxfp4_products(lifted, lift, low), lift, high);
+        }
+        out[b].start = _mm256_sub_epi32(_mm256_setzero_si256(), lifted);
+        float scales[MXFP4_STRIP];
+        for (int r = 0; r < MXFP4_STRIP; r++) scales[r] = scale_of[block[r * row_bytes]];
+        out[b].scales = _mm256_loadu_ps(scales);
+    }
+}
+
+/* A strip's 8 outputs of `tile` activation rows (codes: their unsigned codes, scales: their block scales), into y
+   [., rows] from column first_row, plus bias. */
+static inline __attribute__((always_inline)) void mxfp4_strip_pass(
+        int tile, const mxfp4_strip_block *strip, int per_row, const uint8_t *codes, const float *scales, int width,
+        const float *bias, int rows, int first_row, float *y) {
+    __m256 sums[MXFP4_STRIP_TILE];
+    for (int m = 0; m < tile; m++) sums[m] = _mm256_setzero_ps();
+    for (int b = 0; b < per_row; b++) {
+        const mxfp4_strip_block *block = strip + b;
+        for (int m = 0; m < tile; m++) {
+            const uint8_t *quads = codes + (size_t)m * width + (size_t)b * MXFP4_BLOCK;
+            __m256i dot = block->start;
+            for (int g = 0; g < MXFP4_BLOCK / 4; g++) {
+                int32_t four;
+                __builtin_memcpy(&four, quads + 4 * g, 4);
+                dot = mxfp4_products(dot, _mm256_set1_epi32(four), block->weights[g]);
+            }
+            const __m256 scale = _mm256_mul_ps(block->scales, _mm256_set1_ps(scales[(size_t)m * per_row + b]));
+            sums[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, sums[m]);
+        }
+    }
+    const __m256 shift = bias ? _mm256_loadu_ps(bias + first_row) : _mm256_setzero_ps();
+    for (int m = 0; m < tile; m++) _mm256_storeu_ps(y + (size_t)m * rows + first_row, _mm256_add_ps(sums[m], shift));
+}
+
+/* kernels.c's mxfp4_matmul_strips: MXFP4_STRIP_ROWS rows or more, one code a value, rows a multiple of 8. The codes
+   turn unsigned in place. */
+static void mxfp4_matmul_strips(const mxfp4_activations *a, int count, int width, const uint8_t *blocks, int rows,
+                                const float *bias, const float *scale_of, __m256i table, float *y) {
+    const int per_row = width / MXFP4_BLOCK, strips = rows / MXFP4_STRIP;
+    uint8_t *codes = (uint8_t *)a->high;
+    for (size_t i = 0; i < (size_t)count * width; i += 32)  /* width: a multiple of 32 */
+        _mm256_storeu_si256((__m256i *)(codes + i), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(codes + i)),
+                                                                      _mm256_set1_epi8((char)0x80)));
+    #pragma omp parallel
+    {
+        mxfp4_strip_block *strip = aligned_alloc(32, (size_t)per_row * sizeof(mxfp4_strip_block));
+        #pragma omp for schedule(static)
+        for (int s = 0; s < strips; s++) {
+            mxfp4_decode_strip(blocks, per_row, s * MXFP4_STRIP, scale_of, table, strip);
+            for (int m0 = 0; m0 < count; m0 += MXFP4_STRIP_TILE) {
+                const int tile = count - m0 < MXFP4_STRIP_TILE ? count - m0 : MXFP4_STRIP_TILE;
+                const uint8_t *tile_codes = codes + (size_t)m0 * width;
+                const float *tile_scales = a->scales + (size_t)m0 * per_row;
+                float *tile_y = y + (size_t)m0 * rows;
+                if (tile == MXFP4_STRIP_TILE)  /* a constant tile: its sums unroll into registers */
+                    mxfp4_strip_pass(MXFP4_STRIP_TILE, strip, per_row, tile_codes, tile_scales, width, bias, rows,
+                                     s * MXFP4_STRIP, tile_y);
+                else
+                    mxfp4_strip_pass(tile, strip, per_row, tile_codes, tile_scales, width, bias, rows, s * MXFP4_STRIP,
+                                     tile_y);
+            }
+        }
+        free(strip);
+    }
+}
+
 /* kernels.c's mxfp4_matmul: y [count, rows] = x [count, width] times the MXFP4 weight's rows, plus bias; codes 1 or
    2 int8 codes an activation, 0 fp32 (exact); scratch: M * (3K + K / 4) bytes. */
 void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
@@ -1002,8 +1106,13 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
         return;
     }
     const int two_codes = codes == 2, per_row = width / MXFP4_BLOCK;
-    const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, 1, scratch);
+    const int strips = !two_codes && count >= MXFP4_STRIP_ROWS && rows % MXFP4_STRIP == 0;
+    const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, !strips, scratch);
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
+    if (strips) {
+        mxfp4_matmul_strips(&a, count, width, blocks, rows, bias, scale_of, table, y);
+        return;
+    }
     #pragma omp parallel for schedule(static) if (rows >= 64)
     for (int n = 0; n < rows; n++) {
         const uint8_t *row = blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
