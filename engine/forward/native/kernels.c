@@ -1368,6 +1368,8 @@ static void mxfp4_decode_strip(const uint8_t *blocks, int per_row, int first_row
     const uint8_t *first = blocks + (size_t)first_row * row_bytes;
     for (int b = 0; b < per_row; b++) {
         const uint8_t *block = first + (size_t)b * MXFP4_BLOCK_BYTES;
+        if (b % 4 == 0)  /* each of the 16 rows' streams, a cache line every 4 blocks */
+            for (int r = 0; r < MXFP4_STRIP; r++) prefetch_ahead(block + r * row_bytes, 1);
         __m512i rows[4];
         for (int i = 0; i < 4; i++) {
             __m512i four = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(block + i * row_bytes + 1)));
