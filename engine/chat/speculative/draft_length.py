@@ -28,9 +28,12 @@ class DraftLength:
     """One sequence's next draft length, or 0 while drafting pauses."""
 
     def __init__(self, row_cost: float = ROW_COST) -> None:
-        """``row_cost``: a drafted token's cost in decode steps (``DraftSource.row_cost``)."""
+        """``row_cost``: a drafted token's cost in decode steps (``DraftSource.row_cost``). A first draft (and the
+        first after a pause) costs what ``FIRST_LENGTH`` tokens cost at ``ROW_COST``: fewer tokens where each costs
+        more (a draft model's, a mixture of experts' rows), at least one."""
         self.row_cost = row_cost
-        self.length = FIRST_LENGTH
+        self._first = max(1, min(FIRST_LENGTH, round(FIRST_LENGTH * ROW_COST / row_cost)))
+        self.length = self._first
         self.gain = 1.0  # running mean of (accepted - row_cost * drafted) per drafting step
         self._pause = FIRST_PAUSE
         self._paused_for = 0  # steps left without drafting
@@ -52,4 +55,4 @@ class DraftLength:
         self._paused_for = self._pause
         self._pause = min(self._pause * 2, LONGEST_PAUSE)
         self.gain = 0.0  # after the pause, drafting gets a fresh chance
-        self.length = FIRST_LENGTH
+        self.length = self._first

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.chat.speculative.draft_length import FIRST_LENGTH, FIRST_PAUSE, MAX_LENGTH, DraftLength
+from engine.chat.speculative.draft_length import FIRST_LENGTH, FIRST_PAUSE, MAX_LENGTH, ROW_COST, DraftLength
 
 
 def test_kept_drafts_grow_to_the_longest_and_a_rejection_cuts_to_the_kept_run():
@@ -34,3 +34,16 @@ def test_drafts_that_pay_never_pause():
         drafted = length.next()
         assert drafted > 0
         length.record(drafted, 1)  # one token of each draft kept: a step saved for a few rows
+
+
+def test_a_costlier_drafted_row_starts_with_a_shorter_draft_and_still_grows():
+    """A mixture of experts' drafted row (gpt-oss's costs about 0.85 of a step) first drafts what FIRST_LENGTH rows
+    cost at ROW_COST, and after a pause starts there again."""
+    length = DraftLength(row_cost=4 * ROW_COST)
+    assert length.next() == FIRST_LENGTH // 4
+    length.record(1, 1)
+    assert length.next() == 2  # kept whole: it doubles
+    length.record(2, 0)  # a rejected draft: a pause, then the short first draft again
+    while not length.next():
+        pass
+    assert length.next() == FIRST_LENGTH // 4
