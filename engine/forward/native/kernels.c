@@ -1427,9 +1427,8 @@ static inline __attribute__((always_inline)) void mxfp4_strip_pass(
 static void mxfp4_matmul_strips(const mxfp4_activations *a, int count, int width, const uint8_t *blocks, int rows,
                                 const float *bias, const float *scale_of, __m512i table, float *y) {
     const int per_row = width / MXFP4_BLOCK, strips = rows / MXFP4_STRIP;
-    uint8_t *codes = (uint8_t *)a->high;
-    for (size_t i = 0; i < (size_t)count * width; i += 64)  /* width: a multiple of 32; the scratch has room */
-        _mm512_storeu_si512(codes + i, _mm512_xor_si512(_mm512_loadu_si512(codes + i), _mm512_set1_epi8((char)0x80)));
+    mxfp4_unsigned_in_place(a->high, (size_t)count * width);
+    const uint8_t *codes = (const uint8_t *)a->high;
     #pragma omp parallel
     {
         mxfp4_strip_block *strip = aligned_alloc(64, (size_t)per_row * sizeof(mxfp4_strip_block));

@@ -1068,10 +1068,8 @@ static inline __attribute__((always_inline)) void mxfp4_strip_pass(
 static void mxfp4_matmul_strips(const mxfp4_activations *a, int count, int width, const uint8_t *blocks, int rows,
                                 const float *bias, const float *scale_of, __m256i table, float *y) {
     const int per_row = width / MXFP4_BLOCK, strips = rows / MXFP4_STRIP;
-    uint8_t *codes = (uint8_t *)a->high;
-    for (size_t i = 0; i < (size_t)count * width; i += 32)  /* width: a multiple of 32 */
-        _mm256_storeu_si256((__m256i *)(codes + i), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(codes + i)),
-                                                                      _mm256_set1_epi8((char)0x80)));
+    mxfp4_unsigned_in_place(a->high, (size_t)count * width);
+    const uint8_t *codes = (const uint8_t *)a->high;
     #pragma omp parallel
     {
         mxfp4_strip_block *strip = aligned_alloc(32, (size_t)per_row * sizeof(mxfp4_strip_block));

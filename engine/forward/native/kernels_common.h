@@ -144,6 +144,11 @@ typedef struct {
     float *lane_scales;
 } mxfp4_activations;
 
+/* The x86 strips' codes (mxfp4_matmul_strips) as unsigned bytes in place: code + 128, an exclusive or with 0x80. */
+static inline void mxfp4_unsigned_in_place(int8_t *codes, size_t count) {
+    for (size_t i = 0; i < count; i++) codes[i] = (int8_t)(codes[i] ^ 0x80);
+}
+
 /* x [M, K] rounded into `scratch` (the type's comment), one code a value or two; `lanes`: the x86 lane scales too. */
 static mxfp4_activations mxfp4_quantize(const float *x, int count, int width, int two_codes, int lanes,
                                         void *scratch) {
