@@ -199,6 +199,8 @@ def address(tensor: torch.Tensor) -> int:
 
 def activation_scratch(rows: int, width: int, group: int, lanes: bool = False) -> int:
     """Where a matmul kernel quantizes ``rows`` activation rows of ``width`` (``quantize_activations``): up to two
-    int8 codes a value, then a scale and the codes' sum (fp32) a group of ``group``, and with ``lanes`` a byte more
-    a value (``mxfp4_matmul``'s scale per four codes); one reused buffer, by address."""
-    return _ACTIVATION_CODES.address(rows * ((3 if lanes else 2) * width + 8 * (width // group)))
+    int8 codes a value, then a scale and the codes' sum (fp32) a group of ``group``, and with ``lanes`` 4 bytes more
+    a value and 512 a row (``mxfp4_matmul``'s codes rearranged for its x86 row loops, with a scale and a sum per four
+    codes); one reused buffer, by address."""
+    extra = 4 * width + 512 if lanes else 0
+    return _ACTIVATION_CODES.address(rows * (2 * width + 8 * (width // group) + extra))

@@ -1273,71 +1273,143 @@ static void mxfp4_matmul_exact(const float *x, int count, int width, const uint8
     }
 }
 
-/* Blocks b and b + 1 of a row (codes: b's 16 code bytes; next: b + 1's, or NULL where b is the row's last) as 64
-   signed weights (twice their e2m1 values) in the activations' order: b's weights 0-15 (its low nibbles), 16-31 (its
-   high ones), then b + 1's; a zero block past the row's end. Each block's bytes fill two quarters (vbroadcasti128),
-   the second shifted down a nibble; the codes pick their weights through vpshufb. */
-static inline __attribute__((always_inline)) __m512i mxfp4_pair(const uint8_t *codes, const uint8_t *next,
-                                                                __m512i table) {
-    const __m256i first = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)codes));
-    const __m256i second = next ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)next))
-                                : _mm256_setzero_si256();
-    __m512i nibbles = _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1);  /* [b, b, b + 1, b + 1] */
-    nibbles = _mm512_mask_srli_epi16(nibbles, 0xFF00FF00u, nibbles, 4);  /* the second and fourth quarters' high */
-    return _mm512_shuffle_epi8(table, _mm512_and_si512(nibbles, _mm512_set1_epi8(0x0F)));
-}
+/* The row loop's activations (calls of fewer than MXFP4_STRIP_ROWS rows: decode steps, a batched step's experts):
+   a row's blocks in groups of four, each group's 128 codes in the order its weights decode (mxfp4_group_weights):
+   the four blocks' values 0-15, then their values 16-31; a last group short of four blocks padded with zero codes.
+   Each 32-bit lane of a group (four codes of the first half and the four 64 bytes on) has its block's activation
+   scale and -MXFP4_LIFT times its eight codes, which takes out what the unsigned weights add. */
+typedef struct {
+    int8_t *high, *low;                 /* [M, groups * 128]: one code a value, or two */
+    int32_t *high_start, *low_start;    /* [M, groups * 16]: -MXFP4_LIFT times each lane's eight codes */
+    float *lane_scales;                 /* [M, groups * 16]: each lane's block scale */
+    int groups;                         /* per row: width / 128, rounded up */
+} mxfp4_groups;
 
-/* 64 bytes, or where not `whole` the first 32 and zeros. */
-static inline __attribute__((always_inline)) __m512i mxfp4_bytes(const void *at, int whole) {
-    return whole ? _mm512_loadu_si512(at) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, at);
-}
+#define MXFP4_LIFT 12  /* the row loop's weights are unsigned: twice the e2m1 value + 12, from 0 to 24 */
 
-/* 64 activation codes as unsigned bytes, code + 128 (vpdpbusd's unsigned operand). */
-static inline __attribute__((always_inline)) __m512i mxfp4_unsigned_codes(const int8_t *codes, int whole) {
-    return _mm512_xor_si512(mxfp4_bytes(codes, whole), _mm512_set1_epi8((char)0x80));
-}
-
-/* Blocks b and b + 1 of a row (`block`: b's 17 bytes; `whole`: b + 1 is the row's too) against `tile` activation
-   rows from m0 (one code a value or two), added to sums[m]. vpdpbusd multiplies the codes + 128 by the signed
-   weights; starting each lane from -128 times its four weights (once for every row) leaves its exact int32 sum of
-   the weights times the codes, which meets its block's weight and activation scales in fp32. */
-static inline __attribute__((always_inline)) void mxfp4_two_blocks(
-        int tile, int two_codes, int whole, const mxfp4_activations *a, int m0, int width, const uint8_t *block,
-        size_t column, const float *scale_of, __m512i table, __m512 sums[MXFP4_ROW_TILE]) {
-    const __m512i weights = mxfp4_pair(block + 1, whole ? block + MXFP4_BLOCK_BYTES + 1 : NULL, table);
-    const __m512i lifted = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), weights);
-    const __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(), lifted);
-    const __m512 weight_scales = _mm512_mask_blend_ps(
-        0xFF00, _mm512_set1_ps(scale_of[block[0]]), _mm512_set1_ps(whole ? scale_of[block[MXFP4_BLOCK_BYTES]] : 0.0f));
-    for (int m = 0; m < tile; m++) {
-        const size_t at = (size_t)(m0 + m) * width + column, lane = at / 4;  /* lanes: 4 codes' 4 bytes each */
-        __m512 value = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, mxfp4_unsigned_codes(a->high + at, whole),
-                                                              weights));
-        if (two_codes) {
-            const __m512i low = _mm512_dpbusd_epi32(start, mxfp4_unsigned_codes(a->low + at, whole), weights);
-            value = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low), _mm512_set1_ps(1.0f / LOW_STEPS), value);
-        }
-        const __m512 lane_scales = _mm512_castsi512_ps(mxfp4_bytes(a->lane_scales + lane, whole));
-        sums[m] = _mm512_fmadd_ps(value, _mm512_mul_ps(weight_scales, lane_scales), sums[m]);
+/* -MXFP4_LIFT times the sum of each lane's eight codes (4 at `codes`, 4 at codes + 64), into start[16]. */
+static void mxfp4_lane_starts(const int8_t *codes, int32_t *start) {
+    for (int lane = 0; lane < 16; lane++) {
+        int total = 0;
+        for (int i = 0; i < 4; i++) total += codes[4 * lane + i] + codes[64 + 4 * lane + i];
+        start[lane] = -MXFP4_LIFT * total;
     }
 }
 
-/* One weight row against `tile` activation rows from m0: out[m] = their dot products, without the bias. */
+/* mxfp4_quantize's codes and scales (lanes not asked for) rearranged into groups, in scratch past them: the row
+   loop's activations. */
+static mxfp4_groups mxfp4_group_activations(const mxfp4_activations *a, int count, int width, int two_codes) {
+    const int per_row = width / MXFP4_BLOCK, groups = (per_row + 3) / 4;
+    const size_t codes = (size_t)count * groups * 128, lanes = (size_t)count * groups * 16;
+    mxfp4_groups g = {.groups = groups};
+    g.high = (int8_t *)(a->scales + 2 * (size_t)count * per_row);  /* past the scales and the code totals */
+    g.low = g.high + codes;
+    g.high_start = (int32_t *)(g.low + codes);
+    g.low_start = g.high_start + lanes;
+    g.lane_scales = (float *)(g.low_start + lanes);
+    for (int m = 0; m < count; m++)
+        for (int q = 0; q < groups; q++) {
+            const size_t at = ((size_t)m * groups + q) * 128, lane = ((size_t)m * groups + q) * 16;
+            for (int i = 0; i < 4; i++) {
+                const int b = 4 * q + i, held = b < per_row;
+                const size_t from = (size_t)m * width + (size_t)b * MXFP4_BLOCK;
+                for (int j = 0; j < 16; j++) {
+                    g.high[at + 16 * i + j] = held ? a->high[from + j] : 0;
+                    g.high[at + 64 + 16 * i + j] = held ? a->high[from + 16 + j] : 0;
+                    if (two_codes) {
+                        g.low[at + 16 * i + j] = held ? a->low[from + j] : 0;
+                        g.low[at + 64 + 16 * i + j] = held ? a->low[from + 16 + j] : 0;
+                    }
+                }
+                for (int l = 0; l < 4; l++) g.lane_scales[lane + 4 * i + l] = held ? a->scales[(size_t)m * per_row + b] : 0;
+            }
+            mxfp4_lane_starts(g.high + at, g.high_start + lane);
+            if (two_codes) mxfp4_lane_starts(g.low + at, g.low_start + lane);
+        }
+    return g;
+}
+
+/* Where a group's bytes go (mxfp4_group_weights): code byte j of block i (17 i + 1 + j from the group's start) to
+   16 i + j, through vpermt2b over the group's first 64 bytes and the 64 from its fifth (index 64 + byte - 4); and
+   block i's exponent (byte 17 i) to byte 0 of lanes 4 i .. 4 i + 3. */
+static __m512i mxfp4_code_order(void) {
+    uint8_t order[64];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 16; j++) {
+            const int byte = 17 * i + 1 + j;
+            order[16 * i + j] = (uint8_t)(byte < 64 ? byte : 64 + byte - 4);
+        }
+    return _mm512_loadu_si512(order);
+}
+
+static __m512i mxfp4_exponent_order(void) {
+    uint8_t order[64] = {0};
+    for (int lane = 0; lane < 16; lane++) order[4 * lane] = (uint8_t)(17 * (lane / 4));
+    return _mm512_loadu_si512(order);
+}
+
+/* Blocks b .. b + 3 of a row (`at`: block b's 17 bytes; `blocks`: how many of the four are the row's, 1 .. 4) as
+   unsigned weights (`table`: twice the e2m1 values + MXFP4_LIFT) in the activations' group order: first[16 i + j]
+   block b + i's weight j, second[16 i + j] its weight j + 16; and each lane's block scale 2^(e - 128), exact but
+   for the two smallest exponents' (2^-128 and 2^-127, below fp32's normal range), which count as zero. Blocks past
+   the row's are zero codes (weights MXFP4_LIFT, met by zero activations) and zero scales; no byte past them is
+   read. */
+static inline __attribute__((always_inline)) void mxfp4_group_weights(
+        const uint8_t *at, int blocks, __m512i code_order, __m512i exponent_order, __m512i table, __m512i *first,
+        __m512i *second, __m512 *scales) {
+    __m512i head, tail = _mm512_setzero_si512();
+    if (blocks == 4) {
+        head = _mm512_loadu_si512(at);
+        tail = _mm512_loadu_si512(at + 4);
+    } else {
+        head = _mm512_maskz_loadu_epi8(((__mmask64)1 << (MXFP4_BLOCK_BYTES * blocks)) - 1, at);
+    }
+    const __m512i codes = _mm512_permutex2var_epi8(head, code_order, tail);
+    const __m512i exponents = _mm512_maskz_permutexvar_epi8(0x1111111111111111ull, exponent_order, head);
+    /* e - 1 (0 for e < 2) in bits 23-30: the fp32 2^(e - 128) */
+    *scales = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_subs_epu8(exponents, _mm512_set1_epi32(1)), 23));
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    *first = _mm512_shuffle_epi8(table, _mm512_and_si512(codes, nibble));
+    *second = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(codes, 4), nibble));
+}
+
+/* One code's int32 sums of a group against one row (codes: the group's 128, start: its 16 lanes'): vpdpbusd of the
+   unsigned weights by the signed codes, from -MXFP4_LIFT times the codes, leaves each lane's exact sum of its eight
+   weights times their codes. */
+static inline __attribute__((always_inline)) __m512 mxfp4_group_sums(__m512i first, __m512i second,
+                                                                     const int8_t *codes, const int32_t *start) {
+    const __m512i dot = _mm512_dpbusd_epi32(_mm512_loadu_si512(start), first, _mm512_loadu_si512(codes));
+    return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(dot, second, _mm512_loadu_si512(codes + 64)));
+}
+
+/* One weight row against `tile` activation rows from m0 (one code a value or two): out[m] = their dot products,
+   without the bias. A group of four blocks is decoded once for the tile. */
 static inline __attribute__((always_inline)) void mxfp4_row(
-        int tile, int two_codes, const mxfp4_activations *a, int m0, int width, const uint8_t *row,
-        const float *scale_of, __m512i table, float *out) {
-    const int per_row = width / MXFP4_BLOCK;
+        int tile, int two_codes, const mxfp4_groups *a, int m0, int per_row, const uint8_t *row,
+        __m512i code_order, __m512i exponent_order, __m512i table, float *out) {
     __m512 sums[MXFP4_ROW_TILE];
     for (int m = 0; m < tile; m++) sums[m] = _mm512_setzero_ps();
-    int b = 0;
-    for (; b + 1 < per_row; b += 2) {
-        if (m0 == 0) prefetch_ahead(row + (size_t)b * MXFP4_BLOCK_BYTES, 1);  /* the call's first pass over the row */
-        mxfp4_two_blocks(tile, two_codes, 1, a, m0, width, row + (size_t)b * MXFP4_BLOCK_BYTES,
-                         (size_t)b * MXFP4_BLOCK, scale_of, table, sums);
+    for (int q = 0; q < a->groups; q++) {
+        const uint8_t *at = row + (size_t)q * 4 * MXFP4_BLOCK_BYTES;
+        if (m0 == 0) {  /* the call's first pass over the row: a group's 68 bytes span two lines */
+            prefetch_ahead(at, 1);
+            prefetch_ahead(at + 64, 1);
+        }
+        const int blocks = per_row - 4 * q < 4 ? per_row - 4 * q : 4;
+        __m512i first, second;
+        __m512 scales;
+        mxfp4_group_weights(at, blocks, code_order, exponent_order, table, &first, &second, &scales);
+        for (int m = 0; m < tile; m++) {
+            const size_t group = (size_t)(m0 + m) * a->groups + q;
+            __m512 value = mxfp4_group_sums(first, second, a->high + group * 128, a->high_start + group * 16);
+            if (two_codes) {
+                const __m512 low = mxfp4_group_sums(first, second, a->low + group * 128, a->low_start + group * 16);
+                value = _mm512_fmadd_ps(low, _mm512_set1_ps(1.0f / LOW_STEPS), value);
+            }
+            const __m512 scale = _mm512_mul_ps(scales, _mm512_loadu_ps(a->lane_scales + group * 16));
+            sums[m] = _mm512_fmadd_ps(value, scale, sums[m]);
+        }
     }
-    if (b < per_row)  /* an odd last block: the vector's second half zero */
-        mxfp4_two_blocks(tile, two_codes, 0, a, m0, width, row + (size_t)b * MXFP4_BLOCK_BYTES,
-                         (size_t)b * MXFP4_BLOCK, scale_of, table, sums);
     for (int m = 0; m < tile; m++) out[m] = _mm512_reduce_add_ps(sums[m]);
 }
 
@@ -1455,7 +1527,8 @@ static void mxfp4_matmul_strips(const mxfp4_activations *a, int count, int width
 /* y [count, rows] = x [count, width] times the MXFP4 weight's rows (blocks [rows, width / 32 * 17]), plus bias
    [rows] where given. codes: 1 or 2 int8 codes an activation per block of 32 (quantize_activations, as llama.cpp's
    Q8_0 with one), whose products with the weights (twice their e2m1 values, exact in int8) sum exactly in int32;
-   0: the activations as they are, in fp32 (exact). scratch: M * (3K + K / 4) bytes (mxfp4_activations). */
+   0: the activations as they are, in fp32 (exact). scratch: M * (6K + K / 4 + 512) bytes (mxfp4_activations, then
+   mxfp4_groups). */
 void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
                   int codes, void *scratch, float *y) {
     float scale_of[256];
@@ -1466,19 +1539,24 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
     }
     const int two_codes = codes == 2, per_row = width / MXFP4_BLOCK;
     const int strips = !two_codes && count >= MXFP4_STRIP_ROWS && rows % MXFP4_STRIP == 0;
-    const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, !strips, scratch);
-    const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
+    const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, 0, scratch);
     if (strips) {
+        const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
         mxfp4_matmul_strips(&a, count, width, blocks, rows, bias, scale_of, table, y);
         return;
     }
+    const mxfp4_groups groups = mxfp4_group_activations(&a, count, width, two_codes);
+    const __m512i code_order = mxfp4_code_order(), exponent_order = mxfp4_exponent_order();
+    const __m512i table = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)MXFP4_HALVES)),
+                                          _mm512_set1_epi8(MXFP4_LIFT));
     #pragma omp parallel for schedule(static) if (rows >= 64)
     for (int n = 0; n < rows; n++) {
         const uint8_t *row = blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
         for (int m0 = 0; m0 < count;) {  /* MXFP4_ROW_TILE rows at a time, then the rest */
             const int tile = count - m0 < MXFP4_ROW_TILE ? count - m0 : MXFP4_ROW_TILE;
             float sums[MXFP4_ROW_TILE];
-            #define MXFP4_ROWS(t, two) mxfp4_row(t, two, &a, m0, width, row, scale_of, table, sums)
+            #define MXFP4_ROWS(t, two) \
+                mxfp4_row(t, two, &groups, m0, per_row, row, code_order, exponent_order, table, sums)
             MXFP4_CONSTANT_TILE(tile, two_codes, MXFP4_ROWS);
             #undef MXFP4_ROWS
             for (int m = 0; m < tile; m++) y[(size_t)(m0 + m) * rows + n] = sums[m] + (bias ? bias[n] : 0.0f);

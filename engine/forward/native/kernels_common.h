@@ -133,11 +133,12 @@ static inline void mxfp4_scales(float scale_of[256]) {  /* each e8m0 exponent's 
         }                                                           \
     } while (0)
 
-/* mxfp4_matmul's activations, carved from its scratch (M * (3K + K / 4) bytes): quantize_activations' codes per
-   block of 32 (high, and low where two codes a value) and scales [M, K / 32]; and for the x86 products, each run of
-   four codes' (a 32-bit lane of the dot products') block scale (lane_scales [M, K / 4]). The x86 products take the
-   codes as unsigned bytes, code + 128 (an exclusive or with 0x80), against the signed weights: each lane's sum then
-   holds 128 times its four weights beyond the codes' products, which the kernel takes out once for every row. */
+/* mxfp4_matmul's activations, carved from the start of its scratch (M * (3K + K / 4) bytes of it): the codes of
+   quantize_activations per block of 32 (high, and low where two codes a value) and scales [M, K / 32]; and for the
+   avx2 products, each run of four codes' (a 32-bit lane of the dot products') block scale (lane_scales [M, K / 4]).
+   Those take the codes as unsigned bytes, code + 128 (an exclusive or with 0x80), against the signed weights: each
+   lane's sum then holds 128 times its four weights beyond the codes' products, which the kernel takes out once for
+   every row. (The avx512 row loop rearranges the codes past these: kernels.c's mxfp4_groups.) */
 typedef struct {
     int8_t *high, *low;
     float *scales;

@@ -45,7 +45,7 @@ def _rounded(x: torch.Tensor, codes: int) -> torch.Tensor:
 
 @pytest.mark.usefixtures("kernel_variant")
 @pytest.mark.parametrize("sequences", [1, 3])  # one sequence's step, a batched one
-@pytest.mark.parametrize(("count", "width"), [(1, 320), (1, 352), (5, 352), (70, 320)])  # 352: an odd number of blocks
+@pytest.mark.parametrize(("count", "width"), [(1, 320), (1, 352), (3, 352), (5, 352), (70, 320)])  # 352: 11 blocks
 def test_the_kernel_is_the_matmul_of_its_rounded_activations_by_the_decoded_weight(
         count: int, width: int, sequences: int, monkeypatch: pytest.MonkeyPatch):
     """Two codes a value for one row of one sequence (a decode step), else one (``ONE_CODE_ROWS``); the int8 kernel
