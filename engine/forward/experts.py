@@ -4,8 +4,10 @@ A router picks each row's ``top_k`` experts by softmax (their weights renormalis
 ``normalise_top_k``; gpt-oss's router adds a bias to its logits and takes the softmax of the top k alone),
 each expert a ``GatedMlp`` of its own (gpt-oss's with biases and its clamped gate); Qwen2-MoE adds a shared expert, always run, scaled by
 the sigmoid of one more row of the router. A step's rows are grouped by expert, so each active expert's weights are
-read once per step, in one matmul over every row routed to it; experts no row picked are not touched. The block
-takes the normalised input without the norm's weight and multiplies that in once for the router and all its experts.
+read once per step, in one matmul over every row routed to it; experts no row picked are not touched. Where the
+experts are MXFP4 blocks in Hearth's CPU kernels, a step of up to ``GROUPED_ROWS`` rows (a decode step, a batched
+one) makes one call for all its experts' gate and up, and one for their down (``Mxfp4Experts``). The block takes the
+normalised input without the norm's weight and multiplies that in once for the router and all its experts.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from typing import Any, Callable, Sequence
 import torch
 
 from engine.forward.family import Family
-from engine.forward.mlp import GatedMlp
-from engine.forward.weights.mxfp4 import Mxfp4Rows
+from engine.forward.mlp import GatedMlp, gated
+from engine.forward.native import activation_codes
+from engine.forward.weights.mxfp4 import ONE_CODE_ROWS, Mxfp4Experts, Mxfp4Rows
 from engine.forward.weights.quant import Linear
 
 ROUTERS = ("mlp.gate.weight", "mlp.router.weight")  # a layer's router [E, D] (Qwen's, gpt-oss's), under its
@@ -28,6 +31,9 @@ SHARED_GATE = "mlp.shared_expert_gate.weight"  # [1, D]: its gate's row
 FUSED_GATE_UP, FUSED_DOWN = "mlp.experts.gate_up_proj", "mlp.experts.down_proj"  # transformers' stacked experts
 FUSED_BIAS = "_bias"  # gpt-oss's stacked experts' biases: ``mlp.experts.gate_up_proj_bias`` [E, 2F], down's [E, D]
 BLOCKS, SCALES = "_blocks", "_scales"  # openai's checkpoints: the stacked experts in MXFP4 (``Mxfp4Rows``)
+GROUPED_ROWS = 8
+"""Rows up to which a step's MXFP4 experts run as one call (``Mxfp4Experts``), each expert's rows in the kernel's
+row loop; past them an expert can have enough rows for its many-row kernels (strips, AMX's tiles), a call each."""
 
 
 @dataclass
@@ -46,6 +52,7 @@ class MixtureOfExperts:
     shared: GatedMlp | None = None
     router_bias: torch.Tensor | None = None  # [E] fp32, added to the router's logits (gpt-oss)
     top_k_before_softmax: bool = False  # the softmax over each row's top k logits alone (gpt-oss)
+    grouped: tuple[Mxfp4Experts, Mxfp4Experts] | None = None  # every expert's gate_up, and down, as one call
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         h = h * self.norm  # [R, D]
@@ -69,7 +76,8 @@ class MixtureOfExperts:
         """The sum over each row's chosen experts of their outputs times their weights, [R, D]: the rows grouped
         by expert, one call of each active expert over all its rows, each row's k weighted results summed."""
         rows = h.shape[0]
-        if rows == 1:  # a lone decode row: its k experts on the row itself, no grouping
+        one_call = self.grouped is not None and rows <= GROUPED_ROWS
+        if rows == 1 and not one_call:  # a lone decode row: its k experts on the row itself, no grouping
             out = torch.zeros_like(h)  # [1, D]
             for expert, weight in zip(chosen[0].tolist(), weights[0].tolist()):
                 out.add_(self.experts[expert](h), alpha=weight)
@@ -79,15 +87,28 @@ class MixtureOfExperts:
         counts = torch.bincount(slots, minlength=len(self.experts))  # [E]
         active = counts.nonzero().flatten()  # [A]: the chosen experts, in the order the slots are grouped
         grouped = h.index_select(0, order // self.top_k)  # [R k, D]: each grouped slot's row
-        results = torch.empty_like(grouped)  # [R k, D]
-        start = 0
-        for expert, count in zip(active.tolist(), counts[active].tolist()):
-            end = start + count
-            results[start:end] = self.experts[expert](grouped[start:end])
-            start = end
+        if one_call:
+            results = self._in_one_call(grouped, active, counts[active], rows)
+        else:
+            results = torch.empty_like(grouped)  # [R k, D]
+            start = 0
+            for expert, count in zip(active.tolist(), counts[active].tolist()):
+                end = start + count
+                results[start:end] = self.experts[expert](grouped[start:end])
+                start = end
         results.mul_(weights.flatten()[order].unsqueeze(1))  # [R k, D]
         by_slot = results.index_select(0, order.argsort())  # [R k, D]: back in (row, choice) order
         return by_slot.view(rows, self.top_k, -1).sum(dim=1)  # [R, D]
+
+    def _in_one_call(self, grouped: torch.Tensor, active: torch.Tensor, counts: torch.Tensor,
+                     rows: int) -> torch.Tensor:
+        """Every active expert's MLP over its ``counts`` rows of ``grouped`` [R k, D] (``_routed``'s), [R k, D]:
+        gate and up in one call, the gated activation, down in one call (``grouped``). Codes as an expert's own
+        call over the step's ``rows`` would round them (``Mxfp4Matmul``)."""
+        gate_up, down = self.grouped
+        codes = 1 if rows >= ONE_CODE_ROWS else activation_codes.codes()
+        hidden = gated(gate_up(grouped, active, counts, codes), self.experts[0].activation)  # [R k, F]
+        return down(hidden, active, counts, codes)  # [R k, D]
 
     @property
     def linears(self) -> tuple[Linear, ...]:
@@ -139,7 +160,16 @@ def mixture_of_experts(config: Any, family: Family, tensor: Callable[[str], Any]
         router = torch.cat([router, tensor(SHARED_GATE).reshape(1, -1)])  # [E + 1, D]
     return MixtureOfExperts(tensor("post_attention_layernorm.weight"), router.contiguous(), experts,
                             config.num_experts_per_tok, bool(getattr(config, "norm_topk_prob", False)), shared,
-                            tensor(ROUTER_BIAS) if has(ROUTER_BIAS) else None, family.top_k_before_softmax)
+                            tensor(ROUTER_BIAS) if has(ROUTER_BIAS) else None, family.top_k_before_softmax,
+                            _grouped(experts))
+
+
+def _grouped(experts: Sequence[GatedMlp]) -> tuple[Mxfp4Experts, Mxfp4Experts] | None:
+    """The experts' gate_up and down matmuls as one call each (``Mxfp4Experts``), where every one is MXFP4 that
+    can join the others; else None."""
+    gate_up = Mxfp4Experts.of([expert.gate_up.mxfp4 for expert in experts])
+    down = Mxfp4Experts.of([expert.down.mxfp4 for expert in experts])
+    return (gate_up, down) if gate_up is not None and down is not None else None
 
 
 def _expert_parts(count: int, family: Family, tensor: Callable[[str], Any], has: Callable[[str], bool],

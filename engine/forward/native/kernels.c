@@ -1383,15 +1383,16 @@ static inline __attribute__((always_inline)) __m512 mxfp4_group_sums(__m512i fir
 }
 
 /* One weight row against `tile` activation rows from m0 (one code a value or two): out[m] = their dot products,
-   without the bias. A group of four blocks is decoded once for the tile. */
+   without the bias. A group of four blocks is decoded once for the tile; `first_pass`: the row's first tile, which
+   asks for its bytes ahead. */
 static inline __attribute__((always_inline)) void mxfp4_row(
-        int tile, int two_codes, const mxfp4_groups *a, int m0, int per_row, const uint8_t *row,
+        int tile, int two_codes, const mxfp4_groups *a, int m0, int first_pass, int per_row, const uint8_t *row,
         __m512i code_order, __m512i exponent_order, __m512i table, float *out) {
     __m512 sums[MXFP4_ROW_TILE];
     for (int m = 0; m < tile; m++) sums[m] = _mm512_setzero_ps();
     for (int q = 0; q < a->groups; q++) {
         const uint8_t *at = row + (size_t)q * 4 * MXFP4_BLOCK_BYTES;
-        if (m0 == 0) {  /* the call's first pass over the row: a group's 68 bytes span two lines */
+        if (first_pass) {  /* a group's 68 bytes span two lines */
             prefetch_ahead(at, 1);
             prefetch_ahead(at + 64, 1);
         }
@@ -1411,6 +1412,37 @@ static inline __attribute__((always_inline)) void mxfp4_row(
         }
     }
     for (int m = 0; m < tile; m++) out[m] = _mm512_reduce_add_ps(sums[m]);
+}
+
+/* Each segment's weight rows against its activation rows in the row loop: y[first + m, n] [., rows], plus the
+   segment's bias. OpenMP over all the segments' weight rows, in order, in shares of equal cost (mxfp4_share). */
+static void mxfp4_segment_rows(const mxfp4_groups *a, const mxfp4_segment *segments, int active, int rows,
+                               int per_row, int two_codes, float *y) {
+    const __m512i code_order = mxfp4_code_order(), exponent_order = mxfp4_exponent_order();
+    const __m512i table = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)MXFP4_HALVES)),
+                                          _mm512_set1_epi8(MXFP4_LIFT));
+    #pragma omp parallel if ((int64_t)active * rows >= 64)
+    {
+        int64_t begin, end;
+        mxfp4_share(segments, active, rows, &begin, &end);
+        for (int64_t item = begin; item < end; item++) {
+            const mxfp4_segment *segment = segments + item / rows;
+            const int n = (int)(item % rows);
+            const uint8_t *row = segment->blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
+            for (int m0 = 0; m0 < segment->count;) {  /* MXFP4_ROW_TILE rows at a time, then the rest */
+                const int tile = segment->count - m0 < MXFP4_ROW_TILE ? segment->count - m0 : MXFP4_ROW_TILE;
+                const int first = segment->first + m0;
+                float sums[MXFP4_ROW_TILE];
+                #define MXFP4_ROWS(t, two) \
+                    mxfp4_row(t, two, a, first, m0 == 0, per_row, row, code_order, exponent_order, table, sums)
+                MXFP4_CONSTANT_TILE(tile, two_codes, MXFP4_ROWS);
+                #undef MXFP4_ROWS
+                const float shift = segment->bias ? segment->bias[n] : 0.0f;
+                for (int m = 0; m < tile; m++) y[(size_t)(first + m) * rows + n] = sums[m] + shift;
+                m0 += tile;
+            }
+        }
+    }
 }
 
 /* Calls of MXFP4_STRIP_ROWS activation rows or more (prompt chunks, where AMX's tiles are not) take the weight 16
@@ -1546,23 +1578,22 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
         return;
     }
     const mxfp4_groups groups = mxfp4_group_activations(&a, count, width, two_codes);
-    const __m512i code_order = mxfp4_code_order(), exponent_order = mxfp4_exponent_order();
-    const __m512i table = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)MXFP4_HALVES)),
-                                          _mm512_set1_epi8(MXFP4_LIFT));
-    #pragma omp parallel for schedule(static) if (rows >= 64)
-    for (int n = 0; n < rows; n++) {
-        const uint8_t *row = blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
-        for (int m0 = 0; m0 < count;) {  /* MXFP4_ROW_TILE rows at a time, then the rest */
-            const int tile = count - m0 < MXFP4_ROW_TILE ? count - m0 : MXFP4_ROW_TILE;
-            float sums[MXFP4_ROW_TILE];
-            #define MXFP4_ROWS(t, two) \
-                mxfp4_row(t, two, &groups, m0, per_row, row, code_order, exponent_order, table, sums)
-            MXFP4_CONSTANT_TILE(tile, two_codes, MXFP4_ROWS);
-            #undef MXFP4_ROWS
-            for (int m = 0; m < tile; m++) y[(size_t)(m0 + m) * rows + n] = sums[m] + (bias ? bias[n] : 0.0f);
-            m0 += tile;
-        }
-    }
+    const mxfp4_segment whole = {blocks, bias, 0, count};
+    mxfp4_segment_rows(&groups, &whole, 1, rows, per_row, two_codes, y);
+}
+
+/* A step's experts in one call: x [count, width] holds each expert's activation rows one after another, table
+   [active, 3] each expert's weight blocks (its rows [rows, width / 32 * 17]), bias (or 0) and rows (mxfp4_segments);
+   y [count, rows] each row times its expert's weight, plus its bias. codes: 1 or 2 (mxfp4_matmul's); every expert's
+   rows in the row loop. scratch: mxfp4_matmul's for count rows. */
+void mxfp4_experts(const float *x, int count, int width, const int64_t *table, int active, int rows, int codes,
+                   void *scratch, float *y) {
+    const int two_codes = codes == 2;
+    const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, 0, scratch);
+    const mxfp4_groups groups = mxfp4_group_activations(&a, count, width, two_codes);
+    mxfp4_segment *segments = mxfp4_segments(table, active);
+    mxfp4_segment_rows(&groups, segments, active, rows, width / MXFP4_BLOCK, two_codes, y);
+    free(segments);
 }
 
 #ifdef HAS_AMX

@@ -963,7 +963,7 @@ static inline __m256i mxfp4_unsigned_codes(const int8_t *codes) {
    each lane's exact int32 sum of the weights times the codes, which meets the block's weight and activation scales
    in fp32. */
 static inline __attribute__((always_inline)) void mxfp4_row(
-        int tile, int two_codes, const mxfp4_activations *a, int m0, int width, const uint8_t *row,
+        int tile, int two_codes, const mxfp4_activations *a, int m0, int first_pass, int width, const uint8_t *row,
         const float *scale_of, __m256i table, float *out) {
     const int per_row = width / MXFP4_BLOCK;
     const __m256i halves = _mm256_setr_epi64x(0, 0, 4, 4), nibble = _mm256_set1_epi8(0x0F);
@@ -971,7 +971,7 @@ static inline __attribute__((always_inline)) void mxfp4_row(
     for (int m = 0; m < tile; m++) sums[m] = _mm256_setzero_ps();
     for (int b = 0; b < per_row; b++) {
         const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
-        if (m0 == 0) prefetch_ahead(block, 1);  /* the call's first pass over the row */
+        if (first_pass) prefetch_ahead(block, 1);  /* the row's first tile */
         const __m256i codes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(block + 1)));
         const __m256i weights = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srlv_epi64(codes, halves), nibble));
         const __m256i start = _mm256_sub_epi32(
@@ -1093,6 +1093,33 @@ static void mxfp4_matmul_strips(const mxfp4_activations *a, int count, int width
     }
 }
 
+/* kernels.c's mxfp4_segment_rows: each segment's weight rows against its activation rows, plus its bias, into y. */
+static void mxfp4_segment_rows(const mxfp4_activations *a, const mxfp4_segment *segments, int active, int rows,
+                               int width, int two_codes, const float *scale_of, __m256i table, float *y) {
+    const int per_row = width / MXFP4_BLOCK;
+    #pragma omp parallel if ((int64_t)active * rows >= 64)
+    {
+        int64_t begin, end;
+        mxfp4_share(segments, active, rows, &begin, &end);
+        for (int64_t item = begin; item < end; item++) {
+            const mxfp4_segment *segment = segments + item / rows;
+            const int n = (int)(item % rows);
+            const uint8_t *row = segment->blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
+            for (int m0 = 0; m0 < segment->count;) {  /* MXFP4_ROW_TILE rows at a time, then the rest */
+                const int tile = segment->count - m0 < MXFP4_ROW_TILE ? segment->count - m0 : MXFP4_ROW_TILE;
+                const int first = segment->first + m0;
+                float sums[MXFP4_ROW_TILE];
+                #define MXFP4_ROWS(t, two) mxfp4_row(t, two, a, first, m0 == 0, width, row, scale_of, table, sums)
+                MXFP4_CONSTANT_TILE(tile, two_codes, MXFP4_ROWS);
+                #undef MXFP4_ROWS
+                const float shift = segment->bias ? segment->bias[n] : 0.0f;
+                for (int m = 0; m < tile; m++) y[(size_t)(first + m) * rows + n] = sums[m] + shift;
+                m0 += tile;
+            }
+        }
+    }
+}
+
 /* kernels.c's mxfp4_matmul: y [count, rows] = x [count, width] times the MXFP4 weight's rows, plus bias; codes 1 or
    2 int8 codes an activation, 0 fp32 (exact); scratch: M * (3K + K / 4) bytes. */
 void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
@@ -1103,7 +1130,7 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
         mxfp4_matmul_exact(x, count, width, blocks, rows, bias, scale_of, y);
         return;
     }
-    const int two_codes = codes == 2, per_row = width / MXFP4_BLOCK;
+    const int two_codes = codes == 2;
     const int strips = !two_codes && count >= MXFP4_STRIP_ROWS && rows % MXFP4_STRIP == 0;
     const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, !strips, scratch);
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
@@ -1111,17 +1138,19 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
         mxfp4_matmul_strips(&a, count, width, blocks, rows, bias, scale_of, table, y);
         return;
     }
-    #pragma omp parallel for schedule(static) if (rows >= 64)
-    for (int n = 0; n < rows; n++) {
-        const uint8_t *row = blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
-        for (int m0 = 0; m0 < count;) {  /* MXFP4_ROW_TILE rows at a time, then the rest */
-            const int tile = count - m0 < MXFP4_ROW_TILE ? count - m0 : MXFP4_ROW_TILE;
-            float sums[MXFP4_ROW_TILE];
-            #define MXFP4_ROWS(t, two) mxfp4_row(t, two, &a, m0, width, row, scale_of, table, sums)
-            MXFP4_CONSTANT_TILE(tile, two_codes, MXFP4_ROWS);
-            #undef MXFP4_ROWS
-            for (int m = 0; m < tile; m++) y[(size_t)(m0 + m) * rows + n] = sums[m] + (bias ? bias[n] : 0.0f);
-            m0 += tile;
-        }
-    }
+    const mxfp4_segment whole = {blocks, bias, 0, count};
+    mxfp4_segment_rows(&a, &whole, 1, rows, width, two_codes, scale_of, table, y);
+}
+
+/* kernels.c's mxfp4_experts: a step's experts in one call, each in the row loop. */
+void mxfp4_experts(const float *x, int count, int width, const int64_t *table, int active, int rows, int codes,
+                   void *scratch, float *y) {
+    float scale_of[256];
+    mxfp4_scales(scale_of);
+    const int two_codes = codes == 2;
+    const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, 1, scratch);
+    mxfp4_segment *segments = mxfp4_segments(table, active);
+    mxfp4_segment_rows(&a, segments, active, rows, width, two_codes, scale_of,
+                       _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_HALVES)), y);
+    free(segments);
 }

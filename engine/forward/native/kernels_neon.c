@@ -683,28 +683,30 @@ static void mxfp4_matmul_exact(const float *x, int count, int width, const uint8
     }
 }
 
-/* A call's activation codes and weights, which every weight row reads. */
+/* A call's activation codes, which every weight row reads, and where its products go. */
 typedef struct {
-    int count, width, rows, two_codes;
+    int width, rows, two_codes;
     mxfp4_activations a;
-    const uint8_t *blocks;
-    const float *bias, *scale_of;
+    const float *scale_of;
     float *y;
 } mxfp4_call;
 
-/* Weight row n against every activation row, MXFP4_ROW_TILE at a time, with sdot where `sdot` (signed weights by
-   signed codes: each block's sum exact in int32, then times its weight and activation scales in fp32): y[m, n]. */
-static inline __attribute__((always_inline)) void mxfp4_rows(int sdot, const mxfp4_call *call, int n) {
+/* Weight row n of `segment` against its activation rows, MXFP4_ROW_TILE at a time, with sdot where `sdot` (signed
+   weights by signed codes: each block's sum exact in int32, then times its weight and activation scales in fp32):
+   y[m, n], plus the segment's bias. */
+static inline __attribute__((always_inline)) void mxfp4_rows(int sdot, const mxfp4_call *call,
+                                                             const mxfp4_segment *segment, int n) {
     const int width = call->width, per_row = width / MXFP4_BLOCK, two_codes = call->two_codes;
     const int8x16_t table = vld1q_s8(MXFP4_HALVES);
-    const uint8_t *row = call->blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
-    for (int m0 = 0; m0 < call->count; m0 += MXFP4_ROW_TILE) {
-        const int tile = call->count - m0 < MXFP4_ROW_TILE ? call->count - m0 : MXFP4_ROW_TILE;
+    const uint8_t *row = segment->blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
+    for (int m0 = segment->first; m0 < segment->first + segment->count; m0 += MXFP4_ROW_TILE) {
+        const int left = segment->first + segment->count - m0;
+        const int tile = left < MXFP4_ROW_TILE ? left : MXFP4_ROW_TILE;
         float32x4_t sums[MXFP4_ROW_TILE];
         for (int m = 0; m < tile; m++) sums[m] = vdupq_n_f32(0.0f);
         for (int b = 0; b < per_row; b++) {
             const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
-            if (m0 == 0) prefetch_ahead(block, 1);  /* the call's first pass over the row */
+            if (m0 == segment->first) prefetch_ahead(block, 1);  /* the row's first tile */
             const uint8x16_t codes = vld1q_u8(block + 1);
             const int8x16_t first = vqtbl1q_s8(table, vandq_u8(codes, vdupq_n_u8(0x0F)));  /* weights 0-15 */
             const int8x16_t second = vqtbl1q_s8(table, vshrq_n_u8(codes, 4));              /* weights 16-31 */
@@ -724,13 +726,31 @@ static inline __attribute__((always_inline)) void mxfp4_rows(int sdot, const mxf
                 sums[m] = vfmaq_n_f32(sums[m], value, weight_scale * call->a.scales[at / MXFP4_BLOCK]);
             }
         }
-        for (int m = 0; m < tile; m++)
-            call->y[(size_t)(m0 + m) * call->rows + n] = vaddvq_f32(sums[m]) + (call->bias ? call->bias[n] : 0.0f);
+        const float shift = segment->bias ? segment->bias[n] : 0.0f;
+        for (int m = 0; m < tile; m++) call->y[(size_t)(m0 + m) * call->rows + n] = vaddvq_f32(sums[m]) + shift;
     }
 }
 
-static DOT_PRODUCTS void mxfp4_rows_sdot(const mxfp4_call *call, int n) { mxfp4_rows(1, call, n); }
-static void mxfp4_rows_smull(const mxfp4_call *call, int n) { mxfp4_rows(0, call, n); }
+static DOT_PRODUCTS void mxfp4_rows_sdot(const mxfp4_call *call, const mxfp4_segment *segment, int n) {
+    mxfp4_rows(1, call, segment, n);
+}
+
+static void mxfp4_rows_smull(const mxfp4_call *call, const mxfp4_segment *segment, int n) {
+    mxfp4_rows(0, call, segment, n);
+}
+
+/* kernels.c's mxfp4_segment_rows: each segment's weight rows against its activation rows, plus its bias. */
+static void mxfp4_segment_rows(const mxfp4_call *call, const mxfp4_segment *segments, int active) {
+    void (*weight_row)(const mxfp4_call *, const mxfp4_segment *, int) =
+        has_dot_products() ? mxfp4_rows_sdot : mxfp4_rows_smull;
+    const int rows = call->rows;
+    #pragma omp parallel if ((int64_t)active * rows >= 64)
+    {
+        int64_t begin, end;
+        mxfp4_share(segments, active, rows, &begin, &end);
+        for (int64_t item = begin; item < end; item++) weight_row(call, segments + item / rows, (int)(item % rows));
+    }
+}
 
 /* kernels.c's mxfp4_matmul: y [count, rows] = x [count, width] times the MXFP4 weight's rows, plus bias; codes 1 or
    2 int8 codes an activation, 0 fp32 (exact); scratch: M * (3K + K / 4) bytes (the codes and scales used here). */
@@ -742,9 +762,20 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
         mxfp4_matmul_exact(x, count, width, blocks, rows, bias, scale_of, y);
         return;
     }
-    const mxfp4_call call = {count, width, rows, codes == 2,
-                             mxfp4_quantize(x, count, width, codes == 2, 0, scratch), blocks, bias, scale_of, y};
-    void (*weight_row)(const mxfp4_call *, int) = has_dot_products() ? mxfp4_rows_sdot : mxfp4_rows_smull;
-    #pragma omp parallel for schedule(static) if (rows >= 64)
-    for (int n = 0; n < rows; n++) weight_row(&call, n);
+    const mxfp4_call call = {width, rows, codes == 2, mxfp4_quantize(x, count, width, codes == 2, 0, scratch),
+                             scale_of, y};
+    const mxfp4_segment whole = {blocks, bias, 0, count};
+    mxfp4_segment_rows(&call, &whole, 1);
+}
+
+/* kernels.c's mxfp4_experts: a step's experts in one call. */
+void mxfp4_experts(const float *x, int count, int width, const int64_t *table, int active, int rows, int codes,
+                   void *scratch, float *y) {
+    float scale_of[256];
+    mxfp4_scales(scale_of);
+    const mxfp4_call call = {width, rows, codes == 2, mxfp4_quantize(x, count, width, codes == 2, 0, scratch),
+                             scale_of, y};
+    mxfp4_segment *segments = mxfp4_segments(table, active);
+    mxfp4_segment_rows(&call, segments, active);
+    free(segments);
 }

@@ -78,7 +78,8 @@ on SmolLM2-1.7B's matrices a chunk of 128 rows took oneDNN's GEMM 261 ms of a th
 avx2vnni's 118 (two codes a value); of 512 rows, 739, 618 and 485. Each weight stays exact, where the GEMM rounds it
 to int8."""
 EXPORTED = ("int4_matmul", "int8_matmul", "decode_attention", "chunk_attention", "rms_norm", "swiglu",
-            "rotate_and_store", "int4_layout_from_nibbles", "amx_enable", "mxfp4_matmul")
+            "rotate_and_store", "int4_layout_from_nibbles", "amx_enable", "mxfp4_matmul",
+            "mxfp4_experts")
 """What every variant's library exports (``amx_enable`` returns -1 where the variant has no AMX functions)."""
 AMX_EXPORTED = ("int4_matmul_amx", "chunk_attention_amx", "mxfp4_matmul_amx")  # only where ``Variant.amx``
 INT8_KV_EXPORTED = ("decode_attention_q8", "chunk_attention_q8", "rotate_and_store_q8")

@@ -19,7 +19,7 @@ apart, each byte two consecutive weights (``from_checkpoint``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -82,35 +82,82 @@ class Mxfp4Rows:
         return torch.ldexp(values, exponents.unsqueeze(-1)).view(rows, -1)
 
 
-def mxfp4_linear(weight: Mxfp4Rows, bias: torch.Tensor | None, input_scale: torch.Tensor | None,
-                 exact: bool = False) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
-    """``y = (x * input_scale) @ W.T + bias`` over ``weight``'s blocks, x and y fp32: the call and the bytes held.
-    The kernel rounds the activations to int8 codes (``activation_codes.codes()`` a value), or with ``exact`` keeps
-    them in fp32 (the module docstring)."""
-    blocks = weight.blocks.contiguous()
-    rows, width = weight.shape
-    bias = bias.float().contiguous() if bias is not None else None
-    kernels = library() if blocks.device.type == "cpu" else None
-    nbytes = blocks.numel() + (bias.numel() * 4 if bias is not None else 0)
+class Mxfp4Matmul:
+    """``y = (x * input_scale) @ W.T + bias`` over ``weight``'s blocks, x and y fp32 (``mxfp4_linear``'s call). The
+    kernel rounds the activations to int8 codes (``activation_codes.codes()`` a value), or with ``exact`` keeps them
+    in fp32 (the module docstring)."""
 
-    on_tiles = kernels is not None and not exact and runs_on_amx() and rows % AMX_STRIP == 0
+    def __init__(self, weight: Mxfp4Rows, bias: torch.Tensor | None, input_scale: torch.Tensor | None,
+                 exact: bool) -> None:
+        self.blocks = weight.blocks.contiguous()
+        self.rows, self.width = weight.shape
+        self.bias = bias.float().contiguous() if bias is not None else None
+        self.input_scale, self.exact = input_scale, exact
+        self._kernels = library() if self.blocks.device.type == "cpu" else None
+        self._on_tiles = self._kernels is not None and not exact and runs_on_amx() and self.rows % AMX_STRIP == 0
 
-    def run(x: torch.Tensor) -> torch.Tensor:
-        x = x.float() if input_scale is None else x * input_scale
-        if kernels is None:
-            return torch.nn.functional.linear(x, Mxfp4Rows(blocks).dequantize(), bias)
+    @property
+    def joins_experts(self) -> bool:
+        """Whether ``Mxfp4Experts`` can make this call among its layer's others: Hearth's kernels, rounded
+        activations, none scaled."""
+        return self._kernels is not None and not self.exact and self.input_scale is None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float() if self.input_scale is None else x * self.input_scale
+        if self._kernels is None:
+            return torch.nn.functional.linear(x, Mxfp4Rows(self.blocks).dequantize(), self.bias)
         x = x.contiguous()
         length = x.shape[0]
-        if on_tiles and length >= AMX_ROWS:
-            return _on_tiles(x, blocks, rows, bias)
-        out = torch.empty(length, rows)  # [M, N]
-        codes = 0 if exact else 1 if length >= ONE_CODE_ROWS else activation_codes.codes()
-        kernels.mxfp4_matmul(x.data_ptr(), length, width, blocks.data_ptr(), rows,
-                             bias.data_ptr() if bias is not None else None, codes,
-                             activation_scratch(length, width, BLOCK, lanes=True), out.data_ptr())
+        if self._on_tiles and length >= AMX_ROWS:
+            return _on_tiles(x, self.blocks, self.rows, self.bias)
+        out = torch.empty(length, self.rows)  # [M, N]
+        codes = 0 if self.exact else 1 if length >= ONE_CODE_ROWS else activation_codes.codes()
+        self._kernels.mxfp4_matmul(x.data_ptr(), length, self.width, self.blocks.data_ptr(), self.rows,
+                                   self.bias.data_ptr() if self.bias is not None else None, codes,
+                                   activation_scratch(length, self.width, BLOCK, lanes=True), out.data_ptr())
         return out
 
-    return run, nbytes
+
+def mxfp4_linear(weight: Mxfp4Rows, bias: torch.Tensor | None, input_scale: torch.Tensor | None,
+                 exact: bool = False) -> tuple[Mxfp4Matmul, int]:
+    """The call ``y = (x * input_scale) @ W.T + bias`` over ``weight``'s blocks (``Mxfp4Matmul``) and the bytes it
+    holds."""
+    matmul = Mxfp4Matmul(weight, bias, input_scale, exact)
+    return matmul, matmul.blocks.numel() + (matmul.bias.numel() * 4 if matmul.bias is not None else 0)
+
+
+class Mxfp4Experts:
+    """A layer's experts' matmuls of one shape (gate and up's, or down's) as one kernel call over a step's rows
+    grouped by expert (``native`` ``mxfp4_experts``): one OpenMP pass over every active expert's weight rows, the
+    activations rounded once, where a call an expert paid its own fixed costs and its threads' wait for each other."""
+
+    def __init__(self, matmuls: Sequence[Mxfp4Matmul]) -> None:
+        """``matmuls``: each expert's, in the router's order, of one shape, each ``joins_experts``."""
+        self.rows, self.width = matmuls[0].rows, matmuls[0].width
+        self._matmuls = tuple(matmuls)  # keep the blocks and biases the table points at
+        self._table = torch.tensor([[m.blocks.data_ptr(), m.bias.data_ptr() if m.bias is not None else 0]
+                                    for m in matmuls], dtype=torch.int64)  # [E, 2]: blocks, bias (0: none)
+
+    @staticmethod
+    def of(matmuls: Sequence[Mxfp4Matmul | None]) -> Mxfp4Experts | None:
+        """The experts' matmuls as one call, or None where any is not an ``Mxfp4Matmul`` that joins others."""
+        if not matmuls or not all(m is not None and m.joins_experts for m in matmuls):
+            return None
+        if len({(m.rows, m.width) for m in matmuls}) != 1:  # type: ignore[union-attr]
+            return None
+        return Mxfp4Experts(matmuls)  # type: ignore[arg-type]
+
+    def __call__(self, x: torch.Tensor, active: torch.Tensor, counts: torch.Tensor, codes: int) -> torch.Tensor:
+        """``x`` [S, K]: the rows of each expert in ``active`` [A] (int64, in order), ``counts`` [A] (int64) of them
+        one after another; each times its expert's weight, [S, N] fp32. ``codes``: 1 or 2 a value
+        (``activation_codes``)."""
+        x = x.float().contiguous()
+        length = x.shape[0]
+        table = torch.cat([self._table.index_select(0, active), counts.unsqueeze(1)], dim=1).contiguous()  # [A, 3]
+        out = torch.empty(length, self.rows)  # [S, N]
+        library().mxfp4_experts(x.data_ptr(), length, self.width, table.data_ptr(), active.numel(), self.rows, codes,
+                                activation_scratch(length, self.width, BLOCK, lanes=True), out.data_ptr())
+        return out
 
 
 def _on_tiles(x: torch.Tensor, blocks: torch.Tensor, rows: int, bias: torch.Tensor | None) -> torch.Tensor:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from engine.forward.backend import PREFILL_CHUNK
 from engine.forward.native.build import kernels_variant
-from engine.forward.weights.mxfp4 import Mxfp4Rows, mxfp4_linear
+from engine.forward.weights.mxfp4 import Mxfp4Matmul, Mxfp4Rows, mxfp4_linear
 from engine.forward.weights.pack_worker import Packed, PackWorker
 from engine.forward.weights.packed_sizes import fp16_packed_bytes, fp16_tail_width, runs_on_onednn
 from engine.forward.weights.quant_int import (
@@ -82,6 +82,8 @@ class Linear:
             many_rows, self.nbytes = _scaled_pack(weight, bias, fmt, self.compute_dtype, input_scale,
                                                   prompts_only=one_row_fmt is not None, worker=worker)
         self._run, self.one_row_nbytes = many_rows, self.nbytes  # one_row_nbytes: what a one-row call reads
+        # the call over MXFP4 blocks kept as they are, which a mixture's grouped call makes for all its experts
+        self.mxfp4 = many_rows if isinstance(many_rows, Mxfp4Matmul) and one_row_fmt is None else None
         if one_row_fmt is not None:
             one_row, self.one_row_nbytes = _scaled_pack(weight, bias, one_row_fmt, self.compute_dtype, input_scale,
                                                         worker=worker)

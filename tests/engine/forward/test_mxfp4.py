@@ -104,3 +104,30 @@ def test_without_the_kernels_pytorch_decodes_each_call(monkeypatch: pytest.Monke
     run, _ = mxfp4_linear(Mxfp4Rows(torch.from_numpy(blocks.copy())), None, None)
     x = torch.randn(3, 128)
     torch.testing.assert_close(run(x), x @ torch.from_numpy(dequantize(blocks, Q.MXFP4)).t())
+
+
+@pytest.mark.usefixtures("kernel_variant")
+@pytest.mark.parametrize("codes", [2, 1])  # a decode step's experts, a batched step's
+def test_a_steps_experts_in_one_call_are_each_rows_rounded_activations_times_its_experts_weight(codes: int):
+    """``Mxfp4Experts``: each expert's rows (1 to 5, past a tile of 4) times its own weight plus its own bias (or
+    none), the integer sums exact; experts no row picked are skipped."""
+    torch.manual_seed(codes)
+    blocks = [_blocks(96, 352, seed=e) for e in range(6)]
+    biases = [torch.randn(96) if e % 2 else None for e in range(6)]
+    matmuls = [mxfp4_linear(Mxfp4Rows(torch.from_numpy(b.copy())), bias, None)[0] for b, bias in zip(blocks, biases)]
+    active, counts = torch.tensor([0, 2, 3, 5]), torch.tensor([1, 5, 2, 1])
+    x = torch.randn(int(counts.sum()), 352) * torch.logspace(-2, 1, 352)
+    got = mxfp4.Mxfp4Experts.of(matmuls)(x, active, counts, codes)
+    for e, rows, out in zip(active.tolist(), x.split(counts.tolist()), got.split(counts.tolist())):
+        weight = torch.from_numpy(dequantize(blocks[e], Q.MXFP4))  # [96, K]
+        rounded = torch.nn.functional.linear(_rounded(rows, codes), weight, biases[e])
+        largest = torch.nn.functional.linear(rows, weight).abs().max()
+        assert ((out - rounded).abs().max() / largest).item() < 2e-6
+
+
+def test_experts_join_in_one_call_only_as_kernel_calls_of_rounded_activations():
+    blocks = Mxfp4Rows(torch.from_numpy(_blocks(64, 128)))
+    joining = mxfp4_linear(blocks, None, None)[0]
+    assert mxfp4.Mxfp4Experts.of([joining, joining]) is not None
+    assert mxfp4.Mxfp4Experts.of([joining, mxfp4_linear(blocks, None, None, exact=True)[0]]) is None  # the fp32 plan
+    assert mxfp4.Mxfp4Experts.of([joining, mxfp4_linear(blocks, None, torch.ones(128))[0]]) is None  # a scaled input
