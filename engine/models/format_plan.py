@@ -64,7 +64,8 @@ def this_host() -> HostFeatures:
 class ModelTraits:
     """What the plan needs to know of a model: whether the fast path runs it, whether its file stores its layers
     in 4-bit blocks or in Q8_0 ones beside MXFP4 experts (gpt-oss's, ``eight_bit_layers``), or its token table in
-    quantized ones (``kept_table``), its vocabulary, width and size."""
+    quantized ones (``kept_table``), its vocabulary, width and size, and whether its experts stay in the file's
+    MXFP4 blocks (``mxfp4_experts``)."""
 
     fast_path: bool
     vocab: int
@@ -73,6 +74,7 @@ class ModelTraits:
     kept_table: bool = False
     n_params: int = 0
     eight_bit_layers: bool = False
+    mxfp4_experts: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ class FormatPlan:
     host: HostFeatures = HostFeatures()
     note: str = ""
     kv_precision: str = "auto"
+    mxfp4_experts: bool = False  # the fast path keeps the experts in their MXFP4 blocks, whatever ``layers`` says
 
     @property
     def kv_cache(self) -> str:
@@ -133,10 +136,13 @@ class FormatPlan:
 
     @property
     def label(self) -> str:
-        """The formats as the window and the load line show them, e.g. "fp16 weights, int4 copy for decoding"."""
+        """The formats as the window and the load line show them, e.g. "fp16 weights, int4 copy for decoding", or
+        gpt-oss's "fp16 weights, MXFP4 experts as stored, int8 copy for decoding"."""
         label = f"{FORMAT_WORDS.get(self.layers, self.layers)} weights"
         if self.quantized_fallback:
             label = f"quantized transformers fallback ({self.layers})"
+        if self.mxfp4_experts and self.fast_path:
+            label += ", MXFP4 experts as stored"
         if self.decode_copy:
             label += f", {self.decode_copy} copy for decoding"
         return f"{label} ({self.note})" if self.note else label
@@ -171,7 +177,7 @@ def choose_formats(device: str, precision: str, model: ModelTraits, host: HostFe
         plan = _transformers_formats(device, precision, host, note)
     if kv_cache not in KV_CACHES:
         raise ValueError(f"unknown KV cache {kv_cache!r} (known: {', '.join(KV_CACHES)})")
-    return replace(plan, kv_precision=kv_cache)
+    return replace(plan, kv_precision=kv_cache, mxfp4_experts=model.mxfp4_experts)
 
 
 def _decode_copy(device: str, precision: str, model: ModelTraits, host: HostFeatures) -> str | None:
@@ -310,7 +316,7 @@ def traits_of(source: ModelSource) -> ModelTraits:
     vocab = config.get("vocab_size") or 0
     hidden = config.get("embedding_length") or (config.get("text_config") or config).get("hidden_size") or 0
     return ModelTraits(reads_fast(source), vocab, hidden, source.four_bit_layers, source.kept_table_bytes is not None,
-                       source.n_params, source.eight_bit_layers)
+                       source.n_params, source.eight_bit_layers, source.kept_expert_bytes is not None)
 
 
 def formats_for_source(source: ModelSource, device: str, precision: str, note: str = "",

@@ -18,6 +18,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from engine.chat.chat_template import ChatTemplate
 from engine.forward import attention
 from engine.forward.experts import MixtureOfExperts
+from engine.models.format_plan import formats_for_source
 from engine.models.loading import LoadPlan, load_model
 from engine.models.memory_estimate import estimate
 from engine.models.model_files import inspect_model
@@ -137,6 +138,7 @@ def test_the_estimate_counts_the_mxfp4_experts_as_the_load_holds_them(mxfp4_file
     held = _load(path, "fp32").model.weight_bytes
     assert source.kept_expert_bytes is not None
     assert abs(estimate(source, "fp32", 512, "cpu").weight_bytes - held) < 0.05 * held
+    assert "MXFP4 experts as stored" in formats_for_source(source, "cpu", "auto").label  # what the window shows
 
 
 def test_fp32_from_an_mxfp4_checkpoint_keeps_its_blocks_and_equals_transformers_reading_it(tmp_path: Path):

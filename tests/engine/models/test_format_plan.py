@@ -48,10 +48,11 @@ def test_fp16_of_a_4bit_file_keeps_an_int4_copy_for_decoding_and_says_so():
 def test_fp16_of_gpt_oss_keeps_its_q8_0_layers_as_an_int8_copy_for_decoding_beside_an_int8_output_layer():
     """The file's own blocks, at about half of fp16's bytes a decode step; not without Hearth's int8 kernel, nor in
     fp32 (exact) or on a GPU."""
-    gpt_oss = ModelTraits(fast_path=True, vocab=201088, hidden=2880, kept_table=True, eight_bit_layers=True)
+    gpt_oss = ModelTraits(fast_path=True, vocab=201088, hidden=2880, kept_table=True, eight_bit_layers=True,
+                          mxfp4_experts=True)
     plan = choose_formats("cpu", "fp16", gpt_oss, ZEN4)
     assert (plan.layers, plan.decode_copy, plan.output_layer, plan.experts) == ("fp16", "int8", "int8", "int8")
-    assert plan.label == "fp16 weights, int8 copy for decoding"
+    assert plan.label == "fp16 weights, MXFP4 experts as stored, int8 copy for decoding"  # not "fp16" experts
     assert choose_formats("cpu", "fp16", gpt_oss, PLAIN_X86).decode_copy is None
     assert choose_formats("cpu", "fp32", gpt_oss, ZEN4).experts == "fp32"
     assert choose_formats("cuda", "bf16", gpt_oss).decode_copy is None
