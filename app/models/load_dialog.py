@@ -341,8 +341,9 @@ class LoadDialog(QDialog):
         free_gpu, free_cpu = free_memory_text(found)
         device = "GPU" if found.device == "cuda" else "system memory"
         draft = f"+ {format_bytes(draft_bytes(found))}"
+        experts = f", {found.expert_format} experts" if found.expert_format else ""
         return {
-            "weights": (f"Weights ({shown.precision})", format_bytes(shown.weight_bytes)),
+            "weights": (f"Weights ({shown.precision}{experts})", format_bytes(shown.weight_bytes)),
             "kv": (f"KV cache ({format_count(found.context_length)} tokens)", format_bytes(shown.kv_bytes)),
             "draft": ("Draft model (weights + KV cache)", draft),
             "total": (f"Needed in {device}, with overhead{' and draft model' if draft_bytes(found) else ''}",

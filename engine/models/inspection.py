@@ -77,6 +77,7 @@ def inspect_for_dialog(
         context_reason=context.reason if auto_precision else "",
         draft_weight_bytes=draft.weight_bytes,
         draft_kv_bytes=draft.kv_bytes,
+        expert_format="MXFP4" if source.kept_expert_bytes is not None and device == "cpu" else "",
     )
 
 

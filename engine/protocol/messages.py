@@ -459,7 +459,8 @@ class ModelInspected:
     the context a load would take (the one asked for, or what fits up to 32 768 tokens), ``context_reason`` that
     choice in words ("32 768 of 131 072 tokens: what fits in 20.00 GiB free"; "" when nothing fits).
     ``draft_weight_bytes`` and ``draft_kv_bytes``: what the draft model the options name holds beside it, its weights
-    and its KV pool (0 without one), counted in each estimate's total.
+    and its KV pool (0 without one), counted in each estimate's total. ``expert_format``: the format a mixture's
+    experts keep whatever the precision ("MXFP4"), "" where they take the precision's.
     """
 
     request_id: str
@@ -480,6 +481,7 @@ class ModelInspected:
     context_reason: str = ""
     draft_weight_bytes: int = 0
     draft_kv_bytes: int = 0
+    expert_format: str = ""  # "MXFP4": the experts stay in the file's blocks whatever the precision (gpt-oss, CPU)
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,8 @@ class FakeScript:
     """What the fake reports as free system memory when asked to inspect a model."""
     context_reason: str | None = None
     """When set, the reason every inspection gives for its context (else the fake's own)."""
+    expert_format: str = ""
+    """What inspections say the model's experts stay in whatever the precision ("MXFP4"; "": none kept so)."""
     generates: list[Generate] = field(default_factory=list)
     loads: list[LoadModel] = field(default_factory=list)
     inspections: list[InspectModel] = field(default_factory=list)
@@ -173,7 +175,7 @@ class FakeRuntime(ServesWhole):
             request.request_id, request.path, "Fake inspected", "gguf", 500_000_000, 4096, context, "cpu",
             estimates, self._script.free_cpu_bytes, 0, False, fitting[0] if fitting else None, file_type="Q4_K_M",
             context_reason=self._context_reason(request),
-            draft_weight_bytes=draft[0], draft_kv_bytes=draft[1],
+            draft_weight_bytes=draft[0], draft_kv_bytes=draft[1], expert_format=self._script.expert_format,
         )
 
     def _context_reason(self, request: InspectModel) -> str:

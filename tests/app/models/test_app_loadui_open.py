@@ -320,3 +320,13 @@ def test_the_draft_model_chosen_in_the_load_dialog_loads_and_is_offered_again_fo
     other = window.model_loader.choose(str(gguf_file.with_name("other.gguf")))  # another model: none
     assert other.options().draft_model is None
     other.reject()
+
+
+def test_the_weights_row_says_which_experts_stay_in_their_file_format(qtbot, chat, window, script):
+    """gpt-oss on the CPU: most of its bytes are MXFP4 experts, kept so whatever precision the layers take."""
+    script.expert_format = "MXFP4"
+    chat.wait_until_ready()
+    dialog = window.model_loader.choose("/models/gpt-oss.gguf")
+    qtbot.waitUntil(lambda: dialog.inspected is not None, timeout=5000)
+    assert dialog.findChild(QLabel, "estimate_weights_name").text() == "Weights (fp32, MXFP4 experts)"
+    dialog.reject()

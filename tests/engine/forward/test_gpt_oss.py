@@ -19,10 +19,12 @@ from engine.chat.chat_template import ChatTemplate
 from engine.forward import attention
 from engine.forward.experts import MixtureOfExperts
 from engine.models.format_plan import formats_for_source
+from engine.models.inspection import inspect_for_dialog
 from engine.models.loading import LoadPlan, load_model
 from engine.models.memory_estimate import estimate
 from engine.models.model_files import inspect_model
 from engine.models.random_models import byte_tokenizer
+from engine.protocol.messages import LoadOptions
 from tests.engine.forward.batch_of_one import OneSequence, greedy_tokens, serve_greedy
 from tests.engine.models.gpt_oss_gguf import save_mxfp4_folder, tiny_gpt_oss, write_gpt_oss_gguf
 
@@ -139,6 +141,8 @@ def test_the_estimate_counts_the_mxfp4_experts_as_the_load_holds_them(mxfp4_file
     assert source.kept_expert_bytes is not None
     assert abs(estimate(source, "fp32", 512, "cpu").weight_bytes - held) < 0.05 * held
     assert "MXFP4 experts as stored" in formats_for_source(source, "cpu", "auto").label  # what the window shows
+    found = inspect_for_dialog(str(path), LoadOptions(device="cpu"), "r", lambda _: 16 << 30, cuda_available=False)
+    assert found.expert_format == "MXFP4"  # the load dialog's weights row says so
 
 
 def test_fp32_from_an_mxfp4_checkpoint_keeps_its_blocks_and_equals_transformers_reading_it(tmp_path: Path):
