@@ -1285,8 +1285,6 @@ typedef struct {
     int groups;                         /* per row: width / 128, rounded up */
 } mxfp4_groups;
 
-#define MXFP4_LIFT 12  /* the row loop's weights are unsigned: twice the e2m1 value + 12, from 0 to 24 */
-
 /* -MXFP4_LIFT times the sum of each lane's eight codes (4 at `codes`, 4 at codes + 64), into start[16]. */
 static void mxfp4_lane_starts(const int8_t *codes, int32_t *start) {
     for (int lane = 0; lane < 16; lane++) {

@@ -940,28 +940,24 @@ static void mxfp4_matmul_exact(const float *x, int count, int width, const uint8
     }
 }
 
-/* start + a lane's four activation codes + 128 (unsigned) times its four signed weights, in int32: the weights are
-   at most 12 in magnitude, so vpmaddubsw's pairs stay within int16 (2 x 255 x 12). */
-static inline __m256i mxfp4_products(__m256i start, __m256i unsigned_codes, __m256i weights) {
+/* start + each lane's four unsigned bytes times its four signed ones, in int32: one operand is at most 24 or 12 in
+   magnitude (the row loop's lifted weights, the strips' signed ones), so vpmaddubsw's pairs stay within int16
+   (2 x 255 x 12, 2 x 24 x 127). */
+static inline __m256i mxfp4_products(__m256i start, __m256i unsigned_bytes, __m256i signed_bytes) {
 #ifdef __AVXVNNI__
-    return _mm256_dpbusd_avx_epi32(start, unsigned_codes, weights);
+    return _mm256_dpbusd_avx_epi32(start, unsigned_bytes, signed_bytes);
 #else
-    return _mm256_add_epi32(start, _mm256_madd_epi16(_mm256_maddubs_epi16(unsigned_codes, weights),
+    return _mm256_add_epi32(start, _mm256_madd_epi16(_mm256_maddubs_epi16(unsigned_bytes, signed_bytes),
                                                      _mm256_set1_epi16(1)));
 #endif
 }
 
-/* 32 activation codes as unsigned bytes, code + 128. */
-static inline __m256i mxfp4_unsigned_codes(const int8_t *codes) {
-    return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)codes), _mm256_set1_epi8((char)0x80));
-}
-
 /* One weight row against `tile` activation rows from m0 (one code a value or two): out[m] = their dot products,
    without the bias. A block is one vector: its 16 code bytes in both halves (vbroadcasti128), the second half's
-   shifted down a nibble, pick the signed weights through vpshufb in the activations' order (weights 0-15, then
-   16-31). The codes + 128 times the weights, from each lane's -128 times its four weights (once for every row), are
-   each lane's exact int32 sum of the weights times the codes, which meets the block's weight and activation scales
-   in fp32. */
+   shifted down a nibble, pick the weights through vpshufb in the activations' order (weights 0-15, then 16-31),
+   unsigned (`table`: twice the e2m1 values + MXFP4_LIFT). They times the signed codes, from each lane's start
+   (-MXFP4_LIFT times its codes, mxfp4_quantize's), are each lane's exact int32 sum of the weights times the codes,
+   which meets the block's weight and activation scales in fp32. */
 static inline __attribute__((always_inline)) void mxfp4_row(
         int tile, int two_codes, const mxfp4_activations *a, int m0, int first_pass, int width, const uint8_t *row,
         const float *scale_of, __m256i table, float *out) {
@@ -974,14 +970,15 @@ static inline __attribute__((always_inline)) void mxfp4_row(
         if (first_pass) prefetch_ahead(block, 1);  /* the row's first tile */
         const __m256i codes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(block + 1)));
         const __m256i weights = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srlv_epi64(codes, halves), nibble));
-        const __m256i start = _mm256_sub_epi32(
-            _mm256_setzero_si256(), mxfp4_products(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), weights));
         const __m256 weight_scale = _mm256_set1_ps(scale_of[block[0]]);
         for (int m = 0; m < tile; m++) {
             const size_t at = (size_t)(m0 + m) * width + (size_t)b * MXFP4_BLOCK, lane = at / 4;
-            __m256 value = _mm256_cvtepi32_ps(mxfp4_products(start, mxfp4_unsigned_codes(a->high + at), weights));
+            __m256 value = _mm256_cvtepi32_ps(mxfp4_products(
+                _mm256_loadu_si256((const __m256i *)(a->high_starts + lane)), weights,
+                _mm256_loadu_si256((const __m256i *)(a->high + at))));
             if (two_codes) {
-                const __m256i low = mxfp4_products(start, mxfp4_unsigned_codes(a->low + at), weights);
+                const __m256i low = mxfp4_products(_mm256_loadu_si256((const __m256i *)(a->low_starts + lane)), weights,
+                                                   _mm256_loadu_si256((const __m256i *)(a->low + at)));
                 value = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low), _mm256_set1_ps(1.0f / LOW_STEPS), value);
             }
             const __m256 scale = _mm256_mul_ps(weight_scale, _mm256_loadu_ps(a->lane_scales + lane));
@@ -1095,8 +1092,10 @@ static void mxfp4_matmul_strips(const mxfp4_activations *a, int count, int width
 
 /* kernels.c's mxfp4_segment_rows: each segment's weight rows against its activation rows, plus its bias, into y. */
 static void mxfp4_segment_rows(const mxfp4_activations *a, const mxfp4_segment *segments, int active, int rows,
-                               int width, int two_codes, const float *scale_of, __m256i table, float *y) {
+                               int width, int two_codes, const float *scale_of, float *y) {
     const int per_row = width / MXFP4_BLOCK;
+    const __m256i table = _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_HALVES)),
+                                          _mm256_set1_epi8(MXFP4_LIFT));
     #pragma omp parallel if ((int64_t)active * rows >= 64)
     {
         int64_t begin, end;
@@ -1121,7 +1120,7 @@ static void mxfp4_segment_rows(const mxfp4_activations *a, const mxfp4_segment *
 }
 
 /* kernels.c's mxfp4_matmul: y [count, rows] = x [count, width] times the MXFP4 weight's rows, plus bias; codes 1 or
-   2 int8 codes an activation, 0 fp32 (exact); scratch: M * (3K + K / 4) bytes. */
+   2 int8 codes an activation, 0 fp32 (exact); scratch: M * (5K + K / 4) bytes. */
 void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
                   int codes, void *scratch, float *y) {
     float scale_of[256];
@@ -1133,13 +1132,13 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
     const int two_codes = codes == 2;
     const int strips = !two_codes && count >= MXFP4_STRIP_ROWS && rows % MXFP4_STRIP == 0;
     const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, !strips, scratch);
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
     if (strips) {
+        const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
         mxfp4_matmul_strips(&a, count, width, blocks, rows, bias, scale_of, table, y);
         return;
     }
     const mxfp4_segment whole = {blocks, bias, 0, count};
-    mxfp4_segment_rows(&a, &whole, 1, rows, width, two_codes, scale_of, table, y);
+    mxfp4_segment_rows(&a, &whole, 1, rows, width, two_codes, scale_of, y);
 }
 
 /* kernels.c's mxfp4_experts: a step's experts in one call, each in the row loop. */
@@ -1150,7 +1149,6 @@ void mxfp4_experts(const float *x, int count, int width, const int64_t *table, i
     const int two_codes = codes == 2;
     const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, 1, scratch);
     mxfp4_segment *segments = mxfp4_segments(table, active);
-    mxfp4_segment_rows(&a, segments, active, rows, width, two_codes, scale_of,
-                       _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_HALVES)), y);
+    mxfp4_segment_rows(&a, segments, active, rows, width, two_codes, scale_of, y);
     free(segments);
 }

@@ -194,16 +194,19 @@ static void mxfp4_share(const mxfp4_segment *segments, int active, int rows, int
         }                                                           \
     } while (0)
 
-/* mxfp4_matmul's activations, carved from the start of its scratch (M * (3K + K / 4) bytes of it): the codes of
+#define MXFP4_LIFT 12  /* the x86 row loops' weights are unsigned: twice the e2m1 value + 12, from 0 to 24 */
+
+/* mxfp4_matmul's activations, carved from the start of its scratch (M * (5K + K / 4) bytes of it): the codes of
    quantize_activations per block of 32 (high, and low where two codes a value) and scales [M, K / 32]; and for the
-   avx2 products, each run of four codes' (a 32-bit lane of the dot products') block scale (lane_scales [M, K / 4]).
-   Those take the codes as unsigned bytes, code + 128 (an exclusive or with 0x80), against the signed weights: each
-   lane's sum then holds 128 times its four weights beyond the codes' products, which the kernel takes out once for
-   every row. (The avx512 row loop rearranges the codes past these: kernels.c's mxfp4_groups.) */
+   avx2 row loop, each run of four codes' (a 32-bit lane of the dot products') block scale (lane_scales [M, K / 4])
+   and -MXFP4_LIFT times the four codes' sum (high_starts and low_starts [M, K / 4]), where each lane's sum of the
+   unsigned weights times the signed codes starts: that takes out what the lift added. (The avx512 row loop
+   rearranges the codes past these: kernels.c's mxfp4_groups.) */
 typedef struct {
     int8_t *high, *low;
     float *scales;
     float *lane_scales;
+    int32_t *high_starts, *low_starts;
 } mxfp4_activations;
 
 /* The x86 strips' codes (mxfp4_matmul_strips) as unsigned bytes in place: code + 128, an exclusive or with 0x80. */
@@ -211,7 +214,8 @@ static inline void mxfp4_unsigned_in_place(int8_t *codes, size_t count) {
     for (size_t i = 0; i < count; i++) codes[i] = (int8_t)(codes[i] ^ 0x80);
 }
 
-/* x [M, K] rounded into `scratch` (the type's comment), one code a value or two; `lanes`: the x86 lane scales too. */
+/* x [M, K] rounded into `scratch` (the type's comment), one code a value or two; `lanes`: the avx2 lanes' scales and
+   starts too. */
 static mxfp4_activations mxfp4_quantize(const float *x, int count, int width, int two_codes, int lanes,
                                         void *scratch) {
     const size_t values = (size_t)count * width;
@@ -222,8 +226,16 @@ static mxfp4_activations mxfp4_quantize(const float *x, int count, int width, in
     float *code_totals = a.scales + values / MXFP4_BLOCK;
     a.lane_scales = code_totals + values / MXFP4_BLOCK;
     quantize_activations(x, count, width, MXFP4_BLOCK, a.high, two_codes ? a.low : NULL, a.scales, code_totals);
+    a.high_starts = (int32_t *)(a.lane_scales + values / 4);
+    a.low_starts = a.high_starts + values / 4;
     if (lanes)
-        for (size_t lane = 0; lane < values / 4; lane++) a.lane_scales[lane] = a.scales[lane / 8];
+        for (size_t lane = 0; lane < values / 4; lane++) {
+            a.lane_scales[lane] = a.scales[lane / 8];
+            for (int code = 0; code < 1 + two_codes; code++) {
+                const int8_t *four = (code ? a.low : a.high) + 4 * lane;
+                (code ? a.low_starts : a.high_starts)[lane] = -MXFP4_LIFT * (four[0] + four[1] + four[2] + four[3]);
+            }
+        }
     return a;
 }
 
