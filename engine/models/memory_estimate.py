@@ -394,7 +394,8 @@ def cpu_formats_notice(source: ModelSource, chosen: FormatPlan, context_length: 
     fp16 = estimate(source, "fp16", context_length, "cpu").total_bytes
     if chosen.precision == "fp16":
         copy = f" for prompts and an {chosen.decode_copy} copy for decode steps" if chosen.decode_copy else ""
-        return (f"Running fp16 weights{copy}: {gib_text(fp16)} in all fits comfortably in the "
+        experts = ", the experts in the file's MXFP4 blocks" if chosen.mxfp4_experts else ""
+        return (f"Running fp16 weights{copy}{experts}: {gib_text(fp16)} in all fits comfortably in the "
                 f"{gib_text(available_bytes)} free.")
     four_bit = estimate_formats(source, chosen, context_length).total_bytes
     head = "int8" if chosen.output_layer == "int8" else "two int4 planes, about 8 bits"

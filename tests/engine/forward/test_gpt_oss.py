@@ -21,7 +21,7 @@ from engine.forward.experts import MixtureOfExperts
 from engine.models.format_plan import formats_for_source
 from engine.models.inspection import inspect_for_dialog
 from engine.models.loading import LoadPlan, load_model
-from engine.models.memory_estimate import estimate
+from engine.models.memory_estimate import cpu_formats_notice, estimate
 from engine.models.model_files import inspect_model
 from engine.models.random_models import byte_tokenizer
 from engine.protocol.messages import LoadOptions
@@ -140,7 +140,9 @@ def test_the_estimate_counts_the_mxfp4_experts_as_the_load_holds_them(mxfp4_file
     held = _load(path, "fp32").model.weight_bytes
     assert source.kept_expert_bytes is not None
     assert abs(estimate(source, "fp32", 512, "cpu").weight_bytes - held) < 0.05 * held
-    assert "MXFP4 experts as stored" in formats_for_source(source, "cpu", "auto").label  # what the window shows
+    plan = formats_for_source(source, "cpu", "auto")
+    assert "MXFP4 experts as stored" in plan.label  # what the window shows
+    assert "the experts in the file's MXFP4 blocks" in cpu_formats_notice(source, plan, 512, 16 << 30)
     found = inspect_for_dialog(str(path), LoadOptions(device="cpu"), "r", lambda _: 16 << 30, cuda_available=False)
     assert found.expert_format == "MXFP4"  # the load dialog's weights row says so
 
