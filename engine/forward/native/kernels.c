@@ -1412,35 +1412,31 @@ static inline __attribute__((always_inline)) void mxfp4_row(
     for (int m = 0; m < tile; m++) out[m] = _mm512_reduce_add_ps(sums[m]);
 }
 
-/* Each segment's weight rows against its activation rows in the row loop: y[first + m, n] [., rows], plus the
-   segment's bias. OpenMP over all the segments' weight rows, in order, in shares of equal cost (mxfp4_share). */
-static void mxfp4_segment_rows(const mxfp4_groups *a, const mxfp4_segment *segments, int active, int rows,
-                               int per_row, int two_codes, float *y) {
-    const __m512i code_order = mxfp4_code_order(), exponent_order = mxfp4_exponent_order();
+/* What every weight row of a row-loop call reads (mxfp4_weight_row's context). */
+typedef struct {
+    const mxfp4_groups *a;
+    int per_row, rows, two_codes;
+    __m512i code_order, exponent_order, table;
+    float *y;
+} mxfp4_call;
+
+/* Weight row n of `segment` against its activation rows (MXFP4_SEGMENT_TILES). */
+static void mxfp4_weight_row_tiles(const void *context, const mxfp4_segment *segment, int n) {
+    const mxfp4_call *call = context;
+    const uint8_t *row = segment->blocks + (size_t)n * call->per_row * MXFP4_BLOCK_BYTES;
+    #define MXFP4_ROWS(t, two) mxfp4_row(t, two, call->a, first, m0 == 0, call->per_row, row, call->code_order, \
+                                         call->exponent_order, call->table, sums)
+    MXFP4_SEGMENT_TILES(segment, n, call->rows, call->two_codes, call->y, MXFP4_ROWS);
+    #undef MXFP4_ROWS
+}
+
+/* The row loop over `active` segments of the activations `a`: y [., rows], each segment's bias added. */
+static void mxfp4_row_loop(const mxfp4_groups *a, const mxfp4_segment *segments, int active, int rows, int per_row,
+                           int two_codes, float *y) {
     const __m512i table = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)MXFP4_HALVES)),
                                           _mm512_set1_epi8(MXFP4_LIFT));
-    #pragma omp parallel if ((int64_t)active * rows >= 64)
-    {
-        int64_t begin, end;
-        mxfp4_share(segments, active, rows, &begin, &end);
-        for (int64_t item = begin; item < end; item++) {
-            const mxfp4_segment *segment = segments + item / rows;
-            const int n = (int)(item % rows);
-            const uint8_t *row = segment->blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
-            for (int m0 = 0; m0 < segment->count;) {  /* MXFP4_ROW_TILE rows at a time, then the rest */
-                const int tile = segment->count - m0 < MXFP4_ROW_TILE ? segment->count - m0 : MXFP4_ROW_TILE;
-                const int first = segment->first + m0;
-                float sums[MXFP4_ROW_TILE];
-                #define MXFP4_ROWS(t, two) \
-                    mxfp4_row(t, two, a, first, m0 == 0, per_row, row, code_order, exponent_order, table, sums)
-                MXFP4_CONSTANT_TILE(tile, two_codes, MXFP4_ROWS);
-                #undef MXFP4_ROWS
-                const float shift = segment->bias ? segment->bias[n] : 0.0f;
-                for (int m = 0; m < tile; m++) y[(size_t)(first + m) * rows + n] = sums[m] + shift;
-                m0 += tile;
-            }
-        }
-    }
+    const mxfp4_call call = {a, per_row, rows, two_codes, mxfp4_code_order(), mxfp4_exponent_order(), table, y};
+    mxfp4_segment_rows(&call, mxfp4_weight_row_tiles, segments, active, rows);
 }
 
 /* Calls of MXFP4_STRIP_ROWS activation rows or more (prompt chunks, where AMX's tiles are not) take the weight 16
@@ -1577,7 +1573,7 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
     }
     const mxfp4_groups groups = mxfp4_group_activations(&a, count, width, two_codes);
     const mxfp4_segment whole = {blocks, bias, 0, count};
-    mxfp4_segment_rows(&groups, &whole, 1, rows, per_row, two_codes, y);
+    mxfp4_row_loop(&groups, &whole, 1, rows, per_row, two_codes, y);
 }
 
 /* A step's experts in one call: x [count, width] holds each expert's activation rows one after another, table
@@ -1590,7 +1586,7 @@ void mxfp4_experts(const float *x, int count, int width, const int64_t *table, i
     const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, 0, scratch);
     const mxfp4_groups groups = mxfp4_group_activations(&a, count, width, two_codes);
     mxfp4_segment *segments = mxfp4_segments(table, active);
-    mxfp4_segment_rows(&groups, segments, active, rows, width / MXFP4_BLOCK, two_codes, y);
+    mxfp4_row_loop(&groups, segments, active, rows, width / MXFP4_BLOCK, two_codes, y);
     free(segments);
 }
 

@@ -1090,33 +1090,32 @@ static void mxfp4_matmul_strips(const mxfp4_activations *a, int count, int width
     }
 }
 
-/* kernels.c's mxfp4_segment_rows: each segment's weight rows against its activation rows, plus its bias, into y. */
-static void mxfp4_segment_rows(const mxfp4_activations *a, const mxfp4_segment *segments, int active, int rows,
-                               int width, int two_codes, const float *scale_of, float *y) {
-    const int per_row = width / MXFP4_BLOCK;
+/* kernels.c's mxfp4_call: what every weight row of a row-loop call reads. */
+typedef struct {
+    const mxfp4_activations *a;
+    int width, rows, two_codes;
+    const float *scale_of;
+    __m256i table;
+    float *y;
+} mxfp4_call;
+
+/* Weight row n of `segment` against its activation rows (MXFP4_SEGMENT_TILES). */
+static void mxfp4_weight_row_tiles(const void *context, const mxfp4_segment *segment, int n) {
+    const mxfp4_call *call = context;
+    const uint8_t *row = segment->blocks + (size_t)n * (call->width / MXFP4_BLOCK) * MXFP4_BLOCK_BYTES;
+    #define MXFP4_ROWS(t, two) \
+        mxfp4_row(t, two, call->a, first, m0 == 0, call->width, row, call->scale_of, call->table, sums)
+    MXFP4_SEGMENT_TILES(segment, n, call->rows, call->two_codes, call->y, MXFP4_ROWS);
+    #undef MXFP4_ROWS
+}
+
+/* kernels.c's mxfp4_row_loop. */
+static void mxfp4_row_loop(const mxfp4_activations *a, const mxfp4_segment *segments, int active, int rows,
+                           int width, int two_codes, const float *scale_of, float *y) {
     const __m256i table = _mm256_add_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_HALVES)),
                                           _mm256_set1_epi8(MXFP4_LIFT));
-    #pragma omp parallel if ((int64_t)active * rows >= 64)
-    {
-        int64_t begin, end;
-        mxfp4_share(segments, active, rows, &begin, &end);
-        for (int64_t item = begin; item < end; item++) {
-            const mxfp4_segment *segment = segments + item / rows;
-            const int n = (int)(item % rows);
-            const uint8_t *row = segment->blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
-            for (int m0 = 0; m0 < segment->count;) {  /* MXFP4_ROW_TILE rows at a time, then the rest */
-                const int tile = segment->count - m0 < MXFP4_ROW_TILE ? segment->count - m0 : MXFP4_ROW_TILE;
-                const int first = segment->first + m0;
-                float sums[MXFP4_ROW_TILE];
-                #define MXFP4_ROWS(t, two) mxfp4_row(t, two, a, first, m0 == 0, width, row, scale_of, table, sums)
-                MXFP4_CONSTANT_TILE(tile, two_codes, MXFP4_ROWS);
-                #undef MXFP4_ROWS
-                const float shift = segment->bias ? segment->bias[n] : 0.0f;
-                for (int m = 0; m < tile; m++) y[(size_t)(first + m) * rows + n] = sums[m] + shift;
-                m0 += tile;
-            }
-        }
-    }
+    const mxfp4_call call = {a, width, rows, two_codes, scale_of, table, y};
+    mxfp4_segment_rows(&call, mxfp4_weight_row_tiles, segments, active, rows);
 }
 
 /* kernels.c's mxfp4_matmul: y [count, rows] = x [count, width] times the MXFP4 weight's rows, plus bias; codes 1 or
@@ -1138,7 +1137,7 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
         return;
     }
     const mxfp4_segment whole = {blocks, bias, 0, count};
-    mxfp4_segment_rows(&a, &whole, 1, rows, width, two_codes, scale_of, y);
+    mxfp4_row_loop(&a, &whole, 1, rows, width, two_codes, scale_of, y);
 }
 
 /* kernels.c's mxfp4_experts: a step's experts in one call, each in the row loop. */
@@ -1149,6 +1148,6 @@ void mxfp4_experts(const float *x, int count, int width, const int64_t *table, i
     const int two_codes = codes == 2;
     const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, 1, scratch);
     mxfp4_segment *segments = mxfp4_segments(table, active);
-    mxfp4_segment_rows(&a, segments, active, rows, width, two_codes, scale_of, y);
+    mxfp4_row_loop(&a, segments, active, rows, width, two_codes, scale_of, y);
     free(segments);
 }

@@ -194,6 +194,35 @@ static void mxfp4_share(const mxfp4_segment *segments, int active, int rows, int
         }                                                           \
     } while (0)
 
+/* A variant's tiles of weight row n of `segment`: its activation rows MXFP4_ROW_TILE at a time, each tile's sums from
+   ROWS(t, two) (MXFP4_CONSTANT_TILE; in scope there: `first`, the tile's first activation row, `m0`, its offset in
+   the segment, and `sums`), into y[first + m, n] [., rows] plus the segment's bias. */
+#define MXFP4_SEGMENT_TILES(segment, n, rows, two_codes, y, ROWS)                                            \
+    for (int m0 = 0; m0 < (segment)->count;) {                                                              \
+        const int tile = (segment)->count - m0 < MXFP4_ROW_TILE ? (segment)->count - m0 : MXFP4_ROW_TILE;   \
+        const int first = (segment)->first + m0;                                                            \
+        float sums[MXFP4_ROW_TILE];                                                                         \
+        MXFP4_CONSTANT_TILE(tile, two_codes, ROWS);                                                         \
+        const float shift = (segment)->bias ? (segment)->bias[n] : 0.0f;                                    \
+        for (int m = 0; m < tile; m++) (y)[(size_t)(first + m) * (rows) + (n)] = sums[m] + shift;           \
+        m0 += tile;                                                                                         \
+    }
+
+/* A variant's product of weight row n of `segment` by its activation rows, with what the call's rows share. */
+typedef void (*mxfp4_weight_row)(const void *call, const mxfp4_segment *segment, int n);
+
+/* Every segment's weight rows (`rows` a segment) through `weight_row`: OpenMP over them all, in order, in shares of
+   equal cost (mxfp4_share). */
+static void mxfp4_segment_rows(const void *call, mxfp4_weight_row weight_row, const mxfp4_segment *segments,
+                               int active, int rows) {
+    #pragma omp parallel if ((int64_t)active * rows >= 64)
+    {
+        int64_t begin, end;
+        mxfp4_share(segments, active, rows, &begin, &end);
+        for (int64_t item = begin; item < end; item++) weight_row(call, segments + item / rows, (int)(item % rows));
+    }
+}
+
 #define MXFP4_LIFT 12  /* the x86 row loops' weights are unsigned: twice the e2m1 value + 12, from 0 to 24 */
 
 /* mxfp4_matmul's activations, carved from the start of its scratch (M * (5K + K / 4) bytes of it): the codes of

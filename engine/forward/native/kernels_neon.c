@@ -731,25 +731,17 @@ static inline __attribute__((always_inline)) void mxfp4_rows(int sdot, const mxf
     }
 }
 
-static DOT_PRODUCTS void mxfp4_rows_sdot(const mxfp4_call *call, const mxfp4_segment *segment, int n) {
+static DOT_PRODUCTS void mxfp4_rows_sdot(const void *call, const mxfp4_segment *segment, int n) {
     mxfp4_rows(1, call, segment, n);
 }
 
-static void mxfp4_rows_smull(const mxfp4_call *call, const mxfp4_segment *segment, int n) {
+static void mxfp4_rows_smull(const void *call, const mxfp4_segment *segment, int n) {
     mxfp4_rows(0, call, segment, n);
 }
 
-/* kernels.c's mxfp4_segment_rows: each segment's weight rows against its activation rows, plus its bias. */
-static void mxfp4_segment_rows(const mxfp4_call *call, const mxfp4_segment *segments, int active) {
-    void (*weight_row)(const mxfp4_call *, const mxfp4_segment *, int) =
-        has_dot_products() ? mxfp4_rows_sdot : mxfp4_rows_smull;
-    const int rows = call->rows;
-    #pragma omp parallel if ((int64_t)active * rows >= 64)
-    {
-        int64_t begin, end;
-        mxfp4_share(segments, active, rows, &begin, &end);
-        for (int64_t item = begin; item < end; item++) weight_row(call, segments + item / rows, (int)(item % rows));
-    }
+/* kernels.c's mxfp4_row_loop. */
+static void mxfp4_row_loop(const mxfp4_call *call, const mxfp4_segment *segments, int active) {
+    mxfp4_segment_rows(call, has_dot_products() ? mxfp4_rows_sdot : mxfp4_rows_smull, segments, active, call->rows);
 }
 
 /* kernels.c's mxfp4_matmul: y [count, rows] = x [count, width] times the MXFP4 weight's rows, plus bias; codes 1 or
@@ -765,7 +757,7 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
     const mxfp4_call call = {width, rows, codes == 2, mxfp4_quantize(x, count, width, codes == 2, 0, scratch),
                              scale_of, y};
     const mxfp4_segment whole = {blocks, bias, 0, count};
-    mxfp4_segment_rows(&call, &whole, 1);
+    mxfp4_row_loop(&call, &whole, 1);
 }
 
 /* kernels.c's mxfp4_experts: a step's experts in one call. */
@@ -776,6 +768,6 @@ void mxfp4_experts(const float *x, int count, int width, const int64_t *table, i
     const mxfp4_call call = {width, rows, codes == 2, mxfp4_quantize(x, count, width, codes == 2, 0, scratch),
                              scale_of, y};
     mxfp4_segment *segments = mxfp4_segments(table, active);
-    mxfp4_segment_rows(&call, segments, active);
+    mxfp4_row_loop(&call, segments, active);
     free(segments);
 }
