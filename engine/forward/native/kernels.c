@@ -1311,12 +1311,15 @@ static mxfp4_groups mxfp4_group_activations(const mxfp4_activations *a, int coun
             for (int i = 0; i < 4; i++) {
                 const int b = 4 * q + i, held = b < per_row;
                 const size_t from = (size_t)m * width + (size_t)b * MXFP4_BLOCK;
-                for (int j = 0; j < 16; j++) {
-                    g.high[at + 16 * i + j] = held ? a->high[from + j] : 0;
-                    g.high[at + 64 + 16 * i + j] = held ? a->high[from + 16 + j] : 0;
-                    if (two_codes) {
-                        g.low[at + 16 * i + j] = held ? a->low[from + j] : 0;
-                        g.low[at + 64 + 16 * i + j] = held ? a->low[from + 16 + j] : 0;
+                for (int code = 0; code < 1 + two_codes; code++) {  /* values 0-15, then 16-31 */
+                    int8_t *to = (code ? g.low : g.high) + at + 16 * i;
+                    const int8_t *codes = (code ? a->low : a->high) + from;
+                    if (held) {
+                        memcpy(to, codes, 16);
+                        memcpy(to + 64, codes + 16, 16);
+                    } else {
+                        memset(to, 0, 16);
+                        memset(to + 64, 0, 16);
                     }
                 }
                 for (int l = 0; l < 4; l++) g.lane_scales[lane + 4 * i + l] = held ? a->scales[(size_t)m * per_row + b] : 0;

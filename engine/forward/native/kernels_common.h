@@ -73,7 +73,10 @@ static void quantize_activations(const float *x, int rows, int width, int group,
         for (int g = 0; g < groups; g++) {
             size_t at = (size_t)m * width + (size_t)g * group;
             float largest = 0.0f;
-            for (int i = 0; i < group; i++) largest = fmaxf(largest, fabsf(x[at + i]));
+            for (int i = 0; i < group; i++) {  /* a compare, not fmaxf (a call a value) */
+                const float magnitude = fabsf(x[at + i]);
+                largest = magnitude > largest ? magnitude : largest;
+            }
             float scale = largest > 0.0f ? largest / 127.0f : 1.0f, inverse = 1.0f / scale;
             int high_total = 0, low_total = 0;
             for (int i = 0; i < group; i++) {
