@@ -539,7 +539,7 @@ static inline __attribute__((always_inline)) void decode_task(
             }
             for (int g = 0; g < groups; g++) {
                 float most = best[g];
-                for (int p = 0; p < count; p++) most = fmaxf(most, score[g][p]);
+                for (int p = 0; p < count; p++) most = score[g][p] > most ? score[g][p] : most;  /* not fmaxf's call */
                 float kept = expf(best[g] - most);  /* 0 at the first tile */
                 weight_sum[g] = weight_sum[g] * kept + weights_of(score[g], count, most);
                 for (int v = 0; v < vectors; v++) acc[g][v] = _mm256_mul_ps(acc[g][v], _mm256_set1_ps(kept));
