@@ -1463,8 +1463,9 @@ typedef struct {
    12 + i's 16 code bytes fill vector i; a 4 x 4 transpose of 32-bit lanes within each 128-bit quarter then leaves
    vector q holding every row's bytes 4q .. 4q + 3, in row order. */
 static void mxfp4_decode_strip(const uint8_t *blocks, int per_row, int first_row, const float *scale_of,
-                               __m512i table, mxfp4_strip_block *out) {
+                               mxfp4_strip_block *out) {
     const size_t row_bytes = (size_t)per_row * MXFP4_BLOCK_BYTES;
+    const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
     const __m512i nibble = _mm512_set1_epi8(0x0F), lift = _mm512_set1_epi8((char)0x80);
     const uint8_t *first = blocks + (size_t)first_row * row_bytes;
     for (int b = 0; b < per_row; b++) {
@@ -1523,36 +1524,6 @@ static inline __attribute__((always_inline)) void mxfp4_strip_pass(
     for (int m = 0; m < tile; m++) _mm512_storeu_ps(y + (size_t)m * rows + first_row, _mm512_add_ps(sums[m], shift));
 }
 
-/* mxfp4_matmul's product for MXFP4_STRIP_ROWS rows or more, one code a value (rows a multiple of 16): OpenMP over
-   strips, each decoded once into a thread's buffer. The codes turn unsigned in place. */
-static void mxfp4_matmul_strips(const mxfp4_activations *a, int count, int width, const uint8_t *blocks, int rows,
-                                const float *bias, const float *scale_of, __m512i table, float *y) {
-    const int per_row = width / MXFP4_BLOCK, strips = rows / MXFP4_STRIP;
-    mxfp4_unsigned_in_place(a->high, (size_t)count * width);
-    const uint8_t *codes = (const uint8_t *)a->high;
-    #pragma omp parallel
-    {
-        mxfp4_strip_block *strip = aligned_alloc(64, (size_t)per_row * sizeof(mxfp4_strip_block));
-        #pragma omp for schedule(static)
-        for (int s = 0; s < strips; s++) {
-            mxfp4_decode_strip(blocks, per_row, s * MXFP4_STRIP, scale_of, table, strip);
-            for (int m0 = 0; m0 < count; m0 += MXFP4_STRIP_TILE) {
-                const int tile = count - m0 < MXFP4_STRIP_TILE ? count - m0 : MXFP4_STRIP_TILE;
-                const uint8_t *tile_codes = codes + (size_t)m0 * width;
-                const float *tile_scales = a->scales + (size_t)m0 * per_row;
-                float *tile_y = y + (size_t)m0 * rows;
-                if (tile == MXFP4_STRIP_TILE)  /* a constant tile: its sums unroll into registers */
-                    mxfp4_strip_pass(MXFP4_STRIP_TILE, strip, per_row, tile_codes, tile_scales, width, bias, rows,
-                                     s * MXFP4_STRIP, tile_y);
-                else
-                    mxfp4_strip_pass(tile, strip, per_row, tile_codes, tile_scales, width, bias, rows, s * MXFP4_STRIP,
-                                     tile_y);
-            }
-        }
-        free(strip);
-    }
-}
-
 /* y [count, rows] = x [count, width] times the MXFP4 weight's rows (blocks [rows, width / 32 * 17]), plus bias
    [rows] where given. codes: 1 or 2 int8 codes an activation per block of 32 (quantize_activations, as llama.cpp's
    Q8_0 with one), whose products with the weights (twice their e2m1 values, exact in int8) sum exactly in int32;
@@ -1570,8 +1541,7 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
     const int strips = !two_codes && count >= MXFP4_STRIP_ROWS && rows % MXFP4_STRIP == 0;
     const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, 0, scratch);
     if (strips) {
-        const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
-        mxfp4_matmul_strips(&a, count, width, blocks, rows, bias, scale_of, table, y);
+        MXFP4_STRIPS(&a, count, width, blocks, rows, bias, scale_of, y);  /* kernels_common.h */
         return;
     }
     const mxfp4_groups groups = mxfp4_group_activations(&a, count, width, two_codes);

@@ -988,7 +988,7 @@ static inline __attribute__((always_inline)) void mxfp4_row(
     for (int m = 0; m < tile; m++) out[m] = sum_of(sums[m]);
 }
 
-/* kernels.c's strips for MXFP4 prompts (mxfp4_matmul_strips), 8 weight rows a strip: each block of a strip's rows
+/* kernels.c's strips for MXFP4 prompts (MXFP4_STRIPS), 8 weight rows a strip: each block of a strip's rows
    decoded once into a vector a column quad (lane r: row r's four signed weights), then met by every activation row,
    MXFP4_STRIP_TILE at a time, its four codes + 128 broadcast to each quad's products. */
 #define MXFP4_STRIP_ROWS 5
@@ -1005,8 +1005,9 @@ typedef struct {
    and a 4 x 4 transpose of 32-bit lanes within each half leaves vector q holding every row's bytes 4q .. 4q + 3 (its
    quads q and q + 4: low nibbles, then high). */
 static void mxfp4_decode_strip(const uint8_t *blocks, int per_row, int first_row, const float *scale_of,
-                               __m256i table, mxfp4_strip_block *out) {
+                               mxfp4_strip_block *out) {
     const size_t row_bytes = (size_t)per_row * MXFP4_BLOCK_BYTES;
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
     const __m256i nibble = _mm256_set1_epi8(0x0F), lift = _mm256_set1_epi8((char)0x80);
     const uint8_t *first = blocks + (size_t)first_row * row_bytes;
     for (int b = 0; b < per_row; b++) {
@@ -1060,36 +1061,6 @@ static inline __attribute__((always_inline)) void mxfp4_strip_pass(
     for (int m = 0; m < tile; m++) _mm256_storeu_ps(y + (size_t)m * rows + first_row, _mm256_add_ps(sums[m], shift));
 }
 
-/* kernels.c's mxfp4_matmul_strips: MXFP4_STRIP_ROWS rows or more, one code a value, rows a multiple of 8. The codes
-   turn unsigned in place. */
-static void mxfp4_matmul_strips(const mxfp4_activations *a, int count, int width, const uint8_t *blocks, int rows,
-                                const float *bias, const float *scale_of, __m256i table, float *y) {
-    const int per_row = width / MXFP4_BLOCK, strips = rows / MXFP4_STRIP;
-    mxfp4_unsigned_in_place(a->high, (size_t)count * width);
-    const uint8_t *codes = (const uint8_t *)a->high;
-    #pragma omp parallel
-    {
-        mxfp4_strip_block *strip = aligned_alloc(32, (size_t)per_row * sizeof(mxfp4_strip_block));
-        #pragma omp for schedule(static)
-        for (int s = 0; s < strips; s++) {
-            mxfp4_decode_strip(blocks, per_row, s * MXFP4_STRIP, scale_of, table, strip);
-            for (int m0 = 0; m0 < count; m0 += MXFP4_STRIP_TILE) {
-                const int tile = count - m0 < MXFP4_STRIP_TILE ? count - m0 : MXFP4_STRIP_TILE;
-                const uint8_t *tile_codes = codes + (size_t)m0 * width;
-                const float *tile_scales = a->scales + (size_t)m0 * per_row;
-                float *tile_y = y + (size_t)m0 * rows;
-                if (tile == MXFP4_STRIP_TILE)  /* a constant tile: its sums unroll into registers */
-                    mxfp4_strip_pass(MXFP4_STRIP_TILE, strip, per_row, tile_codes, tile_scales, width, bias, rows,
-                                     s * MXFP4_STRIP, tile_y);
-                else
-                    mxfp4_strip_pass(tile, strip, per_row, tile_codes, tile_scales, width, bias, rows, s * MXFP4_STRIP,
-                                     tile_y);
-            }
-        }
-        free(strip);
-    }
-}
-
 /* kernels.c's mxfp4_call: what every weight row of a row-loop call reads. */
 typedef struct {
     const mxfp4_activations *a;
@@ -1132,8 +1103,7 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
     const int strips = !two_codes && count >= MXFP4_STRIP_ROWS && rows % MXFP4_STRIP == 0;
     const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, !strips, scratch);
     if (strips) {
-        const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
-        mxfp4_matmul_strips(&a, count, width, blocks, rows, bias, scale_of, table, y);
+        MXFP4_STRIPS(&a, count, width, blocks, rows, bias, scale_of, y);  /* kernels_common.h */
         return;
     }
     const mxfp4_segment whole = {blocks, bias, 0, count};

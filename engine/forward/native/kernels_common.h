@@ -197,6 +197,40 @@ static void mxfp4_share(const mxfp4_segment *segments, int active, int rows, int
         }                                                           \
     } while (0)
 
+/* The x86 variants' strips for MXFP4 prompts, over their own mxfp4_strip_block, mxfp4_decode_strip and mxfp4_strip_pass
+   (MXFP4_STRIP weight rows a strip, MXFP4_STRIP_TILE activation rows a pass; one code a value, weight rows a
+   multiple of the strip): the codes turn unsigned in place; OpenMP over strips, each decoded once into a thread's
+   buffer and met by every activation row a tile at a time, a whole tile a constant so that its sums unroll into
+   registers. */
+#define MXFP4_STRIPS(a, count, width, blocks, rows, bias, scale_of, y)                                          \
+    do {                                                                                                        \
+        const int per_row = (width) / MXFP4_BLOCK, strips = (rows) / MXFP4_STRIP;                               \
+        mxfp4_unsigned_in_place((a)->high, (size_t)(count) * (width));                                          \
+        const uint8_t *codes = (const uint8_t *)(a)->high;                                                      \
+        _Pragma("omp parallel")                                                                                 \
+        {                                                                                                       \
+            mxfp4_strip_block *strip = aligned_alloc(_Alignof(mxfp4_strip_block),                               \
+                                                     (size_t)per_row * sizeof(mxfp4_strip_block));              \
+            _Pragma("omp for schedule(static)")                                                                 \
+            for (int s = 0; s < strips; s++) {                                                                  \
+                mxfp4_decode_strip(blocks, per_row, s * MXFP4_STRIP, scale_of, strip);                          \
+                for (int m0 = 0; m0 < (count); m0 += MXFP4_STRIP_TILE) {                                        \
+                    const int tile = (count) - m0 < MXFP4_STRIP_TILE ? (count) - m0 : MXFP4_STRIP_TILE;         \
+                    const uint8_t *tile_codes = codes + (size_t)m0 * (width);                                   \
+                    const float *tile_scales = (a)->scales + (size_t)m0 * per_row;                              \
+                    float *tile_y = (y) + (size_t)m0 * (rows);                                                  \
+                    if (tile == MXFP4_STRIP_TILE)                                                               \
+                        mxfp4_strip_pass(MXFP4_STRIP_TILE, strip, per_row, tile_codes, tile_scales, width, bias, \
+                                         rows, s * MXFP4_STRIP, tile_y);                                        \
+                    else                                                                                        \
+                        mxfp4_strip_pass(tile, strip, per_row, tile_codes, tile_scales, width, bias, rows,       \
+                                         s * MXFP4_STRIP, tile_y);                                              \
+                }                                                                                               \
+            }                                                                                                   \
+            free(strip);                                                                                        \
+        }                                                                                                       \
+    } while (0)
+
 /* A variant's tiles of weight row n of `segment`: its activation rows MXFP4_ROW_TILE at a time, each tile's sums from
    ROWS(t, two) (MXFP4_CONSTANT_TILE; in scope there: `first`, the tile's first activation row, `m0`, its offset in
    the segment, and `sums`), into y[first + m, n] [., rows] plus the segment's bias. */
@@ -241,7 +275,7 @@ typedef struct {
     int32_t *high_starts, *low_starts;
 } mxfp4_activations;
 
-/* The x86 strips' codes (mxfp4_matmul_strips) as unsigned bytes in place: code + 128, an exclusive or with 0x80. */
+/* The x86 strips' codes (MXFP4_STRIPS) as unsigned bytes in place: code + 128, an exclusive or with 0x80. */
 static inline void mxfp4_unsigned_in_place(int8_t *codes, size_t count) {
     for (size_t i = 0; i < count; i++) codes[i] = (int8_t)(codes[i] ^ 0x80);
 }
