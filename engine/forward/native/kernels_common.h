@@ -262,17 +262,19 @@ static void mxfp4_segment_rows(const void *call, mxfp4_weight_row weight_row, co
 
 #define MXFP4_LIFT 12  /* the x86 row loops' weights are unsigned: twice the e2m1 value + 12, from 0 to 24 */
 
-/* mxfp4_matmul's activations, carved from the start of its scratch (M * (5K + K / 4) bytes of it): the codes of
+/* mxfp4_matmul's activations, carved from the start of its scratch (M * (6K + K / 4) bytes of it): the codes of
    quantize_activations per block of 32 (high, and low where two codes a value) and scales [M, K / 32]; and for the
-   avx2 row loop, each run of four codes' (a 32-bit lane of the dot products') block scale (lane_scales [M, K / 4])
-   and -MXFP4_LIFT times the four codes' sum (high_starts and low_starts [M, K / 4]), where each lane's sum of the
-   unsigned weights times the signed codes starts: that takes out what the lift added. (The avx512 row loop
-   rearranges the codes past these: kernels.c's mxfp4_groups.) */
+   avx2 row loop (`lanes`), with one code each run of four codes' (a 32-bit lane of the dot products') block scale
+   (lane_scales [M, K / 4]) and -MXFP4_LIFT times the four codes' sum (high_starts [M, K / 4]), where each lane's sum
+   of the unsigned weights times the signed codes starts: that takes out what the lift added; with two codes each
+   value's as one int16, LOW_STEPS high + low (combined [M, K]; at most 254 x 127 + 127 in magnitude). (The avx512
+   row loop rearranges the codes past these: kernels.c's mxfp4_groups.) */
 typedef struct {
     int8_t *high, *low;
     float *scales;
     float *lane_scales;
-    int32_t *high_starts, *low_starts;
+    int32_t *high_starts;
+    int16_t *combined;
 } mxfp4_activations;
 
 /* The x86 strips' codes (MXFP4_STRIPS) as unsigned bytes in place: code + 128, an exclusive or with 0x80. */
@@ -293,14 +295,14 @@ static mxfp4_activations mxfp4_quantize(const float *x, int count, int width, in
     a.lane_scales = code_totals + values / MXFP4_BLOCK;
     quantize_activations(x, count, width, MXFP4_BLOCK, a.high, two_codes ? a.low : NULL, a.scales, code_totals);
     a.high_starts = (int32_t *)(a.lane_scales + values / 4);
-    a.low_starts = a.high_starts + values / 4;
-    if (lanes)
+    a.combined = (int16_t *)(a.high_starts + values / 4);
+    if (lanes && two_codes)
+        for (size_t i = 0; i < values; i++) a.combined[i] = (int16_t)((int)LOW_STEPS * a.high[i] + a.low[i]);
+    else if (lanes)
         for (size_t lane = 0; lane < values / 4; lane++) {
+            const int8_t *four = a.high + 4 * lane;
             a.lane_scales[lane] = a.scales[lane / 8];
-            for (int code = 0; code < 1 + two_codes; code++) {
-                const int8_t *four = (code ? a.low : a.high) + 4 * lane;
-                (code ? a.low_starts : a.high_starts)[lane] = -MXFP4_LIFT * (four[0] + four[1] + four[2] + four[3]);
-            }
+            a.high_starts[lane] = -MXFP4_LIFT * (four[0] + four[1] + four[2] + four[3]);
         }
     return a;
 }
