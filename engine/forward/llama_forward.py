@@ -134,6 +134,7 @@ class FastLlama(LlamaWeights):
                 group, page_layer = self._places[index]
                 x += self._paged_attention(layer, page_layer, self.normalise(x), kv, turns[layer.rotary], steps[group])
                 x += self.mlp(layer, self.normalise(x))
+        with activation_codes.for_output_layer():
             return self.logits(x[layout.last_rows])  # [sum of logit_rows, V]
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:

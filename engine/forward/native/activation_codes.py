@@ -1,4 +1,5 @@
-"""How finely the CPU's int4 kernel rounds its activations (engine thread: the forward pass sets it per step).
+"""How finely the CPU's int4, int8 and MXFP4 kernels round their activations (engine thread: the forward pass sets it per
+step).
 
 Each group of 32 activations becomes int8 codes under one scale. A sequence's own rows
 (a decode step, a prompt chunk) take two codes a value, about 15 bits: the built-in
@@ -8,8 +9,9 @@ several sequences takes one, as llama.cpp does (its Q8_0): its tokens drift abou
 from fp32's as llama.cpp's, and that question then gets llama.cpp's own answer, "L'Étoile,
 la Marseillaise…". One row's call costs the same either way, since the memory's speed
 sets it, but several rows' dot products set theirs, and one code takes fewer of them:
-that is what makes a batched step faster. The int8 output layer keeps two codes in
-every step (``int8_matmul``).
+that is what makes a batched step faster. The output layer keeps two codes in every
+step (``for_output_layer``): there they take about a third of the built-in model's KL
+against fp32 away in a batched step, for under 2 % of its time.
 """
 
 from __future__ import annotations
@@ -26,11 +28,20 @@ def codes() -> int:
     return _CODES.get()
 
 
-@contextlib.contextmanager
-def for_step(sequences: int) -> Iterator[None]:
+def for_step(sequences: int) -> contextlib.AbstractContextManager[None]:
     """Within it, the kernels round as a step over ``sequences`` sequences does: one code each where there are
     several, two for one."""
-    token = _CODES.set(1 if sequences > 1 else 2)
+    return _rounding(1 if sequences > 1 else 2)
+
+
+def for_output_layer() -> contextlib.AbstractContextManager[None]:
+    """Within it, the kernels round as the output layer does in every step: two codes a value."""
+    return _rounding(2)
+
+
+@contextlib.contextmanager
+def _rounding(codes_a_value: int) -> Iterator[None]:
+    token = _CODES.set(codes_a_value)
     try:
         yield
     finally:

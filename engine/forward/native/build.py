@@ -39,7 +39,7 @@ P, I32, I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
 LANES = 16  # fp32 values a vector: the kernels take a head's or a row's dimensions whole vectors
 SIGNATURES = {
     "int4_matmul": (P, I32, I32, P, P, I32, I32, I32, P, P),
-    "int8_matmul": (P, I32, I32, P, P, I32, P, P),
+    "int8_matmul": (P, I32, I32, P, P, I32, I32, P, P),
     "decode_attention": (P, P, P, P, I32, P, P, I32, I32, I32, I64, P),
     "chunk_attention": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64, I32),
     "rms_norm": (P, I32, I32, ctypes.c_float, P),

@@ -6,15 +6,15 @@ FBGEMM's fp16 copy of SmolLM2-135M's tied table pads its 576 columns to 1 024 (1
 here it holds 30 MB, and a GGUF file's Q8_0 table comes back exactly (each block's
 fp16 scale is the group's). Each weight is ``q * scale``, ``|q| <= 127``, stored as
 the byte ``q + 128`` (``vpdpbusd`` multiplies unsigned by signed bytes), and each
-group's activation codes, summed, take the offset out. Activations are two int8 codes a
-value as for ``int4_matmul``.
+group's activation codes, summed, take the offset out. Activations are one or two int8
+codes a value as ``activation_codes`` says for the step, as for ``int4_matmul``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine.forward.native import gguf_layout
+from engine.forward.native import activation_codes, gguf_layout
 from engine.forward.native.build import activation_scratch, address, library
 from engine.forward.weights.packed_sizes import INT8_BLOCK_ROWS as BLOCK_ROWS
 from engine.forward.weights.packed_sizes import INT8_GROUP as GROUP
@@ -78,5 +78,6 @@ class Int8Matmul:
         length, width = x.shape
         scratch = activation_scratch(length, width, GROUP)
         out = torch.empty(length, self._rows)
-        self._kernel(x.data_ptr(), length, width, *self._addresses, self._rows, scratch, out.data_ptr())
+        self._kernel(x.data_ptr(), length, width, *self._addresses, self._rows, activation_codes.codes(), scratch,
+                     out.data_ptr())
         return out

@@ -295,33 +295,33 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
     }
 }
 
-/* One block of 64 int8 weight rows against `count` (1 or ROW_TILE) activation rows, two codes a value:
-   y[m, row0 .. row0 + 63]. code_totals [M, K / 32]: each group's codes summed, which take the offset out.
-   read_ahead: as int4_block's. */
+/* One block of 64 int8 weight rows against `count` (1 or ROW_TILE) activation rows, one code a value or two (`low`
+   read only then): y[m, row0 .. row0 + 63]. code_totals [M, K / 32]: each group's codes summed, which take the
+   offset out. read_ahead: as int4_block's. */
 static inline __attribute__((always_inline)) void int8_block(
-        int count, const int8_t *high, const int8_t *low, const float *scales, const float *code_totals, int width,
-        const uint8_t *block, const uint16_t *weight_scales, int rows, float *y, int read_ahead) {
+        int count, int two_codes, const int8_t *high, const int8_t *low, const float *scales, const float *code_totals,
+        int width, const uint8_t *block, const uint16_t *weight_scales, int rows, float *y, int read_ahead) {
     const int groups = width / INT8_GROUP;
     __m512 total[ROW_TILE][4];
     zero_totals(count, total);
     for (int g = 0; g < groups; g++) {
         __m512i high_sums[ROW_TILE][4], low_sums[ROW_TILE][4];
         zero_sums(count, high_sums);
-        zero_sums(count, low_sums);
+        if (two_codes) zero_sums(count, low_sums);
         const uint8_t *bytes = block + (size_t)g * INT8_GROUP * BLOCK_ROWS;
         for (int k = 0; k < INT8_GROUP; k += 4) {
             __m512i codes[4];  /* codes[j]: columns k .. k + 3 of rows 16j .. 16j + 15, a 32-bit lane a row */
             if (read_ahead) prefetch_ahead(bytes + (size_t)k * BLOCK_ROWS, 4);
             for (int j = 0; j < 4; j++) codes[j] = _mm512_loadu_si512(bytes + (size_t)k * BLOCK_ROWS + 64 * j);
             dot_four_columns(count, high, width, (size_t)g * INT8_GROUP + k, codes, high_sums);
-            dot_four_columns(count, low, width, (size_t)g * INT8_GROUP + k, codes, low_sums);
+            if (two_codes) dot_four_columns(count, low, width, (size_t)g * INT8_GROUP + k, codes, low_sums);
         }
         const uint16_t *group_scales = weight_scales + (size_t)g * BLOCK_ROWS;
         for (int j = 0; j < 4; j++) {
             __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(group_scales + 16 * j)));
             for (int m = 0; m < count; m++) {
                 size_t at = (size_t)m * groups + g;
-                __m512 dot = code_dot(high_sums[m][j], low_sums[m][j], 1);
+                __m512 dot = code_dot(high_sums[m][j], two_codes ? low_sums[m][j] : high_sums[m][j], two_codes);
                 dot = _mm512_sub_ps(dot, _mm512_set1_ps(INT8_OFFSET * code_totals[at]));
                 total[m][j] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(scales[at])), total[m][j]);
             }
@@ -333,15 +333,14 @@ static inline __attribute__((always_inline)) void int8_block(
 
 /* y [M, N] = x [M, K] . W^T for W [N, K] in the int8 layout (N a multiple of 64, K of 32): packed [N / 64, K / 4,
    4, 16, 4] uint8 holds q + 128 (block, four columns, 16 rows of the block's four, a row's four columns) and
-   weight_scales [N / 64, K / 32, 64] fp16, w = q * scale. Two codes an activation, always: they take a third of the
-   built-in model's KL against fp32 away in a batched step, for under 2 % of its time. scratch: M * (2K + 8K / 32)
-   bytes. */
+   weight_scales [N / 64, K / 32, 64] fp16, w = q * scale. codes: 1 or 2 int8 codes an activation (int4_matmul's).
+   scratch: M * (2K + 8K / 32) bytes. */
 void int8_matmul(const float *x, int count, int width, const uint8_t *packed, const uint16_t *weight_scales,
-                 int rows, void *scratch, float *y) {
-    const int blocks = rows / BLOCK_ROWS, groups = width / INT8_GROUP;
+                 int rows, int codes, void *scratch, float *y) {
+    const int blocks = rows / BLOCK_ROWS, groups = width / INT8_GROUP, two_codes = codes == 2;
     int8_t *high = (int8_t *)scratch, *low = high + (size_t)count * width;
     float *scales = (float *)(low + (size_t)count * width), *code_totals = scales + (size_t)count * groups;
-    quantize_activations(x, count, width, INT8_GROUP, high, low, scales, code_totals);
+    quantize_activations(x, count, width, INT8_GROUP, high, two_codes ? low : NULL, scales, code_totals);
     #pragma omp parallel for schedule(static) if (blocks > 1)
     for (int b = 0; b < blocks; b++) {
         const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * width;
@@ -350,11 +349,11 @@ void int8_matmul(const float *x, int count, int width, const uint8_t *packed, co
             size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
             float *out = y + (size_t)m * rows + (size_t)b * BLOCK_ROWS;
             if (count - m >= ROW_TILE)
-                int8_block(ROW_TILE, high + x_at, low + x_at, scales + group_at, code_totals + group_at, width, block,
-                           block_scales, rows, out, m == 0);
+                int8_block(ROW_TILE, two_codes, high + x_at, low + x_at, scales + group_at, code_totals + group_at,
+                           width, block, block_scales, rows, out, m == 0);
             else
-                int8_block(1, high + x_at, low + x_at, scales + group_at, code_totals + group_at, width, block,
-                           block_scales, rows, out, m == 0);
+                int8_block(1, two_codes, high + x_at, low + x_at, scales + group_at, code_totals + group_at, width,
+                           block, block_scales, rows, out, m == 0);
         }
     }
 }

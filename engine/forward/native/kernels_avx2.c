@@ -412,12 +412,12 @@ static inline __m256i add_int8_products(__m256i sums, __m256i bytes, __m256i x) 
 static inline float byte_offset(float code_total) { (void)code_total; return 0.0f; }  /* the products are q's */
 #endif
 
-/* A block of 64 rows against `count` (1 or 2) activation rows, two codes a value: y[m, row0 .. row0 + 63]. A group's
-   columns are 2 KiB of the block, read in order by its four quarters of 16 rows in turn (the later ones from cache),
-   each quarter's sums in eight registers. read_ahead: as int4_block's. */
+/* A block of 64 rows against `count` (1 or 2) activation rows, one code a value or two (`low` read only then):
+   y[m, row0 .. row0 + 63]. A group's columns are 2 KiB of the block, read in order by its four quarters of 16 rows
+   in turn (the later ones from cache), each quarter's sums in eight registers. read_ahead: as int4_block's. */
 static inline __attribute__((always_inline)) void int8_block(
-        int count, const int8_t *high, const int8_t *low, const float *scales, const float *code_totals, int width,
-        const uint8_t *block, const uint16_t *weight_scales, int rows, float *y, int read_ahead) {
+        int count, int two_codes, const int8_t *high, const int8_t *low, const float *scales, const float *code_totals,
+        int width, const uint8_t *block, const uint16_t *weight_scales, int rows, float *y, int read_ahead) {
     const int groups = width / INT8_GROUP;
     __m256 total[2][8];
     for (int m = 0; m < count; m++)
@@ -434,11 +434,10 @@ static inline __attribute__((always_inline)) void int8_block(
                 for (int i = 0; i < 2; i++) weights[i] = _mm256_loadu_si256((const __m256i *)(bytes + 32 * i));
                 for (int m = 0; m < count; m++) {
                     __m256i x_high = _mm256_set1_epi32(*(const int32_t *)(high + (size_t)m * width + k));
+                    for (int i = 0; i < 2; i++) high_sums[m][i] = add_int8_products(high_sums[m][i], weights[i], x_high);
+                    if (!two_codes) continue;
                     __m256i x_low = _mm256_set1_epi32(*(const int32_t *)(low + (size_t)m * width + k));
-                    for (int i = 0; i < 2; i++) {
-                        high_sums[m][i] = add_int8_products(high_sums[m][i], weights[i], x_high);
-                        low_sums[m][i] = add_int8_products(low_sums[m][i], weights[i], x_low);
-                    }
+                    for (int i = 0; i < 2; i++) low_sums[m][i] = add_int8_products(low_sums[m][i], weights[i], x_low);
                 }
             }
             const uint16_t *group_scales = weight_scales + (size_t)g * BLOCK_ROWS + 16 * quarter;
@@ -446,8 +445,9 @@ static inline __attribute__((always_inline)) void int8_block(
                 __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(group_scales + 8 * i)));
                 for (int m = 0; m < count; m++) {
                     const size_t at = (size_t)m * groups + g;
-                    __m256 dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low_sums[m][i]), _mm256_set1_ps(1.0f / LOW_STEPS),
-                                                 _mm256_cvtepi32_ps(high_sums[m][i]));
+                    __m256 dot = _mm256_cvtepi32_ps(high_sums[m][i]);
+                    if (two_codes)
+                        dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low_sums[m][i]), _mm256_set1_ps(1.0f / LOW_STEPS), dot);
                     dot = _mm256_sub_ps(dot, _mm256_set1_ps(byte_offset(code_totals[at])));
                     __m256 factor = _mm256_mul_ps(scale, _mm256_set1_ps(scales[at]));
                     total[m][2 * quarter + i] = _mm256_fmadd_ps(dot, factor, total[m][2 * quarter + i]);
@@ -459,13 +459,13 @@ static inline __attribute__((always_inline)) void int8_block(
 }
 
 /* kernels.c's int8_matmul: y [M, N] = x [M, K] . W^T in the int8 layout (N a multiple of 64, K of 32), weight_scales
-   [N / 64, K / 32, 64] fp16, w = q * scale; two codes an activation; scratch: M * (2K + 8K / 32) bytes. */
+   [N / 64, K / 32, 64] fp16, w = q * scale; codes: 1 or 2 an activation; scratch: M * (2K + 8K / 32) bytes. */
 void int8_matmul(const float *x, int count, int width, const uint8_t *packed, const uint16_t *weight_scales,
-                 int rows, void *scratch, float *y) {
-    const int blocks = rows / BLOCK_ROWS, groups = width / INT8_GROUP;
+                 int rows, int codes, void *scratch, float *y) {
+    const int blocks = rows / BLOCK_ROWS, groups = width / INT8_GROUP, two_codes = codes == 2;
     int8_t *high = (int8_t *)scratch, *low = high + (size_t)count * width;
     float *scales = (float *)(low + (size_t)count * width), *code_totals = scales + (size_t)count * groups;
-    quantize_activations(x, count, width, INT8_GROUP, high, low, scales, code_totals);
+    quantize_activations(x, count, width, INT8_GROUP, high, two_codes ? low : NULL, scales, code_totals);
     #pragma omp parallel for schedule(static) if (blocks > 1)
     for (int b = 0; b < blocks; b++) {
         const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * width;
@@ -474,11 +474,11 @@ void int8_matmul(const float *x, int count, int width, const uint8_t *packed, co
             size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
             float *out = y + (size_t)m * rows + (size_t)b * BLOCK_ROWS;
             if (count - m >= 2)
-                int8_block(2, high + x_at, low + x_at, scales + group_at, code_totals + group_at, width, block,
-                           block_scales, rows, out, m == 0);
+                int8_block(2, two_codes, high + x_at, low + x_at, scales + group_at, code_totals + group_at, width,
+                           block, block_scales, rows, out, m == 0);
             else
-                int8_block(1, high + x_at, low + x_at, scales + group_at, code_totals + group_at, width, block,
-                           block_scales, rows, out, m == 0);
+                int8_block(1, two_codes, high + x_at, low + x_at, scales + group_at, code_totals + group_at, width,
+                           block, block_scales, rows, out, m == 0);
         }
     }
 }

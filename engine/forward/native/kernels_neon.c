@@ -235,11 +235,11 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
    int8: packed [N / 64, K / 4, 4, 16, 4] uint8 holds q + 128; 16 bytes are four rows' four columns, a lane a row.
    Flipping the top bit gives q as a signed byte, which sdot multiplies as it is. */
 
-/* A block of 64 rows against `count` (1 or 2) activation rows, two codes a value, with sdot where `sdot`:
-   y[m, 0 .. 63]. A group's columns are read by the block's four quarters of 16 rows in turn (the later ones from
+/* A block of 64 rows against `count` (1 or 2) activation rows, one code a value or two (`low` read only then), with
+   sdot where `sdot`: y[m, 0 .. 63]. A group's columns are read by the block's four quarters of 16 rows in turn (the later ones from
    cache), each quarter's sums in registers. */
 static inline __attribute__((always_inline)) void int8_block(
-        int sdot, int count, const int8_t *high, const int8_t *low, const float *scales, int width,
+        int sdot, int count, int two_codes, const int8_t *high, const int8_t *low, const float *scales, int width,
         const uint8_t *block, const uint16_t *weight_scales, int rows, float *y) {
     const int groups = width / INT8_GROUP;
     float total[2][BLOCK_ROWS];
@@ -256,11 +256,10 @@ static inline __attribute__((always_inline)) void int8_block(
                                                                                  vdupq_n_u8(0x80)));
                 for (int m = 0; m < count; m++) {
                     int8x16_t x_high = four_codes(high + (size_t)m * width + k);
+                    for (int i = 0; i < 4; i++) high_sums[m][i] = dot_add(high_sums[m][i], q[i], x_high, sdot);
+                    if (!two_codes) continue;
                     int8x16_t x_low = four_codes(low + (size_t)m * width + k);
-                    for (int i = 0; i < 4; i++) {
-                        high_sums[m][i] = dot_add(high_sums[m][i], q[i], x_high, sdot);
-                        low_sums[m][i] = dot_add(low_sums[m][i], q[i], x_low, sdot);
-                    }
+                    for (int i = 0; i < 4; i++) low_sums[m][i] = dot_add(low_sums[m][i], q[i], x_low, sdot);
                 }
             }
             for (int i = 0; i < 4; i++) {
@@ -268,8 +267,9 @@ static inline __attribute__((always_inline)) void int8_block(
                 float32x4_t scale = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(weight_scales
                                                                                + (size_t)g * BLOCK_ROWS + row)));
                 for (int m = 0; m < count; m++) {
-                    float32x4_t dot = vfmaq_f32(vcvtq_f32_s32(high_sums[m][i]), vcvtq_f32_s32(low_sums[m][i]),
-                                                vdupq_n_f32(1.0f / LOW_STEPS));
+                    float32x4_t dot = vcvtq_f32_s32(high_sums[m][i]);
+                    if (two_codes)
+                        dot = vfmaq_f32(dot, vcvtq_f32_s32(low_sums[m][i]), vdupq_n_f32(1.0f / LOW_STEPS));
                     float32x4_t factor = vmulq_f32(scale, vdupq_n_f32(scales[(size_t)m * groups + g]));
                     vst1q_f32(total[m] + row, vfmaq_f32(vld1q_f32(total[m] + row), dot, factor));
                 }
@@ -288,9 +288,11 @@ static inline __attribute__((always_inline)) void int8_rows(int sdot, const matm
         const int8_t *high = call->high + x_at, *low = call->low + x_at;
         float *out = call->y + (size_t)m * call->rows + (size_t)b * BLOCK_ROWS;
         if (call->count - m >= 2)
-            int8_block(sdot, 2, high, low, call->scales + group_at, width, block, block_scales, call->rows, out);
+            int8_block(sdot, 2, call->two_codes, high, low, call->scales + group_at, width, block, block_scales,
+                       call->rows, out);
         else
-            int8_block(sdot, 1, high, low, call->scales + group_at, width, block, block_scales, call->rows, out);
+            int8_block(sdot, 1, call->two_codes, high, low, call->scales + group_at, width, block, block_scales,
+                       call->rows, out);
     }
 }
 
@@ -298,14 +300,14 @@ static DOT_PRODUCTS void int8_rows_sdot(const matmul_call *call, int b) { int8_r
 static void int8_rows_smull(const matmul_call *call, int b) { int8_rows(0, call, b); }
 
 /* kernels.c's int8_matmul: y [M, N] = x [M, K] . W^T in the int8 layout (N a multiple of 64, K of 32), weight_scales
-   [N / 64, K / 32, 64] fp16, w = q * scale; two codes an activation; scratch: M * (2K + 8K / 32) bytes. */
+   [N / 64, K / 32, 64] fp16, w = q * scale; codes: 1 or 2 an activation; scratch: M * (2K + 8K / 32) bytes. */
 void int8_matmul(const float *x, int count, int width, const uint8_t *packed, const uint16_t *weight_scales,
-                 int rows, void *scratch, float *y) {
-    const int groups = width / INT8_GROUP;
+                 int rows, int codes, void *scratch, float *y) {
+    const int groups = width / INT8_GROUP, two_codes = codes == 2;
     int8_t *high = (int8_t *)scratch, *low = high + (size_t)count * width;
     float *scales = (float *)(low + (size_t)count * width), *code_totals = scales + (size_t)count * groups;
-    quantize_activations(x, count, width, INT8_GROUP, high, low, scales, code_totals);
-    const matmul_call call = {count, width, rows, INT8_GROUP, 1, high, low, scales, code_totals, packed,
+    quantize_activations(x, count, width, INT8_GROUP, high, two_codes ? low : NULL, scales, code_totals);
+    const matmul_call call = {count, width, rows, INT8_GROUP, two_codes, high, low, scales, code_totals, packed,
                               weight_scales, y};
     void (*block_rows)(const matmul_call *, int) = has_dot_products() ? int8_rows_sdot : int8_rows_smull;
     #pragma omp parallel for schedule(static) if (rows > BLOCK_ROWS)

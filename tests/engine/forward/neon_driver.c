@@ -72,7 +72,7 @@ int main(int count, char **words) {
     if (strcmp(kernel, "int4_matmul") == 0)
         int4_matmul(P(0), I(1), I(2), P(3), P(4), I(5), I(6), I(7), P(8), P(9));
     else if (strcmp(kernel, "int8_matmul") == 0)
-        int8_matmul(P(0), I(1), I(2), P(3), P(4), I(5), P(6), P(7));
+        int8_matmul(P(0), I(1), I(2), P(3), P(4), I(5), I(6), P(7), P(8));
     else if (strcmp(kernel, "decode_attention") == 0)
         decode_attention(P(0), P(1), P(2), P(3), I(4), P(5), P(6), I(7), I(8), I(9), L(10), P(11));
     else if (strcmp(kernel, "chunk_attention") == 0)

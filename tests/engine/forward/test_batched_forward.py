@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from engine.forward.cpu_backend import FastLlamaBackend
+from engine.forward.llama_forward import FastLlama
+from engine.forward.native import activation_codes
 from engine.forward.paged_kv import BatchRow, PagedKV
 from engine.host.allocator import return_freed_memory
 from tests.engine.forward.batch_of_one import prompt_logits
@@ -67,6 +69,24 @@ def test_a_copied_block_carries_the_shared_positions(tiny_loaded) -> None:
     edited = prompt[:5] + [3]
     logits = backend.forward_batch([BatchRow(edited[5:], 5, [0, 5])], kv)[0]
     torch.testing.assert_close(logits, prompt_logits(backend, edited), atol=1e-4, rtol=1e-4)
+
+
+def test_a_batched_step_rounds_its_layers_to_one_code_and_its_output_layer_to_two(tiny_loaded, monkeypatch) -> None:
+    """In a step over several sequences the CPU kernels round a layer's activations to one int8 code a value, as
+    llama.cpp does, and the output layer's to two in every step; a lone sequence's step takes two throughout."""
+    seen: set[tuple[str, int]] = set()
+    for name in ("mlp", "logits"):
+        def spy(model, *args, _name=name, _original=getattr(FastLlama, name)):
+            seen.add((_name, activation_codes.codes()))
+            return _original(model, *args)
+        monkeypatch.setattr(FastLlama, name, spy)
+    backend = tiny_loaded.backend
+    kv = backend.new_pool(16, BLOCK)
+    backend.forward_batch([BatchRow([5, 6], 0, [0]), BatchRow([7], 0, [1])], kv)
+    assert seen == {("mlp", 1), ("logits", 2)}
+    seen.clear()
+    backend.forward_batch([BatchRow([8], 2, [0])], kv)
+    assert seen == {("mlp", 2), ("logits", 2)}
 
 
 def _resident_bytes() -> int:

@@ -170,10 +170,7 @@ def test_int8_rows_match_the_dequantized_weight(length, sequences):
     dequantized = (codes.float().unflatten(1, (-1, 32)) * scales.float().unsqueeze(-1)).flatten(1)  # [N, K]
     assert (dequantized - weight).abs().max() <= scales.float().max() / 2 + 1e-6  # within half a step
     x = torch.randn(length, 160) * torch.logspace(-2, 1, 160)  # groups of very different sizes
-    with activation_codes.for_step(sequences):  # two codes a value, in a batched step too
-        got = Int8Matmul(weight)(x)  # [M, N]
-    exact = x @ dequantized.t()
-    assert ((got - exact).abs().max() / exact.abs().max()).item() < 1e-4
+    _multiplied_as_in_a_step(Int8Matmul(weight), x, dequantized, sequences)
 
 
 @needs_kernels

@@ -169,20 +169,25 @@ def test_int4_rows_are_their_rounded_codes_times_the_dequantized_weight(neon: Ne
         assert ((got - _rounded_to_8_bits(x, group) @ weight.t()).abs().max() / scale).item() < 2e-6
 
 
+@pytest.mark.parametrize("codes", [2, 1])
 @pytest.mark.parametrize("length", [1, 3])
-def test_int8_rows_match_the_dequantized_weight(neon: NeonDriver, length):
+def test_int8_rows_match_the_dequantized_weight(neon: NeonDriver, length, codes):
     torch.manual_seed(length)
     weight = torch.randn(192, 160) * 0.05  # 3 blocks of 64 rows, 5 groups of 32
-    codes, scales = int8_quantize(weight)  # [N, K] int8, [N, K / 32] fp16
-    dequantized = (codes.float().unflatten(1, (-1, 32)) * scales.float().unsqueeze(-1)).flatten(1)  # [N, K]
-    shifted = (codes.to(torch.int16) + 128).to(torch.uint8)  # q + 128
+    quantized, scales = int8_quantize(weight)  # [N, K] int8, [N, K / 32] fp16
+    dequantized = (quantized.float().unflatten(1, (-1, 32)) * scales.float().unsqueeze(-1)).flatten(1)  # [N, K]
+    shifted = (quantized.to(torch.int16) + 128).to(torch.uint8)  # q + 128
     packed = shifted.view(3, 4, 16, 40, 4).permute(0, 3, 1, 2, 4).contiguous()  # [N / 64, K / 4, 4, 16, 4]
     block_scales = scales.view(3, 64, 5).transpose(1, 2).contiguous()  # [N / 64, K / 32, 64]
     x = torch.randn(length, 160) * torch.logspace(-2, 1, 160)
-    (_, _, _, got) = neon.call("int8_matmul", x, length, 160, packed, block_scales, 192,
+    (_, _, _, got) = neon.call("int8_matmul", x, length, 160, packed, block_scales, 192, codes,
                                ScratchBytes(length * (2 * 160 + 8 * 5)), torch.empty(length, 192))
     exact = x @ dequantized.t()
-    assert ((got - exact).abs().max() / exact.abs().max()).item() < 1e-4
+    scale = exact.abs().max()
+    if codes == 2:
+        assert ((got - exact).abs().max() / scale).item() < 1e-4
+    else:  # exactly the 8-bit rows' product, to fp32's rounding of the sums
+        assert ((got - _rounded_to_8_bits(x, 32) @ dequantized.t()).abs().max() / scale).item() < 2e-6
 
 
 def _bounds(runs: Sequence[slice]) -> torch.Tensor:
