@@ -952,67 +952,71 @@ static inline __m256i mxfp4_products(__m256i start, __m256i unsigned_bytes, __m2
 #endif
 }
 
-/* One weight row against `tile` activation rows from m0, one code a value: out[m] = their dot products, without the
-   bias. A block is one vector: its 16 code bytes in both halves (vbroadcasti128), the second half's shifted down a
-   nibble, pick the weights through vpshufb in the activations' order (weights 0-15, then 16-31), unsigned (`table`:
-   twice the e2m1 values + MXFP4_LIFT). They times the signed codes, from each lane's start (-MXFP4_LIFT times its
-   codes, mxfp4_quantize's), are each lane's exact int32 sum of the weights times the codes, which meets the block's
-   weight and activation scales in fp32. */
+/* A block's 32 weights through `table` as one vector, in the activations' order (weights 0-15, then 16-31): its 16
+   code bytes in both halves (vbroadcasti128), the second half's shifted down a nibble, pick them through vpshufb. */
+static inline __attribute__((always_inline)) __m256i mxfp4_block_weights(const uint8_t *block, __m256i table) {
+    const __m256i halves = _mm256_setr_epi64x(0, 0, 4, 4), nibble = _mm256_set1_epi8(0x0F);
+    const __m256i codes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(block + 1)));
+    return _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srlv_epi64(codes, halves), nibble));
+}
+
+/* One code a value: block b's `weights`, unsigned (`table`: twice the e2m1 values + MXFP4_LIFT), times the tile's
+   signed codes from each lane's start (-MXFP4_LIFT times its codes, mxfp4_quantize's) are each lane's exact int32
+   sum of the weights times the codes, which meets the block's weight and activation scales in fp32 into sums[m]. */
+static inline __attribute__((always_inline)) void mxfp4_block_lanes(
+        int tile, const mxfp4_activations *a, int m0, int width, int b, __m256i weights, const float *weight_scale,
+        __m256 *sums) {
+    const __m256 scale_of_block = _mm256_broadcast_ss(weight_scale);
+    for (int m = 0; m < tile; m++) {
+        const size_t at = (size_t)(m0 + m) * width + (size_t)b * MXFP4_BLOCK, lane = at / 4;
+        const __m256 value = _mm256_cvtepi32_ps(mxfp4_products(
+            _mm256_loadu_si256((const __m256i *)(a->high_starts + lane)), weights,
+            _mm256_loadu_si256((const __m256i *)(a->high + at))));
+        const __m256 scale = _mm256_mul_ps(scale_of_block, _mm256_loadu_ps(a->lane_scales + lane));
+        sums[m] = _mm256_fmadd_ps(value, scale, sums[m]);
+    }
+}
+
+/* Two codes a value, met as one int16 (mxfp4_quantize's `combined`, LOW_STEPS high + low): block b's `weights`,
+   signed (`table`: twice the e2m1 values), widened to int16 in two vectors, times the combined codes by vpmaddwd are
+   each lane's exact sum (at most 4 x 12 x 32385, within fp32's 24 bits), in steps of 1 / LOW_STEPS, into sums[m]. A
+   block then takes two vpmaddwd a row, where its two codes met apart take two vpmaddubsw, two vpmaddwd and a
+   conversion to fp32 more. */
+static inline __attribute__((always_inline)) void mxfp4_block_combined(
+        int tile, const mxfp4_activations *a, int m0, int width, int b, __m256i weights, const float *weight_scale,
+        __m256 *sums) {
+    const __m256i first = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(weights));       /* weights 0-15 */
+    const __m256i second = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(weights, 1)); /* 16-31 */
+    const __m256 scale_of_block = _mm256_broadcast_ss(weight_scale);
+    for (int m = 0; m < tile; m++) {
+        const size_t at = (size_t)(m0 + m) * width + (size_t)b * MXFP4_BLOCK;
+        const __m256i *combined = (const __m256i *)(a->combined + at);
+        const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(first, _mm256_loadu_si256(combined)),
+                                             _mm256_madd_epi16(second, _mm256_loadu_si256(combined + 1)));
+        const __m256 scale = _mm256_mul_ps(scale_of_block, _mm256_broadcast_ss(a->scales + at / MXFP4_BLOCK));
+        sums[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, sums[m]);
+    }
+}
+
+/* One weight row against `tile` activation rows from m0 (one code a value or two): out[m] = their dot products,
+   without the bias. A block is one vector of weights (mxfp4_block_weights), met by each row's codes as
+   mxfp4_block_lanes or mxfp4_block_combined say. */
 static inline __attribute__((always_inline)) void mxfp4_row(
-        int tile, const mxfp4_activations *a, int m0, int first_pass, int width, const uint8_t *row,
+        int tile, int two_codes, const mxfp4_activations *a, int m0, int first_pass, int width, const uint8_t *row,
         const float *scale_of, __m256i table, float *out) {
     const int per_row = width / MXFP4_BLOCK;
-    const __m256i halves = _mm256_setr_epi64x(0, 0, 4, 4), nibble = _mm256_set1_epi8(0x0F);
     __m256 sums[MXFP4_ROW_TILE];
     for (int m = 0; m < tile; m++) sums[m] = _mm256_setzero_ps();
     for (int b = 0; b < per_row; b++) {
         const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
         if (first_pass) prefetch_ahead(block, 1);  /* the row's first tile */
-        const __m256i codes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(block + 1)));
-        const __m256i weights = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srlv_epi64(codes, halves), nibble));
-        const __m256 weight_scale = _mm256_set1_ps(scale_of[block[0]]);
-        for (int m = 0; m < tile; m++) {
-            const size_t at = (size_t)(m0 + m) * width + (size_t)b * MXFP4_BLOCK, lane = at / 4;
-            const __m256 value = _mm256_cvtepi32_ps(mxfp4_products(
-                _mm256_loadu_si256((const __m256i *)(a->high_starts + lane)), weights,
-                _mm256_loadu_si256((const __m256i *)(a->high + at))));
-            const __m256 scale = _mm256_mul_ps(weight_scale, _mm256_loadu_ps(a->lane_scales + lane));
-            sums[m] = _mm256_fmadd_ps(value, scale, sums[m]);
-        }
+        const __m256i weights = mxfp4_block_weights(block, table);
+        if (two_codes)
+            mxfp4_block_combined(tile, a, m0, width, b, weights, scale_of + block[0], sums);
+        else
+            mxfp4_block_lanes(tile, a, m0, width, b, weights, scale_of + block[0], sums);
     }
-    for (int m = 0; m < tile; m++) out[m] = sum_of(sums[m]);
-}
-
-/* mxfp4_row with two codes a value, met as one int16 (mxfp4_quantize's `combined`, LOW_STEPS high + low): the block's
-   weights, signed (`table`: twice the e2m1 values), widened to int16 in two vectors, times the combined codes by
-   vpmaddwd are each lane's exact sum (at most 4 x 12 x 32385, within fp32's 24 bits), and the row's total counts in
-   steps of 1 / LOW_STEPS. A block then takes two vpmaddwd a row, where its two codes met apart take two vpmaddubsw,
-   two vpmaddwd and a conversion to fp32 more. */
-static inline __attribute__((always_inline)) void mxfp4_row_combined(
-        int tile, const mxfp4_activations *a, int m0, int first_pass, int width, const uint8_t *row,
-        const float *scale_of, __m256i table, float *out) {
-    const int per_row = width / MXFP4_BLOCK;
-    const __m256i halves = _mm256_setr_epi64x(0, 0, 4, 4), nibble = _mm256_set1_epi8(0x0F);
-    __m256 sums[MXFP4_ROW_TILE];
-    for (int m = 0; m < tile; m++) sums[m] = _mm256_setzero_ps();
-    for (int b = 0; b < per_row; b++) {
-        const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
-        if (first_pass) prefetch_ahead(block, 1);
-        const __m256i codes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(block + 1)));
-        const __m256i weights = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srlv_epi64(codes, halves), nibble));
-        const __m256i first = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(weights));       /* weights 0-15 */
-        const __m256i second = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(weights, 1)); /* 16-31 */
-        const __m256 weight_scale = _mm256_broadcast_ss(scale_of + block[0]);
-        for (int m = 0; m < tile; m++) {
-            const size_t at = (size_t)(m0 + m) * width + (size_t)b * MXFP4_BLOCK;
-            const __m256i *combined = (const __m256i *)(a->combined + at);
-            const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(first, _mm256_loadu_si256(combined)),
-                                                 _mm256_madd_epi16(second, _mm256_loadu_si256(combined + 1)));
-            const __m256 scale = _mm256_mul_ps(weight_scale, _mm256_broadcast_ss(a->scales + at / MXFP4_BLOCK));
-            sums[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, sums[m]);
-        }
-    }
-    for (int m = 0; m < tile; m++) out[m] = sum_of(sums[m]) * (1.0f / LOW_STEPS);
+    for (int m = 0; m < tile; m++) out[m] = sum_of(sums[m]) * (two_codes ? 1.0f / LOW_STEPS : 1.0f);
 }
 
 /* kernels.c's strips for MXFP4 prompts (MXFP4_STRIPS), 8 weight rows a strip: each block of a strip's rows
@@ -1102,8 +1106,7 @@ static void mxfp4_weight_row_tiles(const void *context, const mxfp4_segment *seg
     const mxfp4_call *call = context;
     const uint8_t *row = segment->blocks + (size_t)n * (call->width / MXFP4_BLOCK) * MXFP4_BLOCK_BYTES;
     #define MXFP4_ROWS(t, two) \
-        (two ? mxfp4_row_combined : mxfp4_row)(t, call->a, first, m0 == 0, call->width, row, call->scale_of, \
-                                               call->table, sums)
+        mxfp4_row(t, two, call->a, first, m0 == 0, call->width, row, call->scale_of, call->table, sums)
     MXFP4_SEGMENT_TILES(segment, n, call->rows, call->two_codes, call->y, MXFP4_ROWS);
     #undef MXFP4_ROWS
 }
