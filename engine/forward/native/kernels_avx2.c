@@ -434,10 +434,12 @@ static inline __attribute__((always_inline)) void int8_block(
                 for (int i = 0; i < 2; i++) weights[i] = _mm256_loadu_si256((const __m256i *)(bytes + 32 * i));
                 for (int m = 0; m < count; m++) {
                     __m256i x_high = _mm256_set1_epi32(*(const int32_t *)(high + (size_t)m * width + k));
-                    for (int i = 0; i < 2; i++) high_sums[m][i] = add_int8_products(high_sums[m][i], weights[i], x_high);
+                    for (int i = 0; i < 2; i++)
+                        high_sums[m][i] = add_int8_products(high_sums[m][i], weights[i], x_high);
                     if (!two_codes) continue;
                     __m256i x_low = _mm256_set1_epi32(*(const int32_t *)(low + (size_t)m * width + k));
-                    for (int i = 0; i < 2; i++) low_sums[m][i] = add_int8_products(low_sums[m][i], weights[i], x_low);
+                    for (int i = 0; i < 2; i++)
+                        low_sums[m][i] = add_int8_products(low_sums[m][i], weights[i], x_low);
                 }
             }
             const uint16_t *group_scales = weight_scales + (size_t)g * BLOCK_ROWS + 16 * quarter;
@@ -447,7 +449,8 @@ static inline __attribute__((always_inline)) void int8_block(
                     const size_t at = (size_t)m * groups + g;
                     __m256 dot = _mm256_cvtepi32_ps(high_sums[m][i]);
                     if (two_codes)
-                        dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low_sums[m][i]), _mm256_set1_ps(1.0f / LOW_STEPS), dot);
+                        dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low_sums[m][i]), _mm256_set1_ps(1.0f / LOW_STEPS),
+                                              dot);
                     dot = _mm256_sub_ps(dot, _mm256_set1_ps(byte_offset(code_totals[at])));
                     __m256 factor = _mm256_mul_ps(scale, _mm256_set1_ps(scales[at]));
                     total[m][2 * quarter + i] = _mm256_fmadd_ps(dot, factor, total[m][2 * quarter + i]);
@@ -962,17 +965,17 @@ static inline __attribute__((always_inline)) __m256i mxfp4_block_weights(const u
 
 /* One code a value: block b's `weights`, unsigned (`table`: twice the e2m1 values + MXFP4_LIFT), times the tile's
    signed codes from each lane's start (-MXFP4_LIFT times its codes, mxfp4_quantize's) are each lane's exact int32
-   sum of the weights times the codes, which meets the block's weight and activation scales in fp32 into sums[m]. */
+   sum of the weights times the codes, which meets `weight_scale` and the block's activation scale in fp32 into
+   sums[m]. */
 static inline __attribute__((always_inline)) void mxfp4_block_lanes(
-        int tile, const mxfp4_activations *a, int m0, int width, int b, __m256i weights, const float *weight_scale,
+        int tile, const mxfp4_activations *a, int m0, int width, int b, __m256i weights, __m256 weight_scale,
         __m256 *sums) {
-    const __m256 scale_of_block = _mm256_broadcast_ss(weight_scale);
     for (int m = 0; m < tile; m++) {
-        const size_t at = (size_t)(m0 + m) * width + (size_t)b * MXFP4_BLOCK, lane = at / 4;
+        const size_t at = (size_t)(m0 + m) * width + (size_t)b * MXFP4_BLOCK;
         const __m256 value = _mm256_cvtepi32_ps(mxfp4_products(
-            _mm256_loadu_si256((const __m256i *)(a->high_starts + lane)), weights,
+            _mm256_loadu_si256((const __m256i *)(a->high_starts + at / 4)), weights,
             _mm256_loadu_si256((const __m256i *)(a->high + at))));
-        const __m256 scale = _mm256_mul_ps(scale_of_block, _mm256_loadu_ps(a->lane_scales + lane));
+        const __m256 scale = _mm256_mul_ps(weight_scale, _mm256_broadcast_ss(a->scales + at / MXFP4_BLOCK));
         sums[m] = _mm256_fmadd_ps(value, scale, sums[m]);
     }
 }
@@ -983,17 +986,16 @@ static inline __attribute__((always_inline)) void mxfp4_block_lanes(
    block then takes two vpmaddwd a row, where its two codes met apart take two vpmaddubsw, two vpmaddwd and a
    conversion to fp32 more. */
 static inline __attribute__((always_inline)) void mxfp4_block_combined(
-        int tile, const mxfp4_activations *a, int m0, int width, int b, __m256i weights, const float *weight_scale,
+        int tile, const mxfp4_activations *a, int m0, int width, int b, __m256i weights, __m256 weight_scale,
         __m256 *sums) {
     const __m256i first = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(weights));       /* weights 0-15 */
     const __m256i second = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(weights, 1)); /* 16-31 */
-    const __m256 scale_of_block = _mm256_broadcast_ss(weight_scale);
     for (int m = 0; m < tile; m++) {
         const size_t at = (size_t)(m0 + m) * width + (size_t)b * MXFP4_BLOCK;
         const __m256i *combined = (const __m256i *)(a->combined + at);
         const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(first, _mm256_loadu_si256(combined)),
                                              _mm256_madd_epi16(second, _mm256_loadu_si256(combined + 1)));
-        const __m256 scale = _mm256_mul_ps(scale_of_block, _mm256_broadcast_ss(a->scales + at / MXFP4_BLOCK));
+        const __m256 scale = _mm256_mul_ps(weight_scale, _mm256_broadcast_ss(a->scales + at / MXFP4_BLOCK));
         sums[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, sums[m]);
     }
 }
@@ -1011,10 +1013,11 @@ static inline __attribute__((always_inline)) void mxfp4_row(
         const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
         if (first_pass) prefetch_ahead(block, 1);  /* the row's first tile */
         const __m256i weights = mxfp4_block_weights(block, table);
+        const __m256 weight_scale = _mm256_broadcast_ss(scale_of + block[0]);
         if (two_codes)
-            mxfp4_block_combined(tile, a, m0, width, b, weights, scale_of + block[0], sums);
+            mxfp4_block_combined(tile, a, m0, width, b, weights, weight_scale, sums);
         else
-            mxfp4_block_lanes(tile, a, m0, width, b, weights, scale_of + block[0], sums);
+            mxfp4_block_lanes(tile, a, m0, width, b, weights, weight_scale, sums);
     }
     for (int m = 0; m < tile; m++) out[m] = sum_of(sums[m]) * (two_codes ? 1.0f / LOW_STEPS : 1.0f);
 }
@@ -1115,13 +1118,14 @@ static void mxfp4_weight_row_tiles(const void *context, const mxfp4_segment *seg
 static void mxfp4_row_loop(const mxfp4_activations *a, const mxfp4_segment *segments, int active, int rows,
                            int width, int two_codes, const float *scale_of, float *y) {
     const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
-    const __m256i table = two_codes ? values : _mm256_add_epi8(values, _mm256_set1_epi8(MXFP4_LIFT));  /* signed, lifted */
+    /* two codes: the signed weights (mxfp4_block_combined); one: lifted (mxfp4_block_lanes) */
+    const __m256i table = two_codes ? values : _mm256_add_epi8(values, _mm256_set1_epi8(MXFP4_LIFT));
     const mxfp4_call call = {a, width, rows, two_codes, scale_of, table, y};
     mxfp4_segment_rows(&call, mxfp4_weight_row_tiles, segments, active, rows);
 }
 
 /* kernels.c's mxfp4_matmul: y [count, rows] = x [count, width] times the MXFP4 weight's rows, plus bias; codes 1 or
-   2 int8 codes an activation, 0 fp32 (exact); scratch: M * (6K + K / 4) bytes. */
+   2 int8 codes an activation, 0 fp32 (exact); scratch: M * (5K + K / 4) bytes. */
 void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
                   int codes, void *scratch, float *y) {
     float scale_of[256];

@@ -153,6 +153,10 @@ static mxfp4_segment *mxfp4_segments(const int64_t *table, int active) {
    row, 0.37 for two, 0.53 for four). */
 #define MXFP4_WEIGHT_ROW_COST 3
 
+static inline int64_t mxfp4_item_cost(const mxfp4_segment *segment) {  /* one weight row of `segment` */
+    return MXFP4_WEIGHT_ROW_COST + segment->count;
+}
+
 /* The share [*begin, *end) of the items (each segment's weight rows, in order: rows a segment) that the calling
    thread of its OpenMP team takes: equal parts of their cost, MXFP4_WEIGHT_ROW_COST + the segment's activation rows
    an item, where an equal count of items would leave a thread of few-row experts waiting for one of many-row
@@ -164,19 +168,19 @@ static void mxfp4_share(const mxfp4_segment *segments, int active, int rows, int
     const int64_t thread = 0, threads = 1;
 #endif
     int64_t total = 0;
-    for (int s = 0; s < active; s++) total += (int64_t)rows * (MXFP4_WEIGHT_ROW_COST + segments[s].count);
+    for (int s = 0; s < active; s++) total += rows * mxfp4_item_cost(segments + s);
     const int64_t bounds[2] = {total * thread / threads, total * (thread + 1) / threads};
     int64_t *ends[2] = {begin, end};
     for (int i = 0; i < 2; i++) {  /* the first item whose cost starts at or past the bound */
         int64_t before = 0, item = 0;
         int s = 0;
         for (; s < active; s++, item += rows) {
-            const int64_t cost = (int64_t)rows * (MXFP4_WEIGHT_ROW_COST + segments[s].count);
+            const int64_t cost = rows * mxfp4_item_cost(segments + s);
             if (before + cost > bounds[i]) break;
             before += cost;
         }
         if (s < active) {
-            const int64_t each = MXFP4_WEIGHT_ROW_COST + segments[s].count;
+            const int64_t each = mxfp4_item_cost(segments + s);
             item += (bounds[i] - before + each - 1) / each;
         }
         *ends[i] = item;
@@ -262,17 +266,16 @@ static void mxfp4_segment_rows(const void *call, mxfp4_weight_row weight_row, co
 
 #define MXFP4_LIFT 12  /* the x86 row loops' weights are unsigned: twice the e2m1 value + 12, from 0 to 24 */
 
-/* mxfp4_matmul's activations, carved from the start of its scratch (M * (6K + K / 4) bytes of it): the codes of
+/* mxfp4_matmul's activations, carved from the start of its scratch (M * (5K + K / 4) bytes of it): the codes of
    quantize_activations per block of 32 (high, and low where two codes a value) and scales [M, K / 32]; and for the
-   avx2 row loop (`lanes`), with one code each run of four codes' (a 32-bit lane of the dot products') block scale
-   (lane_scales [M, K / 4]) and -MXFP4_LIFT times the four codes' sum (high_starts [M, K / 4]), where each lane's sum
-   of the unsigned weights times the signed codes starts: that takes out what the lift added; with two codes each
-   value's as one int16, LOW_STEPS high + low (combined [M, K]; at most 254 x 127 + 127 in magnitude). (The avx512
-   row loop rearranges the codes past these: kernels.c's mxfp4_groups.) */
+   avx2 row loop (`lanes`), with one code -MXFP4_LIFT times each run of four codes' sum (a 32-bit lane of the dot
+   products; high_starts [M, K / 4]), where each lane's sum of the unsigned weights times the signed codes starts:
+   that takes out what the lift added; with two codes each value's as one int16, LOW_STEPS high + low (combined
+   [M, K]; at most 254 x 127 + 127 in magnitude). (The avx512 row loop rearranges the codes past the scales:
+   kernels.c's mxfp4_groups.) */
 typedef struct {
     int8_t *high, *low;
     float *scales;
-    float *lane_scales;
     int32_t *high_starts;
     int16_t *combined;
 } mxfp4_activations;
@@ -282,8 +285,8 @@ static inline void mxfp4_unsigned_in_place(int8_t *codes, size_t count) {
     for (size_t i = 0; i < count; i++) codes[i] = (int8_t)(codes[i] ^ 0x80);
 }
 
-/* x [M, K] rounded into `scratch` (the type's comment), one code a value or two; `lanes`: the avx2 lanes' scales and
-   starts too. */
+/* x [M, K] rounded into `scratch` (the type's comment), one code a value or two; `lanes`: the avx2 row loop's starts
+   or combined codes too. */
 static mxfp4_activations mxfp4_quantize(const float *x, int count, int width, int two_codes, int lanes,
                                         void *scratch) {
     const size_t values = (size_t)count * width;
@@ -292,16 +295,14 @@ static mxfp4_activations mxfp4_quantize(const float *x, int count, int width, in
     a.low = a.high + values;
     a.scales = (float *)(a.low + values);
     float *code_totals = a.scales + values / MXFP4_BLOCK;
-    a.lane_scales = code_totals + values / MXFP4_BLOCK;
     quantize_activations(x, count, width, MXFP4_BLOCK, a.high, two_codes ? a.low : NULL, a.scales, code_totals);
-    a.high_starts = (int32_t *)(a.lane_scales + values / 4);
+    a.high_starts = (int32_t *)(code_totals + values / MXFP4_BLOCK);
     a.combined = (int16_t *)(a.high_starts + values / 4);
     if (lanes && two_codes)
         for (size_t i = 0; i < values; i++) a.combined[i] = (int16_t)((int)LOW_STEPS * a.high[i] + a.low[i]);
     else if (lanes)
         for (size_t lane = 0; lane < values / 4; lane++) {
             const int8_t *four = a.high + 4 * lane;
-            a.lane_scales[lane] = a.scales[lane / 8];
             a.high_starts[lane] = -MXFP4_LIFT * (four[0] + four[1] + four[2] + four[3]);
         }
     return a;
