@@ -19,8 +19,7 @@ import torch
 
 from engine.forward.family import Family
 from engine.forward.mlp import GatedMlp, gated
-from engine.forward.native import activation_codes
-from engine.forward.weights.mxfp4 import ONE_CODE_ROWS, Mxfp4Experts, Mxfp4Rows
+from engine.forward.weights.mxfp4 import Mxfp4Experts, Mxfp4Rows, codes_for
 from engine.forward.weights.quant import Linear
 
 ROUTERS = ("mlp.gate.weight", "mlp.router.weight")  # a layer's router [E, D] (Qwen's, gpt-oss's), under its
@@ -104,9 +103,9 @@ class MixtureOfExperts:
                      rows: int) -> torch.Tensor:
         """Every active expert's MLP over its ``counts`` rows of ``grouped`` [R k, D] (``_routed``'s), [R k, D]:
         gate and up in one call, the gated activation, down in one call (``grouped``). Codes as an expert's own
-        call over the step's ``rows`` would round them (``Mxfp4Matmul``)."""
+        call over the step's ``rows`` would round them (``codes_for``)."""
         gate_up, down = self.grouped
-        codes = 1 if rows >= ONE_CODE_ROWS else activation_codes.codes()
+        codes = codes_for(rows)
         hidden = gated(gate_up(grouped, active, counts, codes), self.experts[0].activation)  # [R k, F]
         return down(hidden, active, counts, codes)  # [R k, D]
 

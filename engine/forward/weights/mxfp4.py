@@ -84,8 +84,8 @@ class Mxfp4Rows:
 
 class Mxfp4Matmul:
     """``y = (x * input_scale) @ W.T + bias`` over ``weight``'s blocks, x and y fp32 (``mxfp4_linear``'s call). The
-    kernel rounds the activations to int8 codes (``activation_codes.codes()`` a value), or with ``exact`` keeps them
-    in fp32 (the module docstring)."""
+    kernel rounds the activations to int8 codes (``codes_for`` its rows), or with ``exact`` keeps them in fp32 (the
+    module docstring)."""
 
     def __init__(self, weight: Mxfp4Rows, bias: torch.Tensor | None, input_scale: torch.Tensor | None,
                  exact: bool) -> None:
@@ -111,11 +111,17 @@ class Mxfp4Matmul:
         if self._on_tiles and length >= AMX_ROWS:
             return _on_tiles(x, self.blocks, self.rows, self.bias)
         out = torch.empty(length, self.rows)  # [M, N]
-        codes = 0 if self.exact else 1 if length >= ONE_CODE_ROWS else activation_codes.codes()
+        codes = 0 if self.exact else codes_for(length)
         self._kernels.mxfp4_matmul(x.data_ptr(), length, self.width, self.blocks.data_ptr(), self.rows,
                                    self.bias.data_ptr() if self.bias is not None else None, codes,
                                    activation_scratch(length, self.width, BLOCK, lanes=True), out.data_ptr())
         return out
+
+
+def codes_for(rows: int) -> int:
+    """The int8 codes a value a kernel call over ``rows`` activation rows rounds to: one from ``ONE_CODE_ROWS`` on,
+    else the step's (``activation_codes``)."""
+    return 1 if rows >= ONE_CODE_ROWS else activation_codes.codes()
 
 
 def mxfp4_linear(weight: Mxfp4Rows, bias: torch.Tensor | None, input_scale: torch.Tensor | None,
