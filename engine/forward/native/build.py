@@ -70,11 +70,12 @@ _ACTIVATION_CODES = Scratch(torch.uint8)
 @dataclass(frozen=True)
 class NativeKernels:
     """The loaded kernels and their variant's name, or None with the reason they are off (in words, for the load's
-    notice)."""
+    notice); ``mxfp4_strips``: whether they take MXFP4 weights in strips (``Variant.mxfp4_strips``)."""
 
     library: ctypes.CDLL | None
     variant: str = "none"
     off_reason: str = ""
+    mxfp4_strips: bool = False
 
 
 @functools.cache
@@ -99,7 +100,7 @@ def _bound(loaded: ctypes.CDLL, variant: Variant) -> NativeKernels:
             function = getattr(loaded, name)
             function.argtypes, function.restype = arguments, None
     loaded.amx_enable.argtypes, loaded.amx_enable.restype = (), I32
-    return NativeKernels(loaded, variant.name)
+    return NativeKernels(loaded, variant.name, mxfp4_strips=variant.mxfp4_strips)
 
 
 @functools.cache

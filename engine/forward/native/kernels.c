@@ -1523,6 +1523,39 @@ static inline __attribute__((always_inline)) void mxfp4_strip_pass(
     for (int m = 0; m < tile; m++) _mm512_storeu_ps(y + (size_t)m * rows + first_row, _mm512_add_ps(sums[m], shift));
 }
 
+/* A prompt's call over strips (mxfp4_strip_block, mxfp4_decode_strip, mxfp4_strip_pass; one code a value, weight
+   rows a multiple of MXFP4_STRIP): the codes turn unsigned in place (code + 128, an exclusive or with 0x80); OpenMP
+   over strips, each decoded once into a thread's buffer and met by every activation row MXFP4_STRIP_TILE at a time,
+   a whole tile a constant so that its sums unroll into registers. */
+static void mxfp4_strips(const mxfp4_activations *a, int count, int width, const uint8_t *blocks, int rows,
+                         const float *bias, const float *scale_of, float *y) {
+    const int per_row = width / MXFP4_BLOCK, strips = rows / MXFP4_STRIP;
+    for (size_t i = 0; i < (size_t)count * width; i++) a->high[i] = (int8_t)(a->high[i] ^ 0x80);
+    const uint8_t *codes = (const uint8_t *)a->high;
+    #pragma omp parallel
+    {
+        mxfp4_strip_block *strip = aligned_alloc(_Alignof(mxfp4_strip_block),
+                                                 (size_t)per_row * sizeof(mxfp4_strip_block));
+        #pragma omp for schedule(static)
+        for (int s = 0; s < strips; s++) {
+            mxfp4_decode_strip(blocks, per_row, s * MXFP4_STRIP, scale_of, strip);
+            for (int m0 = 0; m0 < count; m0 += MXFP4_STRIP_TILE) {
+                const int tile = count - m0 < MXFP4_STRIP_TILE ? count - m0 : MXFP4_STRIP_TILE;
+                const uint8_t *tile_codes = codes + (size_t)m0 * width;
+                const float *tile_scales = a->scales + (size_t)m0 * per_row;
+                float *tile_y = y + (size_t)m0 * rows;
+                if (tile == MXFP4_STRIP_TILE)
+                    mxfp4_strip_pass(MXFP4_STRIP_TILE, strip, per_row, tile_codes, tile_scales, width, bias, rows,
+                                     s * MXFP4_STRIP, tile_y);
+                else
+                    mxfp4_strip_pass(tile, strip, per_row, tile_codes, tile_scales, width, bias, rows,
+                                     s * MXFP4_STRIP, tile_y);
+            }
+        }
+        free(strip);
+    }
+}
+
 /* y [count, rows] = x [count, width] times the MXFP4 weight's rows (blocks [rows, width / 32 * 17]), plus bias
    [rows] where given. codes: 1 or 2 int8 codes an activation per block of 32 (quantize_activations, as llama.cpp's
    Q8_0 with one), whose products with the weights (twice their e2m1 values, exact in int8) sum exactly in int32;
@@ -1540,7 +1573,7 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
     const int strips = !two_codes && count >= MXFP4_STRIP_ROWS && rows % MXFP4_STRIP == 0;
     const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, 0, scratch);
     if (strips) {
-        MXFP4_STRIPS(&a, count, width, blocks, rows, bias, scale_of, y);  /* kernels_common.h */
+        mxfp4_strips(&a, count, width, blocks, rows, bias, scale_of, y);
         return;
     }
     const mxfp4_groups groups = mxfp4_group_activations(&a, count, width, two_codes);

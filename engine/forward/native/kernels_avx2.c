@@ -903,256 +903,180 @@ void int4_layout_from_nibbles(const uint8_t *nibbles, int rows, int runs, int le
 int amx_enable(void) { return -1; }
 
 /* ------------------------------------------------------------------------------------------------------------------
-   kernels.c's mxfp4_matmul (gpt-oss's experts kept as MXFP4 blocks), a block a vector. */
-#define MXFP4_ROW_TILE 4
+   kernels.c's mxfp4_matmul and mxfp4_experts (gpt-oss's experts), over the weights in strips (MXFP4_STRIP_BYTES):
+   each strip block's 256 weights are 8 vectors whose lane r holds weight row r's four weights, so one row of
+   activations meets 8 weight rows a vector, and a block's fp32 scaling is one multiply-add for the 8. The GGUF
+   layout's 17-byte blocks, one row at a time, left one product vector per block to scale, sum and reduce, which held
+   one 5760 x 2880 expert to 12-13 GB/s a thread against 19 in strips. */
+#define MXFP4_STRIP 8                                        /* weight rows a strip */
+#define MXFP4_STRIP_BYTES (MXFP4_STRIP * MXFP4_BLOCK_BYTES)  /* a strip block: 8 exponents, then 128 code bytes */
+#define MXFP4_ROW_TILE 4                                     /* activation rows a pass over a strip */
 
-static inline __m256 mxfp4_eight(__m128i values, __m256 scale) {  /* the low 8 int8 values, fp32, times scale */
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(values)), scale);
-}
-
-/* The exact product, fp32 activations (the fp32 plan): each block's codes through a 16-entry int8 table (vpshufb),
-   widened to fp32 times the block's scale. */
-static void mxfp4_matmul_exact(const float *x, int count, int width, const uint8_t *blocks, int rows,
-                               const float *bias, const float *scale_of, float *y) {
-    const int per_row = width / MXFP4_BLOCK;
-    const __m128i table = _mm_loadu_si128((const __m128i *)MXFP4_HALVES);
-    const __m128i nibble = _mm_set1_epi8(0x0F);
-    #pragma omp parallel for schedule(static) if (rows >= 64)
-    for (int n = 0; n < rows; n++) {
-        const uint8_t *row = blocks + (size_t)n * per_row * MXFP4_BLOCK_BYTES;
-        for (int m0 = 0; m0 < count; m0 += MXFP4_ROW_TILE) {
-            const int tile = count - m0 < MXFP4_ROW_TILE ? count - m0 : MXFP4_ROW_TILE;
-            __m256 sums[MXFP4_ROW_TILE];
-            for (int m = 0; m < MXFP4_ROW_TILE; m++) sums[m] = _mm256_setzero_ps();
-            for (int b = 0; b < per_row; b++) {
-                const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
-                const __m128i codes = _mm_loadu_si128((const __m128i *)(block + 1));
-                const __m256 scale = _mm256_set1_ps(scale_of[block[0]]);
-                const __m128i low = _mm_shuffle_epi8(table, _mm_and_si128(codes, nibble));
-                const __m128i high = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(codes, 4), nibble));
-                const __m256 w[4] = {mxfp4_eight(low, scale), mxfp4_eight(_mm_srli_si128(low, 8), scale),
-                                     mxfp4_eight(high, scale), mxfp4_eight(_mm_srli_si128(high, 8), scale)};
-                for (int m = 0; m < tile; m++) {
-                    const float *xs = x + (size_t)(m0 + m) * width + (size_t)b * MXFP4_BLOCK;
-                    for (int q = 0; q < 4; q++) sums[m] = _mm256_fmadd_ps(w[q], _mm256_loadu_ps(xs + 8 * q), sums[m]);
-                }
-            }
-            for (int m = 0; m < tile; m++)
-                y[(size_t)(m0 + m) * rows + n] = sum_of(sums[m]) + (bias ? bias[n] : 0.0f);
-        }
+/* A strip block's weights (block: its 8 exponents, then its codes) through `table`: out[j] (j < 4) lane r = row r's
+   weights 4j .. 4j + 3 (its code bytes' low nibbles), out[4 + j] its weights 16 + 4j .. 19 + 4j (high nibbles). */
+static inline __attribute__((always_inline)) void mxfp4_strip_weights(const uint8_t *block, __m256i table,
+                                                                      __m256i out[8]) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    for (int j = 0; j < 4; j++) {
+        const __m256i codes = _mm256_loadu_si256((const __m256i *)(block + MXFP4_STRIP + 32 * j));
+        out[j] = _mm256_shuffle_epi8(table, _mm256_and_si256(codes, nibble));
+        out[4 + j] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(codes, 4), nibble));
     }
 }
 
-/* start + each lane's four unsigned bytes times its four signed ones, in int32: one operand is at most 24 or 12 in
-   magnitude (the row loop's lifted weights, the strips' signed ones), so vpmaddubsw's pairs stay within int16
-   (2 x 255 x 12, 2 x 24 x 127). */
-static inline __m256i mxfp4_products(__m256i start, __m256i unsigned_bytes, __m256i signed_bytes) {
+/* A strip block's weight scales, lane r = 2^(e_r - 128) (mxfp4_scale): from its exponents' bits, e < 2 subnormal. */
+static inline __m256 mxfp4_strip_scales(const uint8_t *block) {
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)block));
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(subnormal, normal, _mm256_cmpgt_epi32(e, _mm256_set1_epi32(1))));
+}
+
+/* Lane r: row r's unsigned weights (twice the e2m1 value + MXFP4_LIFT) times one activation row's 32 signed codes,
+   plus `start` (-MXFP4_LIFT times the codes' sum, which takes out the lift): the block's exact int32 dot product. Four
+   vpmaddubsw pairs (at most 2 x 24 x 127 each) sum in int16 within 4 x 6096. */
+static inline __attribute__((always_inline)) __m256i mxfp4_strip_dot(const __m256i weights[8], const int8_t *codes,
+                                                                     int32_t start) {
 #ifdef __AVXVNNI__
-    return _mm256_dpbusd_avx_epi32(start, unsigned_bytes, signed_bytes);
+    __m256i dot = _mm256_set1_epi32(start);
+    for (int g = 0; g < 8; g++) {
+        int32_t four;
+        __builtin_memcpy(&four, codes + 4 * g, 4);
+        dot = _mm256_dpbusd_avx_epi32(dot, weights[g], _mm256_set1_epi32(four));
+    }
+    return dot;
 #else
-    return _mm256_add_epi32(start, _mm256_madd_epi16(_mm256_maddubs_epi16(unsigned_bytes, signed_bytes),
-                                                     _mm256_set1_epi16(1)));
+    __m256i halves[2];
+    for (int h = 0; h < 2; h++) {
+        __m256i pairs = _mm256_setzero_si256();
+        for (int k = 0; k < 4; k++) {  /* groups 2h, 2h + 1 and 4 + 2h, 5 + 2h */
+            const int g = 2 * h + k % 2 + 4 * (k / 2);
+            int32_t four;
+            __builtin_memcpy(&four, codes + 4 * g, 4);
+            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(weights[g], _mm256_set1_epi32(four)));
+        }
+        halves[h] = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    }
+    return _mm256_add_epi32(_mm256_add_epi32(halves[0], halves[1]), _mm256_set1_epi32(start));
 #endif
 }
 
-/* A block's 32 weights through `table` as one vector, in the activations' order (weights 0-15, then 16-31): its 16
-   code bytes in both halves (vbroadcasti128), the second half's shifted down a nibble, pick them through vpshufb. */
-static inline __attribute__((always_inline)) __m256i mxfp4_block_weights(const uint8_t *block, __m256i table) {
-    const __m256i halves = _mm256_setr_epi64x(0, 0, 4, 4), nibble = _mm256_set1_epi8(0x0F);
-    const __m256i codes = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(block + 1)));
-    return _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srlv_epi64(codes, halves), nibble));
-}
-
-/* One code a value: block b's `weights`, unsigned (`table`: twice the e2m1 values + MXFP4_LIFT), times the tile's
-   signed codes from each lane's start (-MXFP4_LIFT times its codes, mxfp4_quantize's) are each lane's exact int32
-   sum of the weights times the codes, which meets `weight_scale` and the block's activation scale in fp32 into
-   sums[m]. */
-static inline __attribute__((always_inline)) void mxfp4_block_lanes(
-        int tile, const mxfp4_activations *a, int m0, int width, int b, __m256i weights, __m256 weight_scale,
-        __m256 *sums) {
-    for (int m = 0; m < tile; m++) {
-        const size_t at = (size_t)(m0 + m) * width + (size_t)b * MXFP4_BLOCK;
-        const __m256 value = _mm256_cvtepi32_ps(mxfp4_products(
-            _mm256_loadu_si256((const __m256i *)(a->high_starts + at / 4)), weights,
-            _mm256_loadu_si256((const __m256i *)(a->high + at))));
-        const __m256 scale = _mm256_mul_ps(weight_scale, _mm256_broadcast_ss(a->scales + at / MXFP4_BLOCK));
-        sums[m] = _mm256_fmadd_ps(value, scale, sums[m]);
-    }
-}
-
-/* Two codes a value, met as one int16 (mxfp4_quantize's `combined`, LOW_STEPS high + low): block b's `weights`,
-   signed (`table`: twice the e2m1 values), widened to int16 in two vectors, times the combined codes by vpmaddwd are
-   each lane's exact sum (at most 4 x 12 x 32385, within fp32's 24 bits), in steps of 1 / LOW_STEPS, into sums[m]. A
-   block then takes two vpmaddwd a row, where its two codes met apart take two vpmaddubsw, two vpmaddwd and a
-   conversion to fp32 more. */
-static inline __attribute__((always_inline)) void mxfp4_block_combined(
-        int tile, const mxfp4_activations *a, int m0, int width, int b, __m256i weights, __m256 weight_scale,
-        __m256 *sums) {
-    const __m256i first = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(weights));       /* weights 0-15 */
-    const __m256i second = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(weights, 1)); /* 16-31 */
-    for (int m = 0; m < tile; m++) {
-        const size_t at = (size_t)(m0 + m) * width + (size_t)b * MXFP4_BLOCK;
-        const __m256i *combined = (const __m256i *)(a->combined + at);
-        const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(first, _mm256_loadu_si256(combined)),
-                                             _mm256_madd_epi16(second, _mm256_loadu_si256(combined + 1)));
-        const __m256 scale = _mm256_mul_ps(weight_scale, _mm256_broadcast_ss(a->scales + at / MXFP4_BLOCK));
-        sums[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, sums[m]);
-    }
-}
-
-/* One weight row against `tile` activation rows from m0 (one code a value or two): out[m] = their dot products,
-   without the bias. A block is one vector of weights (mxfp4_block_weights), met by each row's codes as
-   mxfp4_block_lanes or mxfp4_block_combined say. */
-static inline __attribute__((always_inline)) void mxfp4_row(
-        int tile, int two_codes, const mxfp4_activations *a, int m0, int first_pass, int width, const uint8_t *row,
-        const float *scale_of, __m256i table, float *out) {
-    const int per_row = width / MXFP4_BLOCK;
-    __m256 sums[MXFP4_ROW_TILE];
-    for (int m = 0; m < tile; m++) sums[m] = _mm256_setzero_ps();
-    for (int b = 0; b < per_row; b++) {
-        const uint8_t *block = row + (size_t)b * MXFP4_BLOCK_BYTES;
-        if (first_pass) prefetch_ahead(block, 1);  /* the row's first tile */
-        const __m256i weights = mxfp4_block_weights(block, table);
-        const __m256 weight_scale = _mm256_broadcast_ss(scale_of + block[0]);
-        if (two_codes)
-            mxfp4_block_combined(tile, a, m0, width, b, weights, weight_scale, sums);
-        else
-            mxfp4_block_lanes(tile, a, m0, width, b, weights, weight_scale, sums);
-    }
-    for (int m = 0; m < tile; m++) out[m] = sum_of(sums[m]) * (two_codes ? 1.0f / LOW_STEPS : 1.0f);
-}
-
-/* kernels.c's strips for MXFP4 prompts (MXFP4_STRIPS), 8 weight rows a strip: each block of a strip's rows
-   decoded once into a vector a column quad (lane r: row r's four signed weights), then met by every activation row,
-   MXFP4_STRIP_TILE at a time, its four codes + 128 broadcast to each quad's products. */
-#define MXFP4_STRIP_ROWS 5
-#define MXFP4_STRIP_TILE 4
-#define MXFP4_STRIP 8
-
-typedef struct {
-    __m256i weights[MXFP4_BLOCK / 4];  /* weights[g] lane r: row r's weights 4g .. 4g + 3, signed */
-    __m256i start;                     /* lane r: -128 times row r's 32 weights */
-    __m256 scales;                     /* lane r: row r's block scale */
-} mxfp4_strip_block;
-
-/* Every block of the 8 rows from first_row, decoded into out[per_row]: rows i and 4 + i's 16 code bytes fill vector i,
-   and a 4 x 4 transpose of 32-bit lanes within each half leaves vector q holding every row's bytes 4q .. 4q + 3 (its
-   quads q and q + 4: low nibbles, then high). */
-static void mxfp4_decode_strip(const uint8_t *blocks, int per_row, int first_row, const float *scale_of,
-                               mxfp4_strip_block *out) {
-    const size_t row_bytes = (size_t)per_row * MXFP4_BLOCK_BYTES;
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
-    const __m256i nibble = _mm256_set1_epi8(0x0F), lift = _mm256_set1_epi8((char)0x80);
-    const uint8_t *first = blocks + (size_t)first_row * row_bytes;
-    for (int b = 0; b < per_row; b++) {
-        const uint8_t *block = first + (size_t)b * MXFP4_BLOCK_BYTES;
-        __m256i rows[4];
-        for (int i = 0; i < 4; i++)
-            rows[i] = _mm256_inserti128_si256(
-                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(block + i * row_bytes + 1))),
-                _mm_loadu_si128((const __m128i *)(block + (4 + i) * row_bytes + 1)), 1);
-        const __m256i low01 = _mm256_unpacklo_epi32(rows[0], rows[1]), high01 = _mm256_unpackhi_epi32(rows[0], rows[1]);
-        const __m256i low23 = _mm256_unpacklo_epi32(rows[2], rows[3]), high23 = _mm256_unpackhi_epi32(rows[2], rows[3]);
-        const __m256i quads[4] = {_mm256_unpacklo_epi64(low01, low23), _mm256_unpackhi_epi64(low01, low23),
-                                  _mm256_unpacklo_epi64(high01, high23), _mm256_unpackhi_epi64(high01, high23)};
-        __m256i lifted = _mm256_setzero_si256();
-        for (int q = 0; q < 4; q++) {
-            const __m256i low = _mm256_shuffle_epi8(table, _mm256_and_si256(quads[q], nibble));
-            const __m256i high = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(quads[q], 4), nibble));
-            out[b].weights[q] = low;
-            out[b].weights[q + 4] = high;
-            lifted = mxfp4_products(mxfp4_products(lifted, lift, low), lift, high);
-        }
-        out[b].start = _mm256_sub_epi32(_mm256_setzero_si256(), lifted);
-        float scales[MXFP4_STRIP];
-        for (int r = 0; r < MXFP4_STRIP; r++) scales[r] = scale_of[block[r * row_bytes]];
-        out[b].scales = _mm256_loadu_ps(scales);
-    }
-}
-
-/* A strip's 8 outputs of `tile` activation rows (codes: their unsigned codes, scales: their block scales), into y
-   [., rows] from column first_row, plus bias. */
-static inline __attribute__((always_inline)) void mxfp4_strip_pass(
-        int tile, const mxfp4_strip_block *strip, int per_row, const uint8_t *codes, const float *scales, int width,
-        const float *bias, int rows, int first_row, float *y) {
-    __m256 sums[MXFP4_STRIP_TILE];
-    for (int m = 0; m < tile; m++) sums[m] = _mm256_setzero_ps();
-    for (int b = 0; b < per_row; b++) {
-        const mxfp4_strip_block *block = strip + b;
-        for (int m = 0; m < tile; m++) {
-            const uint8_t *quads = codes + (size_t)m * width + (size_t)b * MXFP4_BLOCK;
-            __m256i dot = block->start;
-            for (int g = 0; g < MXFP4_BLOCK / 4; g++) {
-                int32_t four;
-                __builtin_memcpy(&four, quads + 4 * g, 4);
-                dot = mxfp4_products(dot, _mm256_set1_epi32(four), block->weights[g]);
-            }
-            const __m256 scale = _mm256_mul_ps(block->scales, _mm256_set1_ps(scales[(size_t)m * per_row + b]));
-            sums[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, sums[m]);
-        }
-    }
-    const __m256 shift = bias ? _mm256_loadu_ps(bias + first_row) : _mm256_setzero_ps();
-    for (int m = 0; m < tile; m++) _mm256_storeu_ps(y + (size_t)m * rows + first_row, _mm256_add_ps(sums[m], shift));
-}
-
-/* kernels.c's mxfp4_call: what every weight row of a row-loop call reads. */
+/* kernels.c's mxfp4_call: what every strip of a call reads. */
 typedef struct {
     const mxfp4_activations *a;
     int width, rows, two_codes;
-    const float *scale_of;
-    __m256i table;
+    __m256i table;  /* the lifted weights (mxfp4_strip_dot) */
     float *y;
 } mxfp4_call;
 
-/* Weight row n of `segment` against its activation rows (MXFP4_SEGMENT_TILES). */
-static void mxfp4_weight_row_tiles(const void *context, const mxfp4_segment *segment, int n) {
+/* `tile` activation rows from `first` times the strip at `strip`: sums[m] lane r = their dot product with weight row
+   r, in steps of 1 / LOW_STEPS where two codes a value (each block's high codes' dot times LOW_STEPS plus its low
+   codes', exact in fp32: at most 254 x 48768 + 48768). */
+static inline __attribute__((always_inline)) void mxfp4_strip_tile(int tile, int two_codes, const mxfp4_call *call,
+                                                                   const uint8_t *strip, int first, __m256 *sums) {
+    const mxfp4_activations *a = call->a;
+    const int per_row = call->width / MXFP4_BLOCK;
+    for (int m = 0; m < tile; m++) sums[m] = _mm256_setzero_ps();
+    for (int b = 0; b < per_row; b++) {
+        const uint8_t *block = strip + (size_t)b * MXFP4_STRIP_BYTES;
+        __m256i weights[8];
+        mxfp4_strip_weights(block, call->table, weights);
+        const __m256 weight_scales = mxfp4_strip_scales(block);
+        for (int m = 0; m < tile; m++) {
+            const size_t at = (size_t)(first + m) * per_row + b;  /* the activation block */
+            __m256 value = _mm256_cvtepi32_ps(mxfp4_strip_dot(weights, a->high + at * MXFP4_BLOCK, a->high_starts[at]));
+            if (two_codes)
+                value = _mm256_fmadd_ps(value, _mm256_set1_ps(LOW_STEPS), _mm256_cvtepi32_ps(
+                    mxfp4_strip_dot(weights, a->low + at * MXFP4_BLOCK, a->low_starts[at])));
+            sums[m] = _mm256_fmadd_ps(value, _mm256_mul_ps(weight_scales, _mm256_set1_ps(a->scales[at])), sums[m]);
+        }
+    }
+}
+
+/* A strip's 8 outputs of one activation row into y_row from column `column` (fewer at a weight's last strip where
+   its rows are not a multiple of 8), plus bias. */
+static inline void mxfp4_strip_out(__m256 sums, const float *bias, int column, int rows, float *y_row) {
+    float out[MXFP4_STRIP];
+    _mm256_storeu_ps(out, sums);
+    const int columns = rows - column < MXFP4_STRIP ? rows - column : MXFP4_STRIP;
+    for (int r = 0; r < columns; r++) y_row[column + r] = out[r] + (bias ? bias[column + r] : 0.0f);
+}
+
+/* Strip s of `segment` against its activation rows, MXFP4_ROW_TILE at a time. */
+static void mxfp4_strip_rows(const void *context, const mxfp4_segment *segment, int s) {
     const mxfp4_call *call = context;
-    const uint8_t *row = segment->blocks + (size_t)n * (call->width / MXFP4_BLOCK) * MXFP4_BLOCK_BYTES;
-    #define MXFP4_ROWS(t, two) \
-        mxfp4_row(t, two, call->a, first, m0 == 0, call->width, row, call->scale_of, call->table, sums)
-    MXFP4_SEGMENT_TILES(segment, n, call->rows, call->two_codes, call->y, MXFP4_ROWS);
-    #undef MXFP4_ROWS
+    const uint8_t *strip = segment->blocks + (size_t)s * (call->width / MXFP4_BLOCK) * MXFP4_STRIP_BYTES;
+    const __m256 unit = _mm256_set1_ps(call->two_codes ? 1.0f / LOW_STEPS : 1.0f);
+    for (int m0 = 0; m0 < segment->count; m0 += MXFP4_ROW_TILE) {
+        const int tile = segment->count - m0 < MXFP4_ROW_TILE ? segment->count - m0 : MXFP4_ROW_TILE;
+        __m256 sums[MXFP4_ROW_TILE];
+        #define MXFP4_TILE(t, two) mxfp4_strip_tile(t, two, call, strip, segment->first + m0, sums)
+        MXFP4_CONSTANT_TILE(tile, call->two_codes, MXFP4_TILE);
+        #undef MXFP4_TILE
+        for (int m = 0; m < tile; m++)
+            mxfp4_strip_out(_mm256_mul_ps(sums[m], unit), segment->bias, s * MXFP4_STRIP, call->rows,
+                            call->y + (size_t)(segment->first + m0 + m) * call->rows);
+    }
 }
 
-/* kernels.c's mxfp4_row_loop. */
-static void mxfp4_row_loop(const mxfp4_activations *a, const mxfp4_segment *segments, int active, int rows,
-                           int width, int two_codes, const float *scale_of, float *y) {
+/* The segments' strips (OpenMP, mxfp4_segment_rows) against their rows' activations rounded to one code or two. */
+static void mxfp4_strip_call(const float *x, int count, int width, const mxfp4_segment *segments, int active,
+                             int rows, int two_codes, void *scratch, float *y) {
+    const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, 1, scratch);
     const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
-    /* two codes: the signed weights (mxfp4_block_combined); one: lifted (mxfp4_block_lanes) */
-    const __m256i table = two_codes ? values : _mm256_add_epi8(values, _mm256_set1_epi8(MXFP4_LIFT));
-    const mxfp4_call call = {a, width, rows, two_codes, scale_of, table, y};
-    mxfp4_segment_rows(&call, mxfp4_weight_row_tiles, segments, active, rows);
+    const mxfp4_call call = {&a, width, rows, two_codes, _mm256_add_epi8(values, _mm256_set1_epi8(MXFP4_LIFT)), y};
+    mxfp4_segment_rows(&call, mxfp4_strip_rows, segments, active, (rows + MXFP4_STRIP - 1) / MXFP4_STRIP);
 }
 
-/* kernels.c's mxfp4_matmul: y [count, rows] = x [count, width] times the MXFP4 weight's rows, plus bias; codes 1 or
-   2 int8 codes an activation, 0 fp32 (exact); scratch: M * (5K + K / 4) bytes. */
+/* The exact product, fp32 activations (the fp32 plan): each strip block's signed weights widened to fp32 a weight
+   at a time (lane r: row r's), times its scales, met by each activation row's value broadcast. */
+static void mxfp4_matmul_exact(const float *x, int count, int width, const uint8_t *blocks, int rows,
+                               const float *bias, float *y) {
+    const int per_row = width / MXFP4_BLOCK, strips = (rows + MXFP4_STRIP - 1) / MXFP4_STRIP;
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
+    #pragma omp parallel for schedule(static) if (strips >= 8)
+    for (int s = 0; s < strips; s++) {
+        const uint8_t *strip = blocks + (size_t)s * per_row * MXFP4_STRIP_BYTES;
+        for (int m0 = 0; m0 < count; m0 += MXFP4_ROW_TILE) {
+            const int tile = count - m0 < MXFP4_ROW_TILE ? count - m0 : MXFP4_ROW_TILE;
+            __m256 sums[MXFP4_ROW_TILE];
+            for (int m = 0; m < tile; m++) sums[m] = _mm256_setzero_ps();
+            for (int b = 0; b < per_row; b++) {
+                const uint8_t *block = strip + (size_t)b * MXFP4_STRIP_BYTES;
+                __m256i weights[8];
+                mxfp4_strip_weights(block, table, weights);
+                const __m256 scales = mxfp4_strip_scales(block);
+                for (int g = 0; g < 8; g++)
+                    for (int i = 0; i < 4; i++) {  /* weight 4g + i of the block: byte i of each lane */
+                        const __m256 weight = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srai_epi32(
+                            _mm256_slli_epi32(weights[g], 24 - 8 * i), 24)), scales);
+                        for (int m = 0; m < tile; m++)
+                            sums[m] = _mm256_fmadd_ps(weight, _mm256_set1_ps(
+                                x[(size_t)(m0 + m) * width + (size_t)b * MXFP4_BLOCK + 4 * g + i]), sums[m]);
+                    }
+            }
+            for (int m = 0; m < tile; m++)
+                mxfp4_strip_out(sums[m], bias, s * MXFP4_STRIP, rows, y + (size_t)(m0 + m) * rows);
+        }
+    }
+}
+
+/* kernels.c's mxfp4_matmul: y [count, rows] = x [count, width] times the weight's strips, plus bias; codes 1 or 2
+   int8 codes an activation, 0 fp32 (exact); scratch: mxfp4_quantize's. */
 void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
                   int codes, void *scratch, float *y) {
-    float scale_of[256];
-    mxfp4_scales(scale_of);
     if (codes == 0) {
-        mxfp4_matmul_exact(x, count, width, blocks, rows, bias, scale_of, y);
-        return;
-    }
-    const int two_codes = codes == 2;
-    const int strips = !two_codes && count >= MXFP4_STRIP_ROWS && rows % MXFP4_STRIP == 0;
-    const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, !strips, scratch);
-    if (strips) {
-        MXFP4_STRIPS(&a, count, width, blocks, rows, bias, scale_of, y);  /* kernels_common.h */
+        mxfp4_matmul_exact(x, count, width, blocks, rows, bias, y);
         return;
     }
     const mxfp4_segment whole = {blocks, bias, 0, count};
-    mxfp4_row_loop(&a, &whole, 1, rows, width, two_codes, scale_of, y);
+    mxfp4_strip_call(x, count, width, &whole, 1, rows, codes == 2, scratch, y);
 }
 
-/* kernels.c's mxfp4_experts: a step's experts in one call, each in the row loop. */
+/* kernels.c's mxfp4_experts: a step's experts in one call, their strips shared among the threads. */
 void mxfp4_experts(const float *x, int count, int width, const int64_t *table, int active, int rows, int codes,
                    void *scratch, float *y) {
-    float scale_of[256];
-    mxfp4_scales(scale_of);
-    const int two_codes = codes == 2;
-    const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, 1, scratch);
     mxfp4_segment *segments = mxfp4_segments(table, active);
-    mxfp4_row_loop(&a, segments, active, rows, width, two_codes, scale_of, y);
+    mxfp4_strip_call(x, count, width, segments, active, rows, codes == 2, scratch, y);
     free(segments);
 }

@@ -201,40 +201,6 @@ static void mxfp4_share(const mxfp4_segment *segments, int active, int rows, int
         }                                                           \
     } while (0)
 
-/* The x86 variants' strips for MXFP4 prompts, over their own mxfp4_strip_block, mxfp4_decode_strip and mxfp4_strip_pass
-   (MXFP4_STRIP weight rows a strip, MXFP4_STRIP_TILE activation rows a pass; one code a value, weight rows a
-   multiple of the strip): the codes turn unsigned in place; OpenMP over strips, each decoded once into a thread's
-   buffer and met by every activation row a tile at a time, a whole tile a constant so that its sums unroll into
-   registers. */
-#define MXFP4_STRIPS(a, count, width, blocks, rows, bias, scale_of, y)                                          \
-    do {                                                                                                        \
-        const int per_row = (width) / MXFP4_BLOCK, strips = (rows) / MXFP4_STRIP;                               \
-        mxfp4_unsigned_in_place((a)->high, (size_t)(count) * (width));                                          \
-        const uint8_t *codes = (const uint8_t *)(a)->high;                                                      \
-        _Pragma("omp parallel")                                                                                 \
-        {                                                                                                       \
-            mxfp4_strip_block *strip = aligned_alloc(_Alignof(mxfp4_strip_block),                               \
-                                                     (size_t)per_row * sizeof(mxfp4_strip_block));              \
-            _Pragma("omp for schedule(static)")                                                                 \
-            for (int s = 0; s < strips; s++) {                                                                  \
-                mxfp4_decode_strip(blocks, per_row, s * MXFP4_STRIP, scale_of, strip);                          \
-                for (int m0 = 0; m0 < (count); m0 += MXFP4_STRIP_TILE) {                                        \
-                    const int tile = (count) - m0 < MXFP4_STRIP_TILE ? (count) - m0 : MXFP4_STRIP_TILE;         \
-                    const uint8_t *tile_codes = codes + (size_t)m0 * (width);                                   \
-                    const float *tile_scales = (a)->scales + (size_t)m0 * per_row;                              \
-                    float *tile_y = (y) + (size_t)m0 * (rows);                                                  \
-                    if (tile == MXFP4_STRIP_TILE)                                                               \
-                        mxfp4_strip_pass(MXFP4_STRIP_TILE, strip, per_row, tile_codes, tile_scales, width, bias, \
-                                         rows, s * MXFP4_STRIP, tile_y);                                        \
-                    else                                                                                        \
-                        mxfp4_strip_pass(tile, strip, per_row, tile_codes, tile_scales, width, bias, rows,       \
-                                         s * MXFP4_STRIP, tile_y);                                              \
-                }                                                                                               \
-            }                                                                                                   \
-            free(strip);                                                                                        \
-        }                                                                                                       \
-    } while (0)
-
 /* A variant's tiles of weight row n of `segment`: its activation rows MXFP4_ROW_TILE at a time, each tile's sums from
    ROWS(t, two) (MXFP4_CONSTANT_TILE; in scope there: `first`, the tile's first activation row, `m0`, its offset in
    the segment, and `sums`), into y[first + m, n] [., rows] plus the segment's bias. */
@@ -264,47 +230,42 @@ static void mxfp4_segment_rows(const void *call, mxfp4_weight_row weight_row, co
     }
 }
 
-#define MXFP4_LIFT 12  /* the x86 row loops' weights are unsigned: twice the e2m1 value + 12, from 0 to 24 */
+#define MXFP4_LIFT 12  /* the x86 loops' weights are unsigned: twice the e2m1 value + 12, from 0 to 24 */
 
-/* mxfp4_matmul's activations, carved from the start of its scratch (M * (5K + K / 4) bytes of it): the codes of
+/* mxfp4_matmul's activations, carved from the start of its scratch (M * (2K + K / 4) bytes of it): the codes of
    quantize_activations per block of 32 (high, and low where two codes a value) and scales [M, K / 32]; and for the
-   avx2 row loop (`lanes`), with one code -MXFP4_LIFT times each run of four codes' sum (a 32-bit lane of the dot
-   products; high_starts [M, K / 4]), where each lane's sum of the unsigned weights times the signed codes starts:
-   that takes out what the lift added; with two codes each value's as one int16, LOW_STEPS high + low (combined
-   [M, K]; at most 254 x 127 + 127 in magnitude). (The avx512 row loop rearranges the codes past the scales:
-   kernels.c's mxfp4_groups.) */
+   avx2 strips (`starts`), -MXFP4_LIFT times each block's high codes' sum and its low codes' (high_starts, low_starts
+   [M, K / 32]), where a block's dot product of the lifted weights with the codes starts: that takes out what the
+   lift added. (The avx512 row loop rearranges the codes past the scales: kernels.c's mxfp4_groups.) */
 typedef struct {
     int8_t *high, *low;
     float *scales;
-    int32_t *high_starts;
-    int16_t *combined;
+    int32_t *high_starts, *low_starts;
 } mxfp4_activations;
 
-/* The x86 strips' codes (MXFP4_STRIPS) as unsigned bytes in place: code + 128, an exclusive or with 0x80. */
-static inline void mxfp4_unsigned_in_place(int8_t *codes, size_t count) {
-    for (size_t i = 0; i < count; i++) codes[i] = (int8_t)(codes[i] ^ 0x80);
+/* -MXFP4_LIFT times each block of 32 codes' sum, [blocks]. */
+static void mxfp4_starts(const int8_t *codes, size_t blocks, int32_t *starts) {
+    for (size_t block = 0; block < blocks; block++) {
+        int32_t total = 0;
+        for (int i = 0; i < MXFP4_BLOCK; i++) total += codes[block * MXFP4_BLOCK + i];
+        starts[block] = -MXFP4_LIFT * total;
+    }
 }
 
-/* x [M, K] rounded into `scratch` (the type's comment), one code a value or two; `lanes`: the avx2 row loop's starts
-   or combined codes too. */
-static mxfp4_activations mxfp4_quantize(const float *x, int count, int width, int two_codes, int lanes,
+/* x [M, K] rounded into `scratch` (the type's comment), one code a value or two; `starts`: the avx2 strips' too. */
+static mxfp4_activations mxfp4_quantize(const float *x, int count, int width, int two_codes, int starts,
                                         void *scratch) {
-    const size_t values = (size_t)count * width;
+    const size_t values = (size_t)count * width, blocks = values / MXFP4_BLOCK;
     mxfp4_activations a;
     a.high = (int8_t *)scratch;
     a.low = a.high + values;
     a.scales = (float *)(a.low + values);
-    float *code_totals = a.scales + values / MXFP4_BLOCK;
+    float *code_totals = a.scales + blocks;
     quantize_activations(x, count, width, MXFP4_BLOCK, a.high, two_codes ? a.low : NULL, a.scales, code_totals);
-    a.high_starts = (int32_t *)(code_totals + values / MXFP4_BLOCK);
-    a.combined = (int16_t *)(a.high_starts + values / 4);
-    if (lanes && two_codes)
-        for (size_t i = 0; i < values; i++) a.combined[i] = (int16_t)((int)LOW_STEPS * a.high[i] + a.low[i]);
-    else if (lanes)
-        for (size_t lane = 0; lane < values / 4; lane++) {
-            const int8_t *four = a.high + 4 * lane;
-            a.high_starts[lane] = -MXFP4_LIFT * (four[0] + four[1] + four[2] + four[3]);
-        }
+    a.high_starts = (int32_t *)(code_totals + blocks);
+    a.low_starts = a.high_starts + blocks;
+    if (starts) mxfp4_starts(a.high, blocks, a.high_starts);
+    if (starts && two_codes) mxfp4_starts(a.low, blocks, a.low_starts);
     return a;
 }
 

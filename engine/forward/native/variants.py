@@ -27,8 +27,9 @@ COMMON_HEADER = "kernels_common.h"  # included by every variant's source
 class Variant:
     """One library: ``name`` as benchmarks record it, its C source beside this module, the flags GCC and clang take
     and those MSVC takes, the CPU flags it needs (``torch.cpu.get_capabilities``' names), whether it holds the
-    AMX functions (``AMX_EXPORTED``), the architecture whose compilers build it (``architecture``'s names) and whether
-    it holds the int8 KV cache's functions (``INT8_KV_EXPORTED``)."""
+    AMX functions (``AMX_EXPORTED``), the architecture whose compilers build it (``architecture``'s names), whether
+    it holds the int8 KV cache's functions (``INT8_KV_EXPORTED``) and whether its MXFP4 functions take the weights in
+    strips of 8 rows (``mxfp4.in_strips``) rather than as the file's rows of blocks."""
 
     name: str
     source: str
@@ -38,6 +39,7 @@ class Variant:
     amx: bool = False
     architecture: str = "x86_64"
     int8_kv: bool = True
+    mxfp4_strips: bool = False
 
     def exported(self) -> tuple[str, ...]:
         return (*EXPORTED, *(AMX_EXPORTED if self.amx else ()), *(INT8_KV_EXPORTED if self.int8_kv else ()))
@@ -66,9 +68,10 @@ VARIANTS = (  # best first
             ("/O2", "/openmp", "/arch:AVX512"),
             ("avx512_f", "avx512_bw", "avx512_vl", "avx512_vnni", "avx512_vbmi"), amx=True),
     Variant("avx2vnni", "kernels_avx2.c", (*UNIX_FLAGS, "-mavx2", "-mfma", "-mf16c", "-mavxvnni"),
-            ("/O2", "/openmp", "/arch:AVX2", "/D__AVXVNNI__"), ("avx2", "fma3", "f16c", "avx_vnni")),
+            ("/O2", "/openmp", "/arch:AVX2", "/D__AVXVNNI__"), ("avx2", "fma3", "f16c", "avx_vnni"),
+            mxfp4_strips=True),
     Variant("avx2", "kernels_avx2.c", (*UNIX_FLAGS, "-mavx2", "-mfma", "-mf16c"), ("/O2", "/openmp", "/arch:AVX2"),
-            ("avx2", "fma3", "f16c")),
+            ("avx2", "fma3", "f16c"), mxfp4_strips=True),
     Variant("neon", "kernels_neon.c", UNIX_FLAGS, (), ("neon",), architecture="aarch64", int8_kv=False),
 )
 NAMES = (*(variant.name for variant in VARIANTS), "none")

@@ -24,10 +24,11 @@ from typing import Sequence
 import torch
 
 from engine.forward.native import activation_codes
-from engine.forward.native.build import activation_scratch, library
+from engine.forward.native.build import activation_scratch, kernels, library
 from engine.forward.native.int4_matmul import AMX_ROWS, runs_on_amx, tile_scratch
 
 BLOCK, BLOCK_BYTES = 32, 17
+STRIP = 8  # weight rows a strip (``in_strips``)
 AMX_STRIP = 32  # weight rows the tiles' kernel dequantizes at a time: a weight's rows a whole number of them
 ONE_CODE_ROWS = 2
 """Rows from which a call rounds its activations to one code a value whatever the step (an expert's rows of a prompt
@@ -82,6 +83,24 @@ class Mxfp4Rows:
         return torch.ldexp(values, exponents.unsqueeze(-1)).view(rows, -1)
 
 
+def in_strips(blocks: torch.Tensor) -> torch.Tensor:
+    """``blocks`` [N, K / 32 * 17] (``Mxfp4Rows``) rearranged for the avx2 kernels: [ceil(N / 8), K / 32 * 136], the
+    same bytes a strip of 8 weight rows at a time (the last padded with zero blocks, whose weights are zero) and
+    within a strip a block column at a time: its 8 exponents (row r's at r), then its 128 code bytes, byte 32j + 4r + i
+    row r's code byte 4j + i. A vector of 32 code bytes then holds four weights of each of 8 rows, which one row of
+    activations meets in one product."""
+    rows, row_bytes = blocks.shape
+    padded = -(-rows // STRIP) * STRIP
+    if padded != rows:
+        blocks = torch.cat([blocks, blocks.new_zeros(padded - rows, row_bytes)])
+    grouped = blocks.reshape(padded // STRIP, STRIP, row_bytes // BLOCK_BYTES, BLOCK_BYTES)  # [S, r, B, 17]
+    strips = torch.empty(padded // STRIP, row_bytes // BLOCK_BYTES, STRIP * BLOCK_BYTES, dtype=torch.uint8)
+    strips[..., :STRIP] = grouped[..., 0].transpose(1, 2)  # [S, B, r]
+    codes = grouped[..., 1:].unflatten(-1, (4, 4)).permute(0, 2, 3, 1, 4)  # [S, B, j, r, i]
+    strips[..., STRIP:].unflatten(-1, (4, STRIP, 4)).copy_(codes)
+    return strips.flatten(1)  # [S, B * 136]
+
+
 class Mxfp4Matmul:
     """``y = (x * input_scale) @ W.T + bias`` over ``weight``'s blocks, x and y fp32 (``mxfp4_linear``'s call). The
     kernel rounds the activations to int8 codes (``codes_for`` its rows), or with ``exact`` keeps them in fp32 (the
@@ -89,11 +108,12 @@ class Mxfp4Matmul:
 
     def __init__(self, weight: Mxfp4Rows, bias: torch.Tensor | None, input_scale: torch.Tensor | None,
                  exact: bool) -> None:
-        self.blocks = weight.blocks.contiguous()
         self.rows, self.width = weight.shape
         self.bias = bias.float().contiguous() if bias is not None else None
         self.input_scale, self.exact = input_scale, exact
-        self._kernels = library() if self.blocks.device.type == "cpu" else None
+        self._kernels = library() if weight.device.type == "cpu" else None
+        strips = self._kernels is not None and kernels().mxfp4_strips
+        self.blocks = in_strips(weight.blocks) if strips else weight.blocks.contiguous()  # as the kernels read them
         self._on_tiles = self._kernels is not None and not exact and runs_on_amx() and self.rows % AMX_STRIP == 0
 
     @property

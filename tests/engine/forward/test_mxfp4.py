@@ -43,21 +43,39 @@ def _rounded(x: torch.Tensor, codes: int) -> torch.Tensor:
     return ((high + low / 254) * scales).flatten(1)
 
 
+def test_strips_hold_each_rows_blocks_where_the_avx2_kernels_read_them():
+    """``in_strips``: a strip block's exponents, row r's at r, then code byte 4j + i of row r at 32j + 4r + i; rows
+    past the weight's (12 here, in strips of 8) are zero blocks."""
+    blocks = torch.from_numpy(_blocks(12, 64))  # [12, 2 * 17]
+    strips = mxfp4.in_strips(blocks).view(2, 2, 8 * BLOCK_BYTES)  # [strip, block, 136]
+    for row in range(12):
+        s, r = divmod(row, 8)
+        for b in range(2):
+            block = blocks[row, BLOCK_BYTES * b : BLOCK_BYTES * (b + 1)]
+            assert strips[s, b, r] == block[0]
+            for code in range(16):
+                j, i = divmod(code, 4)
+                assert strips[s, b, 8 + 32 * j + 4 * r + i] == block[1 + code]
+    padding = strips[1, :, 8:].unflatten(-1, (4, 8, 4))[:, :, 4:]  # rows 12 .. 15's codes
+    assert not strips[1, :, 4:8].any() and not padding.any()
+
+
 @pytest.mark.usefixtures("kernel_variant")
 @pytest.mark.parametrize("sequences", [1, 3])  # one sequence's step, a batched one
 @pytest.mark.parametrize(("count", "width"), [(1, 320), (1, 352), (3, 352), (5, 352), (70, 320)])  # 352: 11 blocks
+@pytest.mark.parametrize("rows", [96, 100])  # 100: past a whole number of strips of 8 (avx2) or 16 (avx512)
 def test_the_kernel_is_the_matmul_of_its_rounded_activations_by_the_decoded_weight(
-        count: int, width: int, sequences: int, monkeypatch: pytest.MonkeyPatch):
+        count: int, width: int, sequences: int, rows: int, monkeypatch: pytest.MonkeyPatch):
     """Two codes a value for one row of one sequence (a decode step), else one (``ONE_CODE_ROWS``); the int8 kernel
     even where AMX's tiles would take many rows."""
     monkeypatch.setattr(mxfp4, "runs_on_amx", lambda: False)
     torch.manual_seed(count)
-    blocks = _blocks(96, width, seed=count)
-    weight = torch.from_numpy(dequantize(blocks, Q.MXFP4))  # [96, K]
-    bias, scale = torch.randn(96), torch.rand(width) + 0.5
+    blocks = _blocks(rows, width, seed=count)
+    weight = torch.from_numpy(dequantize(blocks, Q.MXFP4))  # [N, K]
+    bias, scale = torch.randn(rows), torch.rand(width) + 0.5
     x = torch.randn(count, width) * torch.logspace(-2, 1, width)  # blocks of very different sizes
     run, nbytes = mxfp4_linear(Mxfp4Rows(torch.from_numpy(blocks.copy())), bias, scale)
-    assert nbytes == blocks.nbytes + 96 * 4
+    assert nbytes == run.blocks.numel() + rows * 4 and run.blocks.numel() - blocks.nbytes < 8 * blocks.shape[1]
     with activation_codes.for_step(sequences):
         got = run(x)
     codes = 2 if sequences == 1 and count < mxfp4.ONE_CODE_ROWS else 1
@@ -91,9 +109,9 @@ def test_many_rows_on_amx_tiles_are_their_bf16_rounding_times_the_exact_weight(c
 @pytest.mark.parametrize("count", [1, 5, 70])
 def test_exact_keeps_the_activations_and_equals_the_matmul_over_the_decoded_weight(count: int):
     """The fp32 plan's experts."""
-    blocks = _blocks(96, 352, seed=count)
-    weight = torch.from_numpy(dequantize(blocks, Q.MXFP4))  # [96, 352]
-    bias, scale, x = torch.randn(96), torch.rand(352) + 0.5, torch.randn(count, 352)
+    blocks = _blocks(100, 352, seed=count)
+    weight = torch.from_numpy(dequantize(blocks, Q.MXFP4))  # [100, 352]
+    bias, scale, x = torch.randn(100), torch.rand(352) + 0.5, torch.randn(count, 352)
     run, _ = mxfp4_linear(Mxfp4Rows(torch.from_numpy(blocks.copy())), bias, scale, exact=True)
     torch.testing.assert_close(run(x), torch.nn.functional.linear(x * scale, weight, bias), atol=1e-3, rtol=1e-5)
 
@@ -112,14 +130,14 @@ def test_a_steps_experts_in_one_call_are_each_rows_rounded_activations_times_its
     """``Mxfp4Experts``: each expert's rows (1 to 5, past a tile of 4) times its own weight plus its own bias (or
     none), the integer sums exact; experts no row picked are skipped."""
     torch.manual_seed(codes)
-    blocks = [_blocks(96, 352, seed=e) for e in range(6)]
-    biases = [torch.randn(96) if e % 2 else None for e in range(6)]
+    blocks = [_blocks(100, 352, seed=e) for e in range(6)]
+    biases = [torch.randn(100) if e % 2 else None for e in range(6)]
     matmuls = [mxfp4_linear(Mxfp4Rows(torch.from_numpy(b.copy())), bias, None)[0] for b, bias in zip(blocks, biases)]
     active, counts = torch.tensor([0, 2, 3, 5]), torch.tensor([1, 5, 2, 1])
     x = torch.randn(int(counts.sum()), 352) * torch.logspace(-2, 1, 352)
     got = mxfp4.Mxfp4Experts.of(matmuls)(x, active, counts, codes)
     for e, rows, out in zip(active.tolist(), x.split(counts.tolist()), got.split(counts.tolist())):
-        weight = torch.from_numpy(dequantize(blocks[e], Q.MXFP4))  # [96, K]
+        weight = torch.from_numpy(dequantize(blocks[e], Q.MXFP4))  # [100, K]
         rounded = torch.nn.functional.linear(_rounded(rows, codes), weight, biases[e])
         largest = torch.nn.functional.linear(rows, weight).abs().max()
         assert ((out - rounded).abs().max() / largest).item() < 2e-6
