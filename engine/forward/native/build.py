@@ -50,6 +50,7 @@ SIGNATURES = {
     "chunk_attention_amx": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64, I32),
     "mxfp4_matmul": (P, I32, I32, P, I32, P, I32, P, P),
     "mxfp4_experts": (P, I32, I32, P, I32, I32, I32, P, P),
+    "mxfp4_strips_from_rows": (P, I32, I32, P),
     "mxfp4_matmul_amx": (P, I32, I32, P, P, I32, I32, P, P),
     "decode_attention_q8": (P, P, P, P, I32, P, P, I32, I32, I32, I64, P),
     "chunk_attention_q8": (P, P, P, I32, I32, I32, P, I32, I32, I32, I32, I64, I32),

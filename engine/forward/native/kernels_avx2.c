@@ -1061,6 +1061,25 @@ static void mxfp4_matmul_exact(const float *x, int count, int width, const uint8
     }
 }
 
+/* The strips these kernels read (mxfp4.py's in_strips) from blocks [rows, width / 32 * 17]: strips [ceil(rows / 8),
+   width / 32 * MXFP4_STRIP_BYTES], zero blocks past the weight's rows. */
+void mxfp4_strips_from_rows(const uint8_t *blocks, int rows, int width, uint8_t *strips) {
+    const int per_row = width / MXFP4_BLOCK, count = (rows + MXFP4_STRIP - 1) / MXFP4_STRIP;
+    const size_t row_bytes = (size_t)per_row * MXFP4_BLOCK_BYTES;
+    #pragma omp parallel for schedule(static)
+    for (int s = 0; s < count; s++)
+        for (int b = 0; b < per_row; b++) {
+            uint8_t *out = strips + ((size_t)s * per_row + b) * MXFP4_STRIP_BYTES;
+            for (int r = 0; r < MXFP4_STRIP; r++) {
+                const int row = s * MXFP4_STRIP + r;
+                static const uint8_t zero[MXFP4_BLOCK_BYTES];
+                const uint8_t *block = row < rows ? blocks + row * row_bytes + (size_t)b * MXFP4_BLOCK_BYTES : zero;
+                out[r] = block[0];
+                for (int j = 0; j < 4; j++) memcpy(out + MXFP4_STRIP + 32 * j + 4 * r, block + 1 + 4 * j, 4);
+            }
+        }
+}
+
 /* kernels.c's mxfp4_matmul: y [count, rows] = x [count, width] times the weight's strips, plus bias; codes 1 or 2
    int8 codes an activation, 0 fp32 (exact); scratch: mxfp4_quantize's. */
 void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,

@@ -29,7 +29,7 @@ class Variant:
     and those MSVC takes, the CPU flags it needs (``torch.cpu.get_capabilities``' names), whether it holds the
     AMX functions (``AMX_EXPORTED``), the architecture whose compilers build it (``architecture``'s names), whether
     it holds the int8 KV cache's functions (``INT8_KV_EXPORTED``) and whether its MXFP4 functions take the weights in
-    strips of 8 rows (``mxfp4.in_strips``) rather than as the file's rows of blocks."""
+    strips of 8 rows rather than as the file's rows of blocks (``mxfp4.in_strips``, ``MXFP4_STRIPS_EXPORTED``)."""
 
     name: str
     source: str
@@ -42,7 +42,8 @@ class Variant:
     mxfp4_strips: bool = False
 
     def exported(self) -> tuple[str, ...]:
-        return (*EXPORTED, *(AMX_EXPORTED if self.amx else ()), *(INT8_KV_EXPORTED if self.int8_kv else ()))
+        return (*EXPORTED, *(AMX_EXPORTED if self.amx else ()), *(INT8_KV_EXPORTED if self.int8_kv else ()),
+                *(MXFP4_STRIPS_EXPORTED if self.mxfp4_strips else ()))
 
     def source_path(self) -> Path:
         return HERE / self.source
@@ -86,6 +87,7 @@ EXPORTED = ("int4_matmul", "int8_matmul", "decode_attention", "chunk_attention",
 """What every variant's library exports (``amx_enable`` returns -1 where the variant has no AMX functions)."""
 AMX_EXPORTED = ("int4_matmul_amx", "chunk_attention_amx", "mxfp4_matmul_amx")  # only where ``Variant.amx``
 INT8_KV_EXPORTED = ("decode_attention_q8", "chunk_attention_q8", "rotate_and_store_q8")
+MXFP4_STRIPS_EXPORTED = ("mxfp4_strips_from_rows",)  # only where ``Variant.mxfp4_strips``
 """The int8 KV cache's functions (``decode_attention.reads_int8``), only where ``Variant.int8_kv``: the neon variant
 has none yet, and its int8 cache runs in PyTorch's ops."""
 

@@ -84,21 +84,16 @@ class Mxfp4Rows:
 
 
 def in_strips(blocks: torch.Tensor) -> torch.Tensor:
-    """``blocks`` [N, K / 32 * 17] (``Mxfp4Rows``) rearranged for the avx2 kernels: [ceil(N / 8), K / 32 * 136], the
-    same bytes a strip of 8 weight rows at a time (the last padded with zero blocks, whose weights are zero) and
-    within a strip a block column at a time: its 8 exponents (row r's at r), then its 128 code bytes, byte 32j + 4r + i
-    row r's code byte 4j + i. A vector of 32 code bytes then holds four weights of each of 8 rows, which one row of
-    activations meets in one product."""
+    """``blocks`` [N, K / 32 * 17] (``Mxfp4Rows``) rearranged by and for the avx2 kernels (``Variant.mxfp4_strips``):
+    [ceil(N / 8), K / 32 * 136], the same bytes a strip of 8 weight rows at a time (the last padded with zero blocks,
+    whose weights are zero) and within a strip a block column at a time: its 8 exponents (row r's at r), then its 128
+    code bytes, byte 32j + 4r + i row r's code byte 4j + i. A vector of 32 code bytes then holds four weights of each
+    of 8 rows, which one row of activations meets in one product."""
     rows, row_bytes = blocks.shape
-    padded = -(-rows // STRIP) * STRIP
-    if padded != rows:
-        blocks = torch.cat([blocks, blocks.new_zeros(padded - rows, row_bytes)])
-    grouped = blocks.reshape(padded // STRIP, STRIP, row_bytes // BLOCK_BYTES, BLOCK_BYTES)  # [S, r, B, 17]
-    strips = torch.empty(padded // STRIP, row_bytes // BLOCK_BYTES, STRIP * BLOCK_BYTES, dtype=torch.uint8)
-    strips[..., :STRIP] = grouped[..., 0].transpose(1, 2)  # [S, B, r]
-    codes = grouped[..., 1:].unflatten(-1, (4, 4)).permute(0, 2, 3, 1, 4)  # [S, B, j, r, i]
-    strips[..., STRIP:].unflatten(-1, (4, STRIP, 4)).copy_(codes)
-    return strips.flatten(1)  # [S, B * 136]
+    strips = torch.empty(-(-rows // STRIP), row_bytes * STRIP, dtype=torch.uint8)  # [S, B * 136]
+    blocks = blocks.contiguous()
+    library().mxfp4_strips_from_rows(blocks.data_ptr(), rows, row_bytes // BLOCK_BYTES * BLOCK, strips.data_ptr())
+    return strips
 
 
 class Mxfp4Matmul:
