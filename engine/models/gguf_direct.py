@@ -340,7 +340,7 @@ class GGUFState(LazyTensors):
         for info in infos:
             read_exactly(self._path, memoryview(blocks[start : start + info.n_bytes]), self._start + info.offset)
             start += info.n_bytes
-        return Mxfp4Rows(torch.from_numpy(blocks.reshape(sum(info.dims[1] for info in infos), -1)))
+        return Mxfp4Rows(torch.from_numpy(blocks.reshape(sum(info.dims[1] for info in infos), -1)), handed_over=True)
 
     def _stacks(self, name: str, info: GGUFTensorInfo) -> bool:
         """Whether ``__getitem__`` would hand ``name`` as ``Int4Groups`` that C decodes (``stacked``)."""

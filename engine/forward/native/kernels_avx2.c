@@ -1062,22 +1062,31 @@ static void mxfp4_matmul_exact(const float *x, int count, int width, const uint8
 }
 
 /* The strips these kernels read (mxfp4.py's in_strips) from blocks [rows, width / 32 * 17]: strips [ceil(rows / 8),
-   width / 32 * MXFP4_STRIP_BYTES], zero blocks past the weight's rows. */
+   width / 32 * MXFP4_STRIP_BYTES], zero blocks past the weight's rows. `strips` may be `blocks` itself where the rows
+   are a multiple of 8 (a strip takes the bytes its rows held, each strip's rows copied aside first). */
 void mxfp4_strips_from_rows(const uint8_t *blocks, int rows, int width, uint8_t *strips) {
     const int per_row = width / MXFP4_BLOCK, count = (rows + MXFP4_STRIP - 1) / MXFP4_STRIP;
     const size_t row_bytes = (size_t)per_row * MXFP4_BLOCK_BYTES;
-    #pragma omp parallel for schedule(static)
-    for (int s = 0; s < count; s++)
-        for (int b = 0; b < per_row; b++) {
-            uint8_t *out = strips + ((size_t)s * per_row + b) * MXFP4_STRIP_BYTES;
-            for (int r = 0; r < MXFP4_STRIP; r++) {
-                const int row = s * MXFP4_STRIP + r;
-                static const uint8_t zero[MXFP4_BLOCK_BYTES];
-                const uint8_t *block = row < rows ? blocks + row * row_bytes + (size_t)b * MXFP4_BLOCK_BYTES : zero;
-                out[r] = block[0];
-                for (int j = 0; j < 4; j++) memcpy(out + MXFP4_STRIP + 32 * j + 4 * r, block + 1 + 4 * j, 4);
-            }
+    const int in_place = strips == blocks;
+    #pragma omp parallel
+    {
+        uint8_t *aside = in_place ? malloc(MXFP4_STRIP * row_bytes) : NULL;
+        #pragma omp for schedule(static)
+        for (int s = 0; s < count; s++) {
+            const uint8_t *first = blocks + (size_t)s * MXFP4_STRIP * row_bytes;
+            if (in_place) first = memcpy(aside, first, MXFP4_STRIP * row_bytes);
+            uint8_t *out = strips + (size_t)s * per_row * MXFP4_STRIP_BYTES;
+            for (int b = 0; b < per_row; b++, out += MXFP4_STRIP_BYTES)
+                for (int r = 0; r < MXFP4_STRIP; r++) {
+                    static const uint8_t zero[MXFP4_BLOCK_BYTES];
+                    const int held = s * MXFP4_STRIP + r < rows;
+                    const uint8_t *block = held ? first + r * row_bytes + (size_t)b * MXFP4_BLOCK_BYTES : zero;
+                    out[r] = block[0];
+                    for (int j = 0; j < 4; j++) memcpy(out + MXFP4_STRIP + 32 * j + 4 * r, block + 1 + 4 * j, 4);
+                }
         }
+        free(aside);
+    }
 }
 
 /* kernels.c's mxfp4_matmul: y [count, rows] = x [count, width] times the weight's strips, plus bias; codes 1 or 2

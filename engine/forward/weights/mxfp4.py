@@ -40,9 +40,12 @@ HALVES = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12],
 
 @dataclass(frozen=True)
 class Mxfp4Rows:
-    """A weight [N, K] as its MXFP4 blocks, ``blocks`` [N, K / 32 * 17] uint8 (see the module docstring)."""
+    """A weight [N, K] as its MXFP4 blocks, ``blocks`` [N, K / 32 * 17] uint8 (see the module docstring).
+    ``handed_over``: the blocks are this object's alone, read for it at load, and go to one matmul, which may then
+    rearrange them in place (``in_strips``); nothing reads this object after."""
 
     blocks: torch.Tensor
+    handed_over: bool = False
 
     @property
     def shape(self) -> torch.Size:
@@ -68,10 +71,11 @@ class Mxfp4Rows:
     def from_checkpoint(blocks: torch.Tensor, scales: torch.Tensor) -> Mxfp4Rows:
         """openai's MXFP4 rows, ``blocks`` [N, K / 32, 16] uint8 (byte j: weight 2j in its low nibble, 2j + 1 in its
         high one) and ``scales`` [N, K / 32] uint8 (e8m0, bias 127: ``2^(e - 127)`` times the e2m1 value, which is
-        ``2^(e - 128)`` times ``HALVES``), in GGUF's blocks: the same codes and exponents, the nibbles reordered."""
+        ``2^(e - 128)`` times ``HALVES``), in GGUF's blocks: the same codes and exponents, the nibbles reordered; new
+        blocks, handed over."""
         codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).flatten(-2)  # [N, B, 32]: weights in order
         packed = codes[..., :16] | codes[..., 16:] << 4  # [N, B, 16]: weight j low, j + 16 high
-        return Mxfp4Rows(torch.cat([scales.unsqueeze(-1), packed], dim=-1).flatten(1))  # [N, B * 17]
+        return Mxfp4Rows(torch.cat([scales.unsqueeze(-1), packed], dim=-1).flatten(1), handed_over=True)  # [N, B * 17]
 
     def dequantize(self) -> torch.Tensor:
         """The weight in fp32, [N, K]: exactly what the blocks stand for."""
@@ -83,15 +87,18 @@ class Mxfp4Rows:
         return torch.ldexp(values, exponents.unsqueeze(-1)).view(rows, -1)
 
 
-def in_strips(blocks: torch.Tensor) -> torch.Tensor:
-    """``blocks`` [N, K / 32 * 17] (``Mxfp4Rows``) rearranged by and for the avx2 kernels (``Variant.mxfp4_strips``):
-    [ceil(N / 8), K / 32 * 136], the same bytes a strip of 8 weight rows at a time (the last padded with zero blocks,
-    whose weights are zero) and within a strip a block column at a time: its 8 exponents (row r's at r), then its 128
-    code bytes, byte 32j + 4r + i row r's code byte 4j + i. A vector of 32 code bytes then holds four weights of each
-    of 8 rows, which one row of activations meets in one product."""
+def in_strips(weight: Mxfp4Rows) -> torch.Tensor:
+    """The weight's blocks rearranged by and for the avx2 kernels (``Variant.mxfp4_strips``): [ceil(N / 8), K / 32 *
+    136], the same bytes a strip of 8 weight rows at a time (the last padded with zero blocks, whose weights are zero)
+    and within a strip a block column at a time: its 8 exponents (row r's at r), then its 128 code bytes, byte
+    32j + 4r + i row r's code byte 4j + i. A vector of 32 code bytes then holds four weights of each of 8 rows, which
+    one row of activations meets in one product. In place where the blocks are ``handed_over`` and whole strips:
+    writing a copy's fresh pages took most of gpt-oss-20b's 9 s of rearranging at load."""
+    blocks = weight.blocks.contiguous()
     rows, row_bytes = blocks.shape
-    strips = torch.empty(-(-rows // STRIP), row_bytes * STRIP, dtype=torch.uint8)  # [S, B * 136]
-    blocks = blocks.contiguous()
+    in_place = weight.handed_over and rows % STRIP == 0 and blocks.data_ptr() == weight.blocks.data_ptr()
+    strips = (blocks.view(rows // STRIP, row_bytes * STRIP) if in_place
+              else torch.empty(-(-rows // STRIP), row_bytes * STRIP, dtype=torch.uint8))  # [S, B * 136]
     library().mxfp4_strips_from_rows(blocks.data_ptr(), rows, row_bytes // BLOCK_BYTES * BLOCK, strips.data_ptr())
     return strips
 
@@ -108,7 +115,7 @@ class Mxfp4Matmul:
         self.input_scale, self.exact = input_scale, exact
         self._kernels = library() if weight.device.type == "cpu" else None
         strips = self._kernels is not None and kernels().mxfp4_strips
-        self.blocks = in_strips(weight.blocks) if strips else weight.blocks.contiguous()  # as the kernels read them
+        self.blocks = in_strips(weight) if strips else weight.blocks.contiguous()  # as the kernels read them
         self._on_tiles = self._kernels is not None and not exact and runs_on_amx() and self.rows % AMX_STRIP == 0
 
     @property

@@ -51,7 +51,7 @@ def test_strips_hold_each_rows_blocks_where_the_avx2_kernels_read_them():
     if not kernels().mxfp4_strips:
         pytest.skip(f"the {kernels().variant} variant reads the file's rows of blocks")
     blocks = torch.from_numpy(_blocks(12, 64))  # [12, 2 * 17]
-    strips = mxfp4.in_strips(blocks).view(2, 2, 8 * BLOCK_BYTES)  # [strip, block, 136]
+    strips = mxfp4.in_strips(Mxfp4Rows(blocks)).view(2, 2, 8 * BLOCK_BYTES)  # [strip, block, 136]
     for row in range(12):
         s, r = divmod(row, 8)
         for b in range(2):
@@ -62,6 +62,20 @@ def test_strips_hold_each_rows_blocks_where_the_avx2_kernels_read_them():
                 assert strips[s, b, 8 + 32 * j + 4 * r + i] == block[1 + code]
     padding = strips[1, :, 8:].unflatten(-1, (4, 8, 4))[:, :, 4:]  # rows 12 .. 15's codes
     assert not strips[1, :, 4:8].any() and not padding.any()
+
+
+@pytest.mark.usefixtures("kernel_variant")
+def test_blocks_handed_over_at_load_become_strips_in_place_and_others_stay_as_read():
+    if not kernels().mxfp4_strips:
+        pytest.skip(f"the {kernels().variant} variant reads the file's rows of blocks")
+    blocks = _blocks(96, 352)
+    kept = Mxfp4Rows(torch.from_numpy(blocks.copy()))
+    handed = Mxfp4Rows(torch.from_numpy(blocks.copy()), handed_over=True)
+    kept_run, handed_run = mxfp4_linear(kept, None, None)[0], mxfp4_linear(handed, None, None)[0]
+    assert np.array_equal(kept.blocks.numpy(), blocks)  # another matmul of the same rows reads them as they were
+    assert handed_run.blocks.data_ptr() == handed.blocks.data_ptr()  # no copy: the load's own pages hold the strips
+    x = torch.randn(2, 352)
+    assert torch.equal(kept_run(x), handed_run(x))
 
 
 @pytest.mark.usefixtures("kernel_variant")
