@@ -200,10 +200,10 @@ def address(tensor: torch.Tensor) -> int:
     return tensor.data_ptr()
 
 
-def activation_scratch(rows: int, width: int, group: int, lanes: bool = False) -> int:
+def activation_scratch(rows: int, width: int, group: int, starts: bool = False) -> int:
     """Where a matmul kernel quantizes ``rows`` activation rows of ``width`` (``quantize_activations``): up to two
-    int8 codes a value, then a scale and the codes' sum (fp32) a group of ``group``, and with ``lanes`` 4 bytes more
-    a value and 512 a row (``mxfp4_matmul``'s codes rearranged for its x86 row loops, with a scale and a sum per four
-    codes); one reused buffer, by address."""
-    extra = 4 * width + 512 if lanes else 0
-    return _ACTIVATION_CODES.address(rows * (2 * width + 8 * (width // group) + extra))
+    int8 codes a value, then a scale and the codes' sum (fp32) a group of ``group``, and with ``starts`` 8 bytes more
+    a group (``mxfp4_matmul``'s int32 start of each group's sum, for each of its two codes); one reused buffer, by
+    address."""
+    groups = width // group
+    return _ACTIVATION_CODES.address(rows * (2 * width + 8 * groups + (8 * groups if starts else 0)))

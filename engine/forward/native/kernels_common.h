@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -126,8 +127,9 @@ static inline void mxfp4_scales(float scale_of[256]) {  /* each e8m0 exponent's 
     for (int e = 0; e < 256; e++) scale_of[e] = mxfp4_scale((uint8_t)e);
 }
 
-/* One expert's share of a grouped MXFP4 call (mxfp4_experts): its weight's blocks [rows, width / 32 * 17], its bias
-   [rows] or NULL, and the activation rows [first, first + count) routed to it. mxfp4_matmul is one such share. */
+/* One expert's share of a grouped MXFP4 call (mxfp4_experts): its weight (x86: its strips, mxfp4_strips_from_rows;
+   neon: its rows of blocks [rows, width / 32 * 17]), its bias [rows] or NULL, and the activation rows
+   [first, first + count) routed to it. mxfp4_matmul is one such share. */
 typedef struct {
     const uint8_t *blocks;
     const float *bias;
@@ -148,34 +150,34 @@ static mxfp4_segment *mxfp4_segments(const int64_t *table, int active) {
     return segments;
 }
 
-/* What a weight row of a segment costs in mxfp4_segment_rows, in activation rows: reading and decoding its blocks
-   cost about as much as three rows' products (one 5760 x 2880 expert on two Zen 4 cores: 0.30 ms a call for one
-   row, 0.37 for two, 0.53 for four). */
+/* What an item of a segment (x86: a strip of 8 weight rows; neon: a weight row) costs in mxfp4_segment_rows, in
+   activation rows: reading and decoding its weights cost about as much as three rows' products (one 5760 x 2880
+   expert in strips on two Zen 4 cores: 0.27 ms a call for one row, 0.29 for two, 0.44 for four). */
 #define MXFP4_WEIGHT_ROW_COST 3
 
-static inline int64_t mxfp4_item_cost(const mxfp4_segment *segment) {  /* one weight row of `segment` */
+static inline int64_t mxfp4_item_cost(const mxfp4_segment *segment) {  /* one item of `segment` */
     return MXFP4_WEIGHT_ROW_COST + segment->count;
 }
 
-/* The share [*begin, *end) of the items (each segment's weight rows, in order: rows a segment) that the calling
+/* The share [*begin, *end) of the items (each segment's, in order: `items` a segment) that the calling
    thread of its OpenMP team takes: equal parts of their cost, MXFP4_WEIGHT_ROW_COST + the segment's activation rows
    an item, where an equal count of items would leave a thread of few-row experts waiting for one of many-row
    ones. */
-static void mxfp4_share(const mxfp4_segment *segments, int active, int rows, int64_t *begin, int64_t *end) {
+static void mxfp4_share(const mxfp4_segment *segments, int active, int items, int64_t *begin, int64_t *end) {
 #ifdef _OPENMP
     const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
 #else
     const int64_t thread = 0, threads = 1;
 #endif
     int64_t total = 0;
-    for (int s = 0; s < active; s++) total += rows * mxfp4_item_cost(segments + s);
+    for (int s = 0; s < active; s++) total += items * mxfp4_item_cost(segments + s);
     const int64_t bounds[2] = {total * thread / threads, total * (thread + 1) / threads};
     int64_t *ends[2] = {begin, end};
     for (int i = 0; i < 2; i++) {  /* the first item whose cost starts at or past the bound */
         int64_t before = 0, item = 0;
         int s = 0;
-        for (; s < active; s++, item += rows) {
-            const int64_t cost = rows * mxfp4_item_cost(segments + s);
+        for (; s < active; s++, item += items) {
+            const int64_t cost = items * mxfp4_item_cost(segments + s);
             if (before + cost > bounds[i]) break;
             before += cost;
         }
@@ -201,42 +203,29 @@ static void mxfp4_share(const mxfp4_segment *segments, int active, int rows, int
         }                                                           \
     } while (0)
 
-/* A variant's tiles of weight row n of `segment`: its activation rows MXFP4_ROW_TILE at a time, each tile's sums from
-   ROWS(t, two) (MXFP4_CONSTANT_TILE; in scope there: `first`, the tile's first activation row, `m0`, its offset in
-   the segment, and `sums`), into y[first + m, n] [., rows] plus the segment's bias. */
-#define MXFP4_SEGMENT_TILES(segment, n, rows, two_codes, y, ROWS)                                            \
-    for (int m0 = 0; m0 < (segment)->count;) {                                                              \
-        const int tile = (segment)->count - m0 < MXFP4_ROW_TILE ? (segment)->count - m0 : MXFP4_ROW_TILE;   \
-        const int first = (segment)->first + m0;                                                            \
-        float sums[MXFP4_ROW_TILE];                                                                         \
-        MXFP4_CONSTANT_TILE(tile, two_codes, ROWS);                                                         \
-        const float shift = (segment)->bias ? (segment)->bias[n] : 0.0f;                                    \
-        for (int m = 0; m < tile; m++) (y)[(size_t)(first + m) * (rows) + (n)] = sums[m] + shift;           \
-        m0 += tile;                                                                                         \
-    }
+/* A variant's product of item n of `segment` (a weight row or a strip) by its activation rows, with what the call's
+   rows share. */
+typedef void (*mxfp4_item)(const void *call, const mxfp4_segment *segment, int n);
 
-/* A variant's product of weight row n of `segment` by its activation rows, with what the call's rows share. */
-typedef void (*mxfp4_weight_row)(const void *call, const mxfp4_segment *segment, int n);
-
-/* Every segment's weight rows (`rows` a segment) through `weight_row`: OpenMP over them all, in order, in shares of
-   equal cost (mxfp4_share). */
-static void mxfp4_segment_rows(const void *call, mxfp4_weight_row weight_row, const mxfp4_segment *segments,
-                               int active, int rows) {
-    #pragma omp parallel if ((int64_t)active * rows >= 64)
+/* Every segment's items (`items` a segment) through `each`: OpenMP over them all, in order, in shares of equal cost
+   (mxfp4_share). */
+static void mxfp4_segment_rows(const void *call, mxfp4_item each, const mxfp4_segment *segments, int active,
+                               int items) {
+    #pragma omp parallel if ((int64_t)active * items >= 64)
     {
         int64_t begin, end;
-        mxfp4_share(segments, active, rows, &begin, &end);
-        for (int64_t item = begin; item < end; item++) weight_row(call, segments + item / rows, (int)(item % rows));
+        mxfp4_share(segments, active, items, &begin, &end);
+        for (int64_t item = begin; item < end; item++) each(call, segments + item / items, (int)(item % items));
     }
 }
 
 #define MXFP4_LIFT 12  /* the x86 loops' weights are unsigned: twice the e2m1 value + 12, from 0 to 24 */
 
-/* mxfp4_matmul's activations, carved from the start of its scratch (M * (2K + K / 4) bytes of it): the codes of
+/* mxfp4_matmul's activations, carved from the start of its scratch (M * (2K + K / 2) bytes of it): the codes of
    quantize_activations per block of 32 (high, and low where two codes a value) and scales [M, K / 32]; and for the
-   avx2 strips (`starts`), -MXFP4_LIFT times each block's high codes' sum and its low codes' (high_starts, low_starts
+   x86 strips (`starts`), -MXFP4_LIFT times each block's high codes' sum and its low codes' (high_starts, low_starts
    [M, K / 32]), where a block's dot product of the lifted weights with the codes starts: that takes out what the
-   lift added. (The avx512 row loop rearranges the codes past the scales: kernels.c's mxfp4_groups.) */
+   lift added. */
 typedef struct {
     int8_t *high, *low;
     float *scales;
@@ -252,7 +241,7 @@ static void mxfp4_starts(const int8_t *codes, size_t blocks, int32_t *starts) {
     }
 }
 
-/* x [M, K] rounded into `scratch` (the type's comment), one code a value or two; `starts`: the avx2 strips' too. */
+/* x [M, K] rounded into `scratch` (the type's comment), one code a value or two; `starts`: the x86 strips' too. */
 static mxfp4_activations mxfp4_quantize(const float *x, int count, int width, int two_codes, int starts,
                                         void *scratch) {
     const size_t values = (size_t)count * width, blocks = values / MXFP4_BLOCK;
@@ -268,5 +257,224 @@ static mxfp4_activations mxfp4_quantize(const float *x, int count, int width, in
     if (starts && two_codes) mxfp4_starts(a.low, blocks, a.low_starts);
     return a;
 }
+
+#ifdef __AVX2__
+#include <immintrin.h>
+
+/* ------------------------------------------------------------------------------------------------------------------
+   The x86 variants' mxfp4_matmul and mxfp4_experts (gpt-oss's experts), over the weights in strips (MXFP4_STRIP_BYTES):
+   each strip block's 256 weights are 8 vectors whose lane r holds weight row r's four weights, so one row of
+   activations meets 8 weight rows a vector, and a block's fp32 scaling is one multiply-add for the 8. The GGUF
+   layout's 17-byte blocks, one row at a time, left one product vector per block to scale, sum and reduce, which held
+   one 5760 x 2880 expert to 12-13 GB/s a thread against 19 in strips. */
+#define MXFP4_STRIP 8                                        /* weight rows a strip */
+#define MXFP4_STRIP_BYTES (MXFP4_STRIP * MXFP4_BLOCK_BYTES)  /* a strip block: 8 exponents, then 128 code bytes */
+#define MXFP4_ROW_TILE 4                                     /* activation rows a pass over a strip */
+
+/* A strip block's weights (block: its 8 exponents, then its codes) through `table`: out[j] (j < 4) lane r = row r's
+   weights 4j .. 4j + 3 (its code bytes' low nibbles), out[4 + j] its weights 16 + 4j .. 19 + 4j (high nibbles). */
+static inline __attribute__((always_inline)) void mxfp4_strip_weights(const uint8_t *block, __m256i table,
+                                                                      __m256i out[8]) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    for (int j = 0; j < 4; j++) {
+        const __m256i codes = _mm256_loadu_si256((const __m256i *)(block + MXFP4_STRIP + 32 * j));
+        out[j] = _mm256_shuffle_epi8(table, _mm256_and_si256(codes, nibble));
+        out[4 + j] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(codes, 4), nibble));
+    }
+}
+
+/* A strip block's weight scales, lane r = 2^(e_r - 128) (mxfp4_scale): from its exponents' bits, e < 2 subnormal. */
+static inline __m256 mxfp4_strip_scales(const uint8_t *block) {
+    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)block));
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(subnormal, normal, _mm256_cmpgt_epi32(e, _mm256_set1_epi32(1))));
+}
+
+/* Lane r: row r's unsigned weights (twice the e2m1 value + MXFP4_LIFT) times one activation row's 32 signed codes,
+   plus `start` (-MXFP4_LIFT times the codes' sum, which takes out the lift): the block's exact int32 dot product. Four
+   vpmaddubsw pairs (at most 2 x 24 x 127 each) sum in int16 within 4 x 6096. */
+static inline __attribute__((always_inline)) __m256i mxfp4_strip_dot(const __m256i weights[8], const int8_t *codes,
+                                                                     int32_t start) {
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+    __m256i dot = _mm256_set1_epi32(start);
+    for (int g = 0; g < 8; g++) {
+        int32_t four;
+        __builtin_memcpy(&four, codes + 4 * g, 4);
+#ifdef __AVXVNNI__
+        dot = _mm256_dpbusd_avx_epi32(dot, weights[g], _mm256_set1_epi32(four));
+#else
+        dot = _mm256_dpbusd_epi32(dot, weights[g], _mm256_set1_epi32(four));
+#endif
+    }
+    return dot;
+#else
+    __m256i halves[2];
+    for (int h = 0; h < 2; h++) {
+        __m256i pairs = _mm256_setzero_si256();
+        for (int k = 0; k < 4; k++) {  /* groups 2h, 2h + 1 and 4 + 2h, 5 + 2h */
+            const int g = 2 * h + k % 2 + 4 * (k / 2);
+            int32_t four;
+            __builtin_memcpy(&four, codes + 4 * g, 4);
+            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(weights[g], _mm256_set1_epi32(four)));
+        }
+        halves[h] = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    }
+    return _mm256_add_epi32(_mm256_add_epi32(halves[0], halves[1]), _mm256_set1_epi32(start));
+#endif
+}
+
+/* What every strip of a call reads. */
+typedef struct {
+    const mxfp4_activations *a;
+    int width, rows, two_codes;
+    __m256i table;  /* the lifted weights (mxfp4_strip_dot) */
+    float *y;
+} mxfp4_call;
+
+/* `tile` activation rows from `first` times the strip at `strip`: sums[m] lane r = their dot product with weight row
+   r, in steps of 1 / LOW_STEPS where two codes a value (each block's high codes' dot times LOW_STEPS plus its low
+   codes', exact in fp32: at most 254 x 48768 + 48768). */
+static inline __attribute__((always_inline)) void mxfp4_strip_tile(int tile, int two_codes, const mxfp4_call *call,
+                                                                   const uint8_t *strip, int first, __m256 *sums) {
+    const mxfp4_activations *a = call->a;
+    const int per_row = call->width / MXFP4_BLOCK;
+    for (int m = 0; m < tile; m++) sums[m] = _mm256_setzero_ps();
+    for (int b = 0; b < per_row; b++) {
+        const uint8_t *block = strip + (size_t)b * MXFP4_STRIP_BYTES;
+        __m256i weights[8];
+        mxfp4_strip_weights(block, call->table, weights);
+        const __m256 weight_scales = mxfp4_strip_scales(block);
+        for (int m = 0; m < tile; m++) {
+            const size_t at = (size_t)(first + m) * per_row + b;  /* the activation block */
+            __m256 value = _mm256_cvtepi32_ps(mxfp4_strip_dot(weights, a->high + at * MXFP4_BLOCK, a->high_starts[at]));
+            if (two_codes)
+                value = _mm256_fmadd_ps(value, _mm256_set1_ps(LOW_STEPS), _mm256_cvtepi32_ps(
+                    mxfp4_strip_dot(weights, a->low + at * MXFP4_BLOCK, a->low_starts[at])));
+            sums[m] = _mm256_fmadd_ps(value, _mm256_mul_ps(weight_scales, _mm256_set1_ps(a->scales[at])), sums[m]);
+        }
+    }
+}
+
+/* A strip's 8 outputs of one activation row into y_row from column `column` (fewer at a weight's last strip where
+   its rows are not a multiple of 8), plus bias. */
+static inline void mxfp4_strip_out(__m256 sums, const float *bias, int column, int rows, float *y_row) {
+    float out[MXFP4_STRIP];
+    _mm256_storeu_ps(out, sums);
+    const int columns = rows - column < MXFP4_STRIP ? rows - column : MXFP4_STRIP;
+    for (int r = 0; r < columns; r++) y_row[column + r] = out[r] + (bias ? bias[column + r] : 0.0f);
+}
+
+/* Strip s of `segment` against its activation rows, MXFP4_ROW_TILE at a time. */
+static void mxfp4_strip_rows(const void *context, const mxfp4_segment *segment, int s) {
+    const mxfp4_call *call = context;
+    const uint8_t *strip = segment->blocks + (size_t)s * (call->width / MXFP4_BLOCK) * MXFP4_STRIP_BYTES;
+    const __m256 unit = _mm256_set1_ps(call->two_codes ? 1.0f / LOW_STEPS : 1.0f);
+    for (int m0 = 0; m0 < segment->count; m0 += MXFP4_ROW_TILE) {
+        const int tile = segment->count - m0 < MXFP4_ROW_TILE ? segment->count - m0 : MXFP4_ROW_TILE;
+        __m256 sums[MXFP4_ROW_TILE];
+        #define MXFP4_TILE(t, two) mxfp4_strip_tile(t, two, call, strip, segment->first + m0, sums)
+        MXFP4_CONSTANT_TILE(tile, call->two_codes, MXFP4_TILE);
+        #undef MXFP4_TILE
+        for (int m = 0; m < tile; m++)
+            mxfp4_strip_out(_mm256_mul_ps(sums[m], unit), segment->bias, s * MXFP4_STRIP, call->rows,
+                            call->y + (size_t)(segment->first + m0 + m) * call->rows);
+    }
+}
+
+/* The segments' strips (OpenMP, mxfp4_segment_rows) against their rows' activations rounded to one code or two. */
+static void mxfp4_strip_call(const float *x, int count, int width, const mxfp4_segment *segments, int active,
+                             int rows, int two_codes, void *scratch, float *y) {
+    const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, 1, scratch);
+    const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
+    const mxfp4_call call = {&a, width, rows, two_codes, _mm256_add_epi8(values, _mm256_set1_epi8(MXFP4_LIFT)), y};
+    mxfp4_segment_rows(&call, mxfp4_strip_rows, segments, active, (rows + MXFP4_STRIP - 1) / MXFP4_STRIP);
+}
+
+/* The exact product, fp32 activations (the fp32 plan): each strip block's signed weights widened to fp32 a weight
+   at a time (lane r: row r's), times its scales, met by each activation row's value broadcast. */
+static void mxfp4_matmul_exact(const float *x, int count, int width, const uint8_t *blocks, int rows,
+                               const float *bias, float *y) {
+    const int per_row = width / MXFP4_BLOCK, strips = (rows + MXFP4_STRIP - 1) / MXFP4_STRIP;
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
+    #pragma omp parallel for schedule(static) if (strips >= 8)
+    for (int s = 0; s < strips; s++) {
+        const uint8_t *strip = blocks + (size_t)s * per_row * MXFP4_STRIP_BYTES;
+        for (int m0 = 0; m0 < count; m0 += MXFP4_ROW_TILE) {
+            const int tile = count - m0 < MXFP4_ROW_TILE ? count - m0 : MXFP4_ROW_TILE;
+            __m256 sums[MXFP4_ROW_TILE];
+            for (int m = 0; m < tile; m++) sums[m] = _mm256_setzero_ps();
+            for (int b = 0; b < per_row; b++) {
+                const uint8_t *block = strip + (size_t)b * MXFP4_STRIP_BYTES;
+                __m256i weights[8];
+                mxfp4_strip_weights(block, table, weights);
+                const __m256 scales = mxfp4_strip_scales(block);
+                for (int g = 0; g < 8; g++)
+                    for (int i = 0; i < 4; i++) {  /* weight 4g + i of the block: byte i of each lane */
+                        const __m256 weight = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srai_epi32(
+                            _mm256_slli_epi32(weights[g], 24 - 8 * i), 24)), scales);
+                        for (int m = 0; m < tile; m++)
+                            sums[m] = _mm256_fmadd_ps(weight, _mm256_set1_ps(
+                                x[(size_t)(m0 + m) * width + (size_t)b * MXFP4_BLOCK + 4 * g + i]), sums[m]);
+                    }
+            }
+            for (int m = 0; m < tile; m++)
+                mxfp4_strip_out(sums[m], bias, s * MXFP4_STRIP, rows, y + (size_t)(m0 + m) * rows);
+        }
+    }
+}
+
+/* The strips these kernels read (mxfp4.py's in_strips) from blocks [rows, width / 32 * 17]: strips [ceil(rows / 8),
+   width / 32 * MXFP4_STRIP_BYTES], zero blocks past the weight's rows. `strips` may be `blocks` itself where the rows
+   are a multiple of 8 (a strip takes the bytes its rows held, each strip's rows copied aside first). */
+void mxfp4_strips_from_rows(const uint8_t *blocks, int rows, int width, uint8_t *strips) {
+    const int per_row = width / MXFP4_BLOCK, count = (rows + MXFP4_STRIP - 1) / MXFP4_STRIP;
+    const size_t row_bytes = (size_t)per_row * MXFP4_BLOCK_BYTES;
+    const int in_place = strips == blocks;
+    #pragma omp parallel
+    {
+        uint8_t *aside = in_place ? malloc(MXFP4_STRIP * row_bytes) : NULL;
+        #pragma omp for schedule(static)
+        for (int s = 0; s < count; s++) {
+            const uint8_t *first = blocks + (size_t)s * MXFP4_STRIP * row_bytes;
+            if (in_place) first = memcpy(aside, first, MXFP4_STRIP * row_bytes);
+            uint8_t *out = strips + (size_t)s * per_row * MXFP4_STRIP_BYTES;
+            for (int b = 0; b < per_row; b++, out += MXFP4_STRIP_BYTES)
+                for (int r = 0; r < MXFP4_STRIP; r++) {
+                    static const uint8_t zero[MXFP4_BLOCK_BYTES];
+                    const int held = s * MXFP4_STRIP + r < rows;
+                    const uint8_t *block = held ? first + r * row_bytes + (size_t)b * MXFP4_BLOCK_BYTES : zero;
+                    out[r] = block[0];
+                    for (int j = 0; j < 4; j++) memcpy(out + MXFP4_STRIP + 32 * j + 4 * r, block + 1 + 4 * j, 4);
+                }
+        }
+        free(aside);
+    }
+}
+
+/* y [count, rows] = x [count, width] times the weight's strips (mxfp4_strips_from_rows), plus bias [rows] where given.
+   codes: 1 or 2 int8 codes an activation per block of 32 (quantize_activations, as llama.cpp's Q8_0 with one), whose
+   products with the weights (twice their e2m1 values, exact in int8) sum exactly in int32; 0: the activations as
+   they are, in fp32 (exact). scratch: mxfp4_quantize's. */
+void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, int rows, const float *bias,
+                  int codes, void *scratch, float *y) {
+    if (codes == 0) {
+        mxfp4_matmul_exact(x, count, width, blocks, rows, bias, y);
+        return;
+    }
+    const mxfp4_segment whole = {blocks, bias, 0, count};
+    mxfp4_strip_call(x, count, width, &whole, 1, rows, codes == 2, scratch, y);
+}
+
+/* A step's experts in one call: x [count, width] the activation rows of each expert in table [active, 3] (each
+   expert's strips, its bias or 0, its rows; mxfp4_segments), one expert's after another; y [count, rows] each row
+   times its expert's weight, plus its bias. codes: mxfp4_matmul's. Their strips are shared among the threads. */
+void mxfp4_experts(const float *x, int count, int width, const int64_t *table, int active, int rows, int codes,
+                   void *scratch, float *y) {
+    mxfp4_segment *segments = mxfp4_segments(table, active);
+    mxfp4_strip_call(x, count, width, segments, active, rows, codes == 2, scratch, y);
+    free(segments);
+}
+#endif  /* __AVX2__ */
 
 #endif

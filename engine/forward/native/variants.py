@@ -67,7 +67,7 @@ VARIANTS = (  # best first
     Variant("avx512", "kernels.c",
             (*UNIX_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512vbmi", "-mfma", "-mf16c"),
             ("/O2", "/openmp", "/arch:AVX512"),
-            ("avx512_f", "avx512_bw", "avx512_vl", "avx512_vnni", "avx512_vbmi"), amx=True),
+            ("avx512_f", "avx512_bw", "avx512_vl", "avx512_vnni", "avx512_vbmi"), amx=True, mxfp4_strips=True),
     Variant("avx2vnni", "kernels_avx2.c", (*UNIX_FLAGS, "-mavx2", "-mfma", "-mf16c", "-mavxvnni"),
             ("/O2", "/openmp", "/arch:AVX2", "/D__AVXVNNI__"), ("avx2", "fma3", "f16c", "avx_vnni"),
             mxfp4_strips=True),

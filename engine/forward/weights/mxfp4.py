@@ -136,7 +136,7 @@ class Mxfp4Matmul:
         codes = 0 if self.exact else codes_for(length)
         self._kernels.mxfp4_matmul(x.data_ptr(), length, self.width, self.blocks.data_ptr(), self.rows,
                                    self.bias.data_ptr() if self.bias is not None else None, codes,
-                                   activation_scratch(length, self.width, BLOCK, lanes=True), out.data_ptr())
+                                   activation_scratch(length, self.width, BLOCK, starts=True), out.data_ptr())
         return out
 
 
@@ -184,7 +184,7 @@ class Mxfp4Experts:
         table = torch.cat([self._table.index_select(0, active), counts.unsqueeze(1)], dim=1).contiguous()  # [A, 3]
         out = torch.empty(length, self.rows)  # [S, N]
         library().mxfp4_experts(x.data_ptr(), length, self.width, table.data_ptr(), active.numel(), self.rows, codes,
-                                activation_scratch(length, self.width, BLOCK, lanes=True), out.data_ptr())
+                                activation_scratch(length, self.width, BLOCK, starts=True), out.data_ptr())
         return out
 
 
