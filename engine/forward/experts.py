@@ -31,8 +31,8 @@ FUSED_GATE_UP, FUSED_DOWN = "mlp.experts.gate_up_proj", "mlp.experts.down_proj" 
 FUSED_BIAS = "_bias"  # gpt-oss's stacked experts' biases: ``mlp.experts.gate_up_proj_bias`` [E, 2F], down's [E, D]
 BLOCKS, SCALES = "_blocks", "_scales"  # openai's checkpoints: the stacked experts in MXFP4 (``Mxfp4Rows``)
 GROUPED_ROWS = 8
-"""Rows up to which a step's MXFP4 experts run as one call (``Mxfp4Experts``), each expert's rows in the kernel's
-row loop; past them an expert can have enough rows for its many-row kernels (strips, AMX's tiles), a call each."""
+"""Rows up to which a step's MXFP4 experts run as one call (``Mxfp4Experts``), the threads sharing every active
+expert's weight; past them an expert can have enough rows for AMX's tiles, a call each."""
 
 
 @dataclass
