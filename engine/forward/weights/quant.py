@@ -76,6 +76,8 @@ class Linear:
     ) -> None:
         self.fmt = fmt
         self.compute_dtype = compute_dtype(weight.device, fmt)
+        if isinstance(weight, Mxfp4Rows):  # one call over the blocks serves every row count: no second copy
+            one_row_fmt = None
         if one_row_fmt is not None and _packs_on_first_call(weight, fmt):
             many_rows, self.nbytes = _on_first_call(weight, bias, fmt, input_scale)
         else:

@@ -16,6 +16,7 @@ from engine.forward.native.build import kernels
 from engine.forward.native.int4_matmul import AMX_ROWS, runs_on_amx
 from engine.forward.weights import mxfp4
 from engine.forward.weights.mxfp4 import BLOCK_BYTES, Mxfp4Rows, mxfp4_linear
+from engine.forward.weights.quant import Linear
 
 
 def _blocks(rows: int, width: int, seed: int = 0) -> np.ndarray:
@@ -132,6 +133,20 @@ def test_exact_keeps_the_activations_and_equals_the_matmul_over_the_decoded_weig
     bias, scale, x = torch.randn(100), torch.rand(352) + 0.5, torch.randn(count, 352)
     run, _ = mxfp4_linear(Mxfp4Rows(torch.from_numpy(blocks.copy())), bias, scale, exact=True)
     torch.testing.assert_close(run(x), torch.nn.functional.linear(x * scale, weight, bias), atol=1e-3, rtol=1e-5)
+
+
+@pytest.mark.usefixtures("kernel_variant")
+def test_a_layer_of_mxfp4_blocks_keeps_one_call_whatever_its_decode_copy_format():
+    """A dense layer's plan may ask for a decode copy beside the prompts' (int8 beside fp16): MXFP4 blocks read at
+    load (handed over, so the first call may rearrange them in place) stay one call over them, for any rows."""
+    blocks = _blocks(96, 352)
+    weight = torch.from_numpy(dequantize(blocks, Q.MXFP4))  # [96, 352]
+    layer = Linear(Mxfp4Rows(torch.from_numpy(blocks.copy()), handed_over=True), None, "fp16", one_row_fmt="int8")
+    assert layer.nbytes == layer.one_row_nbytes == blocks.nbytes
+    for count in (1, 5):
+        x = torch.randn(count, 352)
+        exact = x @ weight.t()
+        assert ((layer(x) - exact).abs().max() / exact.abs().max()).item() < 3e-2
 
 
 def test_without_the_kernels_pytorch_decodes_each_call(monkeypatch: pytest.MonkeyPatch):
