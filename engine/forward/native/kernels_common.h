@@ -365,8 +365,93 @@ static inline void mxfp4_strip_out(__m256 sums, const float *bias, int column, i
     for (int r = 0; r < columns; r++) y_row[column + r] = out[r] + (bias ? bias[column + r] : 0.0f);
 }
 
+#ifdef __AVX512F__
+/* The avx512 variant takes calls where an expert has MXFP4_PAIR_ROWS activation rows or more (prompt chunks) two
+   strips a pass: 16 weight rows a 512-bit vector, strip s's in lanes 0-7 and s + 1's in 8-15, so each product,
+   conversion and scaling covers twice the rows (64 rows of a 5760 x 2880 expert on two Zen 4 cores: 5.8 -> 4.3 ms).
+   Fewer rows stay a strip a pass, which read a one-row call faster there (0.27 ms against 0.37). A weight of an odd
+   number of strips passes its last strip twice, the second's outputs dropped. */
+#define MXFP4_PAIR_ROWS 5
+
+static inline __attribute__((always_inline)) void mxfp4_pair_weights(const uint8_t *first, const uint8_t *second,
+                                                                     __m512i table, __m512i out[8]) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    for (int j = 0; j < 4; j++) {
+        const __m512i codes = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(first + MXFP4_STRIP + 32 * j))),
+            _mm256_loadu_si256((const __m256i *)(second + MXFP4_STRIP + 32 * j)), 1);
+        out[j] = _mm512_shuffle_epi8(table, _mm512_and_si512(codes, nibble));
+        out[4 + j] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(codes, 4), nibble));
+    }
+}
+
+static inline __m512 mxfp4_pair_scales(const uint8_t *first, const uint8_t *second) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(mxfp4_strip_scales(first))),
+                                               _mm256_castps_pd(mxfp4_strip_scales(second)), 1));
+}
+
+static inline __attribute__((always_inline)) __m512i mxfp4_pair_dot(const __m512i weights[8], const int8_t *codes,
+                                                                    int32_t start) {
+    __m512i dot = _mm512_set1_epi32(start);
+    for (int g = 0; g < 8; g++) {
+        int32_t four;
+        __builtin_memcpy(&four, codes + 4 * g, 4);
+        dot = _mm512_dpbusd_epi32(dot, weights[g], _mm512_set1_epi32(four));
+    }
+    return dot;
+}
+
+/* mxfp4_strip_tile over the pair of strips at `first` and `second`. */
+static inline __attribute__((always_inline)) void mxfp4_pair_tile(int tile, int two_codes, const mxfp4_call *call,
+                                                                  const uint8_t *first, const uint8_t *second,
+                                                                  int row, __m512 *sums) {
+    const mxfp4_activations *a = call->a;
+    const int per_row = call->width / MXFP4_BLOCK;
+    const __m512i table = _mm512_broadcast_i64x4(call->table);
+    for (int m = 0; m < tile; m++) sums[m] = _mm512_setzero_ps();
+    for (int b = 0; b < per_row; b++) {
+        const size_t offset = (size_t)b * MXFP4_STRIP_BYTES;
+        __m512i weights[8];
+        mxfp4_pair_weights(first + offset, second + offset, table, weights);
+        const __m512 weight_scales = mxfp4_pair_scales(first + offset, second + offset);
+        for (int m = 0; m < tile; m++) {
+            const size_t at = (size_t)(row + m) * per_row + b;  /* the activation block */
+            __m512 value = _mm512_cvtepi32_ps(mxfp4_pair_dot(weights, a->high + at * MXFP4_BLOCK, a->high_starts[at]));
+            if (two_codes)
+                value = _mm512_fmadd_ps(value, _mm512_set1_ps(LOW_STEPS), _mm512_cvtepi32_ps(
+                    mxfp4_pair_dot(weights, a->low + at * MXFP4_BLOCK, a->low_starts[at])));
+            sums[m] = _mm512_fmadd_ps(value, _mm512_mul_ps(weight_scales, _mm512_set1_ps(a->scales[at])), sums[m]);
+        }
+    }
+}
+
+/* Strips 2p and 2p + 1 of `segment` against its activation rows, MXFP4_ROW_TILE at a time. */
+static void mxfp4_pair_item(const void *context, const mxfp4_segment *segment, int p) {
+    const mxfp4_call *call = context;
+    const int strips = (call->rows + MXFP4_STRIP - 1) / MXFP4_STRIP, s = 2 * p, both = s + 1 < strips;
+    const size_t strip_bytes = (size_t)(call->width / MXFP4_BLOCK) * MXFP4_STRIP_BYTES;
+    const uint8_t *first = segment->blocks + (size_t)s * strip_bytes, *second = both ? first + strip_bytes : first;
+    const __m512 unit = _mm512_set1_ps(call->two_codes ? 1.0f / LOW_STEPS : 1.0f);
+    for (int m0 = 0; m0 < segment->count; m0 += MXFP4_ROW_TILE) {
+        const int tile = segment->count - m0 < MXFP4_ROW_TILE ? segment->count - m0 : MXFP4_ROW_TILE;
+        __m512 sums[MXFP4_ROW_TILE];
+        #define MXFP4_TILE(t, two) mxfp4_pair_tile(t, two, call, first, second, segment->first + m0, sums)
+        MXFP4_CONSTANT_TILE(tile, call->two_codes, MXFP4_TILE);
+        #undef MXFP4_TILE
+        for (int m = 0; m < tile; m++) {
+            const __m512 out = _mm512_mul_ps(sums[m], unit);
+            float *y_row = call->y + (size_t)(segment->first + m0 + m) * call->rows;
+            mxfp4_strip_out(_mm512_castps512_ps256(out), segment->bias, s * MXFP4_STRIP, call->rows, y_row);
+            if (both)
+                mxfp4_strip_out(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(out), 1)), segment->bias,
+                                (s + 1) * MXFP4_STRIP, call->rows, y_row);
+        }
+    }
+}
+#endif
+
 /* Strip s of `segment` against its activation rows, MXFP4_ROW_TILE at a time. */
-static void mxfp4_strip_rows(const void *context, const mxfp4_segment *segment, int s) {
+static void mxfp4_strip_item(const void *context, const mxfp4_segment *segment, int s) {
     const mxfp4_call *call = context;
     const uint8_t *strip = segment->blocks + (size_t)s * (call->width / MXFP4_BLOCK) * MXFP4_STRIP_BYTES;
     const __m256 unit = _mm256_set1_ps(call->two_codes ? 1.0f / LOW_STEPS : 1.0f);
@@ -381,14 +466,22 @@ static void mxfp4_strip_rows(const void *context, const mxfp4_segment *segment, 
                             call->y + (size_t)(segment->first + m0 + m) * call->rows);
     }
 }
-
 /* The segments' strips (OpenMP, mxfp4_segment_rows) against their rows' activations rounded to one code or two. */
 static void mxfp4_strip_call(const float *x, int count, int width, const mxfp4_segment *segments, int active,
                              int rows, int two_codes, void *scratch, float *y) {
     const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, 1, scratch);
     const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
     const mxfp4_call call = {&a, width, rows, two_codes, _mm256_add_epi8(values, _mm256_set1_epi8(MXFP4_LIFT)), y};
-    mxfp4_segment_rows(&call, mxfp4_strip_rows, segments, active, (rows + MXFP4_STRIP - 1) / MXFP4_STRIP);
+    const int strips = (rows + MXFP4_STRIP - 1) / MXFP4_STRIP;
+#ifdef __AVX512F__
+    int most = 0;  /* an expert's rows, at most */
+    for (int e = 0; e < active; e++) most = segments[e].count > most ? segments[e].count : most;
+    if (most >= MXFP4_PAIR_ROWS) {
+        mxfp4_segment_rows(&call, mxfp4_pair_item, segments, active, (strips + 1) / 2);
+        return;
+    }
+#endif
+    mxfp4_segment_rows(&call, mxfp4_strip_item, segments, active, strips);
 }
 
 /* The exact product, fp32 activations (the fp32 plan): each strip block's signed weights widened to fp32 a weight
