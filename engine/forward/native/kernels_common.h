@@ -366,11 +366,11 @@ static inline void mxfp4_strip_out(__m256 sums, const float *bias, int column, i
 }
 
 #ifdef __AVX512F__
-/* The avx512 variant takes calls where an expert has MXFP4_PAIR_ROWS activation rows or more (prompt chunks) two
-   strips a pass: 16 weight rows a 512-bit vector, strip s's in lanes 0-7 and s + 1's in 8-15, so each product,
-   conversion and scaling covers twice the rows (64 rows of a 5760 x 2880 expert on two Zen 4 cores: 5.8 -> 4.3 ms).
-   Fewer rows stay a strip a pass, which read a one-row call faster there (0.27 ms against 0.37). A weight of an odd
-   number of strips passes its last strip twice, the second's outputs dropped. */
+/* The avx512 variant takes calls of one code where an expert has MXFP4_PAIR_ROWS activation rows or more (prompt
+   chunks) two strips a pass: 16 weight rows a 512-bit vector, strip s's in lanes 0-7 and s + 1's in 8-15, so each
+   product, conversion and scaling covers twice the rows (64 rows of a 5760 x 2880 expert on two Zen 4 cores:
+   5.8 -> 4.3 ms). Fewer rows stay a strip a pass, which read a one-row call faster there (0.27 ms against 0.37). A
+   weight of an odd number of strips passes its last strip twice, the second's outputs dropped. */
 #define MXFP4_PAIR_ROWS 5
 
 static inline __attribute__((always_inline)) void mxfp4_pair_weights(const uint8_t *first, const uint8_t *second,
@@ -401,8 +401,8 @@ static inline __attribute__((always_inline)) __m512i mxfp4_pair_dot(const __m512
     return dot;
 }
 
-/* mxfp4_strip_tile over the pair of strips at `first` and `second`. */
-static inline __attribute__((always_inline)) void mxfp4_pair_tile(int tile, int two_codes, const mxfp4_call *call,
+/* mxfp4_strip_tile over the pair of strips at `first` and `second`, one code a value (calls of many rows). */
+static inline __attribute__((always_inline)) void mxfp4_pair_tile(int tile, const mxfp4_call *call,
                                                                   const uint8_t *first, const uint8_t *second,
                                                                   int row, __m512 *sums) {
     const mxfp4_activations *a = call->a;
@@ -416,11 +416,9 @@ static inline __attribute__((always_inline)) void mxfp4_pair_tile(int tile, int 
         const __m512 weight_scales = mxfp4_pair_scales(first + offset, second + offset);
         for (int m = 0; m < tile; m++) {
             const size_t at = (size_t)(row + m) * per_row + b;  /* the activation block */
-            __m512 value = _mm512_cvtepi32_ps(mxfp4_pair_dot(weights, a->high + at * MXFP4_BLOCK, a->high_starts[at]));
-            if (two_codes)
-                value = _mm512_fmadd_ps(value, _mm512_set1_ps(LOW_STEPS), _mm512_cvtepi32_ps(
-                    mxfp4_pair_dot(weights, a->low + at * MXFP4_BLOCK, a->low_starts[at])));
-            sums[m] = _mm512_fmadd_ps(value, _mm512_mul_ps(weight_scales, _mm512_set1_ps(a->scales[at])), sums[m]);
+            const __m512i dot = mxfp4_pair_dot(weights, a->high + at * MXFP4_BLOCK, a->high_starts[at]);
+            const __m512 scales = _mm512_mul_ps(weight_scales, _mm512_set1_ps(a->scales[at]));
+            sums[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scales, sums[m]);
         }
     }
 }
@@ -431,15 +429,14 @@ static void mxfp4_pair_item(const void *context, const mxfp4_segment *segment, i
     const int strips = (call->rows + MXFP4_STRIP - 1) / MXFP4_STRIP, s = 2 * p, both = s + 1 < strips;
     const size_t strip_bytes = (size_t)(call->width / MXFP4_BLOCK) * MXFP4_STRIP_BYTES;
     const uint8_t *first = segment->blocks + (size_t)s * strip_bytes, *second = both ? first + strip_bytes : first;
-    const __m512 unit = _mm512_set1_ps(call->two_codes ? 1.0f / LOW_STEPS : 1.0f);
     for (int m0 = 0; m0 < segment->count; m0 += MXFP4_ROW_TILE) {
         const int tile = segment->count - m0 < MXFP4_ROW_TILE ? segment->count - m0 : MXFP4_ROW_TILE;
         __m512 sums[MXFP4_ROW_TILE];
-        #define MXFP4_TILE(t, two) mxfp4_pair_tile(t, two, call, first, second, segment->first + m0, sums)
-        MXFP4_CONSTANT_TILE(tile, call->two_codes, MXFP4_TILE);
+        #define MXFP4_TILE(t, two) mxfp4_pair_tile(t, call, first, second, segment->first + m0, sums)
+        MXFP4_CONSTANT_TILE(tile, 0, MXFP4_TILE);
         #undef MXFP4_TILE
         for (int m = 0; m < tile; m++) {
-            const __m512 out = _mm512_mul_ps(sums[m], unit);
+            const __m512 out = sums[m];
             float *y_row = call->y + (size_t)(segment->first + m0 + m) * call->rows;
             mxfp4_strip_out(_mm512_castps512_ps256(out), segment->bias, s * MXFP4_STRIP, call->rows, y_row);
             if (both)
@@ -476,7 +473,7 @@ static void mxfp4_strip_call(const float *x, int count, int width, const mxfp4_s
 #ifdef __AVX512F__
     int most = 0;  /* an expert's rows, at most */
     for (int e = 0; e < active; e++) most = segments[e].count > most ? segments[e].count : most;
-    if (most >= MXFP4_PAIR_ROWS) {
+    if (!two_codes && most >= MXFP4_PAIR_ROWS) {
         mxfp4_segment_rows(&call, mxfp4_pair_item, segments, active, (strips + 1) / 2);
         return;
     }
