@@ -307,7 +307,7 @@ static inline __attribute__((always_inline)) void int8_block(
     for (int g = 0; g < groups; g++) {
         __m512i high_sums[ROW_TILE][4], low_sums[ROW_TILE][4];
         zero_sums(count, high_sums);
-        if (two_codes) zero_sums(count, low_sums);
+        zero_sums(count, low_sums);  /* also with one code: the compiler cannot tell they then go unread */
         const uint8_t *bytes = block + (size_t)g * INT8_GROUP * BLOCK_ROWS;
         for (int k = 0; k < INT8_GROUP; k += 4) {
             __m512i codes[4];  /* codes[j]: columns k .. k + 3 of rows 16j .. 16j + 15, a 32-bit lane a row */
@@ -321,7 +321,7 @@ static inline __attribute__((always_inline)) void int8_block(
             __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(group_scales + 16 * j)));
             for (int m = 0; m < count; m++) {
                 size_t at = (size_t)m * groups + g;
-                __m512 dot = code_dot(high_sums[m][j], two_codes ? low_sums[m][j] : high_sums[m][j], two_codes);
+                __m512 dot = code_dot(high_sums[m][j], low_sums[m][j], two_codes);
                 dot = _mm512_sub_ps(dot, _mm512_set1_ps(INT8_OFFSET * code_totals[at]));
                 total[m][j] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(scales[at])), total[m][j]);
             }

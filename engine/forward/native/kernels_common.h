@@ -18,7 +18,7 @@
 /* How far ahead of what a decode call's loop reads it asks for a weight's bytes (prefetch_ahead). A one-row call
    streams its weights once, and without it the hardware's prefetch fell behind on a Sapphire Rapids VM (28 GB/s
    copy): the int4 kernel read at 20 GB/s beside another busy core and 26 with it (an 8B model's decode 4.6 ->
-   5.6 tok/s), the MXFP4 kernel's 17-byte blocks, which straddle cache lines, at 9 GB/s on a quiet one and 20. */
+   5.6 tok/s). */
 #define WEIGHT_PREFETCH_BYTES 4096
 
 /* Asks for `lines` cache lines of 64 bytes WEIGHT_PREFETCH_BYTES past `at`. */
@@ -150,19 +150,18 @@ static mxfp4_segment *mxfp4_segments(const int64_t *table, int active) {
     return segments;
 }
 
-/* What an item of a segment (x86: a strip of 8 weight rows; neon: a weight row) costs in mxfp4_segment_rows, in
-   activation rows: reading and decoding its weights cost about as much as three rows' products (one 5760 x 2880
+/* What an item of a segment (x86: a strip of 8 weight rows; neon: a weight row) costs in mxfp4_segment_items,
+   in activation rows: reading and decoding its weights cost about as much as three rows' products (one 5760 x 2880
    expert in strips on two Zen 4 cores: 0.27 ms a call for one row, 0.29 for two, 0.44 for four). */
-#define MXFP4_WEIGHT_ROW_COST 3
+#define MXFP4_ITEM_WEIGHT_COST 3
 
 static inline int64_t mxfp4_item_cost(const mxfp4_segment *segment) {  /* one item of `segment` */
-    return MXFP4_WEIGHT_ROW_COST + segment->count;
+    return MXFP4_ITEM_WEIGHT_COST + segment->count;
 }
 
-/* The share [*begin, *end) of the items (each segment's, in order: `items` a segment) that the calling
-   thread of its OpenMP team takes: equal parts of their cost, MXFP4_WEIGHT_ROW_COST + the segment's activation rows
-   an item, where an equal count of items would leave a thread of few-row experts waiting for one of many-row
-   ones. */
+/* The share [*begin, *end) of the items (each segment's, in order: `items` a segment) that the calling thread of
+   its OpenMP team takes: equal parts of their cost, MXFP4_ITEM_WEIGHT_COST + the segment's activation rows an item,
+   where an equal count of items would leave a thread of few-row experts waiting for one of many-row ones. */
 static void mxfp4_share(const mxfp4_segment *segments, int active, int items, int64_t *begin, int64_t *end) {
 #ifdef _OPENMP
     const int64_t thread = omp_get_thread_num(), threads = omp_get_num_threads();
@@ -209,8 +208,8 @@ typedef void (*mxfp4_item)(const void *call, const mxfp4_segment *segment, int n
 
 /* Every segment's items (`items` a segment) through `each`: OpenMP over them all, in order, in shares of equal cost
    (mxfp4_share). */
-static void mxfp4_segment_rows(const void *call, mxfp4_item each, const mxfp4_segment *segments, int active,
-                               int items) {
+static void mxfp4_segment_items(const void *call, mxfp4_item each, const mxfp4_segment *segments, int active,
+                                int items) {
     #pragma omp parallel if ((int64_t)active * items >= 64)
     {
         int64_t begin, end;
@@ -219,31 +218,17 @@ static void mxfp4_segment_rows(const void *call, mxfp4_item each, const mxfp4_se
     }
 }
 
-#define MXFP4_LIFT 12  /* the x86 loops' weights are unsigned: twice the e2m1 value + 12, from 0 to 24 */
-
 /* mxfp4_matmul's activations, carved from the start of its scratch (M * (2K + K / 2) bytes of it): the codes of
-   quantize_activations per block of 32 (high, and low where two codes a value) and scales [M, K / 32]; and for the
-   x86 strips (`starts`), -MXFP4_LIFT times each block's high codes' sum and its low codes' (high_starts, low_starts
-   [M, K / 32]), where a block's dot product of the lifted weights with the codes starts: that takes out what the
-   lift added. */
+   quantize_activations per block of 32 (high, and low where two codes a value) and scales [M, K / 32]; past them
+   the room for the x86 strips' starts (mxfp4_starts: high_starts, low_starts [M, K / 32]). */
 typedef struct {
     int8_t *high, *low;
     float *scales;
     int32_t *high_starts, *low_starts;
 } mxfp4_activations;
 
-/* -MXFP4_LIFT times each block of 32 codes' sum, [blocks]. */
-static void mxfp4_starts(const int8_t *codes, size_t blocks, int32_t *starts) {
-    for (size_t block = 0; block < blocks; block++) {
-        int32_t total = 0;
-        for (int i = 0; i < MXFP4_BLOCK; i++) total += codes[block * MXFP4_BLOCK + i];
-        starts[block] = -MXFP4_LIFT * total;
-    }
-}
-
-/* x [M, K] rounded into `scratch` (the type's comment), one code a value or two; `starts`: the x86 strips' too. */
-static mxfp4_activations mxfp4_quantize(const float *x, int count, int width, int two_codes, int starts,
-                                        void *scratch) {
+/* x [M, K] rounded into `scratch` (the type's comment), one code a value or two. */
+static mxfp4_activations mxfp4_quantize(const float *x, int count, int width, int two_codes, void *scratch) {
     const size_t values = (size_t)count * width, blocks = values / MXFP4_BLOCK;
     mxfp4_activations a;
     a.high = (int8_t *)scratch;
@@ -253,8 +238,6 @@ static mxfp4_activations mxfp4_quantize(const float *x, int count, int width, in
     quantize_activations(x, count, width, MXFP4_BLOCK, a.high, two_codes ? a.low : NULL, a.scales, code_totals);
     a.high_starts = (int32_t *)(code_totals + blocks);
     a.low_starts = a.high_starts + blocks;
-    if (starts) mxfp4_starts(a.high, blocks, a.high_starts);
-    if (starts && two_codes) mxfp4_starts(a.low, blocks, a.low_starts);
     return a;
 }
 
@@ -270,6 +253,17 @@ static mxfp4_activations mxfp4_quantize(const float *x, int count, int width, in
 #define MXFP4_STRIP 8                                        /* weight rows a strip */
 #define MXFP4_STRIP_BYTES (MXFP4_STRIP * MXFP4_BLOCK_BYTES)  /* a strip block: 8 exponents, then 128 code bytes */
 #define MXFP4_ROW_TILE 4                                     /* activation rows a pass over a strip */
+#define MXFP4_LIFT 12                                        /* the weights stored unsigned: 2 x e2m1 + 12 */
+
+/* -MXFP4_LIFT times each block of 32 codes' sum, [blocks]: where a block's dot product of the x86 strips' lifted
+   weights with the codes starts, which takes out what the lift added. */
+static void mxfp4_starts(const int8_t *codes, size_t blocks, int32_t *starts) {
+    for (size_t block = 0; block < blocks; block++) {
+        int32_t total = 0;
+        for (int i = 0; i < MXFP4_BLOCK; i++) total += codes[block * MXFP4_BLOCK + i];
+        starts[block] = -MXFP4_LIFT * total;
+    }
+}
 
 /* A strip block's weights (block: its 8 exponents, then its codes) through `table`: out[j] (j < 4) lane r = row r's
    weights 4j .. 4j + 3 (its code bytes' low nibbles), out[4 + j] its weights 16 + 4j .. 19 + 4j (high nibbles). */
@@ -463,10 +457,13 @@ static void mxfp4_strip_item(const void *context, const mxfp4_segment *segment, 
                             call->y + (size_t)(segment->first + m0 + m) * call->rows);
     }
 }
-/* The segments' strips (OpenMP, mxfp4_segment_rows) against their rows' activations rounded to one code or two. */
+/* The segments' strips (OpenMP, mxfp4_segment_items) against their rows' activations rounded to one code or two. */
 static void mxfp4_strip_call(const float *x, int count, int width, const mxfp4_segment *segments, int active,
                              int rows, int two_codes, void *scratch, float *y) {
-    const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, 1, scratch);
+    const mxfp4_activations a = mxfp4_quantize(x, count, width, two_codes, scratch);
+    const size_t blocks = (size_t)count * width / MXFP4_BLOCK;
+    mxfp4_starts(a.high, blocks, a.high_starts);
+    if (two_codes) mxfp4_starts(a.low, blocks, a.low_starts);
     const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)MXFP4_HALVES));
     const mxfp4_call call = {&a, width, rows, two_codes, _mm256_add_epi8(values, _mm256_set1_epi8(MXFP4_LIFT)), y};
     const int strips = (rows + MXFP4_STRIP - 1) / MXFP4_STRIP;
@@ -474,11 +471,11 @@ static void mxfp4_strip_call(const float *x, int count, int width, const mxfp4_s
     int most = 0;  /* an expert's rows, at most */
     for (int e = 0; e < active; e++) most = segments[e].count > most ? segments[e].count : most;
     if (!two_codes && most >= MXFP4_PAIR_ROWS) {
-        mxfp4_segment_rows(&call, mxfp4_pair_item, segments, active, (strips + 1) / 2);
+        mxfp4_segment_items(&call, mxfp4_pair_item, segments, active, (strips + 1) / 2);
         return;
     }
 #endif
-    mxfp4_segment_rows(&call, mxfp4_strip_item, segments, active, strips);
+    mxfp4_segment_items(&call, mxfp4_strip_item, segments, active, strips);
 }
 
 /* The exact product, fp32 activations (the fp32 plan): each strip block's signed weights widened to fp32 a weight

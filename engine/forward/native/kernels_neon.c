@@ -236,8 +236,8 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
    Flipping the top bit gives q as a signed byte, which sdot multiplies as it is. */
 
 /* A block of 64 rows against `count` (1 or 2) activation rows, one code a value or two (`low` read only then), with
-   sdot where `sdot`: y[m, 0 .. 63]. A group's columns are read by the block's four quarters of 16 rows in turn (the later ones from
-   cache), each quarter's sums in registers. */
+   sdot where `sdot`: y[m, 0 .. 63]. A group's columns are read by the block's four quarters of 16 rows in turn (the
+   later ones from cache), each quarter's sums in registers. */
 static inline __attribute__((always_inline)) void int8_block(
         int sdot, int count, int two_codes, const int8_t *high, const int8_t *low, const float *scales, int width,
         const uint8_t *block, const uint16_t *weight_scales, int rows, float *y) {
@@ -743,7 +743,7 @@ static void mxfp4_rows_smull(const void *call, const mxfp4_segment *segment, int
 
 /* kernels.c's mxfp4_row_loop. */
 static void mxfp4_row_loop(const mxfp4_call *call, const mxfp4_segment *segments, int active) {
-    mxfp4_segment_rows(call, has_dot_products() ? mxfp4_rows_sdot : mxfp4_rows_smull, segments, active, call->rows);
+    mxfp4_segment_items(call, has_dot_products() ? mxfp4_rows_sdot : mxfp4_rows_smull, segments, active, call->rows);
 }
 
 /* kernels.c's mxfp4_matmul: y [count, rows] = x [count, width] times the MXFP4 weight's rows, plus bias; codes 1 or
@@ -756,7 +756,7 @@ void mxfp4_matmul(const float *x, int count, int width, const uint8_t *blocks, i
         mxfp4_matmul_exact(x, count, width, blocks, rows, bias, scale_of, y);
         return;
     }
-    const mxfp4_call call = {width, rows, codes == 2, mxfp4_quantize(x, count, width, codes == 2, 0, scratch),
+    const mxfp4_call call = {width, rows, codes == 2, mxfp4_quantize(x, count, width, codes == 2, scratch),
                              scale_of, y};
     const mxfp4_segment whole = {blocks, bias, 0, count};
     mxfp4_row_loop(&call, &whole, 1);
@@ -767,7 +767,7 @@ void mxfp4_experts(const float *x, int count, int width, const int64_t *table, i
                    void *scratch, float *y) {
     float scale_of[256];
     mxfp4_scales(scale_of);
-    const mxfp4_call call = {width, rows, codes == 2, mxfp4_quantize(x, count, width, codes == 2, 0, scratch),
+    const mxfp4_call call = {width, rows, codes == 2, mxfp4_quantize(x, count, width, codes == 2, scratch),
                              scale_of, y};
     mxfp4_segment *segments = mxfp4_segments(table, active);
     mxfp4_row_loop(&call, segments, active);
