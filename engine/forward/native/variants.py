@@ -87,9 +87,9 @@ EXPORTED = ("int4_matmul", "int8_matmul", "decode_attention", "chunk_attention",
 """What every variant's library exports (``amx_enable`` returns -1 where the variant has no AMX functions)."""
 AMX_EXPORTED = ("int4_matmul_amx", "chunk_attention_amx", "mxfp4_matmul_amx")  # only where ``Variant.amx``
 INT8_KV_EXPORTED = ("decode_attention_q8", "chunk_attention_q8", "rotate_and_store_q8")
-MXFP4_STRIPS_EXPORTED = ("mxfp4_strips_from_rows",)  # only where ``Variant.mxfp4_strips``
 """The int8 KV cache's functions (``decode_attention.reads_int8``), only where ``Variant.int8_kv``: the neon variant
 has none yet, and its int8 cache runs in PyTorch's ops."""
+MXFP4_STRIPS_EXPORTED = ("mxfp4_strips_from_rows",)  # only where ``Variant.mxfp4_strips``
 
 
 def named(name: str) -> Variant:

@@ -2,16 +2,17 @@
 
 A block of 32 weights of a row is 17 bytes (gguf-py's ``MXFP4``, llama.cpp's ``block_mxfp4``): an e8m0 exponent
 ``e``, then 16 bytes whose low nibble ``j`` is weight ``j``'s e2m1 code and high nibble weight ``j + 16``'s; a weight
-is ``HALVES[code] * 2^(e - 128)``. They stay so in memory, 4.25 bits a weight: Hearth's int4 groups (16 evenly
-spaced values and a bf16 scale and zero per 32, 5 bits a weight) would hold them 18% larger and inexactly, since
-e2m1's 15 values (0, ±0.5, ±1, ±1.5, ±2, ±3, ±4, ±6) are not evenly spaced.
+is ``HALVES[code] * 2^(e - 128)``. They stay these bytes in memory, 4.25 bits a weight (the x86 kernels take them
+rearranged in strips of 8 rows, ``in_strips``): Hearth's int4 groups (16 evenly spaced values and a bf16 scale and
+zero per 32, 5 bits a weight) would hold them 18% larger and inexactly, since e2m1's 15 values (0, ±0.5, ±1, ±1.5,
+±2, ±3, ±4, ±6) are not evenly spaced.
 
 Hearth's CPU kernel (``native`` ``mxfp4_matmul``) turns each block's codes into int8 through a 16-entry table (twice
 the e2m1 values, exact) and multiplies them by the activations rounded to int8 codes per block of 32, as the int4
 kernel rounds them (two codes a value for a one-row call of one sequence, a decode step's, ``activation_codes``;
 one, as llama.cpp's Q8_0, in a batched step and from ``ONE_CODE_ROWS`` rows on): int8 dot products sum each block
-exactly, and its weight and activation scales meet the sum in fp32. The fp32 plan keeps the activations in fp32 (``exact``), for products of the exact weights; without the
-kernels each call decodes the weight in PyTorch's ops.
+exactly, and its weight and activation scales meet the sum in fp32. The fp32 plan keeps the activations in fp32
+(``exact``), for products of the exact weights; without the kernels each call decodes the weight in PyTorch's ops.
 openai's checkpoints (transformers' ``GptOssForCausalLM`` folders) hold the same numbers as blocks and scales
 apart, each byte two consecutive weights (``from_checkpoint``).
 """
@@ -88,7 +89,7 @@ class Mxfp4Rows:
 
 
 def in_strips(weight: Mxfp4Rows) -> torch.Tensor:
-    """The weight's blocks rearranged by and for the avx2 kernels (``Variant.mxfp4_strips``): [ceil(N / 8), K / 32 *
+    """The weight's blocks rearranged by and for the x86 kernels (``Variant.mxfp4_strips``): [ceil(N / 8), K / 32 *
     136], the same bytes a strip of 8 weight rows at a time (the last padded with zero blocks, whose weights are zero)
     and within a strip a block column at a time: its 8 exponents (row r's at r), then its 128 code bytes, byte
     32j + 4r + i row r's code byte 4j + i. A vector of 32 code bytes then holds four weights of each of 8 rows, which
@@ -96,7 +97,7 @@ def in_strips(weight: Mxfp4Rows) -> torch.Tensor:
     writing a copy's fresh pages took most of gpt-oss-20b's 9 s of rearranging at load."""
     blocks = weight.blocks.contiguous()
     rows, row_bytes = blocks.shape
-    in_place = weight.handed_over and rows % STRIP == 0 and blocks.data_ptr() == weight.blocks.data_ptr()
+    in_place = weight.handed_over and rows % STRIP == 0 and weight.blocks.is_contiguous()
     strips = (blocks.view(rows // STRIP, row_bytes * STRIP) if in_place
               else torch.empty(-(-rows // STRIP), row_bytes * STRIP, dtype=torch.uint8))  # [S, B * 136]
     library().mxfp4_strips_from_rows(blocks.data_ptr(), rows, row_bytes // BLOCK_BYTES * BLOCK, strips.data_ptr())

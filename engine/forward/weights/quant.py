@@ -85,7 +85,7 @@ class Linear:
                                                   prompts_only=one_row_fmt is not None, worker=worker)
         self._run, self.one_row_nbytes = many_rows, self.nbytes  # one_row_nbytes: what a one-row call reads
         # the call over MXFP4 blocks kept as they are, which a mixture's grouped call makes for all its experts
-        self.mxfp4 = many_rows if isinstance(many_rows, Mxfp4Matmul) and one_row_fmt is None else None
+        self.mxfp4 = many_rows if isinstance(many_rows, Mxfp4Matmul) else None
         if one_row_fmt is not None:
             one_row, self.one_row_nbytes = _scaled_pack(weight, bias, one_row_fmt, self.compute_dtype, input_scale,
                                                         worker=worker)

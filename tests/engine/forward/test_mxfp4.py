@@ -45,12 +45,18 @@ def _rounded(x: torch.Tensor, codes: int) -> torch.Tensor:
     return ((high + low / 254) * scales).flatten(1)
 
 
-@pytest.mark.usefixtures("kernel_variant")
-def test_strips_hold_each_rows_blocks_where_the_avx2_kernels_read_them():
+@pytest.fixture
+def strips_variant(kernel_variant: str) -> str:
+    """Each variant this CPU runs whose MXFP4 kernels read strips (``Variant.mxfp4_strips``)."""
+    if not kernels().mxfp4_strips:
+        pytest.skip(f"the {kernel_variant} variant reads the file's rows of blocks")
+    return kernel_variant
+
+
+@pytest.mark.usefixtures("strips_variant")
+def test_strips_hold_each_rows_blocks_where_the_x86_kernels_read_them():
     """``in_strips``: a strip block's exponents, row r's at r, then code byte 4j + i of row r at 32j + 4r + i; rows
     past the weight's (12 here, in strips of 8) are zero blocks."""
-    if not kernels().mxfp4_strips:
-        pytest.skip(f"the {kernels().variant} variant reads the file's rows of blocks")
     blocks = torch.from_numpy(_blocks(12, 64))  # [12, 2 * 17]
     strips = mxfp4.in_strips(Mxfp4Rows(blocks)).view(2, 2, 8 * BLOCK_BYTES)  # [strip, block, 136]
     for row in range(12):
@@ -65,10 +71,8 @@ def test_strips_hold_each_rows_blocks_where_the_avx2_kernels_read_them():
     assert not strips[1, :, 4:8].any() and not padding.any()
 
 
-@pytest.mark.usefixtures("kernel_variant")
+@pytest.mark.usefixtures("strips_variant")
 def test_blocks_handed_over_at_load_become_strips_in_place_and_others_stay_as_read():
-    if not kernels().mxfp4_strips:
-        pytest.skip(f"the {kernels().variant} variant reads the file's rows of blocks")
     blocks = _blocks(96, 352)
     kept = Mxfp4Rows(torch.from_numpy(blocks.copy()))
     handed = Mxfp4Rows(torch.from_numpy(blocks.copy()), handed_over=True)
