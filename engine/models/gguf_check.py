@@ -19,10 +19,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, LlamaFileType
 
+from engine.forward.windows import FULL, SLIDING, layer_windows
 from engine.models.model_source import ModelFileError
 
 GGUF_MAGIC = b"GGUF"
@@ -348,10 +350,53 @@ def gguf_config(path: Path, contents: GGUFContents) -> dict[str, Any]:
     config.setdefault("vocab_size", contents.array_lengths.get("tokenizer.ggml.tokens"))
     _check_shape_numbers(path, config)
     _check_vocabulary(path, contents, config)
+    if architecture in DIRECT_ARCHITECTURES and _is_whole(config.get("block_count")):
+        config["layer_windows"] = _layer_windows(path, contents.metadata, architecture, config["block_count"])
     config["file_type"] = file_type_name(contents.metadata)
     config["model_name"] = contents.metadata.get("general.name")
     config["tied_embeddings"] = all(tensor.name != "output.weight" for tensor in contents.tensors)
     return config
+
+
+SLIDING_PATTERNS = {"gemma2": 2, "gemma3": 6, "gpt-oss": 2}
+"""Every n-th layer of these architectures attends to the whole context and the others through the sliding window,
+as llama.cpp sets them where a file does not say (``attention.sliding_window_pattern``)."""
+
+
+def window_fields(metadata: dict[str, Any], architecture: str, layers: int) -> dict[str, Any]:
+    """The fields of a Hugging Face config that say which of the ``layers`` layers of a GGUF file's model attend
+    through a sliding window (``windows.layer_windows`` reads them): ``sliding_window``, the file's window, and for
+    ``SLIDING_PATTERNS``' architectures ``layer_types``, from the file's pattern (a period, or a flag a layer) or
+    else llama.cpp's. Raises ``ValueError`` naming a metadata value that is neither."""
+    window = metadata.get(f"{architecture}.attention.sliding_window")
+    if window is not None and not (_is_whole(window) and window >= 0):  # Phi-3's files say 0 for none
+        raise ValueError(f"its metadata {architecture}.attention.sliding_window is {window!r}, not a number of "
+                         "tokens")
+    fields: dict[str, Any] = {"sliding_window": window or None}
+    if architecture not in SLIDING_PATTERNS:
+        return fields
+    key = f"{architecture}.attention.sliding_window_pattern"
+    pattern = metadata.get(key, SLIDING_PATTERNS[architecture])
+    if isinstance(pattern, list) and len(pattern) == layers and all(isinstance(flag, bool) for flag in pattern):
+        sliding = pattern
+    elif _is_whole(pattern) and pattern > 0:
+        sliding = [(index + 1) % pattern != 0 for index in range(layers)]
+    else:
+        raise ValueError(f"its metadata {key} is {pattern!r}, neither a period nor a flag for each of its {layers} "
+                         "layers")
+    fields["layer_types"] = [SLIDING if slides else FULL for slides in sliding]
+    return fields
+
+
+def _layer_windows(path: Path, metadata: dict[str, Any], architecture: str, layers: int) -> list[int | None]:
+    """Each layer's window in tokens (``None``: the whole context) as the fast path will hold it, for the memory
+    estimate: ``layer_windows`` of ``window_fields`` under the architecture's ``model_type``."""
+    try:
+        fields = window_fields(metadata, architecture, layers)
+    except ValueError as problem:
+        raise _error(path, str(problem)) from None
+    config = SimpleNamespace(num_hidden_layers=layers, model_type=DIRECT_ARCHITECTURES[architecture], **fields)
+    return list(layer_windows(config))
 
 
 def _check_shape_numbers(path: Path, config: dict[str, Any]) -> None:

@@ -51,7 +51,9 @@ from engine.forward.weights.mxfp4 import Mxfp4Rows
 from engine.forward.weights.quant_int import INT4_PAIR, Int4Groups
 from engine.forward.weights.row_chunks import RowChunks
 from engine.host.allocator import return_freed_memory
-from engine.models.gguf_check import DIRECT_ARCHITECTURES, PLAIN_TYPES, GGUFContents, GGUFTensorInfo
+from engine.models.gguf_check import (
+    DIRECT_ARCHITECTURES, PLAIN_TYPES, GGUFContents, GGUFTensorInfo, window_fields,
+)
 from engine.models.tensor_reads import LazyTensors, mapped_bytes, read_exactly
 
 PERMUTED_ARCHITECTURES = ("llama", "granite")  # llama.cpp's ``GraniteModel`` is its ``LlamaModel``'s
@@ -60,7 +62,6 @@ GEMMA_ATTENTION_SCALE_LAYERS = {"gemma2": 46, "gemma3": 62}  # the 27B models' b
 # their attention scale, hidden / heads rather than the head size (the files do not state it)
 GRANITE_MULTIPLIERS = {"embedding_multiplier": "embedding_scale", "residual_multiplier": "residual_scale",
                        "attention_multiplier": "attention.scale", "logits_scaling": "logit_scale"}
-SLIDING_PATTERNS = {"gemma2": 2, "gemma3": 6}  # every n-th layer attends to all, as llama.cpp sets them
 GEMMA_LOCAL_ROPE_BASE = 10000.0
 TOP_LEVEL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -172,8 +173,7 @@ def hf_config(contents: GGUFContents) -> Any:
         tie_word_embeddings="output.weight" not in names,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
         attention_bias=any(tensor.name.endswith("attn_q.bias") for tensor in contents.tensors),
-        sliding_window=key("attention.sliding_window") or None,
-        **_experts(architecture, key),
+        **window_fields(meta, architecture, key("block_count")), **_experts(architecture, key),
     )
     config.model_type = DIRECT_ARCHITECTURES[architecture]
     # set after construction, which checks LongRoPE's factors: ``GGUFState`` hands them over as tensors
@@ -227,7 +227,7 @@ def _rope_parameters(key: Callable[..., Any], head_dim: int, long_rope: bool) ->
 
 def _gemma_config(config: Any, architecture: str, key: Callable[..., Any]) -> None:
     """Gemma's traits on ``config``, from the metadata where it states them and else as llama.cpp sets them: its
-    activation, attention scale, soft caps, which layers slide, and (Gemma 3) the sliding layers' rope base."""
+    activation, attention scale, soft caps and (Gemma 3) the sliding layers' rope base."""
     config.hidden_act = config.hidden_activation = "gelu_pytorch_tanh"
     scale = key("attention.scale")
     if scale:
@@ -238,22 +238,16 @@ def _gemma_config(config: Any, architecture: str, key: Callable[..., Any]) -> No
         config.query_pre_attn_scalar = config.head_dim
     config.attn_logit_softcapping = key("attn_logit_softcapping")
     config.final_logit_softcapping = key("final_logit_softcapping")
-    pattern = key("attention.sliding_window_pattern", SLIDING_PATTERNS[architecture])
-    sliding = pattern if isinstance(pattern, list) else [(i + 1) % pattern != 0 for i in range(config.num_hidden_layers)]
-    config.layer_types = ["sliding_attention" if slides else "full_attention" for slides in sliding]
     if architecture == "gemma3":
         local = {"rope_type": "default", "rope_theta": float(key("rope.freq_base_swa", GEMMA_LOCAL_ROPE_BASE))}
         config.rope_parameters = {"full_attention": config.rope_parameters, "sliding_attention": local}
 
 
 def _gpt_oss_config(config: Any) -> None:
-    """gpt-oss's traits on ``config`` (``GPT_OSS_CONFIG``): a window on every other layer from the first, as
-    transformers and llama.cpp set them, the clamped SwiGLU's constants and YaRN's bounds."""
+    """gpt-oss's traits on ``config`` (``GPT_OSS_CONFIG``): the clamped SwiGLU's constants and YaRN's bounds."""
     config.hidden_act = GPT_OSS_CONFIG["hidden_act"]
     config.swiglu_alpha, config.swiglu_limit = GPT_OSS_CONFIG["swiglu_alpha"], GPT_OSS_CONFIG["swiglu_limit"]
     config.num_local_experts = config.num_experts
-    config.layer_types = ["sliding_attention" if index % 2 == 0 else "full_attention"
-                          for index in range(config.num_hidden_layers)]
     if config.rope_parameters.get("rope_type") == "yarn":
         config.rope_parameters.update({name: GPT_OSS_CONFIG[name] for name in ("beta_fast", "beta_slow", "truncate")})
 

@@ -225,7 +225,10 @@ def estimate_kv_bytes(config_like: Mapping[str, Any], context_length: int, dtype
 
 
 def config_windows(config: Mapping[str, Any], layers: int) -> tuple[int | None, ...]:
-    """``layer_windows`` of a parsed config (its ``text_config`` where it has one) of ``layers`` layers."""
+    """``layer_windows`` of a parsed config (its ``text_config`` where it has one) of ``layers`` layers; a GGUF
+    config's ``layer_windows`` (``gguf_check.gguf_config``: no window where it has none)."""
+    if "block_count" in config:
+        return tuple(config.get("layer_windows") or (None,) * layers)
     text = config.get("text_config") or config
     return layer_windows(SimpleNamespace(**{**text, "num_hidden_layers": layers}))
 

@@ -149,16 +149,24 @@ def test_longrope_takes_its_long_factors_where_the_context_chosen_is_past_the_tr
     assert not torch.allclose(prompt_logits(long_context.backend, PROMPT), _hf_logits(model, PROMPT), atol=1e-3)
 
 
-def test_a_converted_gemma_file_is_planned_for_the_fast_path_with_its_own_head_size(tmp_path: Path):
+def test_a_converted_gemma_file_is_planned_for_the_fast_path_with_its_own_head_size_and_windows(tmp_path: Path):
+    """The estimate of a Gemma 3 file counts its head size, and its sliding layers as their windows, as the
+    model's config does: five layers of six hold 64 positions (and a pool's spare blocks) of a long context."""
+    from engine.forward.windows import layer_windows
     from engine.models.format_plan import formats_for_source
-    from engine.models.memory_estimate import estimate_kv_bytes
+    from engine.models.memory_estimate import KV_POOL_TOKENS, estimate_kv_bytes
     from engine.models.model_files import inspect_model
 
     model = gemma3_model()  # heads of 32 dimensions in a width of 64 over 4 heads
     source = inspect_model(write_converted_gguf(tmp_path / "gemma3.gguf", model))
     assert formats_for_source(source, "cpu", "fp32").fast_path
     config = model.config
-    assert estimate_kv_bytes(source.config, 100, 2) == 2 * config.num_hidden_layers * config.num_key_value_heads * 32 * 100 * 2
+    assert tuple(source.config["layer_windows"]) == layer_windows(config) == (64,) * 5 + (None,)
+    per_position = 2 * config.num_key_value_heads * 32 * 2
+    assert estimate_kv_bytes(source.config, 100, 2) == config.num_hidden_layers * per_position * 100
+    long = 8192
+    assert estimate_kv_bytes(source.config, long, 2) == per_position * (long + 5 * (64 + KV_POOL_TOKENS))
+    assert estimate_kv_bytes(config.to_dict(), long, 2) == estimate_kv_bytes(source.config, long, 2)
 
 
 def test_gemma_3s_attention_scale_comes_from_query_pre_attn_scalar(tmp_path: Path):

@@ -18,10 +18,11 @@ from gguf.constants import GGMLQuantizationType as Q
 from engine.chat.chat_template import ChatTemplate
 from engine.forward import attention
 from engine.forward.experts import MixtureOfExperts
+from engine.forward.windows import layer_windows
 from engine.models.format_plan import formats_for_source
 from engine.models.inspection import inspect_for_dialog
 from engine.models.loading import LoadPlan, load_model
-from engine.models.memory_estimate import cpu_formats_notice, estimate
+from engine.models.memory_estimate import KV_POOL_TOKENS, cpu_formats_notice, estimate, estimate_kv_bytes
 from engine.models.model_files import inspect_model
 from engine.models.random_models import byte_tokenizer
 from engine.protocol.messages import LoadOptions
@@ -88,6 +89,20 @@ def test_fp32_from_a_gguf_file_keeps_its_mxfp4_experts_and_equals_transformers(m
     rows, width = 2 * model.config.intermediate_size, model.config.hidden_size
     assert expert.gate_up.nbytes == rows * width // 32 * 17 + rows * 4  # the blocks as the file has them, fp32 bias
     torch.testing.assert_close(_stepwise_logits(loaded.backend), _reference(model), atol=1e-4, rtol=1e-4)
+
+
+def test_the_estimate_of_a_gguf_file_holds_every_other_layer_as_its_window(mxfp4_file):
+    """The memory the load dialog counts for a long context: the windowed layers' windows, as transformers places
+    them (from the first layer on), not the whole context in every layer."""
+    path, model = mxfp4_file
+    source = inspect_model(path)
+    assert tuple(source.config["layer_windows"]) == layer_windows(model.config)
+    assert layer_windows(model.config)[:2] == (WINDOW, None)
+    shape, long = model.config, 4096
+    per_position = 2 * shape.num_key_value_heads * shape.head_dim * 2
+    full = sum(window is None for window in layer_windows(model.config))
+    windowed = shape.num_hidden_layers - full
+    assert estimate_kv_bytes(source.config, long, 2) == per_position * (full * long + windowed * (WINDOW + KV_POOL_TOKENS))
 
 
 def test_a_file_of_q4_0_experts_equals_transformers_too(tmp_path: Path):

@@ -38,9 +38,12 @@ def refused_quickly(path: Path) -> str:
 
 
 def write_gguf(path: Path, heads: int = 4, tokens: int = 100, table_rows: int = 100,
-               vocab_size: int | None = None) -> Path:
-    """A small llama GGUF whose head count, vocabulary and token table the test chooses."""
-    writer = gguf.GGUFWriter(str(path), "llama")
+               vocab_size: int | None = None, architecture: str = "llama", ints: dict[str, int] | None = None) -> Path:
+    """A small GGUF (llama's, unless ``architecture`` says) whose head count, vocabulary, token table and further
+    integer metadata (``ints``, keys without the architecture's prefix) the test chooses."""
+    writer = gguf.GGUFWriter(str(path), architecture)
+    for key, value in (ints or {}).items():
+        writer.add_int32(f"{architecture}.{key}", value)
     writer.add_block_count(1)
     writer.add_context_length(256)
     writer.add_embedding_length(32)
@@ -75,6 +78,14 @@ def test_zero_attention_heads_in_a_gguf(tmp_path: Path) -> None:
     assert "llama.attention.head_count is 0, not a positive number" in refused_quickly(
         write_gguf(tmp_path / "m.gguf", heads=0)
     )
+
+
+@pytest.mark.parametrize(("key", "value", "says"), [
+    ("attention.sliding_window_pattern", 0, "gemma3.attention.sliding_window_pattern is 0, neither a period nor a flag"),
+    ("attention.sliding_window", -512, "gemma3.attention.sliding_window is -512, not a number of tokens"),
+])
+def test_a_gemma_file_whose_windows_make_no_sense(tmp_path: Path, key: str, value: int, says: str) -> None:
+    assert says in refused_quickly(write_gguf(tmp_path / "m.gguf", architecture="gemma3", ints={key: value}))
 
 
 def test_two_million_empty_tokens(tmp_path: Path, build) -> None:
