@@ -34,10 +34,9 @@ TRANSFORMERS_LAYERS = {"int4": "nf4"}  # on a GPU bitsandbytes' NF4; int8 is its
 QUANTIZED = ("int8", "int4")
 QUANTIZED_LAYERS = (*QUANTIZED, "nf4")
 FOUR_BIT_PROMPT_PARAMS = 1_000_000_000
-"""From this many parameters a 4-bit file's prompts run faster from its 4-bit weights (``int4_prompts``: int8 GEMMs)
-than from an fp16 copy, on a CPU with int8 dot products and no fp16 arithmetic, so ``auto`` keeps the 4-bit weights
-alone whatever memory allows: from this size its prompts run faster without the copy, its decode steps as fast,
-and it holds far less memory. A smaller model's prompts run faster with the copy, so small models keep it."""
+"""Without Hearth's prompt kernel, from this many parameters a 4-bit file's prompts run faster from its 4-bit weights
+(``int4_prompts``: oneDNN's int8 GEMMs) than from an fp16 copy, on a CPU with int8 dot products and no fp16
+arithmetic; a smaller model's run faster with the copy."""
 FORMAT_WORDS = {"nf4": "nf4 (bitsandbytes)"}  # formats the label words otherwise than by their names
 
 
@@ -287,12 +286,14 @@ def _fallback_formats(layers: str, model: ModelTraits, host: HostFeatures, note:
 
 def four_bit_prompts_faster(model: ModelTraits, host: HostFeatures | None = None) -> bool:
     """Whether ``host`` (None: this CPU) runs a 4-bit file's prompts faster from its 4-bit weights than from an fp16
-    copy: any size with AMX's bf16 tiles (``native.int4_matmul``), from ``FOUR_BIT_PROMPT_PARAMS`` with int8 dot
-    products and no fp16 arithmetic."""
+    copy, so that ``auto`` keeps the 4-bit weights alone whatever memory allows (its decode steps run from them
+    either way): any size with AMX's bf16 tiles or Hearth's prompt kernel (``native.int4_matmul``; 1.3-1.7x an fp16
+    copy's rate from 135M to 4B parameters on AVX-512 and AVX2 alike, docs/performance.md), else from
+    ``FOUR_BIT_PROMPT_PARAMS`` with int8 dot products and no fp16 arithmetic."""
     if not model.four_bit_layers:
         return False
     host = host or this_host()
-    if host.amx_tiles:
+    if host.amx_tiles or host.prompt_kernel:
         return True
     return model.n_params >= FOUR_BIT_PROMPT_PARAMS and host.int8_dot and not host.fp16_math
 

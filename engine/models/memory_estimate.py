@@ -405,7 +405,8 @@ def cpu_formats_notice(source: ModelSource, chosen: FormatPlan, context_length: 
     alone = (f"Running from the int4 weights alone ({gib_text(four_bit)} in all; the output layer in {head}), "
              f"prompts included")
     if four_bit_prompts_faster(traits_of(source), chosen.host):
-        why = "bf16 matrix tiles" if chosen.host.amx_tiles else "int8 dot products, no fp16 arithmetic"
+        why = ("bf16 matrix tiles" if chosen.host.amx_tiles else "Hearth's int4 prompt kernel" if chosen.host.prompt_kernel
+               else "int8 dot products, no fp16 arithmetic")
         return (f"{alone}: on this CPU ({why}) a model this size runs its prompts faster so than from fp16 "
                 f"weights, which would need {gib_text(fp16)}.")
     return (f"{alone}, which makes prompts slower: fp16 weights for prompts would need {gib_text(fp16)}, more than "

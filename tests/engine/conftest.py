@@ -192,6 +192,7 @@ def host_features(monkeypatch: pytest.MonkeyPatch):
 
 
 @pytest.fixture
-def without_amx(host_features) -> None:
-    """``auto`` as a CPU without AMX's bf16 tiles chooses (with them it keeps a 4-bit file's weights alone)."""
-    host_features(amx_tiles=False)
+def without_prompt_kernels(host_features) -> None:
+    """``auto`` as a CPU without Hearth's int4 prompt kernels chooses (AMX's tiles, the x86 variants' strips: an ARM
+    CPU, say): there a small 4-bit file keeps an fp16 copy for its prompts where memory allows."""
+    host_features(amx_tiles=False, prompt_kernel=False)

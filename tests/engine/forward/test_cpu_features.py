@@ -166,14 +166,18 @@ def test_an_avx2_only_cpu_runs_hearths_avx2_kernels():
     assert f"{expected} variant" in notices
 
 
-@pytest.mark.parametrize(("kernels", "notice"), [("avx2", "avx2 variant"), ("none", "kernels are off")])
-def test_on_an_avx2_only_cpu_the_built_in_model_still_answers(default_model_path: Path, kernels: str, notice: str):
-    """On Hearth's AVX2 kernels the 4-bit decode copy keeps Hearth's layout; without them, PyTorch's AVX2 build of
-    its int4 kernel blocks the rows otherwise than its AVX-512 one, so PyTorch lays the copy out
-    (``cpu_int4_layout``): given the AVX-512 layout it answered noise."""
+@pytest.mark.parametrize(("kernels", "notice", "formats"), [
+    ("avx2", "avx2 variant", "int4 weights alone"), ("none", "kernels are off", "int4 copy for decoding"),
+])
+def test_on_an_avx2_only_cpu_the_built_in_model_still_answers(default_model_path: Path, kernels: str, notice: str,
+                                                              formats: str):
+    """On Hearth's AVX2 kernels the 4-bit weights alone run prompts and decode steps in Hearth's layout; without
+    them an fp16 copy takes the prompts, and PyTorch's AVX2 build of its int4 kernel blocks the decode copy's rows
+    otherwise than its AVX-512 one, so PyTorch lays the copy out (``cpu_int4_layout``): given the AVX-512 layout it
+    answered noise."""
     ask = [sys.executable, "-m", "engine", "chat", "--model", str(default_model_path), "--device", "cpu",
            "--prompt", "What is the capital of France?", "--max-tokens", "12"]
     environment = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "PYTHONPATH": str(REPO), "HEARTH_KERNELS": kernels}
     result = subprocess.run(ask, capture_output=True, text=True, timeout=600, cwd=REPO, env=environment, check=True)
-    assert "int4 copy for decoding" in result.stderr and notice in result.stderr
+    assert formats in result.stderr and notice in result.stderr
     assert "Paris" in result.stdout

@@ -79,7 +79,7 @@ def fp32_answer(default_model_path: Path) -> str:
 
 
 def test_auto_keeps_a_4bit_copy_for_decoding_and_answers_as_fp32_does(default_model_path: Path, fp32_answer: str,
-                                                                      without_amx: None):
+                                                                      without_prompt_kernels: None):
     auto = _open(default_model_path, "auto")
     config = auto.model.config
     assert auto.precision == "fp16"
@@ -147,13 +147,17 @@ def test_the_estimate_is_what_the_load_holds(default_model_path: Path, precision
     assert abs(estimated - loaded.weight_bytes) <= 0.01 * loaded.weight_bytes
 
 
-@pytest.mark.parametrize("amx, note", [(True, "int4 prompts run faster here"), (False, "fp16 did not fit")])
+@pytest.mark.parametrize("amx, prompt_kernel, note", [
+    (True, False, "int4 prompts run faster here"), (False, True, "int4 prompts run faster here"),
+    (False, False, "fp16 did not fit"),
+])
 def test_the_window_says_why_auto_ran_4bit_alone(default_model_path: Path, monkeypatch: pytest.MonkeyPatch, amx: bool,
-                                                 note: str, host_features):
-    """With AMX's bf16 tiles auto keeps the 4-bit weights alone for speed; without, only where fp16 would not fit
-    comfortably (here: too little free memory), and the precision shown gives the reason that applied."""
-    host_features(amx_tiles=amx, native_kernels=True)
-    if not amx:
+                                                 prompt_kernel: bool, note: str, host_features):
+    """With AMX's bf16 tiles or Hearth's int4 prompt kernel auto keeps the 4-bit weights alone for speed; without,
+    only where fp16 would not fit comfortably (here: too little free memory), and the precision shown gives the
+    reason that applied."""
+    host_features(amx_tiles=amx, prompt_kernel=prompt_kernel, native_kernels=True)
+    if note == "fp16 did not fit":
         fp16 = memory_estimate.estimate(inspect_model(default_model_path), "fp16", 8192, "cpu").total_bytes
         monkeypatch.setattr(memory_estimate, "available_memory", lambda _device: int(fp16 / 0.95))
     loaded = _open(default_model_path, "auto")

@@ -124,12 +124,16 @@ def test_the_note_says_why_auto_chose_and_shows_in_the_label():
     assert plan.label == "int4 weights (fp16 did not fit)"
 
 
+AVX2_LAPTOP = HostFeatures(native_kernels=True, prompt_kernel=True)  # Hearth's avx2 variant: no int8 dot products
+
+
 @pytest.mark.parametrize(("host", "n_params", "faster"), [
-    (SAPPHIRE_RAPIDS, 135_000_000, True), (ZEN4, 135_000_000, False), (ZEN4, 1_700_000_000, True),
+    (SAPPHIRE_RAPIDS, 135_000_000, True), (ZEN4, 135_000_000, True), (AVX2_LAPTOP, 135_000_000, True),
+    (ARM_DOTPROD, 135_000_000, False), (ARM_DOTPROD, 1_700_000_000, True), (PLAIN_X86, 1_700_000_000, False),
     (HostFeatures(native_kernels=True, int8_dot=True, fp16_math=True), 1_700_000_000, False),
 ])
-def test_4bit_prompts_run_faster_from_the_int4_weights_on_tiles_or_large_models_with_int8_dots(host, n_params,
-                                                                                               faster):
+def test_4bit_prompts_run_faster_from_the_int4_weights_on_hearths_kernels_or_large_models_with_int8_dots(
+        host, n_params, faster):
     traits = ModelTraits(fast_path=True, vocab=49152, hidden=2048, four_bit_layers=True, n_params=n_params)
     assert four_bit_prompts_faster(traits, host) is faster
     assert not four_bit_prompts_faster(LLAMA_FOLDER, SAPPHIRE_RAPIDS)  # not a 4-bit file

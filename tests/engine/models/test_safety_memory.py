@@ -130,7 +130,7 @@ def test_available_memory() -> None:
 TABLE = 49152 * 576  # the built-in model's token table, tied to its output layer
 
 
-def test_real_default_model_fits_on_cpu(default_model_path: Path, without_amx: None) -> None:
+def test_real_default_model_fits_on_cpu(default_model_path: Path, without_prompt_kernels: None) -> None:
     from engine.models.model_files import inspect_model
 
     source = inspect_model(default_model_path)
@@ -163,7 +163,7 @@ def test_fp16_on_the_cpu_counts_the_4bit_decode_copy_of_a_4bit_file(default_mode
 
 
 def test_a_4bit_file_runs_4bit_alone_where_the_fp16_copy_would_not_fit_comfortably(default_model_path: Path,
-                                                                                    without_amx: None) -> None:
+                                                                                    without_prompt_kernels: None) -> None:
     from engine.models.memory_estimate import cpu_formats_notice
     from engine.models.model_files import inspect_model
 
@@ -223,16 +223,31 @@ def _q4_k_m_file(n_params: int, hidden: int) -> ModelSource:
 
 @pytest.mark.parametrize(("fp16_math", "expected"), [(False, "int4"), (True, "fp16")])
 def test_a_large_4bit_file_keeps_its_4bit_weights_where_they_run_prompts_faster(host_features, fp16_math, expected):
-    """Plenty of memory: a 1.7B file runs 4-bit alone on a CPU with int8 dot products and no fp16 arithmetic (its
-    prompts faster, a third of the memory), with fp16 arithmetic the fp16 copy; a 135M one keeps the copy."""
+    """Plenty of memory, no prompt kernel of Hearth's: a 1.7B file runs 4-bit alone on a CPU with int8 dot products
+    and no fp16 arithmetic (its prompts faster, a third of the memory), with fp16 arithmetic the fp16 copy; a 135M
+    one keeps the copy."""
     from engine.models import memory_estimate
 
-    host_features(int8_dot=True, fp16_math=fp16_math, amx_tiles=False)
+    host_features(int8_dot=True, fp16_math=fp16_math, amx_tiles=False, prompt_kernel=False)
     large, small = _q4_k_m_file(1_700_000_000, 2048), _q4_k_m_file(135_000_000, 576)
     assert choose_precision(large, "cpu", 4096, available_bytes=64 * GIB) == expected
     assert choose_precision(small, "cpu", 4096, available_bytes=64 * GIB) == "fp16"
     notice = memory_estimate.cpu_formats_notice(large, formats_for_source(large, "cpu", expected), 4096, 64 * GIB)
     assert ("no fp16 arithmetic" in notice) == (expected == "int4")
+
+
+@pytest.mark.parametrize("int8_dot", [True, False])
+def test_a_4bit_file_of_any_size_keeps_its_4bit_weights_on_hearths_prompt_kernel(host_features, int8_dot):
+    """On AVX-512 or AVX2 (with or without VNNI) Hearth's int4 prompt kernel runs a 4-bit file's prompts faster than
+    an fp16 copy does, the 135M one's too: auto keeps the weights alone, and the notice says why."""
+    from engine.models import memory_estimate
+
+    host_features(amx_tiles=False, prompt_kernel=True, int8_dot=int8_dot, fp16_math=False, native_kernels=True)
+    for n_params, hidden in ((135_000_000, 576), (1_700_000_000, 2048)):
+        four_bit = _q4_k_m_file(n_params, hidden)
+        assert choose_precision(four_bit, "cpu", 4096, available_bytes=64 * GIB) == "int4"
+        plan = formats_for_source(four_bit, "cpu", "int4")
+        assert "Hearth's int4 prompt kernel" in memory_estimate.cpu_formats_notice(four_bit, plan, 4096, 64 * GIB)
 
 
 def test_a_4bit_file_of_any_size_keeps_its_4bit_weights_on_amx_bf16_tiles(host_features):
