@@ -112,7 +112,7 @@ class LoadPlan:
     ``formats``: the plan chosen with the memory estimate (``model_open``); None (random
     models, tests) lets the loader choose it from ``precision`` (which may be "auto")
     once it has read the model's config, with ``four_bit_source``: the file stores its
-    layers in 4 bits, and ``eight_bit_source``: in Q8_0 beside MXFP4 experts (gpt-oss's).
+    layers in 4 bits, and ``eight_bit_source``: in Q8_0 (``ModelSource.eight_bit_layers``).
     ``kv_budget_bytes``: the KV cache the estimate counted for ``context_length``, which the
     block pool may take (None: not planned, ``kv_pool_budget``'s default).
     """

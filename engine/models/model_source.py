@@ -16,6 +16,7 @@ from typing import Any, Literal
 SourceKind = Literal["hf_folder", "gguf"]
 DEFAULT_CONTEXT = 2048
 CONTEXT_KEYS = ("max_position_embeddings", "context_length", "n_positions", "max_seq_len")
+EIGHT_BIT_FILE_TYPES = ("MOSTLY_Q8_0", "MOSTLY_MXFP4_MOE")  # GGUF file types whose layers hold Q8_0 blocks
 
 
 class ModelFileError(Exception):
@@ -66,9 +67,9 @@ class ModelSource:
 
     @property
     def eight_bit_layers(self) -> bool:
-        """A gpt-oss GGUF file (llama.cpp's MXFP4_MOE file type): its experts in MXFP4, its other layers in Q8_0 blocks
-        (as ggml-org's files hold them)."""
-        return self.kind == "gguf" and self.config.get("file_type") == "MOSTLY_MXFP4_MOE"
+        """A GGUF file whose layers hold Q8_0 blocks: llama.cpp's Q8_0 file type, or a gpt-oss file (MXFP4_MOE: its
+        experts in MXFP4, its other layers in Q8_0, as ggml-org's files hold them)."""
+        return self.kind == "gguf" and self.config.get("file_type") in EIGHT_BIT_FILE_TYPES
 
     @property
     def native_context(self) -> int:

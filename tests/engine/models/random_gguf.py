@@ -45,18 +45,21 @@ def byte_tokens() -> list[str]:
 
 def write_random_gguf(path: Path, architecture: str = "llama", layer_type: Q = Q.Q4_K, shape: Shape = Shape(),
                       six_bit_down: bool = True, seed: int = 0, untied: bool = False,
-                      rope_factors: np.ndarray | None = None) -> Path:
+                      rope_factors: np.ndarray | None = None, file_type: gguf.LlamaFileType | None = None) -> Path:
     """A random model of ``architecture`` (llama, qwen2, qwen3) with its layers in ``layer_type``.
 
     ``six_bit_down``: the MLP's down matrices in Q6_K, and the first layer's v, as a Q4_K_M file keeps some (its
     q/k/v then mix two types). ``untied``: an output
     layer of its own, in Q6_K (as a Q4_K_M file has it), the token table then in ``layer_type``.
-    ``rope_factors``: a ``rope_freqs.weight`` tensor, as llama.cpp writes Llama 3.1's rope scaling.
+    ``rope_factors``: a ``rope_freqs.weight`` tensor, as llama.cpp writes Llama 3.1's rope scaling. ``file_type``:
+    the file type the metadata states (none unless given).
     """
     rng = np.random.default_rng(seed)
     tokens = byte_tokens() + [f"<extra{i}>" for i in range(shape.extra_vocab)] + ["Ġt", END_OF_TURN]
     writer = gguf.GGUFWriter(str(path), architecture)
     _write_metadata(writer, shape, tokens)
+    if file_type is not None:
+        writer.add_file_type(file_type)
 
     def matrix(name: str, rows: int, width: int, quant_type: Q = layer_type) -> None:
         writer.add_tensor(name, random_blocks(quant_type, rows, width, WEIGHT_STD, rng), raw_dtype=quant_type)
