@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from engine.forward.attention import attend
 from engine.forward.backend import BatchBackend
 from engine.forward.cuda_batch import BUCKETS, DevicePool, decode_attention_for, fits_a_bucket, run_bucket
 from engine.forward.cuda_graphs import GraphRunner
@@ -47,9 +48,10 @@ class CudaLlama(FastLlama):
     def attend_chunk(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                      sinks: torch.Tensor | None = None) -> torch.Tensor:
         """``q`` [S, H, hd] (scaled) over ``keys``/``values`` [Hkv, T, hd]; ``mask`` [S, T] added to the scores.
-        Returns [S, H, hd]; soft-capped scores (Gemma 2) and sinks in torch ops (``FastLlama.attend_chunk``)."""
+        Returns [S, H, hd]; soft-capped scores (Gemma 2) and sinks in torch ops over the whole chunk at once
+        (``attention.attend``: the CPU's blocks would wait for the mask)."""
         if self.family.attention_softcap is not None or sinks is not None:
-            return super().attend_chunk(q, keys, values, mask, sinks)
+            return attend(q, keys, values, mask, self._softcap, sinks)
         groups = q.shape[1] // keys.shape[0]
         keys = keys.repeat_interleave(groups, dim=0)  # [H, T, hd]: fused kernels want one kv head per query head
         values = values.repeat_interleave(groups, dim=0)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from engine.forward.attention import attend, attend_runs, causal_mask
+from engine.forward.attention import attend_in_blocks, attend_runs, causal_mask
 from engine.forward.llama_weights import LlamaLayer, LlamaWeights
 from engine.forward.native import activation_codes
 from engine.forward.native import decode_attention as native_attention
@@ -230,9 +230,9 @@ class FastLlama(LlamaWeights):
     def attend_chunk(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                      sinks: torch.Tensor | None = None) -> torch.Tensor:
         """A prompt chunk's attention, ``q`` [S, H, hd] over its sequence's ``keys``/``values`` [Hkv, T, hd] under
-        ``mask`` [S, T] (``attention.attend``; ``sinks`` [H]: gpt-oss's); ``cuda_backend`` overrides it with fused
-        GPU kernels."""
-        return attend(q, keys, values, mask, self._softcap, sinks)
+        ``mask`` [S, T] (``attention.attend_in_blocks``; ``sinks`` [H]: gpt-oss's); ``cuda_backend`` overrides it
+        with fused GPU kernels."""
+        return attend_in_blocks(q, keys, values, mask, self._softcap, sinks)
 
     def rotations(self, start: int, end: int) -> list[torch.Tensor]:
         """For each rotary table (``LlamaLayer.rotary``), the complex numbers that turn each (even, odd) pair of a
