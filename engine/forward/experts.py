@@ -73,7 +73,9 @@ class MixtureOfExperts:
 
     def _routed(self, h: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """The sum over each row's chosen experts of their outputs times their weights, [R, D]: the rows grouped
-        by expert, one call of each active expert over all its rows, each row's k weighted results summed."""
+        by expert, one call of each active expert over all its rows, its weighted results added into their rows.
+        Each expert gathers its own rows: a prompt chunk's rows gathered for all experts at once ([R k, D], 34 MB for
+        512 rows of Qwen3-30B-A3B) took fresh pages in every layer."""
         rows = h.shape[0]
         one_call = self.grouped is not None and rows <= GROUPED_ROWS
         if rows == 1 and not one_call:  # a lone decode row: its k experts on the row itself, no grouping
@@ -85,19 +87,19 @@ class MixtureOfExperts:
         order = slots.argsort(stable=True)  # [R k]: slots grouped by expert
         counts = torch.bincount(slots, minlength=len(self.experts))  # [E]
         active = counts.nonzero().flatten()  # [A]: the chosen experts, in the order the slots are grouped
-        grouped = h.index_select(0, order // self.top_k)  # [R k, D]: each grouped slot's row
+        slot_rows, slot_weights = order // self.top_k, weights.flatten()[order].unsqueeze(1)  # [R k], [R k, 1]
+        out = torch.zeros_like(h)  # [R, D]
         if one_call:
-            results = self._in_one_call(grouped, active, counts[active], rows)
-        else:
-            results = torch.empty_like(grouped)  # [R k, D]
-            start = 0
-            for expert, count in zip(active.tolist(), counts[active].tolist()):
-                end = start + count
-                results[start:end] = self.experts[expert](grouped[start:end])
-                start = end
-        results.mul_(weights.flatten()[order].unsqueeze(1))  # [R k, D]
-        by_slot = results.index_select(0, order.argsort())  # [R k, D]: back in (row, choice) order
-        return by_slot.view(rows, self.top_k, -1).sum(dim=1)  # [R, D]
+            results = self._in_one_call(h.index_select(0, slot_rows), active, counts[active], rows)  # [R k, D]
+            return out.index_add_(0, slot_rows, results.mul_(slot_weights))
+        start = 0
+        for expert, count in zip(active.tolist(), counts[active].tolist()):
+            end = start + count
+            expert_rows = slot_rows[start:end]  # [n]
+            result = self.experts[expert](h.index_select(0, expert_rows))  # [n, D]
+            out.index_add_(0, expert_rows, result.mul_(slot_weights[start:end]))
+            start = end
+        return out
 
     def _in_one_call(self, grouped: torch.Tensor, active: torch.Tensor, counts: torch.Tensor,
                      rows: int) -> torch.Tensor:
