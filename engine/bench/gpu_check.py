@@ -84,6 +84,8 @@ QUICK_LINES = (
                               "--new-tokens", "8", "--baseline"), (("engine_decode_tok_s", ">=", 1),), 120),
     BenchLine("decode_tiny_int8", ("decode", "--model", "random:tiny", "--quant", "int8", "--prompt-tokens", "16",
                                    "--new-tokens", "8"), (("engine_decode_tok_s", ">=", 1),), 120),
+    BenchLine("decode_unknown_model", ("decode", "--model", "random:nonesuch", "--prompt-tokens", "16",
+                                       "--new-tokens", "8"), (("engine_decode_tok_s", ">=", 1),), 120),
     BenchLine("prefill_tiny", ("prefill", "--model", "random:tiny", "--quant", "none", "--prompt-tokens", "64",
                                "--repeats", "2"), (("prefill_ms", "<=", 10_000),), 120),
     BenchLine("chat_ttft_tiny", ("chat", "--model", "random:tiny", "--quant", "none", "--context-tokens", "64",

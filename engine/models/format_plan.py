@@ -29,7 +29,7 @@ from engine.protocol.messages import PRECISIONS as OPTIONS
 from engine.protocol.messages import canonical_precision
 
 PRECISIONS = tuple(name for name in OPTIONS if name != "auto")
-FAST_LAYERS = {"cpu": ("fp32", "fp16", "int4"), "cuda": PRECISIONS}  # the rest go through transformers
+FAST_LAYERS = {"cpu": ("fp32", "fp16", "int8", "int4"), "cuda": PRECISIONS}  # the rest go through transformers
 TRANSFORMERS_LAYERS = {"int4": "nf4"}  # on a GPU bitsandbytes' NF4; int8 is its LLM.int8, the others plain dtypes
 QUANTIZED = ("int8", "int4")
 QUANTIZED_LAYERS = (*QUANTIZED, "nf4")
@@ -202,7 +202,7 @@ def _resolved(precision: str, device: str, fast_path: bool) -> str:
 def fast_formats(device: str, layers: str, model: ModelTraits, host: HostFeatures, decode_copy: str | None = None,
                  note: str = "") -> FormatPlan:
     """``FastLlama``'s plan with its layers in ``layers`` (and ``decode_copy``): ``choose_formats``' rules for the
-    rest. A test may ask for a combination ``choose_formats`` never picks (int8 layers on the CPU)."""
+    rest."""
     compute = "fp32" if device == "cpu" else (layers if layers in ("fp32", "bf16", "fp16") else "bf16")
     output = _output_layer(device, layers, decode_copy, model, host)
     amx_prompts = device == "cpu" and layers == "int4" and host.amx_tiles
@@ -216,14 +216,14 @@ def fast_formats(device: str, layers: str, model: ModelTraits, host: HostFeature
 
 def _output_layer(device: str, layers: str, decode_copy: str | None, model: ModelTraits, host: HostFeatures) -> str:
     """The output layer multiplies only the rows that are sampled, so on the CPU it is read once a decode step,
-    whatever the prompt: beside 4-bit layers (alone or as a decode copy) or an int8 decode copy, int8 on Hearth's
+    whatever the prompt: beside quantized layers (alone or as a decode copy), int8 on Hearth's
     kernel where it takes the shape (``native.int8_matmul``: SmolLM2-135M's step 30 MB against FBGEMM's padded fp16 101 MB; SmolLM2-1.7B's
     107 MB against 126 MB in two planes of 4-bit groups, read in one pass instead of two), else those two planes
-    (``INT4_PAIR``); fp16 beside int8 layers; elsewhere the layers' format."""
+    (``INT4_PAIR``) beside int4 layers, fp16 beside int8 ones; elsewhere the layers' format."""
     if device != "cpu":
         return layers
-    if (layers == "int4" or decode_copy is not None) and host.native_kernels and int8_kernel_takes(model.vocab,
-                                                                                                   model.hidden):
+    if (layers in QUANTIZED or decode_copy is not None) and host.native_kernels and int8_kernel_takes(model.vocab,
+                                                                                                      model.hidden):
         return "int8"
     if layers not in QUANTIZED:
         return layers
@@ -254,7 +254,9 @@ def _prompt_path(device: str, layers: str, host: HostFeatures) -> str:
         if host.prompt_kernel:
             return "Hearth's int4 kernel"
         return "int8 GEMM" if host.int8_dot else "fp32 matmul"
-    if layers in ("fp16", "int8"):
+    if layers == "int8":
+        return "Hearth's int8 kernel" if host.native_kernels else "fp32 matmul"
+    if layers == "fp16":
         return "oneDNN fp16" if host.fp16_math else "FBGEMM fp16"
     return f"{layers} matmul"
 
@@ -296,6 +298,14 @@ def four_bit_prompts_faster(model: ModelTraits, host: HostFeatures | None = None
     if host.amx_tiles or host.prompt_kernel:
         return True
     return model.n_params >= FOUR_BIT_PROMPT_PARAMS and host.int8_dot and not host.fp16_math
+
+
+def eight_bit_prompts_faster(model: ModelTraits, host: HostFeatures | None = None) -> bool:
+    """Whether ``host`` (None: this CPU) runs a Q8_0 file's prompts (``ModelTraits.eight_bit_layers``) faster from
+    its int8 blocks than from an fp16 copy, so that ``auto`` keeps them alone (a third of fp16 and its int8 decode
+    copy's bytes): where Hearth's prompt kernels run (the avx512, avx2vnni and avx2 variants), whose int8 kernel
+    takes a prompt chunk at one code a value at 1.1-3x FBGEMM's fp16 rate (``native.int8_matmul``)."""
+    return model.eight_bit_layers and (host or this_host()).prompt_kernel
 
 
 def is_direct_gguf(source: ModelSource) -> bool:

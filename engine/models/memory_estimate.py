@@ -13,16 +13,18 @@ the same call the loader's plan comes from), so the two cannot disagree about fo
 * A model the fast path loads into its own formats, a GGUF file it reads directly
   (``gguf_direct``) or a safetensors folder of an architecture it runs (``fast_scope``,
   streamed by ``safetensors_state``), is counted as ``FastLlama`` holds it: its layers in the plan's format (int4:
-  groups of 32, ``INT4_BYTES`` per weight; fp16 on the CPU as FBGEMM packs it, ``packed_sizes``), the plan's decode
+  groups of 32, ``INT4_BYTES`` per weight; int8 groups of 32, ``INT8_BYTES``; fp16 on the CPU as FBGEMM packs it,
+  ``packed_sizes``), the plan's decode
   copy, and the token table and the output layer apart even when the file ties them, each in the plan's format.
   Its tensors are read one at a time, so the load holds no more than that and one tensor on its way. A mixture of
   experts' experts (``ModelShape.expert_params``) are held once, in the plan's ``experts`` format: a 4-bit file's
   in int4 beside fp16 layers too; a file's MXFP4 experts (gpt-oss) as the file holds them, whatever the plan.
   On the CPU ``auto`` picks fp16 (with an int4 decode copy of a 4-bit file) where it fits comfortably, else int4
-  alone; a 4-bit file runs int4 alone where its prompts run faster so (``format_plan.four_bit_prompts_faster``).
+  alone; a 4-bit file runs int4 alone where its prompts run faster so (``format_plan.four_bit_prompts_faster``),
+  and a Q8_0 file int8 alone, else int4 (``format_plan.eight_bit_prompts_faster``).
 * The quantized transformers fallback (``quantized_fallback``: a model the fast path does not run, at int4 or int8
   on the CPU) holds what it packs as each tensor is read: every matrix but the token tables in the layers'
-  format (int4: ``INT4_BYTES`` per weight; int8: the int8 kernel's ``INT8_FALLBACK_BYTES``; the few norms and biases
+  format (int4: ``INT4_BYTES`` per weight; int8: the int8 kernel's ``INT8_BYTES``; the few norms and biases
   counted so too), the output layer in the plan's format, the token tables in bf16, and no fp32 copy.
 * Any other GGUF file goes through transformers, which dequantizes every tensor into
   fp32 before the model takes them: ``FP32_BYTES`` per parameter more while it loads.
@@ -53,7 +55,8 @@ from engine.forward.kv_layout import KV_VALUE_BYTES
 from engine.forward.weights.packed_sizes import fp16_packed_bytes, int8_bytes
 from engine.forward.windows import layer_windows
 from engine.models.format_plan import (
-    INT4_PAIR, FormatPlan, formats_for_source, four_bit_prompts_faster, reads_fast, traits_of,
+    INT4_PAIR, FormatPlan, eight_bit_prompts_faster, formats_for_source, four_bit_prompts_faster, reads_fast,
+    traits_of,
 )
 from engine.models.model_source import ModelFileError, ModelSource
 
@@ -63,13 +66,14 @@ BYTES_PER_PARAM = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "nf4": 0.
 BNB_QUANTIZED = ("int8", "nf4")  # bitsandbytes' formats, which keep the embeddings and output head in 16 bits
 UNQUANTIZED_BYTES = 2.0  # embeddings and output head under bitsandbytes stay in bf16
 INT4_BYTES = 0.5 + 4 / 32  # the fast path's int4: 4 bits, and a bf16 scale and zero point per 32 weights
+INT8_BYTES = 1.0 + 2 / 32  # the CPU's int8 kernel: a byte a weight, an fp16 scale per 32
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 PRECISION_ORDER = {"cuda": ("bf16", "int8", "int4"), "cpu": ("fp32", "bf16", "int4")}
 FALLBACK_GGUF_ORDER = ("int8", "int4")  # a GGUF file the fast path does not read, on the CPU (a 4-bit one: int4)
 FAST_CPU_ORDER = ("fp16", "int4")  # the CPU fast path's: fp16 (+ an int4 decode copy of a 4-bit file), int4 alone
-FAST_LAYER_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": INT4_BYTES}
+EIGHT_BIT_CPU_ORDER = ("int8", "int4")  # a Q8_0 file's where its int8 blocks alone run its prompts faster
+FAST_LAYER_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": INT8_BYTES, "int4": INT4_BYTES}
 FP32_BYTES = 4.0
-INT8_FALLBACK_BYTES = 1.0 + 2 / 32  # the CPU's int8 kernel: a byte a weight, an fp16 scale per 32
 KV_POOL_TOKENS = 256
 """The KV block pool holds whole blocks (16 tokens); a context is counted in whole multiples of this, which any
 block size up to it divides."""
@@ -236,7 +240,10 @@ def config_windows(config: Mapping[str, Any], layers: int) -> tuple[int | None, 
 def precision_order(source: ModelSource, device: str) -> tuple[str, ...]:
     """The precisions ``auto`` tries on ``device``, best first."""
     if device == "cpu" and reads_fast(source):
-        return ("int4",) if four_bit_prompts_faster(traits_of(source)) else FAST_CPU_ORDER
+        traits = traits_of(source)
+        if four_bit_prompts_faster(traits):
+            return ("int4",)
+        return EIGHT_BIT_CPU_ORDER if eight_bit_prompts_faster(traits) else FAST_CPU_ORDER
     if device == "cpu" and source.kind == "gguf":  # the quantized fallback, near the file's own size
         return ("int4",) if source.four_bit_layers else FALLBACK_GGUF_ORDER
     return PRECISION_ORDER[device]
@@ -261,7 +268,7 @@ def _fallback_weight_bytes(source: ModelSource, shape: ModelShape, formats: Form
     layer in its format (only where the model has one apart from the table, or ties it: it is packed either way),
     the token table in bf16."""
     layer_params = max(source.n_params - shape.embedding_params, 0)
-    per_weight = INT4_BYTES if formats.layers == "int4" else INT8_FALLBACK_BYTES
+    per_weight = INT4_BYTES if formats.layers == "int4" else INT8_BYTES
     table = shape.vocab * shape.hidden * DTYPE_BYTES[formats.token_table]
     return int(layer_params * per_weight + table + _output_layer_bytes(shape, formats))
 
@@ -392,25 +399,34 @@ def not_enough_memory(source: ModelSource, precision: str, needed: MemoryEstimat
 
 def cpu_formats_notice(source: ModelSource, chosen: FormatPlan, context_length: int, available_bytes: int) -> str | None:
     """For a model the fast path loads on the CPU under ``auto``: which formats were chosen, and why."""
-    if not chosen.fast_path or chosen.device != "cpu" or chosen.precision not in FAST_CPU_ORDER:
+    if not chosen.fast_path or chosen.device != "cpu" or chosen.precision not in (*FAST_CPU_ORDER, *EIGHT_BIT_CPU_ORDER):
         return None
+    traits, host = traits_of(source), chosen.host
     fp16 = estimate(source, "fp16", context_length, "cpu").total_bytes
+    experts = ", the experts in the file's MXFP4 blocks" if chosen.mxfp4_experts else ""
     if chosen.precision == "fp16":
         copy = f" for prompts and an {chosen.decode_copy} copy for decode steps" if chosen.decode_copy else ""
-        experts = ", the experts in the file's MXFP4 blocks" if chosen.mxfp4_experts else ""
         return (f"Running fp16 weights{copy}{experts}: {gib_text(fp16)} in all fits comfortably in the "
                 f"{gib_text(available_bytes)} free.")
-    four_bit = estimate_formats(source, chosen, context_length).total_bytes
+    held = estimate_formats(source, chosen, context_length).total_bytes
+    if chosen.precision == "int8":
+        return (f"Running from the file's int8 blocks alone{experts} ({gib_text(held)} in all), prompts included: on "
+                f"this CPU Hearth's int8 kernel runs its prompts faster so than fp16 weights, which would need "
+                f"{gib_text(fp16)}.")
     head = "int8" if chosen.output_layer == "int8" else "two int4 planes, about 8 bits"
-    alone = (f"Running from the int4 weights alone ({gib_text(four_bit)} in all; the output layer in {head}), "
+    alone = (f"Running from the int4 weights alone ({gib_text(held)} in all; the output layer in {head}), "
              f"prompts included")
-    if four_bit_prompts_faster(traits_of(source), chosen.host):
-        why = ("bf16 matrix tiles" if chosen.host.amx_tiles else "Hearth's int4 prompt kernel" if chosen.host.prompt_kernel
+    if four_bit_prompts_faster(traits, host):
+        why = ("bf16 matrix tiles" if host.amx_tiles else "Hearth's int4 prompt kernel" if host.prompt_kernel
                else "int8 dot products, no fp16 arithmetic")
         return (f"{alone}: on this CPU ({why}) a model this size runs its prompts faster so than from fp16 "
                 f"weights, which would need {gib_text(fp16)}.")
-    return (f"{alone}, which makes prompts slower: fp16 weights for prompts would need {gib_text(fp16)}, more than "
-            f"fits comfortably in the {gib_text(available_bytes)} free.")
+    if eight_bit_prompts_faster(traits, host):
+        larger = f"the file's int8 blocks would need {gib_text(estimate(source, 'int8', context_length, 'cpu').total_bytes)}"
+    else:
+        larger = f"fp16 weights for prompts would need {gib_text(fp16)}"
+    slower = "" if host.amx_tiles or host.prompt_kernel else ", which makes prompts slower"
+    return f"{alone}{slower}: {larger}, more than fits comfortably in the {gib_text(available_bytes)} free."
 
 
 def gib_text(n_bytes: int) -> str:

@@ -13,7 +13,7 @@ for the row counts it takes.
 In the avx512 variant calls of 16 rows or more take strips: 32 weight rows meet several
 activation rows at a time, so a byte gather serves that many rows' dot products. That
 makes it the prompts' path too (``takes_prompts``), as the AVX2 variants' kernel is
-(``PROMPT_VARIANTS``): from ``MANY_ROWS`` rows (prompt chunks) the activations take one
+(``PROMPT_VARIANTS``): from ``activation_codes.MANY_ROWS`` rows (prompt chunks) the activations take one
 code a value, as llama.cpp's Q8_0, at twice the rate of two codes; a product's relative
 error is then about 0.5 %, within the 0.7 % of the int8 GEMM (``int4_prompts``) that this
 path replaces.
@@ -44,9 +44,6 @@ AMX_ROWS = 8
 """Rows from which a call takes the tiles rather than the int4 kernel: from about here a step's matmuls cost less
 on the tiles for small and mid-sized models alike. Dequantizing the strips is most of a small call, so the tiles cost
 about the same from 1 row to 32, while the int4 kernel's cost grows with the rows."""
-MANY_ROWS = 128
-"""Rows from which a call rounds its activations to one code a value whatever the step (a prompt chunk): its sums
-then cost half as many dot products."""
 _AMX_ACTIVATIONS, _AMX_TILES = Scratch(torch.bfloat16), Scratch(torch.bfloat16)
 
 
@@ -102,9 +99,8 @@ class Int4Matmul:
         length, width = x.shape
         scratch = activation_scratch(length, width, self._group)
         out = torch.empty(length, self._rows)
-        codes = 1 if length >= MANY_ROWS else activation_codes.codes()
-        self._kernel(x.data_ptr(), length, width, *self._addresses, self._rows, self._group, codes, scratch,
-                     out.data_ptr())
+        self._kernel(x.data_ptr(), length, width, *self._addresses, self._rows, self._group,
+                     activation_codes.codes_for_rows(length), scratch, out.data_ptr())
         return out
 
     def _on_tiles(self, x: torch.Tensor) -> torch.Tensor:

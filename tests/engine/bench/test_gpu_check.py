@@ -24,7 +24,7 @@ def test_quick_check_records_every_line_and_a_failing_line_does_not_stop_the_res
     lines = {record["line"]: record for record in map(json.loads, (out / "gpu_bench.jsonl").read_text().splitlines())}
     assert lines["wheels"]["ok"]  # every package a carried wheel would bring is importable here
     assert list(lines) == ["wheels", "environment", "pytest_gpu", "decode_tiny", "decode_tiny_int8",
-                           "prefill_tiny", "chat_ttft_tiny", "serve_tiny_batched"]
+                           "decode_unknown_model", "prefill_tiny", "chat_ttft_tiny", "serve_tiny_batched"]
     assert lines["pytest_gpu"]["ok"] and lines["pytest_gpu"]["skipped"] == lines["pytest_gpu"]["tests"] > 0
     assert json.loads((out / "gpu_tests.json").read_text())["tests"] == lines["pytest_gpu"]["tests"]
     assert (out / "gpu_tests.xml").is_file()
@@ -32,8 +32,10 @@ def test_quick_check_records_every_line_and_a_failing_line_does_not_stop_the_res
     assert decode["ok"] and decode["engine_decode_tok_s"] > 0 and decode["hf_decode_tok_s"] > 0
     assert decode["targets"] == [{"key": "engine_decode_tok_s", "target": ">= 1", "value": decode["engine_decode_tok_s"],
                                   "met": decode["engine_decode_tok_s"] >= 1}]
-    assert not lines["decode_tiny_int8"]["ok"] and "int8" in lines["decode_tiny_int8"]["error"]  # no int8 on the CPU
-    assert lines["decode_tiny_int8"]["targets"][0]["met"] is False
+    assert lines["decode_tiny_int8"]["ok"] and lines["decode_tiny_int8"]["precision"] == "int8"
+    failed = lines["decode_unknown_model"]
+    assert not failed["ok"] and "Unknown random model 'nonesuch'" in failed["error"]
+    assert failed["targets"][0]["met"] is False
     assert lines["prefill_tiny"]["ok"] and lines["prefill_tiny"]["prefill_ms"] > 0
     assert lines["chat_ttft_tiny"]["ok"] and lines["chat_ttft_tiny"]["ttft_ms"] > 0
     serve = lines["serve_tiny_batched"]

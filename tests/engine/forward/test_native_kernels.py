@@ -79,7 +79,7 @@ def test_int4_rows_are_their_rounded_codes_times_the_dequantized_weight(length, 
 
 
 @needs_kernels
-@pytest.mark.parametrize("length", [native_int4.MANY_ROWS, native_int4.MANY_ROWS + 5])
+@pytest.mark.parametrize("length", [activation_codes.MANY_ROWS, activation_codes.MANY_ROWS + 5])
 def test_a_prompt_chunks_rows_take_one_code_a_value_in_any_step(length):
     """From ``MANY_ROWS`` rows a call's activations take one int8 code a value (llama.cpp's Q8_0), a sequence's own
     rows too: exactly the product of the 8-bit rows (here 133 rows: a last pass of one row)."""

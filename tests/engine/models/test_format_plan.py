@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.models.format_plan import HostFeatures, ModelTraits, choose_formats, four_bit_prompts_faster
+from engine.models.format_plan import (
+    HostFeatures, ModelTraits, choose_formats, eight_bit_prompts_faster, four_bit_prompts_faster,
+)
 from engine.protocol.messages import PRECISIONS, canonical_precision
 
 SMOLLM2_135M_Q4 = ModelTraits(fast_path=True, vocab=49152, hidden=576, four_bit_layers=True, kept_table=True,
@@ -107,8 +109,24 @@ def test_int4_through_transformers_is_bitsandbytes_nf4_on_a_gpu_and_the_quantize
 
 def test_precisions_the_cpu_fast_path_lacks_go_through_transformers():
     assert not choose_formats("cpu", "bf16", LLAMA_FOLDER, ZEN4).fast_path
-    assert choose_formats("cpu", "int8", LLAMA_FOLDER, ZEN4).quantized_fallback  # Hearth's int8 under transformers
-    assert not choose_formats("cpu", "int8", LLAMA_FOLDER, ZEN4).fast_path
+
+
+def test_int8_on_the_cpu_runs_the_fast_path_on_hearths_int8_kernel_prompts_included():
+    plan = choose_formats("cpu", "int8", LLAMA_FOLDER, ZEN4)
+    assert (plan.fast_path, plan.layers, plan.decode_copy, plan.output_layer) == (True, "int8", None, "int8")
+    assert plan.prompt_path == "Hearth's int8 kernel" and plan.label == "int8 weights"
+    assert choose_formats("cpu", "int8", LLAMA_FOLDER, PLAIN_X86).prompt_path == "fp32 matmul"
+    assert choose_formats("cpu", "int8", GPT2_FOLDER, ZEN4).quantized_fallback  # no fast path: Hearth's int8 under it
+
+
+@pytest.mark.parametrize("host, faster", [(ZEN4, True), (SAPPHIRE_RAPIDS, False), (ARM_DOTPROD, False),
+                                          (PLAIN_X86, False)])
+def test_a_q8_0_file_runs_its_int8_blocks_alone_where_hearths_prompt_kernels_run(host: HostFeatures, faster: bool):
+    """Where Hearth's prompt kernels run (``prompt_kernel``: the x86 variants; AMX hosts report it too when their
+    variant has it), a Q8_0 file's prompts run faster from its int8 blocks than from an fp16 copy."""
+    q8_0 = ModelTraits(fast_path=True, vocab=49152, hidden=2048, eight_bit_layers=True, n_params=1_700_000_000)
+    assert eight_bit_prompts_faster(q8_0, host) == faster
+    assert not eight_bit_prompts_faster(LLAMA_FOLDER, ZEN4)  # a file of 16-bit weights
 
 
 def test_nf4_from_an_earlier_version_means_int4():

@@ -99,12 +99,15 @@ def test_auto_on_a_4bit_file_keeps_an_fp16_copy_for_prompts_and_4bit_groups_for_
     assert torch.nn.functional.cosine_similarity(one_row, _hf_logits(hf_model, PROMPT[:1]), dim=0) > 0.99
 
 
-def test_auto_on_a_q8_0_file_decodes_from_its_own_blocks_beside_fp16_prompts(tmp_path: Path):
-    """llama.cpp's Q8_0 file type: the file's blocks are the int8 copy decode steps read (about half of fp16's bytes,
-    with Hearth's kernels), fp16 weights take the prompts; both answer as transformers' model of the file."""
+def test_auto_on_a_q8_0_file_runs_from_its_own_blocks(tmp_path: Path):
+    """llama.cpp's Q8_0 file type: where Hearth's prompt kernels run, the file's blocks alone take the prompts and
+    the decode steps (a third of the bytes of fp16 beside an int8 copy); elsewhere fp16 weights take the prompts and
+    the blocks are the decode steps' copy (with Hearth's kernels). Prompt chunks (one activation code a value) and
+    single rows answer as transformers' model of the file."""
     from transformers import AutoModelForCausalLM
 
-    from engine.forward.native.support import may_run
+    from engine.forward.native.activation_codes import MANY_ROWS
+    from engine.forward.native.support import has_prompt_kernel, may_run
     from engine.models.model_open import open_model
     from engine.protocol.messages import LoadOptions
 
@@ -113,12 +116,10 @@ def test_auto_on_a_q8_0_file_decodes_from_its_own_blocks_beside_fp16_prompts(tmp
     hf_model = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32).eval()
     auto = open_model(str(path), LoadOptions("cpu", "auto"), lambda _: None, lambda *_: None, lambda: False)
     copy = ", int8 copy for decoding" if may_run() else ""
-    assert auto.precision_label == f"fp16 weights{copy}"
-    long_prompt = (PROMPT * 10)[: few_rows() + 1]
-    prompt_logits = _last_logits(auto, long_prompt)  # more rows than a decode step's: the fp16 weights
-    one_row = _last_logits(auto, PROMPT[:1])  # one row: the int8 copy
-    assert torch.nn.functional.cosine_similarity(prompt_logits, _hf_logits(hf_model, long_prompt), dim=0) > 0.999
-    assert torch.nn.functional.cosine_similarity(one_row, _hf_logits(hf_model, PROMPT[:1]), dim=0) > 0.999
+    assert auto.precision_label == ("int8 weights" if has_prompt_kernel() else f"fp16 weights{copy}")
+    for ids in ((PROMPT * 20)[:MANY_ROWS + 1], (PROMPT * 10)[: few_rows() + 1], PROMPT[:1]):
+        similarity = torch.nn.functional.cosine_similarity(_last_logits(auto, ids), _hf_logits(hf_model, ids), dim=0)
+        assert similarity > 0.999, len(ids)
 
 
 def test_config_tokenizer_and_end_tokens_come_from_the_metadata(reference):
