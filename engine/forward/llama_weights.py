@@ -1,7 +1,7 @@
 """A Llama-family model's weights, built once from a state in the fast path's formats (engine thread).
 
 Weights come from a Hugging Face state dict (tensors, or ``Int4Groups`` for a GGUF
-file's 4-bit layers: ``engine.models.gguf_state``) and are repacked once into one
+file's 4-bit layers and ``Int8Groups`` for its Q8_0 ones: ``engine.models.gguf_direct``) and are repacked once into one
 the formats of a ``FormatPlan`` (``engine.models.format_plan``, ``quant``) so that a
 decode step makes few calls, since at this size each call's fixed cost adds up:
 q/k/v become one matmul and gate/up another; each RMSNorm's weight goes to the
@@ -26,14 +26,17 @@ from engine.forward.mlp import GatedMlp
 from engine.forward.weights.pack_worker import PackWorker
 from engine.forward.weights.quant import PLAIN_DTYPES, Linear, embedding
 from engine.forward.weights.mxfp4 import Mxfp4Rows
+from engine.forward.weights.int8_groups import Int8Groups
 from engine.forward.weights.quant_int import INT4_PAIR, Int4Groups, Int4Pair, as_int4_pair
 from engine.forward.weights.row_chunks import RowChunks
 
 if TYPE_CHECKING:
     from engine.models.format_plan import FormatPlan
 
-Weight = torch.Tensor | Int4Groups | Int4Pair | RowChunks | Mxfp4Rows  # a state's matmuls may come in 4-bit groups,
-# (an output layer for the int8 kernel) as blocks decoded where packed, or (gpt-oss's experts) in MXFP4: GGUF files
+Weight = torch.Tensor | Int4Groups | Int4Pair | Int8Groups | RowChunks | Mxfp4Rows
+"""A state's matmul: GGUF files' may come in 4-bit groups or Q8_0's int8 groups, (an output layer for the int8
+kernel) as blocks decoded where packed, or (gpt-oss's experts) in MXFP4."""
+GROUPED = (Int4Groups, Int8Groups)  # a file's groups, which reorder, concatenate and scale as they are
 
 TABLE, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
@@ -227,13 +230,13 @@ def _fp32(weight: Weight, device: torch.device) -> Weight:
     and ``Mxfp4Rows`` in their blocks, bytes (an MXFP4 checkpoint's blocks and scales) as they are."""
     if isinstance(weight, RowChunks) or (isinstance(weight, torch.Tensor) and weight.dtype == torch.uint8):
         return weight
-    if isinstance(weight, (Int4Groups, Int4Pair, Mxfp4Rows)):
+    if isinstance(weight, (Int4Groups, Int4Pair, Int8Groups, Mxfp4Rows)):
         return weight.to(device)
     return weight.to(device, torch.float32)
 
 
 def _scaled(weight: Weight, factor: float) -> Weight:
-    return weight.scaled(factor) if isinstance(weight, Int4Groups) else weight * factor
+    return weight.scaled(factor) if isinstance(weight, GROUPED) else weight * factor
 
 
 def _stacked(state: Mapping[str, Weight], names: list[str]) -> Int4Groups | Mxfp4Rows | None:
@@ -247,19 +250,19 @@ def _stacked(state: Mapping[str, Weight], names: list[str]) -> Int4Groups | Mxfp
 
 
 def _cat_rows(parts: list[Weight]) -> Weight:
-    """The parts' rows one after another: 4-bit groups if all are, else fp32 (a Q4_K_M file's 4-bit q and k
-    beside its 6-bit v: each exact, and a 4-bit decode copy is quantized from the whole); MXFP4 blocks if all are."""
-    if all(isinstance(part, Int4Groups) for part in parts):
-        return Int4Groups.cat(parts)
-    if all(isinstance(part, Mxfp4Rows) for part in parts):
-        return Mxfp4Rows.cat(parts)
-    return torch.cat([part.dequantize() if isinstance(part, Int4Groups) else part for part in parts])
+    """The parts' rows one after another: 4-bit or int8 groups if all are, else fp32 (a Q4_K_M file's 4-bit q and
+    k beside its 6-bit v: each exact, and a 4-bit decode copy is quantized from the whole); MXFP4 blocks if all
+    are."""
+    for kind in (*GROUPED, Mxfp4Rows):
+        if all(isinstance(part, kind) for part in parts):
+            return kind.cat(parts)
+    return torch.cat([part.dequantize() if isinstance(part, GROUPED) else part for part in parts])
 
 
 def _split_rows(weight: Weight, sizes: list[int]) -> list[Weight]:
     """``weight``'s rows in consecutive parts of ``sizes`` rows (a fused q/k/v weight as q, k and v)."""
     bounds = torch.tensor([0, *sizes]).cumsum(0).tolist()
-    if isinstance(weight, Int4Groups):
+    if isinstance(weight, GROUPED):
         return [weight.rows(torch.arange(start, end)) for start, end in zip(bounds, bounds[1:])]
     return list(weight.split(sizes))
 
@@ -274,4 +277,4 @@ def _pair_rows(rows: Weight, heads: int, rotary_dim: int) -> Weight:
     turning = torch.arange(rotary_dim).view(2, rotary_dim // 2).t().reshape(-1)  # [r]
     order = torch.cat([turning, torch.arange(rotary_dim, head_dim)])  # [hd]
     every_head = (torch.arange(heads).unsqueeze(1) * head_dim + order).flatten()  # [H * hd]
-    return rows.rows(every_head) if isinstance(rows, Int4Groups) else rows[every_head.to(rows.device)]
+    return rows.rows(every_head) if isinstance(rows, GROUPED) else rows[every_head.to(rows.device)]

@@ -48,6 +48,7 @@ from engine.forward.weights.gguf_blocks import (
 )
 from engine.forward.weights.gguf_codes import row_width
 from engine.forward.weights.mxfp4 import Mxfp4Rows
+from engine.forward.weights.int8_groups import Int8Groups
 from engine.forward.weights.quant_int import INT4_PAIR, Int4Groups
 from engine.forward.weights.row_chunks import RowChunks
 from engine.host.allocator import return_freed_memory
@@ -282,20 +283,22 @@ class GGUFState(LazyTensors):
     ``format_plan``), other types quantized a few thousand rows at a time; with
     ``table_format`` ``INT4_PAIR`` the token table and output layer come as an ``Int4Pair`` instead (two
     planes, about 8 bits), with ``"int8"`` a quantized type's as ``RowChunks`` (decoded a chunk of rows at a time
-    where the int8 kernel packs them): the CPU's head beside 4-bit layers. Every other tensor comes as
+    where the int8 kernel packs them): the CPU's head beside quantized layers. ``int8_groups``: Q8_0 layer weights
+    come as ``Int8Groups``, their blocks as they are, for the CPU's int8 kernel. Every other tensor comes as
     fp32. ``report`` counts tensors decoded. ``rotary_pairs``: the query and key rows come in
     rotary pair order (the module docstring), not Hugging Face's.
     """
 
     def __init__(self, path: Path, contents: GGUFContents, groups: bool, report: Progress,
-                 all_groups: bool = False, table_format: str | None = None, cpu_layout: bool = False) -> None:
+                 all_groups: bool = False, table_format: str | None = None, cpu_layout: bool = False,
+                 int8_groups: bool = False) -> None:
         self._path, self._start = path, contents.data_start
         architecture = contents.metadata["general.architecture"]
         self._tensors = dict(pair for tensor in contents.tensors for pair in placed(tensor, architecture))
         self.rotary_pairs = architecture in PERMUTED_ARCHITECTURES
         self.shifted_norms = architecture in GEMMA_ARCHITECTURES
         self._groups, self._all_groups, self._report, self._done = groups, all_groups, report, set()
-        self._table_format, self._cpu_layout = table_format, cpu_layout
+        self._table_format, self._cpu_layout, self._int8_groups = table_format, cpu_layout, int8_groups
 
     def __getitem__(self, name: str) -> Weight:
         info = self._tensors[name]
@@ -376,6 +379,9 @@ class GGUFState(LazyTensors):
             return requantized_groups(blocks, info.quant_type, self._cpu_layout)
         if len(info.dims) == 2 and self._groups and info.quant_type in FOUR_BIT_TYPES and name not in TABLE_NAMES:
             return int4_groups(blocks, info.quant_type, self._cpu_layout)
+        if len(info.dims) == 2 and self._int8_groups and info.quant_type == GGMLQuantizationType.Q8_0 \
+                and name not in TABLE_NAMES:
+            return Int8Groups.from_q8_0(blocks)
         return dense(blocks, info.quant_type).reshape(info.shape)
 
     def _blocks(self, info: GGUFTensorInfo, own_buffer: bool = False) -> np.ndarray:

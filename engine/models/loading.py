@@ -214,7 +214,8 @@ def _load_gguf(plan: LoadPlan, report: Progress, started: float) -> LoadedModel:
     on_cpu = plan.device.type == "cpu"
     state = gguf_direct.GGUFState(plan.folder, contents, "int4" in (formats.layers, formats.decode_copy), report,
                                   all_groups=formats.layers == "int4",
-                                  table_format=formats.output_layer if on_cpu else None, cpu_layout=on_cpu)
+                                  table_format=formats.output_layer if on_cpu else None, cpu_layout=on_cpu,
+                                  int8_groups=on_cpu and formats.layers == "int8")
     model, backend, plan = _fast_backend(config, state, formats, plan)
     eos_ids = gguf_direct.end_token_ids(contents) | _eos_ids(config, tokenizer)
     return _assemble(model, backend, model.weight_bytes, eos_ids, tokenizer, plan, formats, started)

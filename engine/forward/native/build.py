@@ -62,6 +62,7 @@ LAYOUT_SIGNATURES = {
     "gguf_int4_groups": (P, I64, I64, I32, I32, I32, P, P, I64),
     "gguf_int4_pair": (P, I64, I64, I32, I32, P, P, P, P),
     "int8_layout_from_rows": (P, I64, I32, P, P),
+    "int8_layout_from_codes": (P, P, I64, I32, P, P),
 }
 
 log = logging.getLogger("hearth.kernels")

@@ -455,3 +455,25 @@ void int8_layout_from_rows(const float *w, int64_t rows, int width, uint8_t *pac
             }
         }
 }
+
+/* int8 codes [rows, width] (rows a multiple of 64) and their groups' fp32 scales [rows, width / 32] (Int8Groups: a
+   file's Q8_0 blocks) in the int8 layout as they are: each scale rounded to fp16, each code + 128 a byte. */
+void int8_layout_from_codes(const int8_t *codes, const float *group_scales, int64_t rows, int width,
+                            uint8_t *packed, uint16_t *scales) {
+    const int groups = width / GROUP;
+    #pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < rows / BLOCK_ROWS; b++)
+        for (int r = 0; r < BLOCK_ROWS; r++) {
+            const int64_t row = b * BLOCK_ROWS + r;
+            const int8_t *row_codes = codes + row * width;
+            uint8_t *out = packed + b * BLOCK_ROWS * width + (r / 16) * 64 + (r % 16) * 4;
+            for (int g = 0; g < groups; g++)
+                scales[(b * groups + g) * BLOCK_ROWS + r] = half_bits(group_scales[row * groups + g]);
+            for (int k = 0; k < width; k += 4) {  /* four columns of a row a 32-bit lane, 16 rows a vector */
+                uint32_t four;
+                memcpy(&four, row_codes + k, 4);
+                four ^= 0x80808080u;  /* q + 128 in each byte */
+                memcpy(out + (int64_t)k / 4 * 256, &four, 4);
+            }
+        }
+}

@@ -6,7 +6,8 @@ read from the file, into: their fp32 weights (``dense_rows``, gguf-py's floats b
 (``int4_groups``: a 4-bit type's own nibbles and scales, any other's weights requantized as
 ``quant_int.int4_groups_of`` does), in the CPU int4 kernel's layout where asked, or two planes of them
 (``int4_pair``, as ``quant_int.Int4Pair.from_rows`` makes them); and fp32 rows into the int8
-kernel's layout (``int8_layout``, as ``int8_matmul.quantize`` rounds them). It is portable C that any x86-64 CPU
+kernel's layout (``int8_layout``, as ``int8_matmul.quantize`` rounds them), or a Q8_0 file's codes and scales as
+they are (``int8_layout_from_codes``). It is portable C that any x86-64 CPU
 runs (``build.layout_library``); where it could not be built (no compiler) ``available()`` is False and the
 callers keep their PyTorch ops, which give the same bytes.
 """
@@ -93,6 +94,18 @@ def int8_layout(weight: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor
         raise ValueError(f"the int8 layout takes whole blocks of {INT8_BLOCK_ROWS} rows and groups of {INT8_GROUP}")
     weight = weight.float().contiguous()
     layout_library().int8_layout_from_rows(weight.data_ptr(), rows, width, address(packed), address(scales))
+
+
+def int8_layout_from_codes(codes: torch.Tensor, group_scales: torch.Tensor, packed: torch.Tensor,
+                           scales: torch.Tensor) -> None:
+    """int8 codes [n, K] and their groups' fp32 scales [n, K / 32] (``Int8Groups``, contiguous) into the int8
+    kernel's ``packed`` and ``scales`` (as ``int8_layout``) as they are, each scale rounded to fp16."""
+    rows, width = codes.shape
+    if rows % INT8_BLOCK_ROWS or width % INT8_GROUP or group_scales.shape != (rows, width // INT8_GROUP):
+        raise ValueError(f"the int8 layout takes whole blocks of {INT8_BLOCK_ROWS} rows and groups of {INT8_GROUP}")
+    codes, group_scales = codes.contiguous(), group_scales.float().contiguous()
+    layout_library().int8_layout_from_codes(codes.data_ptr(), group_scales.data_ptr(), rows, width, address(packed),
+                                            address(scales))
 
 
 def _width(blocks: np.ndarray, quant_type: GGMLQuantizationType) -> int:

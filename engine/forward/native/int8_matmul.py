@@ -22,6 +22,7 @@ from engine.forward.native.build import activation_scratch, address, library
 from engine.forward.weights.packed_sizes import INT8_BLOCK_ROWS as BLOCK_ROWS
 from engine.forward.weights.packed_sizes import INT8_GROUP as GROUP
 from engine.forward.weights.packed_sizes import int8_bytes, int8_kernel_takes
+from engine.forward.weights.int8_groups import Int8Groups
 from engine.forward.weights.row_chunks import RowChunks
 
 CODES_PER_DOT = 4  # columns a 32-bit lane of ``vpdpbusd`` takes
@@ -49,9 +50,10 @@ class Int8Matmul:
     """``x`` [M, K] fp32 times a weight [N, K] held as int8 codes in groups of 32 (``quantize``): [M, N] fp32.
     ``nbytes``: what it holds. The weight is quantized and laid out ``CHUNK_ROWS`` rows at a time, so its
     temporaries stay the size of a chunk (a 152 064-row output layer is 2.2 GB in fp32); ``RowChunks`` (a GGUF
-    file's blocks) are decoded a chunk at a time too."""
+    file's blocks) are decoded a chunk at a time too, and ``Int8Groups`` (a file's Q8_0 blocks) laid out as they
+    are."""
 
-    def __init__(self, weight: torch.Tensor | RowChunks) -> None:
+    def __init__(self, weight: torch.Tensor | RowChunks | Int8Groups) -> None:
         rows, width = weight.shape
         self._packed = torch.empty(rows // BLOCK_ROWS, width // CODES_PER_DOT, 4, 16, CODES_PER_DOT, dtype=torch.uint8)
         self._scales = torch.empty(rows // BLOCK_ROWS, width // GROUP, BLOCK_ROWS, dtype=torch.float16)
@@ -61,17 +63,24 @@ class Int8Matmul:
         self._addresses = (address(self._packed), address(self._scales))
         self.nbytes = int8_bytes(rows, width)
 
-    def _lay_out(self, weight: torch.Tensor, first_block: int) -> None:
-        """Rows of the weight [n, K] (whole blocks), from block ``first_block`` on, into the kernel's layout: in one
-        pass of C where it is built (``gguf_layout.int8_layout``, the same bytes), else in PyTorch's ops."""
+    def _lay_out(self, weight: torch.Tensor | Int8Groups, first_block: int) -> None:
+        """Rows of the weight [n, K] (whole blocks), from block ``first_block`` on, into the kernel's layout in one
+        pass of C where it is built (``gguf_layout``: fp32 rows quantized, int8 groups as they are), else in PyTorch's
+        ops, which give the same bytes."""
         rows, width = weight.shape
         blocks, steps = rows // BLOCK_ROWS, width // CODES_PER_DOT
         packed, scales = self._packed[first_block : first_block + blocks], self._scales[first_block : first_block + blocks]
-        if gguf_layout.available():
+        if isinstance(weight, Int8Groups) and gguf_layout.available():
+            gguf_layout.int8_layout_from_codes(weight.codes, weight.scales, packed, scales)
+            return
+        if isinstance(weight, Int8Groups):
+            codes, group_scales = weight.codes, weight.scales.to(torch.float16)
+        elif gguf_layout.available():
             gguf_layout.int8_layout(weight, packed, scales)
             return
-        codes, group_scales = quantize(weight)
-        shifted = (codes.to(torch.int16) + OFFSET).to(torch.uint8)  # [n, K]
+        else:
+            codes, group_scales = quantize(weight)
+        shifted = codes.view(torch.uint8) ^ OFFSET  # [n, K]: q + 128 as a byte
         # [n/64, 4, 16, K/4, 4] -> [n/64, K/4, 4, 16, 4]: four columns of 16 rows in a vector, four vectors a block
         packed.copy_(shifted.view(blocks, 4, 16, steps, CODES_PER_DOT).permute(0, 3, 1, 2, 4))
         scales.copy_(group_scales.view(blocks, BLOCK_ROWS, -1).transpose(1, 2))

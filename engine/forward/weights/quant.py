@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from engine.forward.backend import PREFILL_CHUNK
 from engine.forward.native.build import kernels_variant
+from engine.forward.weights.int8_groups import Int8Groups
 from engine.forward.weights.mxfp4 import Mxfp4Matmul, Mxfp4Rows, mxfp4_linear
 from engine.forward.weights.pack_worker import Packed, PackWorker
 from engine.forward.weights.packed_sizes import fp16_packed_bytes, fp16_tail_width, runs_on_onednn
@@ -65,14 +66,16 @@ class Linear:
     keeps a second copy for calls of up to ``FEW_ROWS`` rows (``FEW_ROWS_NATIVE`` beside Hearth's kernels: decode
     steps, and the short prompt chunks beside them) in that format. ``weight`` may come
     as ``Int4Groups`` (a GGUF file's 4-bit blocks): ``int4`` packs them as they are; or as an ``Int4Pair``,
-    which ``int4x2`` packs as it is; or as ``Mxfp4Rows`` (gpt-oss's experts), kept so whatever ``fmt``. With a ``worker``, FBGEMM's fp16 prepack runs on it (``pack_worker``): the
-    layer is ready to call once the worker's block is left. An fp16 copy for prompts beside a 4-bit copy of 4-bit
+    which ``int4x2`` packs as it is; or as ``Int8Groups`` (a file's Q8_0 blocks), which ``int8`` packs as they
+    are; or as ``Mxfp4Rows`` (gpt-oss's experts), kept so whatever ``fmt``. With a ``worker``, FBGEMM's fp16
+    prepack runs on it (``pack_worker``): the layer is ready to call once the worker's block is left. An fp16 copy for prompts beside a 4-bit copy of 4-bit
     groups is packed by the first call that needs it instead (``_on_first_call``).
     """
 
     def __init__(
-        self, weight: torch.Tensor | Int4Groups | Int4Pair | Mxfp4Rows, bias: torch.Tensor | None, fmt: str,
-        input_scale: torch.Tensor | None = None, one_row_fmt: str | None = None, worker: PackWorker | None = None,
+        self, weight: torch.Tensor | Int4Groups | Int4Pair | Int8Groups | Mxfp4Rows, bias: torch.Tensor | None,
+        fmt: str, input_scale: torch.Tensor | None = None, one_row_fmt: str | None = None,
+        worker: PackWorker | None = None,
     ) -> None:
         self.fmt = fmt
         self.compute_dtype = compute_dtype(weight.device, fmt)
@@ -121,14 +124,15 @@ def _on_first_call(weight: Int4Groups, bias: torch.Tensor | None, fmt: str,
 
 
 def _scaled_pack(
-    weight: torch.Tensor | Int4Groups | Int4Pair | Mxfp4Rows, bias: torch.Tensor | None, fmt: str, dtype: torch.dtype,
-    input_scale: torch.Tensor | None, prompts_only: bool = False, worker: PackWorker | None = None,
+    weight: torch.Tensor | Int4Groups | Int4Pair | Int8Groups | Mxfp4Rows, bias: torch.Tensor | None, fmt: str,
+    dtype: torch.dtype, input_scale: torch.Tensor | None, prompts_only: bool = False, worker: PackWorker | None = None,
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
     """``_pack`` with ``input_scale`` folded into the weight, or (4-bit groups, the CPU's int8 groups) applied to
     the input on each call."""
     if isinstance(weight, Mxfp4Rows):  # gpt-oss's experts stay in their blocks, whatever the format
         return mxfp4_linear(weight, bias, input_scale, exact=fmt == "fp32")
-    if isinstance(weight, (Int4Groups, Int4Pair)) and fmt not in INT4_FORMATS:
+    if (isinstance(weight, (Int4Groups, Int4Pair)) and fmt not in INT4_FORMATS
+            or isinstance(weight, Int8Groups) and fmt != "int8"):
         weight = weight.dequantize()  # [N, K] fp32
     if input_scale is None or not _scales_activations(fmt, weight.device):
         folded = weight if input_scale is None else weight * input_scale  # [N, K] * [K]

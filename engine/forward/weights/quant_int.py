@@ -48,6 +48,7 @@ from engine.forward.native import int4_matmul as native_int4
 from engine.forward.native import int8_matmul as native_int8
 from engine.forward.weights import int4_prompts, triton_gemv
 from engine.forward.weights.cpu_int4_layout import codes_from_packed, packed_from_codes
+from engine.forward.weights.int8_groups import Int8Groups
 from engine.forward.weights.packed_sizes import INT4_PAIR
 from engine.forward.weights.row_chunks import RowChunks
 
@@ -90,7 +91,7 @@ def pack_quantized(weight: torch.Tensor | Int4Groups | Int4Pair, bias: torch.Ten
         weight = weight.dequantize()
     layout = int4_layout(*weight.shape, weight.device) if fmt == "int4" else None
     run, nbytes = _int4_linear(weight, *layout) if layout else _int8_linear(weight)
-    return _with_bias(run, nbytes, bias, weight.is_cuda)
+    return _with_bias(run, nbytes, bias, weight.device.type == "cuda")
 
 
 def _int4_pair_linear(pair: Int4Pair, bias: torch.Tensor | None) -> tuple[Run, int]:
@@ -119,14 +120,16 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scales
 
 
-def _int8_linear(weight: torch.Tensor | RowChunks) -> tuple[Run, int]:
+def _int8_linear(weight: torch.Tensor | RowChunks | Int8Groups) -> tuple[Run, int]:
     """On the CPU Hearth's int8 kernel where it takes the shape (groups of 32, ``native.int8_matmul``, ``RowChunks``
-    a few rows at a time); elsewhere per-row int8, on a GPU with Triton's GEMV for one row."""
+    a few rows at a time, ``Int8Groups`` as they are); elsewhere per-row int8, on a GPU with Triton's GEMV for one
+    row."""
     if weight.device.type == "cpu" and native_int8.covers(*weight.shape):
         multiply = native_int8.Int8Matmul(weight)
         return multiply, multiply.nbytes
-    q, scales = quantize_int8(weight.dequantize() if isinstance(weight, RowChunks) else weight)
-    use_gemv = weight.is_cuda and triton_gemv.available()
+    dense = weight.dequantize() if isinstance(weight, (RowChunks, Int8Groups)) else weight  # [N, K]
+    q, scales = quantize_int8(dense)
+    use_gemv = dense.is_cuda and triton_gemv.available()
 
     def run(x: torch.Tensor) -> torch.Tensor:
         if use_gemv and x.shape[0] == 1:

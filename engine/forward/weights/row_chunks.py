@@ -30,10 +30,6 @@ class RowChunks:
     def device(self) -> torch.device:
         return torch.device("cpu")
 
-    @property
-    def is_cuda(self) -> bool:
-        return False
-
     def __getitem__(self, rows: slice) -> torch.Tensor:
         start, end, step = rows.indices(self.rows)
         if step != 1:

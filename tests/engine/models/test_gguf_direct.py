@@ -99,11 +99,13 @@ def test_auto_on_a_4bit_file_keeps_an_fp16_copy_for_prompts_and_4bit_groups_for_
     assert torch.nn.functional.cosine_similarity(one_row, _hf_logits(hf_model, PROMPT[:1]), dim=0) > 0.99
 
 
-def test_auto_on_a_q8_0_file_runs_from_its_own_blocks(tmp_path: Path):
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_auto_on_a_q8_0_file_runs_from_its_own_blocks(tmp_path: Path, architecture: str):
     """llama.cpp's Q8_0 file type: where Hearth's prompt kernels run, the file's blocks alone take the prompts and
     the decode steps (a third of the bytes of fp16 beside an int8 copy); elsewhere fp16 weights take the prompts and
     the blocks are the decode steps' copy (with Hearth's kernels). Prompt chunks (one activation code a value) and
-    single rows answer as transformers' model of the file."""
+    single rows answer as transformers' model of the file (Qwen's q and k rows reordered for the rotary pairs, its
+    q/k/v biases beside them)."""
     from transformers import AutoModelForCausalLM
 
     from engine.forward.native.activation_codes import MANY_ROWS
@@ -111,8 +113,8 @@ def test_auto_on_a_q8_0_file_runs_from_its_own_blocks(tmp_path: Path):
     from engine.models.model_open import open_model
     from engine.protocol.messages import LoadOptions
 
-    path = write_random_gguf(tmp_path / "random-q8_0.gguf", layer_type=Q.Q8_0, six_bit_down=False,
-                             file_type=LlamaFileType.MOSTLY_Q8_0)
+    path = write_random_gguf(tmp_path / "random-q8_0.gguf", architecture, Q.Q8_0, SHAPES.get(architecture, Shape()),
+                             six_bit_down=False, file_type=LlamaFileType.MOSTLY_Q8_0)
     hf_model = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32).eval()
     auto = open_model(str(path), LoadOptions("cpu", "auto"), lambda _: None, lambda *_: None, lambda: False)
     copy = ", int8 copy for decoding" if may_run() else ""
