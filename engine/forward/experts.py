@@ -19,6 +19,7 @@ import torch
 
 from engine.forward.family import Family
 from engine.forward.mlp import GatedMlp, gated
+from engine.forward.native.scratch import Scratch
 from engine.forward.weights.mxfp4 import Mxfp4Experts, Mxfp4Rows, codes_for
 from engine.forward.weights.quant import Linear
 
@@ -30,6 +31,9 @@ SHARED_GATE = "mlp.shared_expert_gate.weight"  # [1, D]: its gate's row
 FUSED_GATE_UP, FUSED_DOWN = "mlp.experts.gate_up_proj", "mlp.experts.down_proj"  # transformers' stacked experts
 FUSED_BIAS = "_bias"  # gpt-oss's stacked experts' biases: ``mlp.experts.gate_up_proj_bias`` [E, 2F], down's [E, D]
 BLOCKS, SCALES = "_blocks", "_scales"  # openai's checkpoints: the stacked experts in MXFP4 (``Mxfp4Rows``)
+ROUTED_RESULTS = Scratch(torch.float32)
+"""The CPU's routed rows' results, [R k, D] fp32: a prompt chunk's 512 rows of Qwen3-30B-A3B make 32 MiB, which glibc
+hands out as fresh pages (past its mmap threshold, ``allocator``) in every layer where the buffer is not kept."""
 GROUPED_ROWS = 8
 """Rows up to which a step's MXFP4 experts run as one call (``Mxfp4Experts``), the threads sharing every active
 expert's weight; past them an expert can have enough rows for AMX's tiles, a call each."""
@@ -73,9 +77,10 @@ class MixtureOfExperts:
 
     def _routed(self, h: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """The sum over each row's chosen experts of their outputs times their weights, [R, D]: the rows grouped
-        by expert, one call of each active expert over all its rows, its weighted results added into their rows.
-        Each expert gathers its own rows: a prompt chunk's rows gathered for all experts at once ([R k, D], 34 MB for
-        512 rows of Qwen3-30B-A3B) took fresh pages in every layer."""
+        by expert, one call of each active expert over the rows it gathers, the weighted results added into their
+        rows in one call. Gathering every routed row at once and gathering the results back ([R k, D] each) took
+        fresh pages in every layer of a prompt chunk; an ``index_add_`` per expert cost more than the sum in a
+        batched step."""
         rows = h.shape[0]
         one_call = self.grouped is not None and rows <= GROUPED_ROWS
         if rows == 1 and not one_call:  # a lone decode row: its k experts on the row itself, no grouping
@@ -88,18 +93,16 @@ class MixtureOfExperts:
         counts = torch.bincount(slots, minlength=len(self.experts))  # [E]
         active = counts.nonzero().flatten()  # [A]: the chosen experts, in the order the slots are grouped
         slot_rows, slot_weights = order // self.top_k, weights.flatten()[order].unsqueeze(1)  # [R k], [R k, 1]
-        out = torch.zeros_like(h)  # [R, D]
         if one_call:
             results = self._in_one_call(h.index_select(0, slot_rows), active, counts[active], rows)  # [R k, D]
-            return out.index_add_(0, slot_rows, results.mul_(slot_weights))
-        start = 0
-        for expert, count in zip(active.tolist(), counts[active].tolist()):
-            end = start + count
-            expert_rows = slot_rows[start:end]  # [n]
-            result = self.experts[expert](h.index_select(0, expert_rows))  # [n, D]
-            out.index_add_(0, expert_rows, result.mul_(slot_weights[start:end]))
-            start = end
-        return out
+        else:
+            results = _results_buffer(slot_rows.shape[0], h)  # [R k, D]
+            start = 0
+            for expert, count in zip(active.tolist(), counts[active].tolist()):
+                end = start + count
+                results[start:end] = self.experts[expert](h.index_select(0, slot_rows[start:end]))  # [n, D]
+                start = end
+        return torch.zeros_like(h).index_add_(0, slot_rows, results.mul_(slot_weights))  # [R, D]
 
     def _in_one_call(self, grouped: torch.Tensor, active: torch.Tensor, counts: torch.Tensor,
                      rows: int) -> torch.Tensor:
@@ -132,6 +135,14 @@ class MixtureOfExperts:
         """Weight bytes of one row's ``top_k`` experts (of the average size): what a row routed apart from a step's
         others adds to the step's reads."""
         return sum(expert.one_row_nbytes for expert in self.experts) * self.top_k // len(self.experts)
+
+
+def _results_buffer(rows: int, h: torch.Tensor) -> torch.Tensor:
+    """[rows, D] for ``_routed``'s results, rows of ``h`` [R, D]'s width and dtype: on the CPU one buffer that every
+    layer of every step reuses (``ROUTED_RESULTS``), elsewhere a new tensor."""
+    if h.device.type != "cpu":
+        return h.new_empty(rows, h.shape[1])
+    return ROUTED_RESULTS.take(rows * h.shape[1]).view(rows, h.shape[1])
 
 
 def mixture_of_experts(config: Any, family: Family, tensor: Callable[[str], Any], has: Callable[[str], bool],
