@@ -73,10 +73,9 @@ def describe_model(found: ModelInspected) -> str:
     return f"{kind} · {size} parameters · trained for {format_count(found.native_context_length)} tokens"
 
 
-def unavailable_reason(text: str, precision: str, found: ModelInspected) -> str:
-    """Why ``precision`` cannot be chosen for ``found`` (the engine gave no estimate for it)."""
-    if precision == "int8":
-        return f"{text} weights run on a CUDA GPU only; this model would run on the {found.device.upper()}."
+def unavailable_reason(text: str, found: ModelInspected) -> str:
+    """Why the precision the box words as ``text`` cannot be chosen for ``found`` (the engine gave no estimate for
+    it)."""
     return f"{text} is not offered for this model on the {found.device.upper()}."
 
 
@@ -287,9 +286,9 @@ class LoadDialog(QDialog):
         self._set_item_enabled(self.device_box, "cuda", found.cuda_available, "No CUDA GPU was found on this computer.")
         estimated = {item.precision for item in found.estimates}
         for text, value in PRECISIONS[1:]:
-            self._set_item_enabled(self.precision_box, value, value in estimated, unavailable_reason(text, value, found))
+            self._set_item_enabled(self.precision_box, value, value in estimated, unavailable_reason(text, found))
         if self.precision_box.currentData() not in estimated:
-            self.precision_box.setCurrentIndex(0)  # e.g. 8-bit was chosen, then the CPU: it runs on CUDA only
+            self.precision_box.setCurrentIndex(0)  # a precision this model or device does not offer
         auto = PRECISION_WORDS.get(found.auto_precision, found.auto_precision) if found.auto_precision else "none fits"
         self.precision_box.setItemText(0, f"Auto ({auto} on {found.device.upper()})")
         self._show_context(found)

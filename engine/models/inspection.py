@@ -24,8 +24,9 @@ from engine.models.model_files import inspect_model
 from engine.models.model_source import ModelFileError, ModelSource
 from engine.protocol.messages import InspectFailed, InspectModel, LoadOptions, ModelInspected, PrecisionEstimate
 
-PRECISIONS_ON = {"cuda": ("bf16", "fp16", "fp32", "int8", "int4"), "cpu": ("fp32", "bf16", "fp16", "int4")}
-"""What each device offers: 8-bit only on CUDA (no fast CPU kernel); 4-bit on both (``format_plan``)."""
+PRECISIONS_ON = {"cuda": ("bf16", "fp16", "fp32", "int8", "int4"), "cpu": ("fp32", "bf16", "fp16", "int8", "int4")}
+"""What each device offers (``format_plan``): on the CPU 8-bit is Hearth's int8 kernel, a Q8_0 file's blocks as they
+are."""
 
 MemoryProbe = Callable[[str], int]
 

@@ -33,7 +33,8 @@ def test_a_folder_is_described_with_an_estimate_per_cpu_precision(tiny_model_dir
     assert found.native_context_length == found.context_length == 1024
     assert found.n_params > 0
     estimates = _by_precision(found)
-    assert list(estimates) == ["fp32", "bf16", "fp16", "int4"]
+    assert list(estimates) == ["fp32", "bf16", "fp16", "int8", "int4"]
+    assert estimates["int4"].weight_bytes < estimates["int8"].weight_bytes < estimates["fp16"].weight_bytes
     assert estimates["fp16"].kv_bytes == KV_BYTES_PER_TOKEN * 1024
     assert estimates["fp32"].kv_bytes == 2 * KV_BYTES_PER_TOKEN * 1024
     assert estimates["bf16"].weight_bytes == found.n_params * 2
