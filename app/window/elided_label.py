@@ -17,7 +17,8 @@ def plain_tooltip(text: str) -> str:
 
 
 class ElidedLabel(QLabel):
-    """Plain text only (never rich text, whoever wrote it); asks for little width, shows "…" where cut.
+    """Plain text only (never rich text, whoever wrote it); asks for little width, shows "…" where cut, placed
+    left or right as its alignment says.
 
     The tooltip holds the whole text, and ``details`` after it when given.
     """
@@ -38,9 +39,17 @@ class ElidedLabel(QLabel):
     def sizeHint(self) -> QSize:
         return QSize(self.fontMetrics().horizontalAdvance(self.text()) + 8, super().sizeHint().height())
 
+    def text_left(self) -> int:
+        """Where the drawn text begins, in this label's coordinates."""
+        area = self.contentsRect()
+        if not self.alignment() & Qt.AlignmentFlag.AlignRight:
+            return area.left()
+        return area.right() + 1 - min(self.fontMetrics().horizontalAdvance(self.text()), area.width())
+
     def paintEvent(self, _event: QPaintEvent) -> None:
         area = self.contentsRect()
         shown = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, area.width())
         painter = QPainter(self)
         painter.setPen(self.palette().color(self.foregroundRole()))
-        painter.drawText(area, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, shown)
+        horizontal = self.alignment() & Qt.AlignmentFlag.AlignHorizontal_Mask
+        painter.drawText(area, horizontal | Qt.AlignmentFlag.AlignVCenter, shown)

@@ -95,6 +95,9 @@ class StatusLine(QStatusBar):
         self.state_label.setAccessibleName("Engine status")
         self.stats_label = ElidedLabel("", self)
         self.stats_label.setAccessibleName("Last reply speed")
+        # right-aligned: the figures stay at the right while a notice hides the model's line and their label
+        # takes the bar's width
+        self.stats_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.addWidget(self.state_label, 3)
         self.addPermanentWidget(self.stats_label, 2)
         self._model_text = ""
@@ -125,14 +128,19 @@ class StatusLine(QStatusBar):
         self.stats_label.set_text(self._stats_of.get(conversation_id, ""))
         self._refresh()
 
+    def notice_area(self) -> QRect:
+        """Where a notice is drawn: from the left edge to the figures on the right."""
+        figures = self.stats_label
+        right = figures.x() + figures.text_left() if figures.isVisible() and figures.text() else self.width()
+        return QRect(NOTICE_MARGIN, 0, max(0, right - 2 * NOTICE_MARGIN), self.height())
+
     def paintEvent(self, event: QPaintEvent) -> None:
         """A notice is drawn cut with "…" before the figures on the right, never under them."""
         message = self.currentMessage()
         if not message:
             super().paintEvent(event)
             return
-        right = self.stats_label.x() if self.stats_label.isVisible() and self.stats_label.text() else self.width()
-        area = QRect(NOTICE_MARGIN, 0, max(0, right - 2 * NOTICE_MARGIN), self.height())
+        area = self.notice_area()
         shown = self.fontMetrics().elidedText(message, Qt.TextElideMode.ElideRight, area.width())
         painter = QPainter(self)
         painter.setPen(self.palette().color(QPalette.ColorRole.WindowText))

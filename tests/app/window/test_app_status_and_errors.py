@@ -157,3 +157,20 @@ def test_the_status_line_names_an_int8_kv_cache_and_a_draft_model():
                          draft_model="SmolLM2-135M")
     assert describe_model(plain) == "Big on cpu (int4 weights)"
     assert describe_model(chosen) == "Big on cpu (int4 weights; int8 KV cache; drafting with SmolLM2-135M)"
+
+
+def test_a_notice_has_room_beside_the_last_replys_figures(chat, window, qtbot):
+    """A notice hides the model's line, not the figures on the right: it is drawn between the left edge and them."""
+    chat.wait_until_ready()
+    window.resize(900, 600)
+    line = window.status_line
+    line.stats_label.set_text("Last reply: 53 tokens, 105.2 tokens/s, first token after 421 ms")
+    notice = "Set up to run fast on this computer (point here for the details)."
+    line.show_notice(notice)
+    qtbot.wait(50)
+
+    area = line.notice_area()
+    figures = line.stats_label
+    figures_left = figures.x() + figures.width() - figures.fontMetrics().horizontalAdvance(figures.text())
+    assert area.width() >= line.fontMetrics().horizontalAdvance(notice), "the whole notice fits at 900 px"
+    assert area.right() < figures_left, "never under the figures"
