@@ -77,10 +77,8 @@ class MixtureOfExperts:
 
     def _routed(self, h: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """The sum over each row's chosen experts of their outputs times their weights, [R, D]: the rows grouped
-        by expert, one call of each active expert over the rows it gathers, the weighted results added into their
-        rows in one call. Gathering every routed row at once and gathering the results back ([R k, D] each) took
-        fresh pages in every layer of a prompt chunk; an ``index_add_`` per expert cost more than the sum in a
-        batched step."""
+        by expert, one call of each active expert over the rows it gathers, every weighted result (``[R k, D]``,
+        on the CPU in ``ROUTED_RESULTS``) added into its row in one ``index_add_``."""
         rows = h.shape[0]
         one_call = self.grouped is not None and rows <= GROUPED_ROWS
         if rows == 1 and not one_call:  # a lone decode row: its k experts on the row itself, no grouping

@@ -1,8 +1,8 @@
 """A Llama-family model's weights, built once from a state in the fast path's formats (engine thread).
 
 Weights come from a Hugging Face state dict (tensors, or ``Int4Groups`` for a GGUF
-file's 4-bit layers and ``Int8Groups`` for its Q8_0 ones: ``engine.models.gguf_direct``) and are repacked once into one
-the formats of a ``FormatPlan`` (``engine.models.format_plan``, ``quant``) so that a
+file's 4-bit layers and ``Int8Groups`` for its Q8_0 ones: ``engine.models.gguf_direct``)
+and are repacked once into the formats of a ``FormatPlan`` (``engine.models.format_plan``, ``quant``) so that a
 decode step makes few calls, since at this size each call's fixed cost adds up:
 q/k/v become one matmul and gate/up another; each RMSNorm's weight goes to the
 matmul after it (``Linear``'s ``input_scale``), the attention scale into the query

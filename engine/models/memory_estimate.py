@@ -399,7 +399,8 @@ def not_enough_memory(source: ModelSource, precision: str, needed: MemoryEstimat
 
 def cpu_formats_notice(source: ModelSource, chosen: FormatPlan, context_length: int, available_bytes: int) -> str | None:
     """For a model the fast path loads on the CPU under ``auto``: which formats were chosen, and why."""
-    if not chosen.fast_path or chosen.device != "cpu" or chosen.precision not in (*FAST_CPU_ORDER, *EIGHT_BIT_CPU_ORDER):
+    picked_by_auto = (*FAST_CPU_ORDER, *EIGHT_BIT_CPU_ORDER)
+    if not chosen.fast_path or chosen.device != "cpu" or chosen.precision not in picked_by_auto:
         return None
     traits, host = traits_of(source), chosen.host
     fp16 = estimate(source, "fp16", context_length, "cpu").total_bytes
@@ -422,7 +423,8 @@ def cpu_formats_notice(source: ModelSource, chosen: FormatPlan, context_length: 
         return (f"{alone}: on this CPU ({why}) a model this size runs its prompts faster so than from fp16 "
                 f"weights, which would need {gib_text(fp16)}.")
     if eight_bit_prompts_faster(traits, host):
-        larger = f"the file's int8 blocks would need {gib_text(estimate(source, 'int8', context_length, 'cpu').total_bytes)}"
+        int8 = estimate(source, "int8", context_length, "cpu").total_bytes
+        larger = f"the file's int8 blocks would need {gib_text(int8)}"
     else:
         larger = f"fp16 weights for prompts would need {gib_text(fp16)}"
     slower = "" if host.amx_tiles or host.prompt_kernel else ", which makes prompts slower"

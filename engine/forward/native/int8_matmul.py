@@ -70,16 +70,14 @@ class Int8Matmul:
         rows, width = weight.shape
         blocks, steps = rows // BLOCK_ROWS, width // CODES_PER_DOT
         packed, scales = self._packed[first_block : first_block + blocks], self._scales[first_block : first_block + blocks]
-        if isinstance(weight, Int8Groups) and gguf_layout.available():
-            gguf_layout.int8_layout_from_codes(weight.codes, weight.scales, packed, scales)
+        grouped = isinstance(weight, Int8Groups)
+        if gguf_layout.available():
+            if grouped:
+                gguf_layout.int8_layout_from_codes(weight.codes, weight.scales, packed, scales)
+            else:
+                gguf_layout.int8_layout(weight, packed, scales)
             return
-        if isinstance(weight, Int8Groups):
-            codes, group_scales = weight.codes, weight.scales.to(torch.float16)
-        elif gguf_layout.available():
-            gguf_layout.int8_layout(weight, packed, scales)
-            return
-        else:
-            codes, group_scales = quantize(weight)
+        codes, group_scales = (weight.codes, weight.scales.to(torch.float16)) if grouped else quantize(weight)
         shifted = codes.view(torch.uint8) ^ OFFSET  # [n, K]: q + 128 as a byte
         # [n/64, 4, 16, K/4, 4] -> [n/64, K/4, 4, 16, 4]: four columns of 16 rows in a vector, four vectors a block
         packed.copy_(shifted.view(blocks, 4, 16, steps, CODES_PER_DOT).permute(0, 3, 1, 2, 4))

@@ -68,8 +68,9 @@ class Linear:
     as ``Int4Groups`` (a GGUF file's 4-bit blocks): ``int4`` packs them as they are; or as an ``Int4Pair``,
     which ``int4x2`` packs as it is; or as ``Int8Groups`` (a file's Q8_0 blocks), which ``int8`` packs as they
     are; or as ``Mxfp4Rows`` (gpt-oss's experts), kept so whatever ``fmt``. With a ``worker``, FBGEMM's fp16
-    prepack runs on it (``pack_worker``): the layer is ready to call once the worker's block is left. An fp16 copy for prompts beside a 4-bit copy of 4-bit
-    groups is packed by the first call that needs it instead (``_on_first_call``).
+    prepack runs on it (``pack_worker``): the layer is ready to call once the worker's block is left. An fp16 copy
+    for prompts beside a 4-bit copy of 4-bit groups is packed by the first call that needs it instead
+    (``_on_first_call``).
     """
 
     def __init__(
