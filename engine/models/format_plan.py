@@ -7,7 +7,7 @@ the model is (``ModelTraits``: whether the fast path runs it, whether its file s
 CPU offers (``HostFeatures``).
 
 Precisions, as the user picks them: ``fp32``, ``bf16``, ``fp16``, ``int8``, ``int4``. On the fast path ``int4`` is
-asymmetric 4-bit with a bf16 scale and zero per group (``quant_int``); through transformers it is bitsandbytes'
+asymmetric 4-bit with a scale and zero per group (``quant_int``); through transformers it is bitsandbytes'
 NF4 (a normal-float table) on a GPU, and the plan's layer format then says ``nf4``. On the CPU a model the fast path
 does not run takes ``int4`` and ``int8`` in the quantized transformers fallback (``quantized_fallback``): transformers'
 forward with Hearth's packed layers, in the fast path's formats. Earlier versions called both 4-bit formats ``nf4``;

@@ -13,8 +13,8 @@ the same call the loader's plan comes from), so the two cannot disagree about fo
 * A model the fast path loads into its own formats, a GGUF file it reads directly
   (``gguf_direct``) or a safetensors folder of an architecture it runs (``fast_scope``,
   streamed by ``safetensors_state``), is counted as ``FastLlama`` holds it: its layers in the plan's format (int4:
-  groups of 32, ``INT4_BYTES`` per weight; int8 groups of 32, ``INT8_BYTES``; fp16 on the CPU as FBGEMM packs it,
-  ``packed_sizes``), the plan's decode
+  groups of 32, ``INT4_KERNEL_BYTES`` per weight on Hearth's CPU kernels, else ``INT4_BYTES``; int8 groups of 32,
+  ``INT8_BYTES``; fp16 on the CPU as FBGEMM packs it, ``packed_sizes``), the plan's decode
   copy, and the token table and the output layer apart even when the file ties them, each in the plan's format.
   Its tensors are read one at a time, so the load holds no more than that and one tensor on its way. A mixture of
   experts' experts (``ModelShape.expert_params``) are held once, in the plan's ``experts`` format: a 4-bit file's
@@ -24,7 +24,7 @@ the same call the loader's plan comes from), so the two cannot disagree about fo
   and a Q8_0 file int8 alone, else int4 (``format_plan.eight_bit_prompts_faster``).
 * The quantized transformers fallback (``quantized_fallback``: a model the fast path does not run, at int4 or int8
   on the CPU) holds what it packs as each tensor is read: every matrix but the token tables in the layers'
-  format (int4: ``INT4_BYTES`` per weight; int8: the int8 kernel's ``INT8_BYTES``; the few norms and biases
+  format (int4: as the fast path's; int8: the int8 kernel's ``INT8_BYTES``; the few norms and biases
   counted so too), the output layer in the plan's format, the token tables in bf16, and no fp32 copy.
 * Any other GGUF file goes through transformers, which dequantizes every tensor into
   fp32 before the model takes them: ``FP32_BYTES`` per parameter more while it loads.
@@ -65,7 +65,8 @@ Verdict = Literal["fits", "tight", "won't fit"]
 BYTES_PER_PARAM = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "nf4": 0.5 + 4 / 64}  # nf4: fp32 scale per 64
 BNB_QUANTIZED = ("int8", "nf4")  # bitsandbytes' formats, which keep the embeddings and output head in 16 bits
 UNQUANTIZED_BYTES = 2.0  # embeddings and output head under bitsandbytes stay in bf16
-INT4_BYTES = 0.5 + 4 / 32  # the fast path's int4: 4 bits, and a bf16 scale and zero point per 32 weights
+INT4_BYTES = 0.5 + 4 / 32  # int4 as PyTorch's kernels take it: 4 bits, and a bf16 scale and zero point per 32 weights
+INT4_KERNEL_BYTES = 0.5 + 2 / 32 + 4 / 256  # Hearth's CPU kernels' (``int4_scales``): int8 codes, bf16 factors
 INT8_BYTES = 1.0 + 2 / 32  # the CPU's int8 kernel: a byte a weight, an fp16 scale per 32
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 PRECISION_ORDER = {"cuda": ("bf16", "int8", "int4"), "cpu": ("fp32", "bf16", "int4")}
@@ -254,13 +255,21 @@ def _fast_weight_bytes(source: ModelSource, shape: ModelShape, formats: FormatPl
     in one copy, in ``formats.experts``."""
     expert_params = min(shape.expert_params, max(source.n_params - shape.embedding_params, 0))
     layer_params = max(source.n_params - shape.embedding_params - expert_params, 0)
-    experts = source.kept_expert_bytes or expert_params * FAST_LAYER_BYTES[formats.experts]
-    layers = layer_params * FAST_LAYER_BYTES[formats.layers] + experts
+    experts = source.kept_expert_bytes or expert_params * _per_weight(formats.experts, formats)
+    layers = layer_params * _per_weight(formats.layers, formats) + experts
     if formats.device == "cpu" and formats.layers == "fp16":
         layers += _fp16_packing_bytes(shape, formats.decode_copy is not None, formats.host.fp16_math)
     if formats.decode_copy:
-        layers += layer_params * FAST_LAYER_BYTES[formats.decode_copy]
+        layers += layer_params * _per_weight(formats.decode_copy, formats)
     return int(layers + _table_bytes(shape, formats, source.kept_table_bytes) + _output_layer_bytes(shape, formats))
+
+
+def _per_weight(layer_format: str, formats: FormatPlan) -> float:
+    """The bytes a layer weight in ``layer_format`` takes where the plan runs: int4 on Hearth's CPU kernels in their
+    own scales (``INT4_KERNEL_BYTES``), elsewhere ``FAST_LAYER_BYTES``."""
+    if layer_format == "int4" and formats.device == "cpu" and formats.host.native_kernels:
+        return INT4_KERNEL_BYTES
+    return FAST_LAYER_BYTES[layer_format]
 
 
 def _fallback_weight_bytes(source: ModelSource, shape: ModelShape, formats: FormatPlan) -> int:
@@ -268,7 +277,7 @@ def _fallback_weight_bytes(source: ModelSource, shape: ModelShape, formats: Form
     layer in its format (only where the model has one apart from the table, or ties it: it is packed either way),
     the token table in bf16."""
     layer_params = max(source.n_params - shape.embedding_params, 0)
-    per_weight = INT4_BYTES if formats.layers == "int4" else INT8_BYTES
+    per_weight = _per_weight(formats.layers, formats) if formats.layers == "int4" else INT8_BYTES
     table = shape.vocab * shape.hidden * DTYPE_BYTES[formats.token_table]
     return int(layer_params * per_weight + table + _output_layer_bytes(shape, formats))
 

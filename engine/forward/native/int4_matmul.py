@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.forward.native import activation_codes
+from engine.forward.native import activation_codes, int4_scales
 from engine.forward.native.build import activation_scratch, address, kernels_variant, library
 from engine.forward.native.scratch import Scratch
 from engine.forward.native.variants import PROMPT_VARIANTS
@@ -67,30 +67,27 @@ def runs_on_amx() -> bool:
 
 class Int4Matmul:
     """``x`` [M, K] fp32 times the weight [N, K] that ``packed`` [N, K / 2] uint8 (the CPU int4 layout) and
-    ``scales_and_zeros`` [K / group, N, 2] hold (bf16, or fp32 rounded to bf16 in the same pass that reorders them),
-    ``w = (q - 8) * scale + zero``: [M, N] fp32. ``packed`` is kept as it is; the scales and zeros are kept a block
-    of 64 rows together, [N / 64, K / group, 64, 2], so a decode step reads them in order beside the codes (in
-    PyTorch's order each group's lie a row of groups apart, which streams the matrices more slowly). Their addresses
-    are taken once: a call costs one ctypes call beside the kernel."""
+    ``scales_and_zeros`` [K / group, N, 2] hold (fp32 or bf16), ``w = (q - 8) * scale + zero``: [M, N] fp32.
+    ``packed`` is kept as it is; the scales and zeros become the kernels' own (``int4_scales``), a block of 64 rows'
+    together, so a decode step reads them in order beside the codes. Their addresses are taken once: a call costs one
+    ctypes call beside the kernel."""
 
     def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int) -> None:
         self._kernel = library().int4_matmul
-        groups, rows, _ = scales_and_zeros.shape
+        self._groups, rows, _ = scales_and_zeros.shape
         self._packed = packed
-        self._block_pairs = torch.empty(rows // CPU_INT4_PACK_ROWS, groups, CPU_INT4_PACK_ROWS, 2,
-                                        dtype=torch.bfloat16)  # [N / 64, G, 64, 2]
-        pairs_a_block = 2 * CPU_INT4_PACK_ROWS  # one pass, a block's 64 pairs of a group a contiguous run
-        self._block_pairs.view(-1, groups, pairs_a_block).copy_(
-            scales_and_zeros.reshape(groups, -1, pairs_a_block).transpose(0, 1))
-        self._addresses = (address(packed), address(self._block_pairs))
+        self._group_scales = int4_scales.block_scales(scales_and_zeros)  # [N / 64, bytes]
+        self._addresses = (address(packed), address(self._group_scales))
         self._rows, self._group = rows, group
+        self.nbytes = packed.numel() + self._group_scales.numel()
         self.on_amx = runs_on_amx() and group % AMX_DEPTH == 0
         self.takes_prompts = self.on_amx or takes_prompts()  # then calls of any number of rows run here
 
     def scales_and_zeros(self, start: int, end: int) -> torch.Tensor:
-        """Rows ``start`` … ``end`` (whole blocks) in PyTorch's order, [K / group, n, 2] (a copy of theirs)."""
-        blocks = self._block_pairs[start // CPU_INT4_PACK_ROWS : end // CPU_INT4_PACK_ROWS]  # [n / 64, G, 64, 2]
-        return blocks.transpose(0, 1).flatten(1, 2)
+        """Rows ``start`` … ``end`` (whole blocks) in PyTorch's order, [K / group, n, 2] fp32: the values the kernel
+        multiplies by."""
+        blocks = self._group_scales[start // CPU_INT4_PACK_ROWS : end // CPU_INT4_PACK_ROWS]
+        return int4_scales.scales_and_zeros_of(blocks, self._groups)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.on_amx and x.shape[0] >= AMX_ROWS:

@@ -67,13 +67,16 @@ static inline void bf16_store(uint16_t *target, __m512 x) {
     _mm256_storeu_si256((__m256i *)target, _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
 }
 
-/* A group's bf16 (scale, zero) pairs of a block's rows 16j .. 16j + 15 (pairs [64, 2]) as the scale and the offset
-   z - 8s: w = (q - 8) * s + z = q * s + offset. */
-static inline __attribute__((always_inline)) void group_scale_and_offset(const uint16_t *pairs, int j, __m512 *scale,
-                                                                         __m512 *offset) {
-    __m512i pair = _mm512_loadu_si512((const void *)(pairs + 32 * j));
-    *scale = bf16_in_low_half(pair);
-    *offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), *scale, bf16_in_high_half(pair));
+/* Group g's scales and offsets of a block's rows 16j .. 16j + 15 (kernels_common.h's int4 scales, the block's
+   from block_scales): w = (q - 8) * scale + zero = q * scale + offset. */
+static inline __attribute__((always_inline)) void group_scale_and_offset(const uint8_t *block_scales, int g, int j,
+                                                                         __m512 *scale, __m512 *offset) {
+    __m512i factors = _mm512_loadu_si512((const void *)(run_factors(block_scales, g) + 32 * j));
+    __m512i codes = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(group_codes(block_scales, g) + 32 * j)));
+    __m512 c = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(codes, 24), 24));  /* a lane's low byte */
+    __m512 z = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(codes, 16), 24));  /* its second */
+    *scale = _mm512_mul_ps(bf16_in_low_half(factors), c);
+    *offset = _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), *scale, _mm512_mul_ps(bf16_in_high_half(factors), z));
 }
 
 /* Byte indices that gather four columns (k .. k + 3, two 64-byte loads) of 16 rows into one 32-bit lane a row. */
@@ -117,7 +120,7 @@ static inline __attribute__((always_inline)) void zero_totals(int count, __m512 
    bytes ahead (prefetch_ahead); later passes find them in cache. */
 static inline __attribute__((always_inline)) void int4_block(
         int count, int two_codes, const int8_t *high, const int8_t *low, const float *scales, const float *code_totals,
-        int width, const uint8_t *block, const uint16_t *block_pairs, int rows, int group, float *y, int row0,
+        int width, const uint8_t *block, const uint8_t *block_scales, int rows, int group, float *y, int row0,
         int read_ahead) {
     const __m512i nibble = _mm512_set1_epi8(0x0F), first = lane_gather(0), second = lane_gather(16);
     const int groups = width / group;
@@ -139,10 +142,9 @@ static inline __attribute__((always_inline)) void int4_block(
             dot_four_columns(count, high, width, (size_t)g * group + k, codes, high_sums);
             if (two_codes) dot_four_columns(count, low, width, (size_t)g * group + k, codes, low_sums);
         }
-        const uint16_t *pairs = block_pairs + (size_t)g * BLOCK_ROWS * 2;
         for (int j = 0; j < 4; j++) {  /* codes[j] held rows 16j .. 16j + 15 */
             __m512 scale, offset;
-            group_scale_and_offset(pairs, j, &scale, &offset);
+            group_scale_and_offset(block_scales, g, j, &scale, &offset);
             for (int m = 0; m < count; m++) {
                 size_t at = (size_t)m * groups + g;
                 __m512 dot = code_dot(high_sums[m][j], low_sums[m][j], two_codes);
@@ -168,7 +170,7 @@ static inline __attribute__((always_inline)) void int4_block(
    y[m, row0 + 16 half ..] and y[m, row0 + 32 + 16 half ..], 16 each. */
 static inline __attribute__((always_inline)) void int4_half_block(
         int count, int two_codes, const int8_t *high, const int8_t *low, const float *scales, const float *code_totals,
-        int width, const uint8_t *block, const uint16_t *block_pairs, int rows, int group, float *y, int row0,
+        int width, const uint8_t *block, const uint8_t *block_scales, int rows, int group, float *y, int row0,
         int half) {
     const __m512i nibble = _mm512_set1_epi8(0x0F), gather = lane_gather(16 * half);
     const int groups = width / group;
@@ -197,10 +199,9 @@ static inline __attribute__((always_inline)) void int4_half_block(
                 }
             }
         }
-        const uint16_t *pairs = block_pairs + (size_t)g * BLOCK_ROWS * 2;
         for (int j = 0; j < 2; j++) {  /* j = 0: rows 16 half + i; j = 1: rows 32 + 16 half + i */
             __m512 scale, offset;
-            group_scale_and_offset(pairs, half + 2 * j, &scale, &offset);
+            group_scale_and_offset(block_scales, g, half + 2 * j, &scale, &offset);
             for (int m = 0; m < count; m++) {
                 size_t at = (size_t)m * groups + g;
                 __m512 dot = code_dot(high_sums[m][j], two_codes ? low_sums[m][j] : high_sums[m][j], two_codes);
@@ -217,20 +218,20 @@ static inline __attribute__((always_inline)) void int4_half_block(
 /* int4_matmul's product for many rows, the activations already in codes: OpenMP over strips of 32 weight rows, each
    meeting every activation row STRIP_TILE (or STRIP_TILE_TWO) at a time. */
 static void int4_matmul_strips(int count, int width, const int8_t *high, const int8_t *low, const float *scales,
-                               const float *code_totals, const uint8_t *packed, const uint16_t *scales_and_zeros,
+                               const float *code_totals, const uint8_t *packed, const uint8_t *group_scales,
                                int rows, int group, float *y) {
     const int strips = rows / (BLOCK_ROWS / 2), groups = width / group, tile = low ? STRIP_TILE_TWO : STRIP_TILE;
     #pragma omp parallel for schedule(static)
     for (int s = 0; s < strips; s++) {
         const int b = s / 2, half = s % 2;
         const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * (width / 2);
-        const uint16_t *block_pairs = scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2;
+        const uint8_t *block_scales = group_scales + (size_t)b * int4_scale_bytes(groups);
         for (int m = 0; m < count; m += tile) {
             const int n = count - m < tile ? count - m : tile;
             size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
             #define STRIP_PASS(tile_rows, two) int4_half_block(tile_rows, two, high + x_at, two ? low + x_at : NULL, \
                                                                scales + group_at, code_totals + group_at, width, \
-                                                               block, block_pairs, rows, group, y + (size_t)m * rows, \
+                                                               block, block_scales, rows, group, y + (size_t)m * rows, \
                                                                b * BLOCK_ROWS, half)
             if (low) {
                 switch (n) {
@@ -255,10 +256,9 @@ static void int4_matmul_strips(int count, int width, const int8_t *high, const i
 }
 
 /* y [M, N] = x [M, K] . W^T for W [N, K] in the int4 layout (N a multiple of 64, K of group, group of 4);
-   scales_and_zeros [N / 64, K / group, 64, 2] bf16, a block's together (read in order, as its codes are):
-   w = (q - 8) * scale + zero. codes: 1 or 2 int8 codes an activation (quantize_activations). scratch:
-   M * (2K + 8K / group) bytes. */
-void int4_matmul(const float *x, int count, int width, const uint8_t *packed, const uint16_t *scales_and_zeros,
+   group_scales: each block's (kernels_common.h's int4 scales) in turn, read in order as its codes are. codes: 1 or
+   2 int8 codes an activation (quantize_activations). scratch: M * (2K + 8K / group) bytes. */
+void int4_matmul(const float *x, int count, int width, const uint8_t *packed, const uint8_t *group_scales,
                  int rows, int group, int codes, void *scratch, float *y) {
     const int blocks = rows / BLOCK_ROWS, groups = width / group, two_codes = codes == 2;
     int8_t *high = (int8_t *)scratch, *low = high + (size_t)count * width;
@@ -269,7 +269,7 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
             quantize_activations(x + (size_t)m * width, 1, width, group, high + (size_t)m * width,
                                  two_codes ? low + (size_t)m * width : NULL, scales + (size_t)m * groups,
                                  code_totals + (size_t)m * groups);
-        int4_matmul_strips(count, width, high, two_codes ? low : NULL, scales, code_totals, packed, scales_and_zeros,
+        int4_matmul_strips(count, width, high, two_codes ? low : NULL, scales, code_totals, packed, group_scales,
                            rows, group, y);
         return;
     }
@@ -277,13 +277,13 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
     #pragma omp parallel for schedule(static) if (blocks > 1)
     for (int b = 0; b < blocks; b++) {
         const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * (width / 2);
-        const uint16_t *block_pairs = scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2;
+        const uint8_t *block_scales = group_scales + (size_t)b * int4_scale_bytes(groups);
         for (int m = 0; m < count; m += ROW_TILE) {
             size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
             const int8_t *row_low = two_codes ? low + x_at : NULL;
             float *out = y + (size_t)m * rows;
             #define INT4_ROWS(tile, two) int4_block(tile, two, high + x_at, row_low, scales + group_at, \
-                                                    code_totals + group_at, width, block, block_pairs, rows, group, \
+                                                    code_totals + group_at, width, block, block_scales, rows, group, \
                                                     out, b * BLOCK_ROWS, m == 0)
             if (count - m >= ROW_TILE) {
                 if (two_codes) INT4_ROWS(ROW_TILE, 1); else INT4_ROWS(ROW_TILE, 0);
@@ -822,7 +822,7 @@ static inline __attribute__((always_inline)) AMX_TARGET __m512i bf16_pairs(__m51
 /* The weights of one strip: rows 32 * half .. + 31 of a block (the low nibbles of its bytes, or the high). */
 typedef struct {
     const uint8_t *block;
-    const uint16_t *block_pairs;
+    const uint8_t *block_scales;
     int group, half;
 } weight_strip;
 
@@ -835,7 +835,7 @@ typedef void (*strip_step)(const void *weights, int s, int t, uint16_t *tiles);
    16c .. 16c + 15, column pairs (2r, 2r + 1) in row r, a 32-bit lane a weight row. A code goes straight into a
    float's mantissa (one byte permute puts each row's byte where its nibble lies below the exponent, one ternary
    op keeps the nibble and sets the exponent of 1): f - 1 = q / unit exactly, so (f - 1) * (unit * scale) +
-   (zero - 8 scale) is (q - 8) * scale + zero in fp32 as before, each weight rounded once to bf16; with no
+   offset is q * scale + offset in fp32 as before, each weight rounded once to bf16; with no
    integer-to-float conversion, no pair shuffle and one load for both tiles, SmolLM2-135M's 120 matmuls at 16
    rows took 0.75 times as long. The lanes of each fp32 half come in pairs (row i's two columns), so converting
    two halves to bf16 gives the tile's order. */
@@ -843,12 +843,12 @@ static inline __attribute__((always_inline)) AMX_TARGET void step_to_tiles(weigh
                                                                           uint16_t *tiles) {
     const float unit = strip.half ? 2048.0f : 128.0f;  /* the low nibble lies at bits 16-19, the high at 12-15 */
     const __m512i code_bits = _mm512_set1_epi32(strip.half ? 0xF000 : 0xF0000), one = _mm512_set1_epi32(0x3F800000);
-    const uint16_t *pairs = strip.block_pairs + (size_t)(t * AMX_DEPTH / strip.group) * BLOCK_ROWS * 2;
+    const int g = t * AMX_DEPTH / strip.group;
     __m512i bytes[2][2];
     __m512 scale[2][2], offset[2][2];  /* [c][rows 16c .. +7, or 16c + 8 .. +15], in lane pairs */
     for (int c = 0; c < 2; c++) {
         __m512 row_scale, row_offset;
-        group_scale_and_offset(pairs, 2 * strip.half + c, &row_scale, &row_offset);
+        group_scale_and_offset(strip.block_scales, g, 2 * strip.half + c, &row_scale, &row_offset);
         for (int h = 0; h < 2; h++) {
             uint8_t index[64];
             int32_t rows[16];
@@ -1212,7 +1212,7 @@ static AMX_TARGET void tiles_matmul(const float *x, int count, int width, uint16
 
 typedef struct {
     const uint8_t *packed;
-    const uint16_t *scales_and_zeros;
+    const uint8_t *group_scales;
     int width, group;
 } int4_weights;
 
@@ -1220,7 +1220,7 @@ static AMX_TARGET void int4_strip_step(const void *weights, int s, int t, uint16
     const int4_weights *w = weights;
     const int b = s / 2;
     const weight_strip strip = {w->packed + (size_t)b * BLOCK_ROWS * (w->width / 2),
-                                w->scales_and_zeros + (size_t)b * (w->width / w->group) * BLOCK_ROWS * 2, w->group,
+                                w->group_scales + (size_t)b * int4_scale_bytes(w->width / w->group), w->group,
                                 s % 2};
     step_to_tiles(strip, t, tiles);
 }
@@ -1229,10 +1229,10 @@ static AMX_TARGET void int4_strip_step(const void *weights, int s, int t, uint16
 /* y [count, N] fp32 = x [count, K] fp32 . W^T on AMX's bf16 tiles (tiles_matmul), W [N, K] in the int4 layout
    (int4_matmul's arguments; group and K multiples of 32). Call only where amx_enable() returned 0. */
 AMX_TARGET void int4_matmul_amx(const float *x, int count, int width, uint16_t *activations, const uint8_t *packed,
-                                const uint16_t *scales_and_zeros, int rows, int group, int threads,
+                                const uint8_t *group_scales, int rows, int group, int threads,
                                 uint16_t *scratch, float *y) {
 #ifdef HAS_AMX
-    const int4_weights weights = {packed, scales_and_zeros, width, group};
+    const int4_weights weights = {packed, group_scales, width, group};
     tiles_matmul(x, count, width, activations, int4_strip_step, &weights, rows, threads, scratch, y);
 #endif
 }

@@ -126,16 +126,23 @@ static inline __attribute__((always_inline)) void four_columns(const uint8_t *by
     }
 }
 
-/* A group's bf16 (scale, zero) pairs (pairs [64, 2]) of vector j's rows in half `high` as the scale and the offset
-   z - 8s: w = (q - 8) * s + z = q * s + offset. */
-static inline __attribute__((always_inline)) void group_scale_and_offset(const uint16_t *pairs, int high, int j,
-                                                                         __m256 *scale, __m256 *offset) {
-    const uint16_t *rows = pairs + 2 * (HALF_ROWS * high + 4 * j);
-    __m256i pair = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(rows + 32)),
-                                    _mm_loadu_si128((const __m128i *)rows));
-    *scale = _mm256_castsi256_ps(_mm256_slli_epi32(pair, 16));
-    *offset = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), *scale,
-                               _mm256_castsi256_ps(_mm256_and_si256(pair, _mm256_set1_epi32((int)0xFFFF0000))));
+/* Group g's scales and offsets of vector j's rows in half `high` (rows 32 high + 4j .. + 3 and 16 later;
+   kernels_common.h's int4 scales, the block's from block_scales): w = (q - 8) * scale + zero = q * scale + offset. */
+static inline __attribute__((always_inline)) void group_scale_and_offset(const uint8_t *block_scales, int g, int high,
+                                                                         int j, __m256 *scale, __m256 *offset) {
+    const int row = HALF_ROWS * high + 4 * j;
+    const uint16_t *factors = run_factors(block_scales, g) + 2 * row;
+    const int8_t *codes = group_codes(block_scales, g) + 2 * row;
+    __m256i pair = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(factors + 32)),
+                                    _mm_loadu_si128((const __m128i *)factors));
+    __m128i code_pairs = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)codes),
+                                            _mm_loadl_epi64((const __m128i *)(codes + 32)));
+    __m256i lanes = _mm256_cvtepu16_epi32(code_pairs);
+    __m256 c = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(lanes, 24), 24));  /* a lane's low byte */
+    __m256 z = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(lanes, 16), 24));  /* its second */
+    __m256 zero = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(pair, _mm256_set1_epi32((int)0xFFFF0000))), z);
+    *scale = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(pair, 16)), c);
+    *offset = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), *scale, zero);
 }
 
 /* Stores vector j's eight sums of half `high` at their rows of y (row0: the block's first). */
@@ -150,7 +157,7 @@ static inline void store_rows(float *y, int row0, int high, int j, __m256 sums) 
    read_ahead: the call's first pass over the block, which asks for its bytes ahead (prefetch_ahead). */
 static inline __attribute__((always_inline)) void int4_block(
         int count, int two_codes, const int8_t *high, const int8_t *low, const float *scales, const float *code_totals,
-        int width, const uint8_t *block, const uint16_t *block_pairs, int rows, int group, float *y, int row0,
+        int width, const uint8_t *block, const uint8_t *block_scales, int rows, int group, float *y, int row0,
         int read_ahead) {
     const int groups = width / group, codes_per_value = 1 + two_codes;
     const int8_t *x_codes[2] = {high, low};
@@ -182,11 +189,10 @@ static inline __attribute__((always_inline)) void int4_block(
                         for (int v = 0; v < 4; v++)
                             dot[m][c][v] = _mm256_add_epi32(dot[m][c][v], widened(sums[m][c][v]));
             }
-            const uint16_t *pairs = block_pairs + (size_t)g * BLOCK_ROWS * 2;
             for (int v = 0; v < 4; v++) {
                 const int half = v / 2, j = 2 * pass + v % 2;
                 __m256 scale, offset;
-                group_scale_and_offset(pairs, half, j, &scale, &offset);
+                group_scale_and_offset(block_scales, g, half, j, &scale, &offset);
                 for (int m = 0; m < count; m++) {
                     size_t at = (size_t)m * groups + g;
                     __m256 d = _mm256_cvtepi32_ps(dot[m][0][v]);
@@ -261,11 +267,12 @@ static void transpose_activations(const int8_t *high, const float *scales, const
 
 /* One tile: weight rows `lane0` .. lane0 + 3 of unpacked vector `weights` (its K / 4 runs) against `vectors` (1 ..
    X_VECTORS) vectors of activation rows from xt's vector `first` on, over groups first_group .. last_group - 1:
-   their sums added to totals [W_ROWS, X_VECTORS] (eight activation rows a vector). row_pairs: the first of those
-   rows' bf16 (scale, zero) pairs in the block's [K / group, 64, 2]. */
+   their sums added to totals [W_ROWS, X_VECTORS] (eight activation rows a vector). block_scales: the block's int4
+   scales (kernels_common.h), row0: the first of those rows in the block. */
 static inline __attribute__((always_inline)) void int4_many_tile(
         int vectors, const __m256i *weights, int lane0, const int8_t *xt, const float *xt_scales, const float *xt_totals,
-        const uint16_t *row_pairs, int width, int group, int first_group, int last_group, __m256 *totals) {
+        const uint8_t *block_scales, int row0, int width, int group, int first_group, int last_group,
+        __m256 *totals) {
     const int runs = width / 4, groups = width / group;
     for (int g = first_group; g < last_group; g++) {
         __m256i dot[W_ROWS][X_VECTORS];
@@ -282,9 +289,9 @@ static inline __attribute__((always_inline)) void int4_many_tile(
             }
         }
         for (int r = 0; r < W_ROWS; r++) {
-            const uint16_t *pair = row_pairs + ((size_t)g * BLOCK_ROWS + r) * 2;  /* as group_scale_and_offset */
-            const __m256 scale = bf16_broadcast(pair);
-            const __m256 offset = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), scale, bf16_broadcast(pair + 1));
+            float row_scale, row_offset;
+            row_scale_and_offset(block_scales, g, row0 + r, &row_scale, &row_offset);
+            const __m256 scale = _mm256_set1_ps(row_scale), offset = _mm256_set1_ps(row_offset);
             for (int v = 0; v < vectors; v++) {
                 const size_t at = ((size_t)v * groups + g) * 8;
                 __m256 d = _mm256_cvtepi32_ps(widened(dot[r][v]));
@@ -309,7 +316,7 @@ static void store_tile(const __m256 *totals, int vectors, int first_vector, int 
 
 /* int4_matmul for M >= MANY_ROWS_FROM rows with one code a value, the codes already made: OpenMP over blocks. */
 static void int4_matmul_many(const int8_t *high, const float *scales, const float *code_totals, int count, int width,
-                             const uint8_t *packed, const uint16_t *scales_and_zeros, int rows, int group, float *y) {
+                             const uint8_t *packed, const uint8_t *group_scales, int rows, int group, float *y) {
     const int blocks = rows / BLOCK_ROWS, groups = width / group, vectors = (count + 7) / 8;
     int8_t *xt = aligned_alloc(32, (size_t)vectors * 8 * width);
     float *xt_scales = aligned_alloc(32, (size_t)vectors * groups * 8 * sizeof(float) * 2);
@@ -324,7 +331,7 @@ static void int4_matmul_many(const int8_t *high, const float *scales, const floa
         __m256 *totals = aligned_alloc(32, totals_bytes);  /* [tiles, vector_runs, W_ROWS, X_VECTORS] */
         #pragma omp for schedule(static)
         for (int b = 0; b < blocks; b++) {
-            const uint16_t *block_pairs = scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2;
+            const uint8_t *block_scales = group_scales + (size_t)b * int4_scale_bytes(groups);
             unpack_block(packed + (size_t)b * BLOCK_ROWS * (width / 2), width, unpacked);
             memset(totals, 0, totals_bytes);
             for (int g0 = 0; g0 < groups; g0 += chunk_groups) {  /* a chunk's activations stay in cache over the tiles */
@@ -337,7 +344,7 @@ static void int4_matmul_many(const int8_t *high, const float *scales, const floa
                         __m256 *tile_totals = totals + ((size_t)tile * vector_runs + run) * W_ROWS * X_VECTORS;
                         #define MANY_TILE(k) int4_many_tile(k, unpacked + (size_t)u * (width / 4), lane0, \
                                                             xt + (size_t)v0 * 8 * width, xt_scales + (size_t)v0 * groups * 8, \
-                                                            xt_totals + (size_t)v0 * groups * 8, block_pairs + 2 * row0, \
+                                                            xt_totals + (size_t)v0 * groups * 8, block_scales, row0, \
                                                             width, group, g0, g1, tile_totals)
                         if (n == X_VECTORS) MANY_TILE(X_VECTORS);
                         else if (n == 2) MANY_TILE(2);
@@ -356,9 +363,9 @@ static void int4_matmul_many(const int8_t *high, const float *scales, const floa
 }
 
 /* kernels.c's int4_matmul: y [M, N] = x [M, K] . W^T in the int4 layout (N a multiple of 64, K of group, group of
-   4), scales_and_zeros [N / 64, K / group, 64, 2] bf16, 1 or 2 int8 codes an activation; scratch: M * (2K + 8K /
-   group) bytes. Each block meets ROW_TILE activation rows at a time with one code, one row with two. */
-void int4_matmul(const float *x, int count, int width, const uint8_t *packed, const uint16_t *scales_and_zeros,
+   4), group_scales as kernels.c's, 1 or 2 int8 codes an activation; scratch: M * (2K + 8K / group) bytes. Each
+   block meets ROW_TILE activation rows at a time with one code, one row with two. */
+void int4_matmul(const float *x, int count, int width, const uint8_t *packed, const uint8_t *group_scales,
                  int rows, int group, int codes, void *scratch, float *y) {
     const int blocks = rows / BLOCK_ROWS, groups = width / group, two_codes = codes == 2;
     const int tile = two_codes ? 1 : ROW_TILE;
@@ -366,19 +373,19 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
     float *scales = (float *)(low + (size_t)count * width), *code_totals = scales + (size_t)count * groups;
     quantize_activations(x, count, width, group, high, two_codes ? low : NULL, scales, code_totals);
     if (!two_codes && count >= MANY_ROWS_FROM && group <= CODE_RUN) {
-        int4_matmul_many(high, scales, code_totals, count, width, packed, scales_and_zeros, rows, group, y);
+        int4_matmul_many(high, scales, code_totals, count, width, packed, group_scales, rows, group, y);
         return;
     }
     #pragma omp parallel for schedule(static) if (blocks > 1)
     for (int b = 0; b < blocks; b++) {
         const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * (width / 2);
-        const uint16_t *block_pairs = scales_and_zeros + (size_t)b * groups * BLOCK_ROWS * 2;
+        const uint8_t *block_scales = group_scales + (size_t)b * int4_scale_bytes(groups);
         for (int m = 0; m < count; m += tile) {
             size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
             const int8_t *row_low = two_codes ? low + x_at : NULL;
             float *out = y + (size_t)m * rows;
             #define INT4_ROWS(n, two) int4_block(n, two, high + x_at, row_low, scales + group_at, \
-                                                 code_totals + group_at, width, block, block_pairs, rows, group, \
+                                                 code_totals + group_at, width, block, block_scales, rows, group, \
                                                  out, b * BLOCK_ROWS, m == 0)
             if (two_codes) INT4_ROWS(1, 1);
             else if (count - m >= ROW_TILE) INT4_ROWS(ROW_TILE, 0);

@@ -15,6 +15,43 @@
 
 #define BLOCK_ROWS 64     /* rows per block of the int4 layout (cpu_int4_layout) */
 
+/* The int4 layout's group scales (int4_scales.py), a block's after one another: for each run of SCALE_RUN groups
+   (the last may hold fewer), the run's factors [64, 2] bf16 (d, e), then each of its groups' codes [64, 2] int8
+   (c, z). Row r's group has the scale d c and the zero point e z: w = (q - 8) * scale + zero for its codes q in
+   0 .. 15, which the kernels take as q * scale + offset, offset = zero - 8 scale. */
+#define SCALE_RUN 8
+#define RUN_FACTOR_BYTES (BLOCK_ROWS * 2 * 2)
+#define GROUP_CODE_BYTES (BLOCK_ROWS * 2)
+
+/* The bytes of one block's scales: `groups` groups. */
+static inline size_t int4_scale_bytes(int groups) {
+    return (size_t)((groups + SCALE_RUN - 1) / SCALE_RUN) * RUN_FACTOR_BYTES + (size_t)groups * GROUP_CODE_BYTES;
+}
+
+/* The factors [64, 2] of the run that holds group g of a block whose scales start at `block_scales`. */
+static inline const uint16_t *run_factors(const uint8_t *block_scales, int g) {
+    const size_t run_bytes = RUN_FACTOR_BYTES + SCALE_RUN * GROUP_CODE_BYTES;
+    return (const uint16_t *)(block_scales + (size_t)(g / SCALE_RUN) * run_bytes);
+}
+
+/* Group g's codes [64, 2]. */
+static inline const int8_t *group_codes(const uint8_t *block_scales, int g) {
+    const size_t runs_so_far = (size_t)(g / SCALE_RUN + 1);  /* the factors of its own run too */
+    return (const int8_t *)(block_scales + runs_so_far * RUN_FACTOR_BYTES + (size_t)g * GROUP_CODE_BYTES);
+}
+
+/* Row `row`'s scale and offset (zero - 8 scale) in group g, one at a time. */
+static inline void row_scale_and_offset(const uint8_t *block_scales, int g, int row, float *scale, float *offset) {
+    const uint16_t *factors = run_factors(block_scales, g) + 2 * row;
+    const int8_t *codes = group_codes(block_scales, g) + 2 * row;
+    uint32_t d = (uint32_t)factors[0] << 16, e = (uint32_t)factors[1] << 16;
+    float d_value, e_value;
+    memcpy(&d_value, &d, 4);
+    memcpy(&e_value, &e, 4);
+    *scale = d_value * codes[0];
+    *offset = e_value * codes[1] - 8.0f * *scale;
+}
+
 /* How far ahead of what a decode call's loop reads it asks for a weight's bytes (prefetch_ahead). A one-row call
    streams its weights once, and without it the hardware's prefetch fell behind on a Sapphire Rapids VM (28 GB/s
    copy): the int4 kernel read at 20 GB/s beside another busy core and 26 with it (an 8B model's decode 4.6 ->

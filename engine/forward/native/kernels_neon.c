@@ -132,6 +132,19 @@ static inline __attribute__((always_inline)) void four_columns(const uint8_t *by
     }
 }
 
+/* Group g's scales and offsets of a block's rows row .. row + 3 (kernels_common.h's int4 scales, the block's from
+   block_scales). */
+static inline void group_scale_and_offset(const uint8_t *block_scales, int g, int row, float32x4_t *scale,
+                                          float32x4_t *offset) {
+    uint16x4x2_t factors = vld2_u16(run_factors(block_scales, g) + 2 * row);  /* four rows' d, then their e */
+    int16x8_t codes = vmovl_s8(vld1_s8(group_codes(block_scales, g) + 2 * row));  /* (c, z) a row */
+    int16x4x2_t split = vuzp_s16(vget_low_s16(codes), vget_high_s16(codes));  /* four c, then four z */
+    *scale = vmulq_f32(vreinterpretq_f32_u32(vshll_n_u16(factors.val[0], 16)), vcvtq_f32_s32(vmovl_s16(split.val[0])));
+    float32x4_t zero = vmulq_f32(vreinterpretq_f32_u32(vshll_n_u16(factors.val[1], 16)),
+                                 vcvtq_f32_s32(vmovl_s16(split.val[1])));
+    *offset = vfmsq_f32(zero, vdupq_n_f32(8.0f), *scale);  /* w = (q - 8) * scale + zero = q * scale + offset */
+}
+
 /* The block row of codes[i] (four codes a lane; four_columns) for the pass from byte j0. */
 static inline int code_row(int j0, int i) { return j0 + 4 * (i % 4) + HALF_ROWS * (i / 4); }
 
@@ -140,7 +153,7 @@ static inline int code_row(int j0, int i) { return j0 + 4 * (i % 4) + HALF_ROWS 
    second from cache), each pass's integer sums in registers. */
 static inline __attribute__((always_inline)) void int4_block(
         int sdot, int count, int two_codes, const int8_t *high, const int8_t *low, const float *scales,
-        const float *code_totals, int width, const uint8_t *block, const uint16_t *block_pairs, int rows, int group,
+        const float *code_totals, int width, const uint8_t *block, const uint8_t *block_scales, int rows, int group,
         float *y, int row0) {
     const int groups = width / group;
     float total[2][BLOCK_ROWS];
@@ -162,13 +175,10 @@ static inline __attribute__((always_inline)) void int4_block(
                     }
                 }
             }
-            const uint16_t *pairs = block_pairs + (size_t)g * BLOCK_ROWS * 2;
             for (int i = 0; i < 8; i++) {
                 const int row = code_row(j0, i);
-                uint16x4x2_t pair = vld2_u16(pairs + 2 * row);  /* four rows' scales, then their zeros */
-                float32x4_t scale = vreinterpretq_f32_u32(vshll_n_u16(pair.val[0], 16));
-                float32x4_t zero = vreinterpretq_f32_u32(vshll_n_u16(pair.val[1], 16));
-                float32x4_t offset = vfmsq_f32(zero, vdupq_n_f32(8.0f), scale);  /* w = q * s + (z - 8s) */
+                float32x4_t scale, offset;  /* w = q * scale + offset */
+                group_scale_and_offset(block_scales, g, row, &scale, &offset);
                 for (int m = 0; m < count; m++) {
                     size_t at = (size_t)m * groups + g;
                     float32x4_t dot = vcvtq_f32_s32(high_sums[m][i]);
@@ -188,7 +198,7 @@ typedef struct {
     const int8_t *high, *low;
     const float *scales, *code_totals;
     const uint8_t *packed;
-    const uint16_t *weight_scales;  /* int4: the (scale, zero) pairs; int8: the fp16 scales */
+    const void *weight_scales;  /* int4: the group scales (kernels_common.h); int8: the fp16 scales */
     float *y;
 } matmul_call;
 
@@ -197,13 +207,13 @@ typedef struct {
 static inline __attribute__((always_inline)) void int4_rows(int sdot, const matmul_call *call, int b) {
     const int width = call->width, group = call->group, groups = width / group, two_codes = call->two_codes;
     const uint8_t *block = call->packed + (size_t)b * BLOCK_ROWS * (width / 2);
-    const uint16_t *block_pairs = call->weight_scales + (size_t)b * groups * BLOCK_ROWS * 2;
+    const uint8_t *block_scales = (const uint8_t *)call->weight_scales + (size_t)b * int4_scale_bytes(groups);
     for (int m = 0; m < call->count; m += two_codes ? 1 : 2) {
         size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
         const int8_t *high = call->high + x_at, *low = two_codes ? call->low + x_at : NULL;
         float *out = call->y + (size_t)m * call->rows;
         #define INT4_ROWS(n, two) int4_block(sdot, n, two, high, low, call->scales + group_at, \
-                                             call->code_totals + group_at, width, block, block_pairs, call->rows, \
+                                             call->code_totals + group_at, width, block, block_scales, call->rows, \
                                              group, out, b * BLOCK_ROWS)
         if (two_codes) INT4_ROWS(1, 1);
         else if (call->count - m >= 2) INT4_ROWS(2, 0);
@@ -216,16 +226,15 @@ static DOT_PRODUCTS void int4_rows_sdot(const matmul_call *call, int b) { int4_r
 static void int4_rows_smull(const matmul_call *call, int b) { int4_rows(0, call, b); }
 
 /* kernels.c's int4_matmul: y [M, N] = x [M, K] . W^T in the int4 layout (N a multiple of 64, K of group, group of
-   4), scales_and_zeros [N / 64, K / group, 64, 2] bf16, 1 or 2 int8 codes an activation; scratch: M * (2K + 8K /
-   group) bytes. */
-void int4_matmul(const float *x, int count, int width, const uint8_t *packed, const uint16_t *scales_and_zeros,
+   4), group_scales as kernels.c's, 1 or 2 int8 codes an activation; scratch: M * (2K + 8K / group) bytes. */
+void int4_matmul(const float *x, int count, int width, const uint8_t *packed, const uint8_t *group_scales,
                  int rows, int group, int codes, void *scratch, float *y) {
     const int groups = width / group, two_codes = codes == 2;
     int8_t *high = (int8_t *)scratch, *low = high + (size_t)count * width;
     float *scales = (float *)(low + (size_t)count * width), *code_totals = scales + (size_t)count * groups;
     quantize_activations(x, count, width, group, high, two_codes ? low : NULL, scales, code_totals);
     const matmul_call call = {count, width, rows, group, two_codes, high, low, scales, code_totals, packed,
-                              scales_and_zeros, y};
+                              group_scales, y};
     void (*block_rows)(const matmul_call *, int) = has_dot_products() ? int4_rows_sdot : int4_rows_smull;
     #pragma omp parallel for schedule(static) if (rows > BLOCK_ROWS)
     for (int b = 0; b < rows / BLOCK_ROWS; b++) block_rows(&call, b);
@@ -282,7 +291,7 @@ static inline __attribute__((always_inline)) void int8_block(
 static inline __attribute__((always_inline)) void int8_rows(int sdot, const matmul_call *call, int b) {
     const int width = call->width, groups = width / INT8_GROUP;
     const uint8_t *block = call->packed + (size_t)b * BLOCK_ROWS * width;
-    const uint16_t *block_scales = call->weight_scales + (size_t)b * groups * BLOCK_ROWS;
+    const uint16_t *block_scales = (const uint16_t *)call->weight_scales + (size_t)b * groups * BLOCK_ROWS;
     for (int m = 0; m < call->count; m += 2) {
         size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
         const int8_t *high = call->high + x_at, *low = call->low + x_at;

@@ -12,10 +12,10 @@ The blocks come as numpy bytes read from the file (``engine.models.gguf_direct``
 In the first two the low nibbles of the 16 bytes are weights 0…15 and the high ones 16…31; ``Q4_K`` holds
 four runs of 32 bytes, whose low nibbles are one sub-block and high nibbles the next.
 All three are 16 evenly spaced values per 32 weights, which is what ``Int4Groups`` holds
-(``(q - 8) * scale + zero`` per 32): they come back exactly, up to the bf16 rounding of each
-group's scale and zero point. For the CPU their nibbles go straight into its int4 kernel's byte
-layout (``cpu_int4_layout``), never through a byte per code. ``Q5_K``, ``Q6_K`` and ``Q8_0`` are
-decoded by ``gguf_codes`` (into fp32, or straight into int4 groups of 32 where every matrix is
+(``(q - 8) * scale + zero`` per 32): they come back exactly, up to the rounding of each
+group's scale and zero point where the kernel keeps them (``quant_int``). For the CPU their nibbles
+go straight into its int4 kernel's byte layout (``cpu_int4_layout``), never through a byte per code.
+``Q5_K``, ``Q6_K`` and ``Q8_0`` are decoded by ``gguf_codes`` (into fp32, or straight into int4 groups of 32 where every matrix is
 wanted in those); every other type (F16, BF16, F32, the rarer quants) is dequantized by
 ``gguf.quants`` into fp32, one tensor at a time, and packed by the layer into its format from there.
 """

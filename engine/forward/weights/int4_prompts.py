@@ -72,7 +72,7 @@ def takes(rows: int) -> bool:
 
 def prompt_matmul(x: torch.Tensor, packed: torch.Tensor, scales_of_rows: ScalesOfRows, group: int) -> torch.Tensor:
     """``x`` [M, K] fp32 times the weight [N, K] that ``packed`` [N, K / 2] uint8 (the CPU kernel's layout) and
-    the scales and zeros bf16 hold, ``w = (q - 8) * scale + zero``; [M, N] fp32. ``scales_of_rows``: a block of rows'
+    the scales and zeros hold, ``w = (q - 8) * scale + zero``; [M, N] fp32. ``scales_of_rows``: a block of rows'
     scales and zeros, wherever they are kept (``native.int4_matmul`` keeps them in blocks of its own)."""
     multiply = int8_matmul if has_int8_dot() else fp32_matmul
     return multiply(x, packed, scales_of_rows, group)

@@ -23,8 +23,9 @@ Which format runs on which kernel, and why, on a GPU (``format_plan`` decides wh
 
 On the CPU, ``int4`` runs on ``_weight_int4pack_mm_for_cpu`` with groups of 32:
 llama.cpp's block size, so the weights of a 4-bit GGUF file (Q4_0, Q4_1, Q4_K
-blocks: ``d * q + m`` per 32 weights) come back exactly, up to the bf16 rounding
-of each group's scale and zero point. A decode step reads ~0.63 bytes per weight
+blocks: ``d * q + m`` per 32 weights) come back exactly, up to the rounding of each
+group's scale and zero point: to bf16 for PyTorch's kernel, to int8 codes under a bf16 factor per 8 groups for
+Hearth's (``native.int4_scales``). A decode step reads ~0.58 bytes per weight (PyTorch's: ~0.63)
 instead of fp16's 2, which is what sets its speed; on the kernel, several tokens at
 once (prefill) run much slower than FBGEMM's fp16 kernel, which dequantizes nothing,
 so calls of many rows go to ``int4_prompts`` (int8 GEMMs), and fewer rows to Hearth's own kernel
@@ -216,17 +217,16 @@ def _int4_linear(weight: torch.Tensor, group: int, tiles: int) -> tuple[Run, int
 
 
 def _int4_packed(groups: Int4Groups, tiles: int) -> tuple[Run, int]:
-    """The groups packed for the device's int4 kernel, with bf16 scales-and-zeros [K / group, N, 2] (Hearth's CPU
-    kernel rounds them into its own order itself, in one pass)."""
+    """The groups packed for the device's int4 kernel: with bf16 scales-and-zeros [K / group, N, 2] for PyTorch's,
+    with its own (``int4_scales``) for Hearth's CPU kernel."""
     group, on_gpu = groups.group, groups.device.type == "cuda"
     if not on_gpu and native_int4.covers(*groups.shape, group):
         packed = groups.cpu_packed(tiles)
         native = native_int4.Int4Matmul(packed, groups.scales_and_zeros, group)
-        nbytes = packed.numel() + groups.scales_and_zeros.numel() * 2  # codes, and bf16 scales and zeros
         if native.takes_prompts:
-            return native, nbytes
+            return native, native.nbytes
         return _beside_prompt_path(native, packed, native.scales_and_zeros, int4_prompts.covers(packed.shape[0]),
-                                   group), nbytes
+                                   group), native.nbytes
     scales_and_zeros = groups.scales_and_zeros.to(torch.bfloat16).contiguous()
     if on_gpu:
         q = groups.q.to(torch.uint8)

@@ -14,6 +14,8 @@ import torch
 
 from engine.bench.measure import timed_reply
 from engine.bench.runner_replies import ReplyDriver
+from engine.forward.native import int4_scales
+from engine.forward.native import int4_matmul as native_int4
 from engine.forward.native import int8_matmul as native_int8
 from engine.models import memory_estimate
 from engine.models.model_files import inspect_model
@@ -32,7 +34,20 @@ def _open(path: Path, precision: str):
     return open_model(str(path), LoadOptions("cpu", precision), lambda _: None, lambda *_: None, lambda: False)
 
 
-FOUR_BIT = 0.5 + 4 / 32  # bytes per weight: a bf16 scale and zero point per 32
+FOUR_BIT = 0.5 + 4 / 32  # bytes per weight as PyTorch's kernel takes them: a bf16 scale and zero point per 32
+
+
+def _four_bit_layer_bytes(config) -> float:
+    """The layers in 4 bits: on Hearth's kernels each block of 64 rows keeps its scales as ``int4_scales`` lays them
+    out (SmolLM2's widths 576 and 1536: 18 and 48 groups), else PyTorch's bf16 pairs."""
+    if not native_int4.covers(64, config.hidden_size, 32):
+        return _layer_weights(config) * FOUR_BIT
+    def per_weight(width: int) -> float:
+        return 0.5 + int4_scales.block_bytes(width // 32) / (64 * width)
+    hidden, inner, head_dim = config.hidden_size, config.intermediate_size, config.head_dim
+    attention = hidden * head_dim * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
+    return config.num_hidden_layers * ((attention + 2 * hidden * inner) * per_weight(hidden)
+                                       + hidden * inner * per_weight(inner))
 TEXT = Path(__file__).resolve().parents[3] / "README.md"
 
 
@@ -84,7 +99,7 @@ def test_auto_keeps_a_4bit_copy_for_decoding_and_answers_as_fp32_does(default_mo
     config = auto.model.config
     assert auto.precision == "fp16"
     assert auto.precision_label == "fp16 weights, int4 copy for decoding"  # what the window shows
-    layers = _fp16_layer_bytes(config, beside_a_decode_copy=True) + _layer_weights(config) * FOUR_BIT
+    layers = _fp16_layer_bytes(config, beside_a_decode_copy=True) + _four_bit_layer_bytes(config)
     assert auto.weight_bytes == layers + _table_and_head_bytes(config, beside_four_bit=True)
     assert "Paris" in fp32_answer
     assert _answer(auto) == fp32_answer
@@ -109,7 +124,7 @@ def test_4bit_alone_holds_everything_in_a_third_of_fp16s_bytes_and_answers_paris
         table_and_head = _table_and_head_bytes(config, beside_four_bit=True)
     else:
         table_and_head = _table_bytes(config) + 2 * config.vocab_size * config.hidden_size * FOUR_BIT  # two planes
-    assert four_bit.weight_bytes == _layer_weights(config) * FOUR_BIT + table_and_head
+    assert four_bit.weight_bytes == _four_bit_layer_bytes(config) + table_and_head
     assert "Paris" in _answer(four_bit)
 
 

@@ -15,7 +15,7 @@ import torch
 
 from engine.forward.attention import attend, attend_runs, causal_mask
 from engine.forward.llama_forward import rotate_pairs_
-from engine.forward.native import activation_codes, build, rotary, support, variants
+from engine.forward.native import activation_codes, build, int4_scales, rotary, support, variants
 from engine.forward.native import decode_attention as native_attention
 from engine.forward.native import int4_matmul as native_int4
 from engine.forward.native import int8_matmul as native_int8
@@ -36,9 +36,11 @@ needs_amx = pytest.mark.skipif(not native_int4.runs_on_amx(), reason="no AMX bf1
 
 
 def _dequantized(groups) -> torch.Tensor:
-    """The weight the packed groups stand for once their scales and zeros are rounded to bf16, as both kernels
-    take them: [N, K] fp32."""
-    return dequantize_int4(groups.q, groups.scales_and_zeros.to(torch.bfloat16), groups.group)
+    """The weight the packed groups stand for once their scales and zeros are the kernels' (``int4_scales``):
+    [N, K] fp32."""
+    laid_out = int4_scales.block_scales(groups.scales_and_zeros)
+    return dequantize_int4(groups.q, int4_scales.scales_and_zeros_of(laid_out, groups.shape[1] // groups.group),
+                           groups.group)
 
 
 def _rounded_to_8_bits(x: torch.Tensor) -> torch.Tensor:
@@ -72,7 +74,7 @@ def test_int4_rows_are_their_rounded_codes_times_the_dequantized_weight(length, 
     a last pass of fewer)."""
     torch.manual_seed(length)
     groups = int4_groups_of(torch.randn(192, 160) * 0.05)  # 3 blocks of 64 rows, 5 groups of 32
-    multiply = Int4Matmul(groups.cpu_packed(2), groups.scales_and_zeros.to(torch.bfloat16).contiguous(), 32)
+    multiply = Int4Matmul(groups.cpu_packed(2), groups.scales_and_zeros, 32)
     multiply.on_amx = False  # the int4 kernel's own rows, even where AMX would take 16
     x = torch.randn(length, 160) * torch.logspace(-2, 1, 160)  # groups of very different sizes
     _multiplied_as_in_a_step(multiply, x, _dequantized(groups), sequences)
@@ -85,7 +87,7 @@ def test_a_prompt_chunks_rows_take_one_code_a_value_in_any_step(length):
     rows too: exactly the product of the 8-bit rows (here 133 rows: a last pass of one row)."""
     torch.manual_seed(length)
     groups = int4_groups_of(torch.randn(192, 160) * 0.05)
-    multiply = Int4Matmul(groups.cpu_packed(2), groups.scales_and_zeros.to(torch.bfloat16).contiguous(), 32)
+    multiply = Int4Matmul(groups.cpu_packed(2), groups.scales_and_zeros, 32)
     multiply.on_amx = False
     x = torch.randn(length, 160) * torch.logspace(-2, 1, 160)
     _multiplied_as_in_a_step(multiply, x, _dequantized(groups), sequences=8)
@@ -102,7 +104,7 @@ def test_a_prompts_rows_give_the_same_floats_however_the_kernel_tiles_them(lengt
     at a time) gives each row what a call of two rows gives it, over more columns than a tile covers at once."""
     torch.manual_seed(length)
     groups = int4_groups_of(torch.randn(128, 2144) * 0.05)  # 67 groups of 32
-    multiply = Int4Matmul(groups.cpu_packed(2), groups.scales_and_zeros.to(torch.bfloat16).contiguous(), 32)
+    multiply = Int4Matmul(groups.cpu_packed(2), groups.scales_and_zeros, 32)
     multiply.on_amx = False
     x = torch.randn(length, 2144) * torch.logspace(-2, 1, 2144)
     with activation_codes.for_step(8):
@@ -118,7 +120,7 @@ def test_int4_rows_on_amx_tiles_are_their_bf16_rounding_times_each_weight_rounde
     the int4 kernel."""
     torch.manual_seed(length)
     groups = int4_groups_of(torch.randn(192, 320) * 0.05)  # 6 strips of 32 weight rows, 10 groups
-    multiply = Int4Matmul(groups.cpu_packed(2), groups.scales_and_zeros.to(torch.bfloat16).contiguous(), 32)
+    multiply = Int4Matmul(groups.cpu_packed(2), groups.scales_and_zeros, 32)
     x = torch.randn(length, 320) * torch.logspace(-2, 1, 320)
     weight = _dequantized(groups)
     rounded = x.bfloat16().double() @ weight.bfloat16().double().t()
@@ -137,7 +139,7 @@ def test_a_weight_wider_than_one_pass_of_the_tiles_sums_its_passes_exactly(lengt
     adding to the sums the last left in fp32: the same bf16 products as one pass (rows past a tile's 16 included)."""
     torch.manual_seed(length)
     groups = int4_groups_of(torch.randn(64, 10_240) * 0.05)
-    multiply = Int4Matmul(groups.cpu_packed(2), groups.scales_and_zeros.to(torch.bfloat16).contiguous(), 32)
+    multiply = Int4Matmul(groups.cpu_packed(2), groups.scales_and_zeros, 32)
     x = torch.randn(length, 10_240)
     rounded = x.bfloat16().double() @ _dequantized(groups).bfloat16().double().t()
     got = multiply(x)

@@ -24,7 +24,7 @@ from engine.forward.attention import attend, attend_runs, causal_mask
 from engine.forward.family import Clamp
 from engine.forward.llama_forward import rotate_pairs_
 from engine.forward.mlp import clamped_swiglu
-from engine.forward.native import variants
+from engine.forward.native import int4_scales, variants
 from engine.forward.native.build import SIGNATURES
 from engine.forward.native.int8_matmul import quantize as int8_quantize
 from engine.forward.weights.cpu_int4_layout import codes_from_packed
@@ -154,12 +154,11 @@ def test_int4_rows_are_their_rounded_codes_times_the_dequantized_weight(neon: Ne
     torch.manual_seed(length)
     width = 256 if group == 128 else 160
     groups = int4_groups_of(torch.randn(192, width) * 0.05, group)  # 3 blocks of 64 rows
-    pairs = groups.scales_and_zeros.to(torch.bfloat16)  # [G, N, 2]
-    block_pairs = pairs.view(width // group, 3, 64, 2).transpose(0, 1).contiguous()  # [N / 64, G, 64, 2]
-    weight = dequantize_int4(groups.q, pairs, group)  # [N, K]
+    group_scales = int4_scales.block_scales(groups.scales_and_zeros)  # [N / 64, bytes]
+    weight = dequantize_int4(groups.q, int4_scales.scales_and_zeros_of(group_scales, width // group), group)  # [N, K]
     x = torch.randn(length, width) * torch.logspace(-2, 1, width)  # groups of very different sizes
     scratch = ScratchBytes(length * (2 * width + 8 * width // group))
-    (_, _, _, got) = neon.call("int4_matmul", x, length, width, _int4_layout(groups.q), block_pairs, 192, group,
+    (_, _, _, got) = neon.call("int4_matmul", x, length, width, _int4_layout(groups.q), group_scales, 192, group,
                                codes, scratch, torch.empty(length, 192))
     exact = x @ weight.t()
     scale = exact.abs().max()

@@ -13,6 +13,7 @@ import torch
 
 from engine.forward.cpu_backend import FastLlamaBackend
 from engine.forward.llama_forward import FastLlama
+from engine.forward.native import int4_scales
 from engine.forward.native import int4_matmul as native_int4
 from engine.forward.native import int8_matmul as native_int8
 from engine.forward.weights.quant import Linear, few_rows
@@ -96,6 +97,9 @@ def test_a_prompt_over_4bit_weights_multiplies_within_a_percent_and_few_rows_kee
     q, scales_and_zeros = quantize_int4(torch.randn(rows, width, generator=generator), CPU_INT4_GROUP)
     scales_and_zeros = scales_and_zeros.to(torch.bfloat16)
     run, _ = _int4_packed(Int4Groups(q.to(torch.uint8), scales_and_zeros, CPU_INT4_GROUP), 2)
+    if native_int4.covers(rows, width, CPU_INT4_GROUP):  # the scales as Hearth's kernels keep them
+        scales_and_zeros = int4_scales.scales_and_zeros_of(int4_scales.block_scales(scales_and_zeros),
+                                                           width // CPU_INT4_GROUP)
     weight = dequantize_int4(q, scales_and_zeros.float(), CPU_INT4_GROUP)  # [N, K]
     prompt, few = torch.randn(int4_prompts.PROMPT_ROWS, width, generator=generator), torch.randn(8, width)
     prompt[:, 5] *= 100

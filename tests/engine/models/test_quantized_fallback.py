@@ -30,6 +30,7 @@ CPU = torch.device("cpu")
 REPO = Path(__file__).resolve().parents[3]
 ARCHITECTURES = ("stablelm", "starcoder2")
 PROMPTS = ([5, 77, 140, 3, 200, 18, 96, 41, 120, 7, 66, 250], [31, 32, 33, 100, 101, 9, 9, 9, 180, 44, 12, 90])
+DECISIVE_LEAD = 0.1  # logits between the reference's first and second choice: past the rounding's 0.03
 GiB = 1024**3
 
 
@@ -43,15 +44,19 @@ def _logits(model, ids: list[int]) -> torch.Tensor:
         return model(torch.tensor([ids])).logits[0].float()  # [S, V]
 
 
-def _agreement(reference, loaded) -> tuple[float, float]:
-    """Top-1 agreement over every position of ``PROMPTS``, and the largest logit difference."""
-    agree, positions, worst = 0, 0, 0.0
+def _agreement(reference, loaded) -> tuple[float, float, float]:
+    """Top-1 agreement over every position of ``PROMPTS``, over the positions where the reference's first choice
+    leads its second by ``DECISIVE_LEAD``, and the largest logit difference."""
+    agree, decisive_agree, positions, decisive, worst = 0, 0, 0, 0, 0.0
     for ids in PROMPTS:
         expected, got = _logits(reference, ids), _logits(loaded.model, ids)
-        agree += int((expected.argmax(-1) == got.argmax(-1)).sum())
-        positions += len(ids)
+        same = expected.argmax(-1) == got.argmax(-1)  # [T]
+        ranked = expected.topk(2, dim=-1).values  # [T, 2]
+        clear = ranked[:, 0] - ranked[:, 1] >= DECISIVE_LEAD  # [T]
+        agree, decisive_agree = agree + int(same.sum()), decisive_agree + int(same[clear].sum())
+        positions, decisive = positions + len(ids), decisive + int(clear.sum())
         worst = max(worst, float((expected - got).abs().max()))
-    return agree / positions, worst
+    return agree / positions, decisive_agree / decisive, worst
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +82,9 @@ def test_a_folder_loads_with_every_linear_layer_packed_in_int4_close_to_fp32(mod
     assert not any(type(module) in (nn.Linear, nn.Embedding) for module in modules)
     assert {module.fmt for module in modules if isinstance(module, PackedLinear)} >= {"int4"}
     assert sum(isinstance(module, TableEmbedding) for module in modules) == 1
-    top1, worst = _agreement(_int4_rounded(reference), loaded)
+    top1, _, worst = _agreement(_int4_rounded(reference), loaded)
     assert top1 >= 0.95 and worst < 0.15, (top1, worst)  # measured: all agree, within 0.035 (logits within ±3)
-    top1, worst = _agreement(reference, loaded)
+    top1, _, worst = _agreement(reference, loaded)
     # int4's own rounding of random weights (std 0.05) against fp32, near ties flipping: measured 0.58 (StableLM)
     # and 0.88 (Starcoder2) top-1 agreement, max 0.77 apart
     assert top1 >= 0.5 and worst < 1.2, (top1, worst)
@@ -100,10 +105,10 @@ def test_a_gguf_files_4bit_blocks_are_packed_as_they_are_and_match_transformers(
     _, (path, reference) = models[architecture]
     loaded = _load(path)
     assert loaded.precision_label == "quantized transformers fallback (int4)"
-    top1, worst = _agreement(reference, loaded)
-    # the file's own blocks: only the bf16 rounding of scales and the kernel's int8 activations differ (measured
-    # max 0.03 on logits within ±3)
-    assert top1 >= 0.95 and worst < 0.15, (top1, worst)
+    top1, decisive, worst = _agreement(reference, loaded)
+    # the file's own blocks: only the rounding of scales (int4_scales) and the kernel's int8 activations differ
+    # (measured max 0.03 on logits within ±3); near ties may flip (leads of 0.014 and 0.007 did, Starcoder2)
+    assert decisive == 1 and top1 >= 0.9 and worst < 0.15, (top1, decisive, worst)
 
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)

@@ -90,12 +90,14 @@ def test_a_llama_folder_on_the_cpu_fast_path_takes_fp16_then_4bit_counted_as_fas
     table = 128256 * 4096
     layers = source.n_params - 2 * table
     assert estimate(source, "fp16", 8192, "cpu").weight_bytes == 2 * layers + 2 * 2 * table
-    four_bit = 0.5 + 4 / 32  # bytes a weight in 4-bit groups of 32
+    four_bit = 0.5 + 4 / 32  # bytes a weight in 4-bit groups of 32 with a bf16 scale and zero point (PyTorch's)
+    on_kernels = 0.5 + (2 + 4 / 8) / 32  # Hearth's kernels': two int8 codes a group, two bf16 factors per 8 groups
     host_features(native_kernels=True)  # the output layer on Hearth's int8 kernel
     int8_head = 128256 * (4096 + 4096 // 32 * 2)  # a byte a weight, an fp16 scale per 32
     table_in_two_planes = 2 * table * four_bit
-    assert estimate(source, "int4", 8192, "cpu").weight_bytes == int(four_bit * layers + table_in_two_planes + int8_head)
-    host_features(native_kernels=False)  # no kernels built: both in two planes
+    assert estimate(source, "int4", 8192, "cpu").weight_bytes == int(on_kernels * layers + table_in_two_planes
+                                                                     + int8_head)
+    host_features(native_kernels=False)  # no kernels built: PyTorch's pairs, the head in two planes
     assert estimate(source, "int4", 8192, "cpu").weight_bytes == int(four_bit * layers + 2 * table_in_two_planes)
     assert choose_precision(source, "cpu", 8192, available_bytes=64 * GIB) == "fp16"
     assert choose_precision(source, "cpu", 8192, available_bytes=10 * GIB) == "int4"
@@ -153,7 +155,8 @@ def test_fp16_on_the_cpu_counts_the_4bit_decode_copy_of_a_4bit_file(default_mode
     # Beside the 4-bit copy, gate/up's 3072 rows of width 576 keep their last 64 columns in fp32 after FBGEMM's fp16
     # blocks in each of 30 layers; q/k/v (960 rows) and out (576) are padded to 1024
     tails, padding = (4 - 2) * 64 * 30 * 3072, 2 * (1024 - 576) * 30 * (960 + 576)
-    layers = 2 * layer_params + int(layer_params * (0.5 + 4 / 32)) + tails + padding
+    four_bit = 0.5 + (2 + 4 / 8) / 32 if may_run() else 0.5 + 4 / 32  # Hearth's kernels' int4 scales, or bf16 pairs
+    layers = 2 * layer_params + int(layer_params * four_bit) + tails + padding
     # the output layer in int8 groups of 32 on Hearth's kernel (an fp16 scale each), else fp16 padded like the layers
     head = TABLE + TABLE // 32 * 2 if may_run() else 2 * 1024 * 49152
     q8_0_table = TABLE // 32 * 34  # the CPU keeps the token table in the file's Q8_0 blocks, not in fp16
