@@ -54,10 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
 
-        from engine.host.allocator import keep_freed_buffers
+        from engine.host.allocator import set_up_process_memory
 
         torch.set_grad_enabled(False)
-        keep_freed_buffers()  # as the app's engine does
+        set_up_process_memory()  # as the app's engine does
         summary = COMMANDS[args.command](args, show)
     except Exception as exc:  # the bench reports every failure as data, never as a traceback
         show({"ok": False, "error": f"{type(exc).__name__}: {exc}"})

@@ -45,11 +45,11 @@ def probe(model: str, quant: str, cycles: int, device: str) -> dict[str, Any]:
     from engine.bench.bench_models import open_bench_model
     from engine.bench.measure import measure_prefill_ms
     from engine.forward.backend import HFBackend
-    from engine.host.allocator import keep_freed_buffers
+    from engine.host.allocator import set_up_process_memory
     from engine.host.memory import read_memory
 
     torch.set_grad_enabled(False)
-    keep_freed_buffers()
+    set_up_process_memory()
     loaded = None
     for cycle in range(1, cycles + 1):
         loaded = None  # the previous cycle's model goes before the next one loads

@@ -32,7 +32,7 @@ from engine.chat.grammar import ConstraintError
 from engine.chat.prompt import ContextOverflow, PromptPlan, plan_prompt, plan_raw_prompt, reply_budget
 from engine.forward.backend import HFBackend
 from engine.host import garbage
-from engine.host.allocator import keep_freed_buffers
+from engine.host.allocator import set_up_process_memory
 from engine.host.cpu_threads import apply_engine_threads
 from engine.host.memory import read_memory
 from engine.models.inspection import inspect_request
@@ -110,7 +110,7 @@ class ModelRuntime:
         self._waiting: list[Generate] = []  # requests for the model being loaded
         self._in_flight: set[str] = set()  # requests waiting or running, until their end event
         apply_engine_threads()
-        keep_freed_buffers()
+        set_up_process_memory()
 
     @property
     def has_work(self) -> bool:
