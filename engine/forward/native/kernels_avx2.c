@@ -104,26 +104,41 @@ static inline __m256i widened(__m256i sums) { return sums; }
 
 /* sums + codes . x, a lane's four unsigned codes by four signed activations, in two int16 pair sums a lane. */
 static inline __m256i add_products(__m256i sums, __m256i codes, __m256i x) {
-    return _mm256_add_epi16(sums, _mm256_maddubs_epi16(codes, x));
+    const __m256i products = _mm256_maddubs_epi16(codes, x);
+#if defined(__GNUC__) && !defined(__clang__)
+    __asm__("vpaddw %1, %0, %0" : "+x"(sums) : "x"(products));  /* in place: GCC 12 copied every sum back a column */
+    return sums;
+#else
+    return _mm256_add_epi16(sums, products);
+#endif
 }
 
 /* A lane's two int16 pair sums as one int32. */
 static inline __m256i widened(__m256i sums) { return _mm256_madd_epi16(sums, _mm256_set1_epi16(1)); }
 #endif
 
-/* Four columns k .. k + 3 of a block (bytes: column k's) in pass `pass`: codes[2 high + q] is vector 2 pass + q of
-   the nibble `high`, a row's four codes a lane. */
-static inline __attribute__((always_inline)) void four_columns(const uint8_t *bytes, int pass, __m256i codes[4]) {
-    const __m256i nibble = _mm256_set1_epi8(0x0F);
+/* Four columns k .. k + 3 of a block (bytes: column k's) in pass `pass`, interleaved: pairs[q] holds a row's four
+   bytes a lane, both nibbles (nibble_codes takes them apart). */
+static inline __attribute__((always_inline)) void column_pairs(const uint8_t *bytes, int pass, __m256i pairs[2]) {
     __m256i c[4];
     for (int i = 0; i < 4; i++) c[i] = _mm256_loadu_si256((const __m256i *)(bytes + 32 * i));
     __m256i pairs01 = pass ? _mm256_unpackhi_epi8(c[0], c[1]) : _mm256_unpacklo_epi8(c[0], c[1]);
     __m256i pairs23 = pass ? _mm256_unpackhi_epi8(c[2], c[3]) : _mm256_unpacklo_epi8(c[2], c[3]);
-    __m256i rows[2] = {_mm256_unpacklo_epi16(pairs01, pairs23), _mm256_unpackhi_epi16(pairs01, pairs23)};
-    for (int q = 0; q < 2; q++) {
-        codes[q] = _mm256_and_si256(rows[q], nibble);
-        codes[2 + q] = _mm256_and_si256(_mm256_srli_epi16(rows[q], 4), nibble);
-    }
+    pairs[0] = _mm256_unpacklo_epi16(pairs01, pairs23);
+    pairs[1] = _mm256_unpackhi_epi16(pairs01, pairs23);
+}
+
+/* Vector v = 2 high + q of column_pairs' pass: vector 2 pass + q of the nibble `high`, a row's four codes a lane. */
+static inline __attribute__((always_inline)) __m256i nibble_codes(const __m256i pairs[2], int v) {
+    const __m256i bytes = v < 2 ? pairs[v] : _mm256_srli_epi16(pairs[v - 2], 4);
+    return _mm256_and_si256(bytes, _mm256_set1_epi8(0x0F));
+}
+
+/* column_pairs' four vectors taken apart: codes[v] = nibble_codes(pairs, v). */
+static inline __attribute__((always_inline)) void four_columns(const uint8_t *bytes, int pass, __m256i codes[4]) {
+    __m256i pairs[2];
+    column_pairs(bytes, pass, pairs);
+    for (int v = 0; v < 4; v++) codes[v] = nibble_codes(pairs, v);
 }
 
 /* Group g's scales and offsets of vector j's rows in half `high` (rows 32 high + 4j .. + 3 and 16 later;
@@ -152,6 +167,51 @@ static inline void store_rows(float *y, int row0, int high, int j, __m256 sums) 
     _mm_storeu_ps(at + 16, _mm256_extractf128_ps(sums, 1));
 }
 
+/* sums[m][c][v] (add_products' sums) of pass `pass` over columns k0 .. k1 (at most CODE_RUN) of a block: activation
+   row m's codes `c` times four_columns' vector v. Inlined with `pass` and `read_ahead` (whether to ask for the bytes
+   ahead: prefetch_ahead) as constants, so the loop over columns holds no branch. */
+static inline __attribute__((always_inline)) void run_sums(
+        int count, int codes_per_value, int pass, int read_ahead, const int8_t *const x_codes[2], int width,
+        const uint8_t *block, int k0, int k1, __m256i sums[ROW_TILE][2][4]) {
+    for (int m = 0; m < count; m++)
+        for (int i = 0; i < 8; i++) (&sums[m][0][0])[i] = _mm256_setzero_si256();
+    for (int k = k0; k < k1; k += 4) {
+        __m256i x[ROW_TILE][2], pairs[2];
+        for (int m = 0; m < count; m++)
+            for (int c = 0; c < codes_per_value; c++)
+                x[m][c] = _mm256_set1_epi32(*(const int32_t *)(x_codes[c] + (size_t)m * width + k));
+        if (read_ahead) prefetch_ahead(block + (size_t)k * HALF_ROWS, 2);
+        column_pairs(block + (size_t)k * HALF_ROWS, pass, pairs);
+        for (int v = 0; v < 4; v++) {  /* a vector's codes taken apart as they are used: fewer live registers */
+            const __m256i codes = nibble_codes(pairs, v);
+            for (int m = 0; m < count; m++)
+                for (int c = 0; c < codes_per_value; c++)
+                    sums[m][c][v] = add_products(sums[m][c][v], codes, x[m][c]);
+        }
+    }
+}
+
+/* dot[m][c][v] (int32): run_sums over columns k_start .. k_end (a group), widened a run at a time. The first run
+   is the whole of a group of at most CODE_RUN columns, the usual case; it sets dot rather than adding to zeros, so
+   no sums wait in registers beside the runs'. */
+static inline __attribute__((always_inline)) void group_dots(
+        int count, int codes_per_value, int pass, int read_ahead, const int8_t *const x_codes[2], int width,
+        const uint8_t *block, int k_start, int k_end, __m256i dot[ROW_TILE][2][4]) {
+    __m256i sums[ROW_TILE][2][4];
+    const int first_end = k_end - k_start > CODE_RUN ? k_start + CODE_RUN : k_end;
+    run_sums(count, codes_per_value, pass, read_ahead, x_codes, width, block, k_start, first_end, sums);
+    for (int m = 0; m < count; m++)
+        for (int c = 0; c < codes_per_value; c++)
+            for (int v = 0; v < 4; v++) dot[m][c][v] = widened(sums[m][c][v]);
+    for (int k0 = first_end; k0 < k_end; k0 += CODE_RUN) {
+        const int k1 = k_end - k0 > CODE_RUN ? k0 + CODE_RUN : k_end;
+        run_sums(count, codes_per_value, pass, read_ahead, x_codes, width, block, k0, k1, sums);
+        for (int m = 0; m < count; m++)
+            for (int c = 0; c < codes_per_value; c++)
+                for (int v = 0; v < 4; v++) dot[m][c][v] = _mm256_add_epi32(dot[m][c][v], widened(sums[m][c][v]));
+    }
+}
+
 /* A block of 64 rows against `count` (1 or ROW_TILE) activation rows, one code a value or two (`low` read only
    then): y[m, row0 .. row0 + 63]. A group's bytes are read by the two passes in turn (the second from cache).
    read_ahead: the call's first pass over the block, which asks for its bytes ahead (prefetch_ahead). */
@@ -160,35 +220,19 @@ static inline __attribute__((always_inline)) void int4_block(
         int width, const uint8_t *block, const uint8_t *block_scales, int rows, int group, float *y, int row0,
         int read_ahead) {
     const int groups = width / group, codes_per_value = 1 + two_codes;
-    const int8_t *x_codes[2] = {high, low};
+    const int8_t *const x_codes[2] = {high, low};
     __m256 total[ROW_TILE][2][4];  /* [m][high][j] */
     for (int m = 0; m < count; m++)
         for (int i = 0; i < 8; i++) (&total[m][0][0])[i] = _mm256_setzero_ps();
     for (int g = 0; g < groups; g++)
         for (int pass = 0; pass < 2; pass++) {
             __m256i dot[ROW_TILE][2][4];  /* [m][code][vector]: int32 */
-            for (int m = 0; m < count; m++)
-                for (int i = 0; i < 8; i++) (&dot[m][0][0])[i] = _mm256_setzero_si256();
-            for (int k0 = g * group; k0 < (g + 1) * group; k0 += CODE_RUN) {
-                const int k1 = (g + 1) * group - k0 > CODE_RUN ? k0 + CODE_RUN : (g + 1) * group;
-                __m256i sums[ROW_TILE][2][4];
-                for (int m = 0; m < count; m++)
-                    for (int i = 0; i < 8; i++) (&sums[m][0][0])[i] = _mm256_setzero_si256();
-                for (int k = k0; k < k1; k += 4) {
-                    __m256i codes[4];
-                    if (read_ahead && pass == 0) prefetch_ahead(block + (size_t)k * HALF_ROWS, 2);
-                    four_columns(block + (size_t)k * HALF_ROWS, pass, codes);
-                    for (int m = 0; m < count; m++)
-                        for (int c = 0; c < codes_per_value; c++) {
-                            __m256i x = _mm256_set1_epi32(*(const int32_t *)(x_codes[c] + (size_t)m * width + k));
-                            for (int v = 0; v < 4; v++) sums[m][c][v] = add_products(sums[m][c][v], codes[v], x);
-                        }
-                }
-                for (int m = 0; m < count; m++)
-                    for (int c = 0; c < codes_per_value; c++)
-                        for (int v = 0; v < 4; v++)
-                            dot[m][c][v] = _mm256_add_epi32(dot[m][c][v], widened(sums[m][c][v]));
-            }
+            #define GROUP_DOTS(p, ahead) group_dots(count, codes_per_value, p, ahead, x_codes, width, block, \
+                                                    g * group, (g + 1) * group, dot)
+            if (pass == 1) GROUP_DOTS(1, 0);
+            else if (read_ahead) GROUP_DOTS(0, 1);
+            else GROUP_DOTS(0, 0);
+            #undef GROUP_DOTS
             for (int v = 0; v < 4; v++) {
                 const int half = v / 2, j = 2 * pass + v % 2;
                 __m256 scale, offset;
