@@ -166,11 +166,25 @@ static inline __attribute__((always_inline)) void int4_block(
 #define STRIP_TILE 6
 #define STRIP_TILE_TWO 4
 
+/* Half `half` of a block's scales (kernels_common.h's int4 scales, the block's from block_scales) as floats
+   [groups, 2, 2, 16]: for group g and j (rows 16 half + 32 j ..), 16 scales, then their 16 offsets. Decoded once for
+   all of a call's tiles. */
+static void unpack_strip_scales(const uint8_t *block_scales, int groups, int half, float *floats) {
+    for (int g = 0; g < groups; g++)
+        for (int j = 0; j < 2; j++) {
+            __m512 scale, offset;
+            group_scale_and_offset(block_scales, g, half + 2 * j, &scale, &offset);
+            _mm512_storeu_ps(floats + (size_t)(2 * g + j) * 32, scale);
+            _mm512_storeu_ps(floats + (size_t)(2 * g + j) * 32 + 16, offset);
+        }
+}
+
 /* Half `half` of a block against `count` (at most STRIP_TILE) activation rows, one code a value or two:
-   y[m, row0 + 16 half ..] and y[m, row0 + 32 + 16 half ..], 16 each. */
+   y[m, row0 + 16 half ..] and y[m, row0 + 32 + 16 half ..], 16 each. strip_floats: that half's scales and offsets
+   (unpack_strip_scales). */
 static inline __attribute__((always_inline)) void int4_half_block(
         int count, int two_codes, const int8_t *high, const int8_t *low, const float *scales, const float *code_totals,
-        int width, const uint8_t *block, const uint8_t *block_scales, int rows, int group, float *y, int row0,
+        int width, const uint8_t *block, const float *strip_floats, int rows, int group, float *y, int row0,
         int half) {
     const __m512i nibble = _mm512_set1_epi8(0x0F), gather = lane_gather(16 * half);
     const int groups = width / group;
@@ -200,8 +214,8 @@ static inline __attribute__((always_inline)) void int4_half_block(
             }
         }
         for (int j = 0; j < 2; j++) {  /* j = 0: rows 16 half + i; j = 1: rows 32 + 16 half + i */
-            __m512 scale, offset;
-            group_scale_and_offset(block_scales, g, half + 2 * j, &scale, &offset);
+            const __m512 scale = _mm512_loadu_ps(strip_floats + (size_t)(2 * g + j) * 32);
+            const __m512 offset = _mm512_loadu_ps(strip_floats + (size_t)(2 * g + j) * 32 + 16);
             for (int m = 0; m < count; m++) {
                 size_t at = (size_t)m * groups + g;
                 __m512 dot = code_dot(high_sums[m][j], two_codes ? low_sums[m][j] : high_sums[m][j], two_codes);
@@ -221,37 +235,42 @@ static void int4_matmul_strips(int count, int width, const int8_t *high, const i
                                const float *code_totals, const uint8_t *packed, const uint8_t *group_scales,
                                int rows, int group, float *y) {
     const int strips = rows / (BLOCK_ROWS / 2), groups = width / group, tile = low ? STRIP_TILE_TWO : STRIP_TILE;
-    #pragma omp parallel for schedule(static)
-    for (int s = 0; s < strips; s++) {
-        const int b = s / 2, half = s % 2;
-        const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * (width / 2);
-        const uint8_t *block_scales = group_scales + (size_t)b * int4_scale_bytes(groups);
-        for (int m = 0; m < count; m += tile) {
-            const int n = count - m < tile ? count - m : tile;
-            size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
-            #define STRIP_PASS(tile_rows, two) int4_half_block(tile_rows, two, high + x_at, two ? low + x_at : NULL, \
-                                                               scales + group_at, code_totals + group_at, width, \
-                                                               block, block_scales, rows, group, y + (size_t)m * rows, \
-                                                               b * BLOCK_ROWS, half)
-            if (low) {
-                switch (n) {
-                    case 4: STRIP_PASS(4, 1); break;
-                    case 3: STRIP_PASS(3, 1); break;
-                    case 2: STRIP_PASS(2, 1); break;
-                    default: STRIP_PASS(1, 1);
+    #pragma omp parallel
+    {
+        float *strip_floats = malloc((size_t)groups * 4 * 16 * sizeof(float));
+        #pragma omp for schedule(static)
+        for (int s = 0; s < strips; s++) {
+            const int b = s / 2, half = s % 2;
+            const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * (width / 2);
+            unpack_strip_scales(group_scales + (size_t)b * int4_scale_bytes(groups), groups, half, strip_floats);
+            for (int m = 0; m < count; m += tile) {
+                const int n = count - m < tile ? count - m : tile;
+                size_t x_at = (size_t)m * width, group_at = (size_t)m * groups;
+                #define STRIP_PASS(tile_rows, two) int4_half_block(tile_rows, two, high + x_at, two ? low + x_at : NULL, \
+                                                                   scales + group_at, code_totals + group_at, width, \
+                                                                   block, strip_floats, rows, group, \
+                                                                   y + (size_t)m * rows, b * BLOCK_ROWS, half)
+                if (low) {
+                    switch (n) {
+                        case 4: STRIP_PASS(4, 1); break;
+                        case 3: STRIP_PASS(3, 1); break;
+                        case 2: STRIP_PASS(2, 1); break;
+                        default: STRIP_PASS(1, 1);
+                    }
+                } else {
+                    switch (n) {
+                        case 6: STRIP_PASS(6, 0); break;
+                        case 5: STRIP_PASS(5, 0); break;
+                        case 4: STRIP_PASS(4, 0); break;
+                        case 3: STRIP_PASS(3, 0); break;
+                        case 2: STRIP_PASS(2, 0); break;
+                        default: STRIP_PASS(1, 0);
+                    }
                 }
-            } else {
-                switch (n) {
-                    case 6: STRIP_PASS(6, 0); break;
-                    case 5: STRIP_PASS(5, 0); break;
-                    case 4: STRIP_PASS(4, 0); break;
-                    case 3: STRIP_PASS(3, 0); break;
-                    case 2: STRIP_PASS(2, 0); break;
-                    default: STRIP_PASS(1, 0);
-                }
+                #undef STRIP_PASS
             }
-            #undef STRIP_PASS
         }
+        free(strip_floats);
     }
 }
 

@@ -255,7 +255,8 @@ static inline __attribute__((always_inline)) void int4_block(
 /* ------------------------------------------------------------------------------------------------------------------
    int4 for many activation rows (a prompt's). Above, a pass unpacks a block's nibbles for every ROW_TILE rows, and
    sixteen registers hold no more than two rows' sums. Here a block's codes are unpacked once, four_columns' vectors
-   each laid out over all of its columns (unpack_block), and the activations' codes transposed so a vector holds eight
+   each laid out over all of its columns (unpack_block), its scales decoded once (unpack_block_scales), and the
+   activations' codes transposed so a vector holds eight
    activation rows' four codes (xt [M / 8, K / 4, 8, 4]). A tile broadcasts one weight row's four codes at a time
    against X_VECTORS such vectors: W_ROWS x X_VECTORS products for a broadcast and X_VECTORS loads, nothing to unpack
    in the loop. The floats are int4_block's, in its order: a group's sums times the weights' scale, plus their offset
@@ -290,6 +291,25 @@ static void unpack_block(const uint8_t *block, int width, __m256i *unpacked) {
     }
 }
 
+/* A block's scales (kernels_common.h's int4 scales) as floats, floats [groups, 2, 64]: each group's 64 rows' scales,
+   then their offsets (zero - 8 scale), decoded once for all of a call's tiles, eight rows a vector. */
+static void unpack_block_scales(const uint8_t *block_scales, int groups, float *floats) {
+    for (int g = 0; g < groups; g++)
+        for (int row0 = 0; row0 < BLOCK_ROWS; row0 += 8) {
+            const __m256i factors = _mm256_loadu_si256((const __m256i *)(run_factors(block_scales, g) + 2 * row0));
+            const __m128i codes = _mm_loadu_si128((const __m128i *)(group_codes(block_scales, g) + 2 * row0));
+            const __m256i code_pairs = _mm256_cvtepi8_epi16(codes);  /* (c, z) a lane, as int16 */
+            const __m256 d = _mm256_castsi256_ps(_mm256_slli_epi32(factors, 16));
+            const __m256 e = _mm256_castsi256_ps(_mm256_and_si256(factors, _mm256_set1_epi32((int)0xFFFF0000)));
+            const __m256 c = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(code_pairs, 16), 16));
+            const __m256 z = _mm256_cvtepi32_ps(_mm256_srai_epi32(code_pairs, 16));
+            const __m256 scale = _mm256_mul_ps(d, c);
+            float *at = floats + (size_t)g * 2 * BLOCK_ROWS + row0;
+            _mm256_storeu_ps(at, scale);
+            _mm256_storeu_ps(at + BLOCK_ROWS, _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), scale, _mm256_mul_ps(e, z)));
+        }
+}
+
 /* The activations' codes, scales and code totals [M, ...] transposed eight rows to a vector: codes xt [V, K / 4, 8, 4],
    scales and totals [V, K / group, 8] (V = M / 8 rounded up; rows past M are zero, so they add nothing). */
 static void transpose_activations(const int8_t *high, const float *scales, const float *code_totals, int count,
@@ -311,12 +331,11 @@ static void transpose_activations(const int8_t *high, const float *scales, const
 
 /* One tile: weight rows `lane0` .. lane0 + 3 of unpacked vector `weights` (its K / 4 runs) against `vectors` (1 ..
    X_VECTORS) vectors of activation rows from xt's vector `first` on, over groups first_group .. last_group - 1:
-   their sums added to totals [W_ROWS, X_VECTORS] (eight activation rows a vector). block_scales: the block's int4
-   scales (kernels_common.h), row0: the first of those rows in the block. */
+   their sums added to totals [W_ROWS, X_VECTORS] (eight activation rows a vector). block_floats: the block's scales
+   and offsets (unpack_block_scales), row0: the first of those rows in the block. */
 static inline __attribute__((always_inline)) void int4_many_tile(
         int vectors, const __m256i *weights, int lane0, const int8_t *xt, const float *xt_scales, const float *xt_totals,
-        const uint8_t *block_scales, int row0, int width, int group, int first_group, int last_group,
-        __m256 *totals) {
+        const float *block_floats, int row0, int width, int group, int first_group, int last_group, __m256 *totals) {
     const int runs = width / 4, groups = width / group;
     for (int g = first_group; g < last_group; g++) {
         __m256i dot[W_ROWS][X_VECTORS];
@@ -332,10 +351,10 @@ static inline __attribute__((always_inline)) void int4_many_tile(
                 for (int v = 0; v < vectors; v++) dot[r][v] = add_products(dot[r][v], w, x[v]);
             }
         }
+        const float *group_floats = block_floats + (size_t)g * 2 * BLOCK_ROWS + row0;
         for (int r = 0; r < W_ROWS; r++) {
-            float row_scale, row_offset;
-            row_scale_and_offset(block_scales, g, row0 + r, &row_scale, &row_offset);
-            const __m256 scale = _mm256_set1_ps(row_scale), offset = _mm256_set1_ps(row_offset);
+            const __m256 scale = _mm256_broadcast_ss(group_floats + r);
+            const __m256 offset = _mm256_broadcast_ss(group_floats + BLOCK_ROWS + r);
             for (int v = 0; v < vectors; v++) {
                 const size_t at = ((size_t)v * groups + g) * 8;
                 __m256 d = _mm256_cvtepi32_ps(widened(dot[r][v]));
@@ -373,10 +392,11 @@ static void int4_matmul_many(const int8_t *high, const float *scales, const floa
     {
         __m256i *unpacked = aligned_alloc(32, (size_t)width * BLOCK_ROWS);
         __m256 *totals = aligned_alloc(32, totals_bytes);  /* [tiles, vector_runs, W_ROWS, X_VECTORS] */
+        float *block_floats = malloc((size_t)groups * 2 * BLOCK_ROWS * sizeof(float));
         #pragma omp for schedule(static)
         for (int b = 0; b < blocks; b++) {
-            const uint8_t *block_scales = group_scales + (size_t)b * int4_scale_bytes(groups);
             unpack_block(packed + (size_t)b * BLOCK_ROWS * (width / 2), width, unpacked);
+            unpack_block_scales(group_scales + (size_t)b * int4_scale_bytes(groups), groups, block_floats);
             memset(totals, 0, totals_bytes);
             for (int g0 = 0; g0 < groups; g0 += chunk_groups) {  /* a chunk's activations stay in cache over the tiles */
                 const int g1 = g0 + chunk_groups < groups ? g0 + chunk_groups : groups;
@@ -388,7 +408,7 @@ static void int4_matmul_many(const int8_t *high, const float *scales, const floa
                         __m256 *tile_totals = totals + ((size_t)tile * vector_runs + run) * W_ROWS * X_VECTORS;
                         #define MANY_TILE(k) int4_many_tile(k, unpacked + (size_t)u * (width / 4), lane0, \
                                                             xt + (size_t)v0 * 8 * width, xt_scales + (size_t)v0 * groups * 8, \
-                                                            xt_totals + (size_t)v0 * groups * 8, block_scales, row0, \
+                                                            xt_totals + (size_t)v0 * groups * 8, block_floats, row0, \
                                                             width, group, g0, g1, tile_totals)
                         if (n == X_VECTORS) MANY_TILE(X_VECTORS);
                         else if (n == 2) MANY_TILE(2);
@@ -401,6 +421,7 @@ static void int4_matmul_many(const int8_t *high, const float *scales, const floa
         }
         free(unpacked);
         free(totals);
+        free(block_floats);
     }
     free(xt);
     free(xt_scales);

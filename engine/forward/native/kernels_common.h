@@ -40,18 +40,6 @@ static inline const int8_t *group_codes(const uint8_t *block_scales, int g) {
     return (const int8_t *)(block_scales + runs_so_far * RUN_FACTOR_BYTES + (size_t)g * GROUP_CODE_BYTES);
 }
 
-/* Row `row`'s scale and offset (zero - 8 scale) in group g, one at a time. */
-static inline void row_scale_and_offset(const uint8_t *block_scales, int g, int row, float *scale, float *offset) {
-    const uint16_t *factors = run_factors(block_scales, g) + 2 * row;
-    const int8_t *codes = group_codes(block_scales, g) + 2 * row;
-    uint32_t d = (uint32_t)factors[0] << 16, e = (uint32_t)factors[1] << 16;
-    float d_value, e_value;
-    memcpy(&d_value, &d, 4);
-    memcpy(&e_value, &e, 4);
-    *scale = d_value * codes[0];
-    *offset = e_value * codes[1] - 8.0f * *scale;
-}
-
 /* How far ahead of what a decode call's loop reads it asks for a weight's bytes (prefetch_ahead). A one-row call
    streams its weights once, and without it the hardware's prefetch fell behind on a Sapphire Rapids VM (28 GB/s
    copy): the int4 kernel read at 20 GB/s beside another busy core and 26 with it (an 8B model's decode 4.6 ->
