@@ -141,23 +141,31 @@ static inline __attribute__((always_inline)) void four_columns(const uint8_t *by
     for (int v = 0; v < 4; v++) codes[v] = nibble_codes(pairs, v);
 }
 
-/* Group g's scales and offsets of vector j's rows in half `high` (rows 32 high + 4j .. + 3 and 16 later;
-   kernels_common.h's int4 scales, the block's from block_scales): w = (q - 8) * scale + zero = q * scale + offset. */
+/* Eight rows' scales and offsets from their bytes of kernels_common.h's int4 scales, lane i row i's: factors, its
+   (d, e) bf16 in a 32-bit lane; code_pairs, its (c, z) int8 as 16 bits, eight pairs in 16 bytes.
+   w = (q - 8) * scale + zero = q * scale + offset. */
+static inline __attribute__((always_inline)) void eight_scales_and_offsets(__m256i factors, __m128i code_pairs,
+                                                                           __m256 *scale, __m256 *offset) {
+    const __m256i lanes = _mm256_cvtepu16_epi32(code_pairs);  /* a row's (c, z) in a lane's low 16 bits */
+    const __m256 c = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(lanes, 24), 24));  /* the low byte */
+    const __m256 z = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(lanes, 16), 24));  /* the second */
+    const __m256 e = _mm256_castsi256_ps(_mm256_and_si256(factors, _mm256_set1_epi32((int)0xFFFF0000)));
+    *scale = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(factors, 16)), c);
+    *offset = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), *scale, _mm256_mul_ps(e, z));
+}
+
+/* Group g's scales and offsets of vector j's rows in half `high` (rows 32 high + 4j .. + 3 and 16 later; the
+   block's scales from block_scales). */
 static inline __attribute__((always_inline)) void group_scale_and_offset(const uint8_t *block_scales, int g, int high,
                                                                          int j, __m256 *scale, __m256 *offset) {
     const int row = HALF_ROWS * high + 4 * j;
     const uint16_t *factors = run_factors(block_scales, g) + 2 * row;
     const int8_t *codes = group_codes(block_scales, g) + 2 * row;
-    __m256i pair = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(factors + 32)),
-                                    _mm_loadu_si128((const __m128i *)factors));
-    __m128i code_pairs = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)codes),
-                                            _mm_loadl_epi64((const __m128i *)(codes + 32)));
-    __m256i lanes = _mm256_cvtepu16_epi32(code_pairs);
-    __m256 c = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(lanes, 24), 24));  /* a lane's low byte */
-    __m256 z = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(lanes, 16), 24));  /* its second */
-    __m256 zero = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(pair, _mm256_set1_epi32((int)0xFFFF0000))), z);
-    *scale = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(pair, 16)), c);
-    *offset = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), *scale, zero);
+    const __m256i pairs = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(factors + 32)),
+                                           _mm_loadu_si128((const __m128i *)factors));
+    const __m128i code_pairs = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)codes),
+                                                  _mm_loadl_epi64((const __m128i *)(codes + 32)));
+    eight_scales_and_offsets(pairs, code_pairs, scale, offset);
 }
 
 /* Stores vector j's eight sums of half `high` at their rows of y (row0: the block's first). */
@@ -298,15 +306,10 @@ static void unpack_block_scales(const uint8_t *block_scales, int groups, float *
         for (int row0 = 0; row0 < BLOCK_ROWS; row0 += 8) {
             const __m256i factors = _mm256_loadu_si256((const __m256i *)(run_factors(block_scales, g) + 2 * row0));
             const __m128i codes = _mm_loadu_si128((const __m128i *)(group_codes(block_scales, g) + 2 * row0));
-            const __m256i code_pairs = _mm256_cvtepi8_epi16(codes);  /* (c, z) a lane, as int16 */
-            const __m256 d = _mm256_castsi256_ps(_mm256_slli_epi32(factors, 16));
-            const __m256 e = _mm256_castsi256_ps(_mm256_and_si256(factors, _mm256_set1_epi32((int)0xFFFF0000)));
-            const __m256 c = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(code_pairs, 16), 16));
-            const __m256 z = _mm256_cvtepi32_ps(_mm256_srai_epi32(code_pairs, 16));
-            const __m256 scale = _mm256_mul_ps(d, c);
-            float *at = floats + (size_t)g * 2 * BLOCK_ROWS + row0;
-            _mm256_storeu_ps(at, scale);
-            _mm256_storeu_ps(at + BLOCK_ROWS, _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), scale, _mm256_mul_ps(e, z)));
+            __m256 scale, offset;
+            eight_scales_and_offsets(factors, codes, &scale, &offset);
+            _mm256_storeu_ps(floats + (size_t)g * 2 * BLOCK_ROWS + row0, scale);
+            _mm256_storeu_ps(floats + (size_t)g * 2 * BLOCK_ROWS + BLOCK_ROWS + row0, offset);
         }
 }
 
