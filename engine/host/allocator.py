@@ -16,9 +16,8 @@ process beside the packed weights. On other C libraries both do nothing.
 ``back_with_huge_pages`` has PyTorch's CPU allocator align each buffer of 2 MiB or more
 to 2 MiB and ask Linux for transparent huge pages there (``madvise``, which the usual
 ``madvise`` setting of ``/sys/kernel/mm/transparent_hugepage/enabled`` honours). A
-decode step streams every weight once: in 4 KiB pages that is a page walk per 4 KiB,
-which on a Zen 4 VM held the avx512 int4 kernel to about 55 G weights/s where huge pages
-let it read 85-95 (``docs/performance.md``).
+decode step streams every weight once, and in 4 KiB pages that is a page-table walk per
+4 KiB it reads (figures in ``docs/performance.md``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ load, and read back (engine thread).
 A group of 32 weights of one row is ``(q - 8) * scale + zero`` for its codes q in 0…15. A block of 64 rows keeps each
 group's scale and zero point as two int8 codes, c and z, under a pair of bf16 factors (d, e) that a row's run of
 ``SCALE_RUN`` groups shares: ``scale = d * c``, ``zero = e * z``. That is 4.625 bits a weight where a bf16 pair a
-group took 5, which a decode step, reading every weight once at the memory's speed, spends 7.5 % less time on. Each
+group took 5: 7.5 % fewer bytes for a decode step, which reads every weight once. Each
 factor is its run's largest magnitude over ``LARGEST_CODE`` (126), so llama.cpp's Q4_K, whose largest sub-block scale
 has the 6-bit code 63, keeps its scales' codes doubled. The zero point, the middle of a group's range, is coded
 rather than the weight of code 0: a code's error then moves a group's weights by ``(q - 8)`` times it, half as far.
