@@ -22,11 +22,12 @@ back to Q5_0 (for Q4_K) or Q8_0 (for Q6_K), as ``llama-quantize`` does; a fused
 ``attn_qkv`` takes Q5_K in a Q4_K_M file.
 
 The tokenizer metadata is the built-in model's (SmolLM2's 49 152-token BPE), so
-both llama.cpp and Hearth can load every file. So the embedding and output
-matrices have 49 152 rows whatever the shape: for Llama-3-8B (128 256 tokens) and
-Qwen2.5-7B (152 064) each is 60-70 % smaller than the real one, which makes the
-8B-shape Q4_K_M file about 0.45 GB smaller and its decode step about 0.27 GB
-lighter than the real model's. Every layer matrix has its real shape.
+both llama.cpp and Hearth can load every file, with its token list padded with
+unused tokens (llama.cpp's token type UNUSED: never produced by tokenizing text,
+and not special) up to the real model's vocabulary. So the embedding and output
+matrices have their real rows too (Phi-4-mini's 200 064, Gemma 3's 262 144): the
+output layer is a fifth of such a model's decode step, which a 49 152-row one
+hid. Every layer matrix has its real shape.
 """
 
 from __future__ import annotations
@@ -44,14 +45,16 @@ from engine.bench.random_blocks import random_blocks
 from engine.host import paths
 
 PREFIX = "random-gguf:"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the real vocabulary's rows (1: the built-in tokenizer's 49 152)
+BUILT_IN_VOCAB = 49152  # SmolLM2's tokens, the tokenizer every file carries
+UNUSED_TOKEN_TYPE = 5  # llama.cpp's LLAMA_TOKEN_TYPE_UNUSED
 WEIGHT_STD = 0.02
 Q = GGMLQuantizationType
 
 
 @dataclass(frozen=True)
 class Shape:
-    """The hyperparameters a GGUF file states (``{arch}.*`` keys), vocabulary aside."""
+    """The hyperparameters a GGUF file states (``{arch}.*`` keys) and its vocabulary's size."""
 
     arch: str
     hidden: int
@@ -73,6 +76,7 @@ class Shape:
     scales: tuple[tuple[str, float], ...] = ()  # float keys of the architecture, e.g. Granite's multipliers
     yarn: tuple[float, int] | None = None  # YaRN's factor and trained context (gpt-oss's)
     norm_bias: bool = False  # LayerNorms with a bias beside each weight (StableLM's)
+    vocab: int = BUILT_IN_VOCAB  # the real model's tokens: the embedding's and output's rows
 
     @property
     def head_dim(self) -> int:
@@ -80,30 +84,31 @@ class Shape:
 
 
 SHAPES = {
-    "llama3-8b": Shape("llama", 4096, 14336, 32, 32, 8, 500000.0, 8192, tied=False),
-    "llama3.1-8b": Shape("llama", 4096, 14336, 32, 32, 8, 500000.0, 131072, tied=False),
-    "qwen2.5-7b": Shape("qwen2", 3584, 18944, 28, 28, 4, 1000000.0, 32768, tied=False, qkv_bias=True),
+    "llama3-8b": Shape("llama", 4096, 14336, 32, 32, 8, 500000.0, 8192, tied=False, vocab=128256),
+    "llama3.1-8b": Shape("llama", 4096, 14336, 32, 32, 8, 500000.0, 131072, tied=False, vocab=128256),
+    "qwen2.5-7b": Shape("qwen2", 3584, 18944, 28, 28, 4, 1000000.0, 32768, tied=False, qkv_bias=True,
+                         vocab=152064),
     "smollm2-1.7b": Shape("llama", 2048, 8192, 24, 32, 32, 130000.0, 8192, tied=True),
     "smollm2-135m": Shape("llama", 576, 1536, 30, 9, 3, 100000.0, 8192, tied=True),
     "gemma3-1b": Shape("gemma3", 1152, 6912, 26, 4, 1, 1000000.0, 32768, tied=True, head_size=256,
-                       sliding_window=512),
+                       sliding_window=512, vocab=262144),
     "gemma3-4b": Shape("gemma3", 2560, 10240, 34, 8, 4, 1000000.0, 131072, tied=True, head_size=256,
-                       sliding_window=1024),
+                       sliding_window=1024, vocab=262208),
     "phi4-mini": Shape("phi3", 3072, 8192, 32, 24, 8, 10000.0, 131072, tied=True, rotary_dim=96,
-                       sliding_window=262144, trained_context=4096),
+                       sliding_window=262144, trained_context=4096, vocab=200064),
     "granite3.1-2b": Shape("granite", 2048, 8192, 40, 32, 8, 5000000.0, 131072, tied=True,
                            scales=(("embedding_scale", 12.0), ("residual_scale", 0.22),
-                                   ("attention.scale", 0.015625), ("logit_scale", 8.0))),
+                                   ("attention.scale", 0.015625), ("logit_scale", 8.0)), vocab=49155),
     "stablelm2-1.6b": Shape("stablelm", 2048, 5632, 24, 32, 32, 10000.0, 4096, tied=False, qkv_bias=True,
-                            rotary_dim=16, norm_bias=True),
+                            rotary_dim=16, norm_bias=True, vocab=100352),
 }
 LONGROPE_ATTENTION_FACTOR = 1.190238  # sqrt(1 + ln(131072 / 4096) / ln(4096)), as the converter writes it
 MOE_SHAPES = {  # GGUF alone (``random_hf`` writes dense checkpoints)
     "qwen3-30b-a3b": Shape("qwen3moe", 2048, 6144, 48, 32, 4, 1000000.0, 40960, tied=False, head_size=128,
-                           experts=128, experts_used=8, expert_ffn=768),
+                           experts=128, experts_used=8, expert_ffn=768, vocab=151936),
     "gpt-oss-20b": Shape("gpt-oss", 2880, 2880, 24, 64, 8, 150000.0, 131072, tied=False, qkv_bias=True,
                          head_size=64, sliding_window=128, experts=32, experts_used=4, expert_ffn=2880,
-                         yarn=(32.0, 4096)),
+                         yarn=(32.0, 4096), vocab=201088),
 }
 LAYERS_MARK = "@"
 FILE_TYPES = {  # name: (llama.cpp's file type, the block type of most tensors)
@@ -278,11 +283,10 @@ def written_once(target: Path, write: Callable[[Path], None]) -> Path:
 def write_random_gguf(path: Path, shape_name: str, ftype: str, tokenizer_source: Path, seed: int = 0) -> None:
     """Write the file tensor by tensor, so memory holds one tensor at a time."""
     shape = shape_of(shape_name)
-    tokenizer_fields = _tokenizer_fields(tokenizer_source)
-    vocab = len(tokenizer_fields["tokenizer.ggml.tokens"][0])
-    specs = tensor_specs(shape, ftype, vocab)
+    tokenizer_fields = padded_tokens(_tokenizer_fields(tokenizer_source), shape.vocab)
+    specs = tensor_specs(shape, ftype, shape.vocab)
     writer = GGUFWriter(path, shape.arch)
-    _add_metadata(writer, shape, shape_name, ftype, vocab, tokenizer_fields)
+    _add_metadata(writer, shape, shape_name, ftype, shape.vocab, tokenizer_fields)
     for spec in specs:
         writer.add_tensor_info(spec.name, *_stored_shape(spec), raw_dtype=spec.qtype)
     writer.write_header_to_file()
@@ -320,6 +324,19 @@ def _tokenizer_fields(source: Path) -> dict[str, tuple[object, list[GGUFValueTyp
     """Every ``tokenizer.*`` key of ``source`` as (value, value types)."""
     reader = GGUFReader(source)
     return {key: (field.contents(), field.types) for key, field in reader.fields.items() if key.startswith("tokenizer.")}
+
+
+def padded_tokens(fields: dict[str, tuple[object, list[GGUFValueType]]], vocab: int,
+                  ) -> dict[str, tuple[object, list[GGUFValueType]]]:
+    """``fields`` with the token list and its types padded to ``vocab`` tokens with unused ones
+    (``<|unused_N|>``, type UNUSED); a vocabulary smaller than the tokenizer's is refused."""
+    tokens, token_types = fields["tokenizer.ggml.tokens"], fields["tokenizer.ggml.token_type"]
+    padding = vocab - len(tokens[0])
+    if padding < 0:
+        raise ValueError(f"a vocabulary of {vocab} tokens cannot hold the tokenizer's {len(tokens[0])}")
+    names = [f"<|unused_{i}|>" for i in range(len(tokens[0]), vocab)]
+    return {**fields, "tokenizer.ggml.tokens": ([*tokens[0], *names], tokens[1]),
+            "tokenizer.ggml.token_type": ([*token_types[0], *[UNUSED_TOKEN_TYPE] * padding], token_types[1])}
 
 
 def _add_metadata(writer: GGUFWriter, shape: Shape, shape_name: str, ftype: str, vocab: int,

@@ -111,6 +111,25 @@ def test_a_written_file_reads_back_with_the_built_in_tokenizer(tmp_path, monkeyp
     assert [p.name for p in path.parent.iterdir()] == [path.name], "no partial file is left behind"
 
 
+def test_the_built_in_tokens_are_padded_to_the_real_vocabulary_with_unused_ones(default_model_path):
+    fields = random_gguf._tokenizer_fields(default_model_path)
+    padded = random_gguf.padded_tokens(fields, SHAPES["phi4-mini"].vocab)
+
+    tokens, types = padded["tokenizer.ggml.tokens"][0], padded["tokenizer.ggml.token_type"][0]
+    assert len(tokens) == len(types) == 200064
+    assert tokens[:49152] == fields["tokenizer.ggml.tokens"][0], "every built-in token keeps its id"
+    assert tokens[-1] == "<|unused_200063|>" and set(types[49152:]) == {random_gguf.UNUSED_TOKEN_TYPE}
+    assert padded["tokenizer.ggml.merges"] == fields["tokenizer.ggml.merges"]
+    with pytest.raises(ValueError, match="cannot hold"):
+        random_gguf.padded_tokens(fields, 1000)
+
+
+def test_shapes_state_their_real_models_vocabulary():
+    specs = {spec.name: spec for spec in tensor_specs(SHAPES["gemma3-4b"], "q4_k_m", SHAPES["gemma3-4b"].vocab)}
+    assert specs["token_embd.weight"].rows == 262208 and specs["token_embd.weight"].qtype == Q.Q6_K
+    assert SHAPES["llama3.1-8b"].vocab == 128256 and SHAPES["smollm2-135m"].vocab == random_gguf.BUILT_IN_VOCAB
+
+
 def test_gemma3_and_phi4_mini_shapes_hold_their_familys_tensors():
     gemma = {spec.name: spec for spec in tensor_specs(SHAPES["gemma3-1b"], "q4_k_m", 49152)}
     phi = {spec.name: spec for spec in tensor_specs(SHAPES["phi4-mini"], "q4_k_m", 49152)}
