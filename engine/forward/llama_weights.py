@@ -24,7 +24,8 @@ from engine.forward.rotary_tables import FACTOR_NAMES, rotary_tables
 from engine.forward.experts import ROUTERS, MixtureOfExperts, mixture_of_experts
 from engine.forward.mlp import GatedMlp
 from engine.forward.weights.pack_worker import PackWorker
-from engine.forward.weights.quant import PLAIN_DTYPES, Linear, embedding
+from engine.forward.weights.packed_sizes import OUTPUT_ROWS
+from engine.forward.weights.quant import PLAIN_DTYPES, Linear, OutputRows, embedding
 from engine.forward.weights.mxfp4 import Mxfp4Rows
 from engine.forward.weights.int8_groups import Int8Groups
 from engine.forward.weights.quant_int import INT4_PAIR, Int4Groups, Int4Pair, as_int4_pair
@@ -89,11 +90,21 @@ class LlamaWeights:
         self.lm_head = Linear(head, None, formats.output_layer, final_norm, worker=worker)
         tied = head if table_name == head_name else None
         del head  # an untied output layer's temporaries go before the table's come
-        self.embed = self._token_table(state, table_name, PLAIN_DTYPES.get(formats.token_table), tied)
+        if formats.token_table == OUTPUT_ROWS:
+            self.embed = self._output_rows(tied is not None)
+        else:
+            self.embed = self._token_table(state, table_name, PLAIN_DTYPES.get(formats.token_table), tied)
         del tied
         self.layers = [
             self._layer(state, f"model.layers.{i}.", formats, worker) for i in range(config.num_hidden_layers)
         ]
+
+    def _output_rows(self, tied: bool) -> OutputRows:
+        """The token table as the int8 output layer's rows, which the plan chose for a table tied to it."""
+        if not tied or self.lm_head.int8 is None:
+            raise RuntimeError("the format plan looks the token table up in the output layer, but the model does "
+                               "not tie them or its output layer is not on Hearth's int8 kernel")
+        return OutputRows(self.lm_head.int8, self.dtype)
 
     def _token_table(self, state: Mapping[str, Weight], name: str, storage: torch.dtype | None,
                      tied: Weight | None) -> Any:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from engine.forward.fast_scope import config_view, unsupported_reason
 from engine.forward.native.support import has_amx_kernels, has_prompt_kernel, may_run
-from engine.forward.weights.packed_sizes import INT4_PAIR, int8_kernel_takes
+from engine.forward.weights.packed_sizes import INT4_PAIR, OUTPUT_ROWS, int8_kernel_takes
 from engine.host.cpu_features import has_amx_tiles, has_fp16_math, has_int8_dot
 from engine.models.gguf_check import DIRECT_ARCHITECTURES
 from engine.models.model_source import ModelSource
@@ -64,7 +64,8 @@ class ModelTraits:
     """What the plan needs to know of a model: whether the fast path runs it, whether its file stores its layers
     in 4-bit blocks or in Q8_0 ones (a Q8_0 file's, or gpt-oss's beside MXFP4 experts: ``eight_bit_layers``), or its
     token table in quantized ones (``kept_table``), its vocabulary, width and size, and whether its experts stay in
-    the file's MXFP4 blocks (``mxfp4_experts``)."""
+    the file's MXFP4 blocks (``mxfp4_experts``), and whether its token table is its output layer's weight
+    (``tied``)."""
 
     fast_path: bool
     vocab: int
@@ -74,6 +75,7 @@ class ModelTraits:
     n_params: int = 0
     eight_bit_layers: bool = False
     mxfp4_experts: bool = False
+    tied: bool = False
 
 
 @dataclass(frozen=True)
@@ -231,11 +233,15 @@ def _output_layer(device: str, layers: str, decode_copy: str | None, model: Mode
 
 
 def _token_table(device: str, layers: str, output: str, compute: str, model: ModelTraits) -> str:
-    """On a GPU the compute dtype. On the CPU the file's own quantized blocks where it has them (``kept_table``,
-    ``gguf_blocks.BlockTable``, decoded exactly when looked up, in a fraction of fp16's bytes), else two planes of
-    4-bit groups beside 4-bit layers alone, fp16 beside an fp16 or int8 output layer, else the compute dtype."""
+    """On a GPU the compute dtype. On the CPU the int8 output layer's own rows where the table is tied to it
+    (``OUTPUT_ROWS``: the table is not held twice, llama.cpp's one tensor for both), else the file's own quantized
+    blocks where it has them (``kept_table``, ``gguf_blocks.BlockTable``, decoded exactly when looked up, in a
+    fraction of fp16's bytes), else two planes of 4-bit groups beside 4-bit layers alone, fp16 beside an fp16 or
+    int8 output layer, else the compute dtype."""
     if device != "cpu":
         return compute
+    if model.tied and output == "int8":
+        return OUTPUT_ROWS
     if model.kept_table:
         return "file"
     if layers == "int4":
@@ -327,7 +333,16 @@ def traits_of(source: ModelSource) -> ModelTraits:
     vocab = config.get("vocab_size") or 0
     hidden = config.get("embedding_length") or (config.get("text_config") or config).get("hidden_size") or 0
     return ModelTraits(reads_fast(source), vocab, hidden, source.four_bit_layers, source.kept_table_bytes is not None,
-                       source.n_params, source.eight_bit_layers, source.kept_expert_bytes is not None)
+                       source.n_params, source.eight_bit_layers, source.kept_expert_bytes is not None,
+                       _tied(source))
+
+
+def _tied(source: ModelSource) -> bool:
+    """Whether ``source``'s token table is its output layer's weight: a GGUF file without ``output.weight``, a
+    folder whose config ties them."""
+    if source.kind == "gguf":
+        return bool(source.config.get("tied_embeddings"))
+    return bool(source.config.get("tie_word_embeddings", False))
 
 
 def formats_for_source(source: ModelSource, device: str, precision: str, note: str = "",

@@ -52,7 +52,7 @@ from typing import Any, Literal
 import psutil
 
 from engine.forward.kv_layout import KV_VALUE_BYTES
-from engine.forward.weights.packed_sizes import fp16_packed_bytes, int8_bytes
+from engine.forward.weights.packed_sizes import OUTPUT_ROWS, fp16_packed_bytes, int8_bytes
 from engine.forward.windows import layer_windows
 from engine.models.format_plan import (
     INT4_PAIR, FormatPlan, eight_bit_prompts_faster, formats_for_source, four_bit_prompts_faster, reads_fast,
@@ -296,9 +296,11 @@ def _fp16_packing_bytes(shape: ModelShape, prompts_only: bool, fp16_math: bool) 
 
 
 def _table_bytes(shape: ModelShape, formats: FormatPlan, kept_table: int | None) -> float:
-    """``FastLlama``'s token table in the plan's ``token_table`` format: the file's own blocks (``kept_table``
-    bytes), two planes of 4-bit groups, or a dtype."""
+    """``FastLlama``'s token table in the plan's ``token_table`` format: none of its own where it is the int8
+    output layer's rows, the file's own blocks (``kept_table`` bytes), two planes of 4-bit groups, or a dtype."""
     weights = shape.vocab * shape.hidden
+    if formats.token_table == OUTPUT_ROWS:
+        return 0  # the output layer's rows, counted there
     if formats.token_table == "file" and kept_table is not None:
         return kept_table
     if formats.token_table == INT4_PAIR:

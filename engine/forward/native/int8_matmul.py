@@ -63,6 +63,16 @@ class Int8Matmul:
         self._addresses = (address(self._packed), address(self._scales))
         self.nbytes = int8_bytes(rows, width)
 
+    def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The weight's rows ``token_ids`` [S] as the kernel multiplies them (``q * scale``), [S, K] fp32: a tied
+        token table's lookup, from the codes the output layer holds rather than a second copy of the table."""
+        blocks, within = token_ids // BLOCK_ROWS, token_ids % BLOCK_ROWS  # [S] each
+        vectors, lanes = within // 16, within % 16  # a block's four vectors of 16 rows
+        codes = self._packed[blocks, :, vectors, lanes]  # [S, K/4, 4]: q + 128
+        scales = self._scales[blocks, :, within].float()  # [S, K/32]
+        q = codes.reshape(len(token_ids), -1, GROUP).to(torch.int16) - OFFSET  # [S, K/32, 32]
+        return (q.float() * scales.unsqueeze(-1)).flatten(1)  # [S, K]
+
     def _lay_out(self, weight: torch.Tensor | Int8Groups, first_block: int) -> None:
         """Rows of the weight [n, K] (whole blocks), from block ``first_block`` on, into the kernel's layout in one
         pass of C where it is built (``gguf_layout``: fp32 rows quantized, int8 groups as they are), else in PyTorch's

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from engine.forward.backend import PREFILL_CHUNK
 from engine.forward.native.build import kernels_variant
+from engine.forward.native.int8_matmul import Int8Matmul
 from engine.forward.weights.int8_groups import Int8Groups
 from engine.forward.weights.mxfp4 import Mxfp4Matmul, Mxfp4Rows, mxfp4_linear
 from engine.forward.weights.pack_worker import Packed, PackWorker
@@ -88,6 +89,8 @@ class Linear:
             many_rows, self.nbytes = _scaled_pack(weight, bias, fmt, self.compute_dtype, input_scale,
                                                   prompts_only=one_row_fmt is not None, worker=worker)
         self._run, self.one_row_nbytes = many_rows, self.nbytes  # one_row_nbytes: what a one-row call reads
+        # the int8 codes on Hearth's kernel, whose rows a tied token table looks up (``OutputRows``)
+        self.int8 = _int8_matmul(many_rows)
         # the call over MXFP4 blocks kept as they are, which a mixture's grouped call makes for all its experts
         self.mxfp4 = many_rows if isinstance(many_rows, Mxfp4Matmul) else None
         if one_row_fmt is not None:
@@ -139,8 +142,23 @@ def _scaled_pack(
         folded = weight if input_scale is None else weight * input_scale  # [N, K] * [K]
         return _pack(folded, bias, fmt, dtype, prompts_only, worker)
     run, nbytes = _pack(weight, bias, fmt, dtype)
-    scale = input_scale.to(dtype)  # in the activations' dtype, so the product keeps it (bf16 on a GPU)
-    return (lambda x: run(x * scale)), nbytes
+    return InputScaled(run, input_scale.to(dtype)), nbytes  # in the activations' dtype (bf16 on a GPU)
+
+
+class InputScaled:
+    """``run`` on its input times ``scale`` [K] (a norm's weight that the weight's groups do not fold in)."""
+
+    def __init__(self, run: Callable[[torch.Tensor], torch.Tensor], scale: torch.Tensor) -> None:
+        self.run, self._scale = run, scale
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.run(x * self._scale)
+
+
+def _int8_matmul(run: Callable[[torch.Tensor], torch.Tensor]) -> Int8Matmul | None:
+    """The ``Int8Matmul`` that ``run`` multiplies on, input scale or not; None for any other format."""
+    inner = run.run if isinstance(run, InputScaled) else run
+    return inner if isinstance(inner, Int8Matmul) else None
 
 
 def _scales_activations(fmt: str, device: torch.device) -> bool:
@@ -262,6 +280,20 @@ class Int4Embedding:
         q = torch.stack([packed & 0x0F, packed >> 4], dim=-1).flatten(1)  # [S, D]
         scales, zeros = scales_and_zeros[token_ids].float().unsqueeze(-1).unbind(-2)  # [S, G, 1] each
         return (q.unflatten(1, (-1, self._group)).float() - 8) * scales + zeros  # [S, G, group]
+
+
+class OutputRows:
+    """Token id → hidden vector, where the table is tied to the output layer and that is int8 on Hearth's kernel:
+    its codes' rows (``Int8Matmul.rows``), so the table is not held twice. ``nbytes`` 0: the output layer counts
+    them."""
+
+    nbytes = 0
+
+    def __init__(self, weights: Int8Matmul, dtype: torch.dtype) -> None:
+        self._weights, self.dtype = weights, dtype
+
+    def __call__(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self._weights.rows(token_ids).to(self.dtype)  # [S, D]
 
 
 class Embedding:

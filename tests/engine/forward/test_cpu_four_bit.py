@@ -58,11 +58,12 @@ def _table_bytes(config) -> int:
 
 def _table_and_head_bytes(config, beside_four_bit: bool) -> int:
     """The token table, and the output layer: beside 4-bit layers (a decode copy, or alone) in int8 groups of 32
-    where Hearth's kernel runs (a byte a weight, an fp16 scale a group), else in fp16 as FBGEMM packs it, its width
-    576 padded to 1024."""
+    where Hearth's kernel runs (a byte a weight, an fp16 scale a group), the tied table looked up in those; else
+    the table in the file's blocks beside the output layer in fp16 as FBGEMM packs it, its width 576 padded to
+    1024."""
     weights = config.vocab_size * config.hidden_size
     if beside_four_bit and native_int8.covers(config.vocab_size, config.hidden_size):
-        return _table_bytes(config) + weights * (1 + 2 / 32)
+        return weights * (1 + 2 / 32)
     return _table_bytes(config) + 2 * config.vocab_size * 1024
 
 

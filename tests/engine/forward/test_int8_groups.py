@@ -54,3 +54,20 @@ def test_the_int8_kernel_reads_a_files_groups_as_they_are(in_c: bool, monkeypatc
     torch.testing.assert_close(read, groups.dequantize(), rtol=1e-6, atol=0.0)
     requantized = int8_matmul.Int8Matmul(groups.dequantize())(identity).t()  # [N, K]
     assert not torch.allclose(requantized, groups.dequantize(), rtol=1e-6, atol=0.0)
+
+
+@pytest.mark.parametrize("in_c", [True, False])
+def test_a_tied_tables_rows_come_from_the_output_layers_codes_as_the_file_holds_them(
+        in_c: bool, monkeypatch: pytest.MonkeyPatch):
+    """A token looked up in the int8 output layer (``OutputRows``) gets the file's Q8_0 row exactly, whichever way
+    the layer was laid out."""
+    if not int8_matmul.covers(ROWS, WIDTH):
+        pytest.skip("Hearth's int8 kernel does not run here")
+    if in_c and not gguf_layout.available():
+        pytest.skip("no C compiler here")
+    if not in_c:
+        monkeypatch.setattr(gguf_layout, "available", lambda: False)
+    _, groups = _groups(4)
+    tokens = torch.tensor([0, 17, 63, 64, 100, 127, 17])  # rows of both blocks, all four vectors, one twice
+    rows = int8_matmul.Int8Matmul(groups).rows(tokens)  # [7, K]
+    assert torch.equal(rows, groups.dequantize()[tokens])

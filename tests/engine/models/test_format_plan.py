@@ -33,6 +33,15 @@ def test_a_4bit_gguf_alone_on_a_cpu_without_amx_prompts_on_hearths_kernel_and_at
     assert choose_formats("cpu", "int4", SMOLLM2_135M_Q4, PLAIN_X86).prompt_path == "fp32 matmul"
 
 
+def test_a_table_tied_to_an_int8_output_layer_is_looked_up_there_and_not_held_twice():
+    tied = ModelTraits(fast_path=True, vocab=200064, hidden=3072, four_bit_layers=True, kept_table=True, tied=True)
+    untied = ModelTraits(fast_path=True, vocab=128256, hidden=4096, four_bit_layers=True, kept_table=True)
+    assert (choose_formats("cpu", "int4", tied, ZEN4).output_layer,
+            choose_formats("cpu", "int4", tied, ZEN4).token_table) == ("int8", "output")
+    assert choose_formats("cpu", "int4", untied, ZEN4).token_table == "file"
+    assert choose_formats("cpu", "int4", tied, PLAIN_X86).token_table == "file", "no int8 kernel: the file's blocks"
+
+
 def test_without_hearths_kernels_the_output_layer_and_table_go_in_two_int4_planes():
     no_table = ModelTraits(fast_path=True, vocab=49152, hidden=576, four_bit_layers=True)
     plan = choose_formats("cpu", "int4", no_table, PLAIN_X86)

@@ -157,10 +157,11 @@ def test_fp16_on_the_cpu_counts_the_4bit_decode_copy_of_a_4bit_file(default_mode
     tails, padding = (4 - 2) * 64 * 30 * 3072, 2 * (1024 - 576) * 30 * (960 + 576)
     four_bit = 0.5 + (2 + 4 / 8) / 32 if may_run() else 0.5 + 4 / 32  # Hearth's kernels' int4 scales, or bf16 pairs
     layers = 2 * layer_params + int(layer_params * four_bit) + tails + padding
-    # the output layer in int8 groups of 32 on Hearth's kernel (an fp16 scale each), else fp16 padded like the layers
-    head = TABLE + TABLE // 32 * 2 if may_run() else 2 * 1024 * 49152
-    q8_0_table = TABLE // 32 * 34  # the CPU keeps the token table in the file's Q8_0 blocks, not in fp16
-    assert on_cpu.weight_bytes == layers + head + q8_0_table
+    # the output layer in int8 groups of 32 on Hearth's kernel (an fp16 scale each), the tied table looked up in
+    # it; else fp16 padded like the layers, beside the token table in the file's Q8_0 blocks
+    q8_0_table = TABLE // 32 * 34
+    table_and_head = TABLE + TABLE // 32 * 2 if may_run() else 2 * 1024 * 49152 + q8_0_table
+    assert on_cpu.weight_bytes == layers + table_and_head
     assert on_cpu.kv_bytes == 2 * 30 * 3 * 64 * 2048 * 2, "the CPU fast path keeps its keys and values in bf16"
     assert on_gpu.kv_bytes == 2 * 30 * 3 * 64 * 2048 * 2
 
