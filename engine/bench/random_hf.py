@@ -4,7 +4,9 @@
 with config.json, the built-in model's tokenizer (SmolLM2's 49 152-token BPE, saved
 from its GGUF file) and one ``model.safetensors`` in ``DTYPE`` (bf16, fp16 or fp32),
 written once into Hearth's cache folder (``random-hf/``, never committed) and reused.
-Shapes are ``random_gguf``'s Llama and Qwen2 ones, with the same shortened vocabulary for the larger ones.
+Shapes are ``random_gguf``'s Llama and Qwen2 ones, with their real vocabulary's rows in
+the embedding and output (``vocab_size``), past the tokenizer's ids as in many real
+checkpoints whose tables are padded.
 The file is written tensor by tensor (the header first, from the shapes), so writing
 it holds one tensor at a time.
 """
@@ -21,7 +23,7 @@ from engine.bench.random_gguf import SHAPES, WEIGHT_STD, Shape, parse_spec, writ
 from engine.host import paths
 
 PREFIX = "random-hf:"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the real vocabulary's rows (1: the tokenizer's 49 152)
 DTYPES = {"bf16": (torch.bfloat16, "BF16"), "fp16": (torch.float16, "F16"), "fp32": (torch.float32, "F32")}
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 HF_SHAPES = tuple(name for name, shape in SHAPES.items() if shape.arch in ARCHITECTURES)
@@ -59,8 +61,9 @@ def write_random_hf(folder: Path, shape_name: str, dtype_name: str, tokenizer_so
     tokenizer = load_tokenizer(tokenizer_source)
     tokenizer.save_pretrained(str(folder))
     shape = SHAPES[shape_name]
-    _write_config(folder, shape, len(tokenizer), tokenizer)
-    write_safetensors(folder / "model.safetensors", tensor_shapes(shape, len(tokenizer)), dtype_name, seed)
+    vocab = max(shape.vocab, len(tokenizer))
+    _write_config(folder, shape, vocab, tokenizer)
+    write_safetensors(folder / "model.safetensors", tensor_shapes(shape, vocab), dtype_name, seed)
 
 
 def tensor_shapes(shape: Shape, vocab: int) -> TensorShapes:
