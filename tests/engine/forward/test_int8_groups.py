@@ -38,16 +38,22 @@ def test_rows_reordered_scaled_and_joined_stay_the_weights_they_stand_for():
     assert torch.equal(groups.scaled(0.125).dequantize(), groups.dequantize() * 0.125)
 
 
-@pytest.mark.parametrize("in_c", [True, False])
-def test_the_int8_kernel_reads_a_files_groups_as_they_are(in_c: bool, monkeypatch: pytest.MonkeyPatch):
-    """Each weight as the kernel reads it (the identity's rows multiplied) is the file's, in C and in PyTorch's ops;
-    the same weights quantized again from fp32 are not (a block's scale is its largest code's, not 127's)."""
+def _lay_out_in_c_or_pytorch(in_c: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The int8 layout made in C (``gguf_layout``) or in PyTorch's ops; skips where the kernel or the compiler is
+    missing."""
     if not int8_matmul.covers(ROWS, WIDTH):
         pytest.skip("Hearth's int8 kernel does not run here")
     if in_c and not gguf_layout.available():
         pytest.skip("no C compiler here")
     if not in_c:
         monkeypatch.setattr(gguf_layout, "available", lambda: False)
+
+
+@pytest.mark.parametrize("in_c", [True, False])
+def test_the_int8_kernel_reads_a_files_groups_as_they_are(in_c: bool, monkeypatch: pytest.MonkeyPatch):
+    """Each weight as the kernel reads it (the identity's rows multiplied) is the file's, in C and in PyTorch's ops;
+    the same weights quantized again from fp32 are not (a block's scale is its largest code's, not 127's)."""
+    _lay_out_in_c_or_pytorch(in_c, monkeypatch)
     _, groups = _groups(3)
     identity = torch.eye(WIDTH)
     read = int8_matmul.Int8Matmul(groups)(identity).t()  # [N, K]
@@ -61,12 +67,7 @@ def test_a_tied_tables_rows_come_from_the_output_layers_codes_as_the_file_holds_
         in_c: bool, monkeypatch: pytest.MonkeyPatch):
     """A token looked up in the int8 output layer (``OutputRows``) gets the file's Q8_0 row exactly, whichever way
     the layer was laid out."""
-    if not int8_matmul.covers(ROWS, WIDTH):
-        pytest.skip("Hearth's int8 kernel does not run here")
-    if in_c and not gguf_layout.available():
-        pytest.skip("no C compiler here")
-    if not in_c:
-        monkeypatch.setattr(gguf_layout, "available", lambda: False)
+    _lay_out_in_c_or_pytorch(in_c, monkeypatch)
     _, groups = _groups(4)
     tokens = torch.tensor([0, 17, 63, 64, 100, 127, 17])  # rows of both blocks, all four vectors, one twice
     rows = int8_matmul.Int8Matmul(groups).rows(tokens)  # [7, K]
