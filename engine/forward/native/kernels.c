@@ -293,7 +293,7 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
         return;
     }
     quantize_activations(x, count, width, group, high, two_codes ? low : NULL, scales, code_totals);
-    #pragma omp parallel for schedule(static) if (blocks > 1)
+    #pragma omp parallel for schedule(dynamic, blocks_a_take(blocks)) if (blocks > 1)
     for (int b = 0; b < blocks; b++) {
         const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * (width / 2);
         const uint8_t *block_scales = group_scales + (size_t)b * int4_scale_bytes(groups);
@@ -360,7 +360,7 @@ void int8_matmul(const float *x, int count, int width, const uint8_t *packed, co
     int8_t *high = (int8_t *)scratch, *low = high + (size_t)count * width;
     float *scales = (float *)(low + (size_t)count * width), *code_totals = scales + (size_t)count * groups;
     quantize_activations(x, count, width, INT8_GROUP, high, two_codes ? low : NULL, scales, code_totals);
-    #pragma omp parallel for schedule(static) if (blocks > 1)
+    #pragma omp parallel for schedule(dynamic, blocks_a_take(blocks)) if (blocks > 1)
     for (int b = 0; b < blocks; b++) {
         const uint8_t *block = packed + (size_t)b * BLOCK_ROWS * width;
         const uint16_t *block_scales = weight_scales + (size_t)b * groups * BLOCK_ROWS;

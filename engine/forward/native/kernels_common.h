@@ -46,6 +46,15 @@ static inline const int8_t *group_codes(const uint8_t *block_scales, int g) {
    5.6 tok/s). */
 #define WEIGHT_PREFETCH_BYTES 4096
 
+/* Blocks of rows a thread takes at a time from an int4 or int8 call's shared count (schedule(dynamic)): about
+   eight takes a thread, so a thread that runs slower (an efficiency core beside performance ones, a VM's busy
+   neighbour) ends up with fewer blocks instead of the others waiting for it at the call's end, while each take is
+   still a long run of rows for the prefetchers. */
+static inline int blocks_a_take(int blocks) {
+    const int take = blocks / (8 * omp_get_max_threads());
+    return take > 1 ? take : 1;
+}
+
 /* Asks for `lines` cache lines of 64 bytes WEIGHT_PREFETCH_BYTES past `at`. */
 static inline __attribute__((always_inline)) void prefetch_ahead(const void *at, int lines) {
     for (int i = 0; i < lines; i++) __builtin_prefetch((const char *)at + WEIGHT_PREFETCH_BYTES + 64 * i);

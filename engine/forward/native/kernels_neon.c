@@ -236,7 +236,7 @@ void int4_matmul(const float *x, int count, int width, const uint8_t *packed, co
     const matmul_call call = {count, width, rows, group, two_codes, high, low, scales, code_totals, packed,
                               group_scales, y};
     void (*block_rows)(const matmul_call *, int) = has_dot_products() ? int4_rows_sdot : int4_rows_smull;
-    #pragma omp parallel for schedule(static) if (rows > BLOCK_ROWS)
+    #pragma omp parallel for schedule(dynamic, blocks_a_take(rows / BLOCK_ROWS)) if (rows > BLOCK_ROWS)
     for (int b = 0; b < rows / BLOCK_ROWS; b++) block_rows(&call, b);
 }
 
@@ -319,7 +319,7 @@ void int8_matmul(const float *x, int count, int width, const uint8_t *packed, co
     const matmul_call call = {count, width, rows, INT8_GROUP, two_codes, high, low, scales, code_totals, packed,
                               weight_scales, y};
     void (*block_rows)(const matmul_call *, int) = has_dot_products() ? int8_rows_sdot : int8_rows_smull;
-    #pragma omp parallel for schedule(static) if (rows > BLOCK_ROWS)
+    #pragma omp parallel for schedule(dynamic, blocks_a_take(rows / BLOCK_ROWS)) if (rows > BLOCK_ROWS)
     for (int b = 0; b < rows / BLOCK_ROWS; b++) block_rows(&call, b);
 }
 
