@@ -140,8 +140,10 @@ def is_random_gguf(model: str) -> bool:
 
 
 def parse(model: str) -> tuple[str, str]:
-    """``random-gguf:SHAPE[@LAYERS]:TYPE`` as (shape with its layers, type), checked."""
-    name, _, kind = model[len(PREFIX):].partition(":")
+    """``random-gguf:SHAPE[@LAYERS]:TYPE`` as (shape with its layers, type), checked; TYPE in either case
+    (llama.cpp writes ``Q4_K_M``)."""
+    name, _, spelled = model[len(PREFIX):].partition(":")
+    kind = spelled.lower()
     base, _, layers = name.partition(LAYERS_MARK)
     if base not in {**SHAPES, **MOE_SHAPES} or kind not in FILE_TYPES or (layers and not layers.isdigit()):
         raise RandomGgufError(f"{model!r} is not a random-gguf model; write {PREFIX}SHAPE:TYPE or "

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.bench import random_gguf
 from engine.bench.gpu_check import FULL_LINES, chosen_steps
 
 REPO = Path(__file__).resolve().parents[3]
@@ -47,3 +48,10 @@ def test_only_runs_the_named_steps_and_a_wrong_name_lists_the_real_ones():
     assert chosen_steps("pytest_gpu, load_8b_q4_k_m_gguf", FULL_LINES) == {"pytest_gpu", "load_8b_q4_k_m_gguf"}
     with pytest.raises(ValueError, match="no step named decode_9b.*the steps: pytest_gpu, decode_8b_bf16"):
         chosen_steps("decode_9b", FULL_LINES)
+
+
+def test_every_random_gguf_file_the_full_check_names_is_one_the_bench_writes():
+    named = [line.args[line.args.index("--model") + 1] for line in FULL_LINES if "--model" in line.args]
+    files = [model for model in named if random_gguf.is_random_gguf(model)]
+    assert files, "the full check loads a GGUF file"
+    assert [random_gguf.parse(model) for model in files] == [("llama3-8b", "q4_k_m")] * len(files)
