@@ -10,11 +10,11 @@ CPU_INT4_PACK_ROWS = 64  # the CPU int4 kernel's row blocks (``cpu_int4_layout``
 INT8_BLOCK_ROWS, INT8_GROUP = 64, 32  # the CPU int8 kernel's row blocks and the columns a scale covers
 FP32_BYTES, FP16_BYTES = 4, 2
 INT4_PAIR = "int4x2"
-OUTPUT_ROWS = "output"  # a token table looked up in the int8 output layer it is tied to (``quant.OutputRows``)
 """Two planes of 4-bit groups, the second holding what the first's rounding left (``Int4Pair``): about 8 bits'
 precision on the int4 kernel, at twice its bytes. The CPU's output layer beside 4-bit layers: a 4-bit output
 layer changes many of a small model's teacher-forced top-1 next tokens, where this one keeps them about as close
 to fp32's as an exact output layer does."""
+OUTPUT_ROWS = "output"  # a token table looked up in the int8 output layer it is tied to (``quant.OutputRows``)
 ONEDNN_FP16_WEIGHTS = 1 << 22
 """From this many weights an fp16 copy that only prompts use runs on oneDNN's fp16 matmul where the CPU has fp16
 arithmetic (``cpu_features``): products in fp16, sums in fp32 (a little less exact than FBGEMM). There large
