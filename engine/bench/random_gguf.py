@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType, TokenType
 
 from engine.bench.random_blocks import random_blocks
 from engine.host import paths
@@ -47,7 +47,6 @@ from engine.host import paths
 PREFIX = "random-gguf:"
 FORMAT_VERSION = 2  # 2: the real vocabulary's rows (1: the built-in tokenizer's 49 152)
 BUILT_IN_VOCAB = 49152  # SmolLM2's tokens, the tokenizer every file carries
-UNUSED_TOKEN_TYPE = 5  # llama.cpp's LLAMA_TOKEN_TYPE_UNUSED
 WEIGHT_STD = 0.02
 Q = GGMLQuantizationType
 
@@ -185,7 +184,7 @@ def tensor_type(role: str, layer: int, cols: int, shape: Shape, ftype: str) -> G
     return FALLBACK[wanted] if wanted in FALLBACK and cols % 256 else wanted
 
 
-def tensor_specs(shape: Shape, ftype: str, vocab: int) -> list[TensorSpec]:
+def tensor_specs(shape: Shape, ftype: str) -> list[TensorSpec]:
     """Every tensor of the file in llama.cpp's names, in the order ``convert_hf_to_gguf`` writes them."""
     q_rows, kv_rows = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
 
@@ -194,7 +193,7 @@ def tensor_specs(shape: Shape, ftype: str, vocab: int) -> list[TensorSpec]:
             return TensorSpec(name, rows, cols, EXPERT_TYPES[ftype], experts)
         return TensorSpec(name, rows, cols, tensor_type(role, layer, cols, shape, ftype), experts)
 
-    specs = [weight("token_embd", -1, vocab, shape.hidden, "token_embd.weight")]
+    specs = [weight("token_embd", -1, shape.vocab, shape.hidden, "token_embd.weight")]
     if shape.trained_context:
         specs += [TensorSpec(f"rope_factors_{kind}.weight", 1, shape.rotary_dim // 2, Q.F32) for kind in ("long", "short")]
     for i in range(shape.layers):
@@ -224,7 +223,7 @@ def tensor_specs(shape: Shape, ftype: str, vocab: int) -> list[TensorSpec]:
     specs.append(TensorSpec("output_norm.weight", 1, shape.hidden, Q.F32))
     specs += _norm_biases(shape, [("output_norm", shape.hidden)])
     if not shape.tied:
-        specs.append(weight("output", -1, vocab, shape.hidden, "output.weight"))
+        specs.append(weight("output", -1, shape.vocab, shape.hidden, "output.weight"))
     return specs
 
 
@@ -286,9 +285,9 @@ def write_random_gguf(path: Path, shape_name: str, ftype: str, tokenizer_source:
     """Write the file tensor by tensor, so memory holds one tensor at a time."""
     shape = shape_of(shape_name)
     tokenizer_fields = padded_tokens(_tokenizer_fields(tokenizer_source), shape.vocab)
-    specs = tensor_specs(shape, ftype, shape.vocab)
+    specs = tensor_specs(shape, ftype)
     writer = GGUFWriter(path, shape.arch)
-    _add_metadata(writer, shape, shape_name, ftype, shape.vocab, tokenizer_fields)
+    _add_metadata(writer, shape, shape_name, ftype, tokenizer_fields)
     for spec in specs:
         writer.add_tensor_info(spec.name, *_stored_shape(spec), raw_dtype=spec.qtype)
     writer.write_header_to_file()
@@ -338,10 +337,10 @@ def padded_tokens(fields: dict[str, tuple[object, list[GGUFValueType]]], vocab: 
         raise ValueError(f"a vocabulary of {vocab} tokens cannot hold the tokenizer's {len(tokens[0])}")
     names = [f"<|unused_{i}|>" for i in range(len(tokens[0]), vocab)]
     return {**fields, "tokenizer.ggml.tokens": ([*tokens[0], *names], tokens[1]),
-            "tokenizer.ggml.token_type": ([*token_types[0], *[UNUSED_TOKEN_TYPE] * padding], token_types[1])}
+            "tokenizer.ggml.token_type": ([*token_types[0], *[int(TokenType.UNUSED)] * padding], token_types[1])}
 
 
-def _add_metadata(writer: GGUFWriter, shape: Shape, shape_name: str, ftype: str, vocab: int,
+def _add_metadata(writer: GGUFWriter, shape: Shape, shape_name: str, ftype: str,
                   tokenizer_fields: dict[str, tuple[object, list[GGUFValueType]]]) -> None:
     arch = shape.arch
     writer.add_name(f"random {shape_name} {ftype}")
@@ -350,7 +349,7 @@ def _add_metadata(writer: GGUFWriter, shape: Shape, shape_name: str, ftype: str,
     for key, value in (("context_length", shape.context), ("embedding_length", shape.hidden),
                        ("block_count", shape.layers), ("feed_forward_length", shape.ffn),
                        ("attention.head_count", shape.heads), ("attention.head_count_kv", shape.kv_heads),
-                       ("vocab_size", vocab), ("rope.dimension_count", shape.rotary_dim or shape.head_dim)):
+                       ("vocab_size", shape.vocab), ("rope.dimension_count", shape.rotary_dim or shape.head_dim)):
         writer.add_uint32(f"{arch}.{key}", value)
     if shape.head_size:
         writer.add_uint32(f"{arch}.attention.key_length", shape.head_size)
