@@ -7,12 +7,12 @@ VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: run test install model check-qt-libs
+.PHONY: run test install model triton check-qt-libs
 
 run: install check-qt-libs model
 	$(VENV)/bin/hearth
 
-test: install model
+test: install model triton
 	QT_QPA_PLATFORM=offscreen $(VENV_PYTHON) -m pytest
 
 install: $(INSTALLED)
@@ -24,6 +24,17 @@ $(INSTALLED): $(VENV_PYTHON) pyproject.toml setup.py constraints.txt
 	$(VENV_PYTHON) -m pip install --quiet --constraint constraints.txt --upgrade pip
 	$(VENV_PYTHON) -m pip install --constraint constraints.txt --editable '.[test]'
 	touch $(INSTALLED)
+
+# Triton for the tests that run the CUDA path's kernels in its interpreter, in a folder of its own that only their
+# subprocess imports: in .venv, PyTorch would import it beside every transformers model (Linux x86-64 only).
+TRITON_SITE := .triton
+triton: install
+	@if [ "$$(uname -s)-$$(uname -m)" = Linux-x86_64 ]; then $(MAKE) --no-print-directory $(TRITON_SITE)/.installed; fi
+
+$(TRITON_SITE)/.installed: constraints.txt
+	rm -rf $(TRITON_SITE)
+	$(VENV_PYTHON) -m pip install --quiet --constraint constraints.txt --no-deps --target $(TRITON_SITE) triton
+	touch $@
 
 # The built-in model (about 100 MB, once) into the user's cache folder.
 model: install
