@@ -14,10 +14,13 @@ attention holds a learned logit per head (a sink) that only the softmax's denomi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 GEMMA_TYPES = ("gemma2", "gemma3_text")
+TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3", "gemma3_text")
+"""Model types whose transformers config ties the output layer to the token table unless it says otherwise."""
 GRANITE_TYPE = "granite"
 GPT_OSS = "gpt_oss"
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # config name -> the fast path's gate
@@ -46,6 +49,18 @@ class Family:
     expert_clamp: Clamp | None = None  # gpt-oss's experts' gate; None: the MLP's ``activation``
     top_k_before_softmax: bool = False  # the router's softmax over its top k logits alone (gpt-oss)
     attention_sinks: bool = False  # each layer's ``self_attn.sinks`` [H] join each head's softmax (gpt-oss)
+
+
+def ties_embeddings(config: Mapping[str, Any]) -> bool:
+    """Whether a parsed config.json ties the output layer to the token table: its ``tie_word_embeddings`` (a
+    multimodal config's own before its ``text_config``'s, as transformers reads them), else the default of its
+    model type's config (``TIED_BY_DEFAULT``). Files saved by transformers 4 leave the flag out where it equals
+    that default, as Gemma 3's do."""
+    parts = [config, config.get("text_config") or {}]
+    for part in parts:
+        if "tie_word_embeddings" in part:
+            return bool(part["tie_word_embeddings"])
+    return any(part.get("model_type") in TIED_BY_DEFAULT for part in parts)
 
 
 def activation_name(config: Any) -> str:

@@ -83,7 +83,7 @@ class LlamaWeights:
         """The output layer, the token table and the layers, in that order: the first two's full-size temporaries
         are freed before the layers are held. ``worker`` packs fp16 weights beside the reads."""
         final_norm = self._norm(state["model.norm.weight"])
-        head_name, table_name = _tied_name(config, state, HEAD, TABLE), _tied_name(config, state, TABLE, HEAD)
+        head_name, table_name = _head_and_table_names(config, state)
         head = _fp32(state[head_name], self.device)
         if formats.output_layer == INT4_PAIR:
             head = as_int4_pair(head)  # made once where the table is the same weights
@@ -227,12 +227,16 @@ class LlamaWeights:
         return [l for layer in self.layers for l in (layer.qkv, layer.out)] + [self.lm_head]
 
 
-def _tied_name(config: Any, state: Mapping[str, Weight], name: str, tied_name: str) -> str:
-    """``name``, or with tied embeddings ``tied_name`` where the checkpoint holds the table under that one."""
-    if name in state:
-        return name
-    if getattr(config, "tie_word_embeddings", False) and tied_name in state:
-        return tied_name
+def _head_and_table_names(config: Any, state: Mapping[str, Weight]) -> tuple[str, str]:
+    """The names in ``state`` of the output layer's weight and of the token table. Where the config ties them, one
+    tensor for both: the table, as transformers ties the output layer to it (a checkpoint may hold a copy under
+    ``lm_head``), else the output layer where the checkpoint holds that alone."""
+    if getattr(config, "tie_word_embeddings", False):
+        shared = TABLE if TABLE in state else HEAD
+        if shared in state:
+            return shared, shared
+    elif HEAD in state and TABLE in state:
+        return HEAD, TABLE
     raise ValueError("The checkpoint lacks its token embeddings or its output layer (lm_head).")
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from engine.forward.family import ties_embeddings
 from engine.forward.fast_scope import config_view, unsupported_reason
 from engine.forward.native.support import has_amx_kernels, has_prompt_kernel, may_run
 from engine.forward.weights.packed_sizes import INT4_PAIR, OUTPUT_ROWS, int8_kernel_takes
@@ -342,7 +343,7 @@ def _tied(source: ModelSource) -> bool:
     folder whose config ties them."""
     if source.kind == "gguf":
         return bool(source.config.get("tied_embeddings"))
-    return bool(source.config.get("tie_word_embeddings", False))
+    return ties_embeddings(source.config)
 
 
 def formats_for_source(source: ModelSource, device: str, precision: str, note: str = "",

@@ -151,7 +151,8 @@ def formats_of(plan: LoadPlan, config: Any | None, kept_table: bool = False) -> 
     if plan.formats is not None and (fast or not plan.formats.fast_path):
         return plan.formats
     traits = ModelTraits(fast, getattr(config, "vocab_size", 0), getattr(config, "hidden_size", 0),
-                         plan.four_bit_source, kept_table, eight_bit_layers=plan.eight_bit_source)
+                         plan.four_bit_source, kept_table, eight_bit_layers=plan.eight_bit_source,
+                         tied=bool(getattr(config, "tie_word_embeddings", False)))
     return choose_formats(plan.device.type, plan.precision, traits)
 
 

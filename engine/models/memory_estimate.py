@@ -51,6 +51,7 @@ from typing import Any, Literal
 
 import psutil
 
+from engine.forward.family import ties_embeddings
 from engine.forward.kv_layout import KV_VALUE_BYTES
 from engine.forward.weights.packed_sizes import OUTPUT_ROWS, fp16_packed_bytes, int8_bytes
 from engine.forward.windows import layer_windows
@@ -157,6 +158,7 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
             experts=config.get("expert_count") or 0, expert_intermediate=config.get("expert_feed_forward_length") or 0,
             moe_layers=config["block_count"] if config.get("expert_count") else 0,
         )
+    tied = ties_embeddings(config)
     config = config.get("text_config") or config
     hidden = _required(config, HF_SHAPE_KEYS["hidden"], "hidden size")
     heads = _required(config, HF_SHAPE_KEYS["heads"], "number of attention heads")
@@ -168,7 +170,7 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
         head_dim=config.get("head_dim") or hidden // heads,
         vocab=config.get("vocab_size") or 0,
         intermediate=config.get("intermediate_size") or config.get("n_inner") or 4 * hidden,
-        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        tied_embeddings=tied,
         experts=experts, expert_intermediate=config.get("moe_intermediate_size") or _gpt_oss_experts(config),
         moe_layers=_moe_layers(config, layers) if experts else 0,
     )

@@ -9,13 +9,17 @@ the results do not depend on them (``windows.layer_windows`` restricts the atten
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from engine.chat.chat_template import ChatTemplate
+from engine.forward.weights.packed_sizes import OUTPUT_ROWS
 from engine.models.loading import LoadPlan, load_model
+from engine.models.model_open import open_model
+from engine.protocol.messages import LoadOptions
 from engine.models.random_models import byte_tokenizer
 from tests.engine.forward.batch_of_one import greedy_tokens, prompt_logits
 from tests.engine.models.random_gguf import byte_tokens, write_converted_gguf
@@ -25,13 +29,13 @@ VOCAB = len(byte_tokens()) + 2  # the converted files' tokenizer (``random_gguf`
 PROMPT = [5, 77, 140, 3, 200, 18, 96, 41, 250, 9, 33, 120]
 
 
-def gemma3_model(query_pre_attn_scalar: int = 32):
+def gemma3_model(query_pre_attn_scalar: int = 32, vocab: int = VOCAB):
     """Gemma 3 1B's shape in small: head size apart from hidden / heads, five sliding layers to a full one (the
     pattern llama.cpp assumes), the full layers' rope linearly scaled (as the 4B and larger are), q/k norms."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     config = Gemma3TextConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+        vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
         num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=query_pre_attn_scalar, sliding_window=64, max_position_embeddings=512,
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
@@ -167,6 +171,44 @@ def test_a_converted_gemma_file_is_planned_for_the_fast_path_with_its_own_head_s
     long = 8192
     assert estimate_kv_bytes(source.config, long, 2) == per_position * (long + 5 * (64 + KV_POOL_TOKENS))
     assert estimate_kv_bytes(config.to_dict(), long, 2) == estimate_kv_bytes(source.config, long, 2)
+
+
+def _as_transformers_4_saved_it(folder: Path) -> Path:
+    """``folder`` with its config's ``tie_word_embeddings`` left out, as transformers 4 saved a flag equal to its
+    config class's default (Gemma 3's files on the Hub have none)."""
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    del config["tie_word_embeddings"]
+    config_path.write_text(json.dumps(config), encoding="utf-8")
+    return folder
+
+
+def test_a_gemma_folder_silent_on_its_tie_looks_its_tokens_up_in_the_output_layer(tmp_path: Path):
+    """Gemma's configs tie the output layer to the token table unless they say otherwise: a 4-bit load on the CPU
+    of such a folder looks tokens up in the int8 output layer's rows, as for a tied GGUF file, rather than holding
+    the table a second time, and answers as transformers does."""
+    model = gemma3_model(vocab=320)  # whole blocks of the int8 kernel's 64 rows
+    folder = _as_transformers_4_saved_it(_folder(model, tmp_path / "gemma3"))
+    loaded = open_model(str(folder), LoadOptions("cpu", "int4"), lambda _: None, lambda *_: None, lambda: False)
+    if loaded.formats.output_layer != "int8":
+        pytest.skip("no int8 output layer here: Hearth's int8 kernel does not run on this CPU")
+    assert loaded.formats.token_table == OUTPUT_ROWS
+    got, expected = prompt_logits(loaded.backend, PROMPT), _hf_logits(model, PROMPT)
+    assert torch.nn.functional.cosine_similarity(got, expected, dim=0) > 0.95
+
+
+def test_a_tied_folder_that_also_holds_an_output_layer_ties_it_as_transformers_does(tmp_path: Path):
+    """A tied checkpoint that keeps a copy of its table as ``lm_head.weight`` (here a different one, to tell them
+    apart) loads with the table as its output layer, as transformers ties them."""
+    from safetensors.torch import load_file, save_file
+
+    model = gemma3_model()
+    folder = _folder(model, tmp_path / "gemma3")
+    weights_path = folder / "model.safetensors"
+    weights = load_file(str(weights_path))
+    weights["lm_head.weight"] = torch.randn_like(weights["model.embed_tokens.weight"])
+    save_file(weights, str(weights_path), metadata={"format": "pt"})
+    _assert_close(prompt_logits(_load(folder).backend, PROMPT), _hf_logits(model, PROMPT))
 
 
 def test_gemma_3s_attention_scale_comes_from_query_pre_attn_scalar(tmp_path: Path):

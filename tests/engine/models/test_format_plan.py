@@ -164,3 +164,24 @@ def test_4bit_prompts_run_faster_from_the_int4_weights_on_hearths_kernels_or_lar
     traits = ModelTraits(fast_path=True, vocab=49152, hidden=2048, four_bit_layers=True, n_params=n_params)
     assert four_bit_prompts_faster(traits, host) is faster
     assert not four_bit_prompts_faster(LLAMA_FOLDER, SAPPHIRE_RAPIDS)  # not a 4-bit file
+
+
+@pytest.mark.parametrize(("config", "tied"), [
+    ({"model_type": "gemma3_text"}, True),  # Gemma 3's files on the Hub: the flag left out at its default
+    ({"model_type": "gemma2", "tie_word_embeddings": False}, False),
+    ({"model_type": "llama"}, False),
+    ({"model_type": "llama", "tie_word_embeddings": True}, True),  # SmolLM2, Llama 3.2 1B
+    ({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text"}}, True),
+    ({"model_type": "llava", "tie_word_embeddings": False, "text_config": {"tie_word_embeddings": True}}, False),
+    ({"model_type": "llava", "text_config": {"model_type": "qwen2", "tie_word_embeddings": True}}, True),
+])
+def test_a_folders_tie_is_read_as_transformers_reads_it(config: dict, tied: bool):
+    """The plan (``ties_embeddings``) and the estimate read one answer: the config's own flag, a multimodal text
+    config's after it, else the default of the model type's config class."""
+    from engine.forward.family import ties_embeddings
+    from engine.models.memory_estimate import model_shape
+
+    shape = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2}
+    full = {**config, **shape} if "text_config" not in config else {
+        **config, "text_config": {**config["text_config"], **shape}}
+    assert ties_embeddings(full) == model_shape(full).tied_embeddings == tied
