@@ -23,6 +23,7 @@ from engine.forward.family import family_of, head_dim_of
 from engine.forward.rotary_tables import FACTOR_NAMES, rotary_tables
 from engine.forward.experts import ROUTERS, MixtureOfExperts, mixture_of_experts
 from engine.forward.mlp import GatedMlp
+from engine.forward.native import int8_matmul as native_int8
 from engine.forward.weights.pack_worker import PackWorker
 from engine.forward.weights.packed_sizes import OUTPUT_ROWS
 from engine.forward.weights.quant import PLAIN_DTYPES, Linear, OutputRows, embedding
@@ -84,20 +85,31 @@ class LlamaWeights:
         are freed before the layers are held. ``worker`` packs fp16 weights beside the reads."""
         final_norm = self._norm(state["model.norm.weight"])
         head_name, table_name = _head_and_table_names(config, state)
-        head = _fp32(state[head_name], self.device)
+        head = self._output_weight(state[head_name], formats.output_layer)
         if formats.output_layer == INT4_PAIR:
             head = as_int4_pair(head)  # made once where the table is the same weights
         self.lm_head = Linear(head, None, formats.output_layer, final_norm, worker=worker)
-        tied = head if table_name == head_name else None
+        shared = table_name == head_name
+        tied = head if shared else None
         del head  # an untied output layer's temporaries go before the table's come
         if formats.token_table == OUTPUT_ROWS:
-            self.embed = self._output_rows(tied is not None)
+            self.embed = self._output_rows(shared)
         else:
             self.embed = self._token_table(state, table_name, PLAIN_DTYPES.get(formats.token_table), tied)
         del tied
         self.layers = [
             self._layer(state, f"model.layers.{i}.", formats, worker) for i in range(config.num_hidden_layers)
         ]
+
+    def _output_weight(self, weight: Weight, output_format: str) -> Weight:
+        """The output layer's weight on its way into ``output_format``: for the CPU's int8 kernel a checkpoint's
+        16-bit rows as ``RowChunks``, widened to fp32 a chunk at a time as they are packed (a 128k x 4096 layer
+        is 2.1 GB in fp32), else ``_fp32``'s."""
+        if (output_format == "int8" and self.device.type == "cpu" and isinstance(weight, torch.Tensor)
+                and weight.dtype in (torch.bfloat16, torch.float16) and native_int8.covers(*weight.shape)):
+            rows, width = weight.shape
+            return RowChunks(rows, width, lambda start, end: weight[start:end].float())
+        return _fp32(weight, self.device)
 
     def _output_rows(self, tied: bool) -> OutputRows:
         """The token table as the int8 output layer's rows, which the plan chose for a table tied to it."""
@@ -111,12 +123,14 @@ class LlamaWeights:
         """The token table ``name`` in ``storage`` (``quant.embedding``; None: two planes of 4-bit groups), or on
         the CPU as the file keeps it where the state can hand its rows so (``kept_rows``: a GGUF file's quantized
         table, ``gguf_blocks.BlockTable``), decoded exactly when looked up, in a fraction of fp16's bytes. ``tied``:
-        the output layer's weight where it is the same tensor, which is not read again."""
+        the output layer's weight where it is the same tensor, which is not read again (unless it came in chunks)."""
         if self.device.type == "cpu" and hasattr(state, "kept_rows"):
             kept = state.kept_rows(name, self.dtype)
             if kept is not None:
                 return kept
-        return embedding(tied if tied is not None else _fp32(state[name], self.device), storage, self.dtype)
+        if tied is None or isinstance(tied, RowChunks):  # chunks are not a table: read it again
+            tied = _fp32(state[name], self.device)
+        return embedding(tied, storage, self.dtype)
 
     def _layer(self, state: Mapping[str, torch.Tensor], prefix: str, formats: FormatPlan,
                worker: PackWorker | None) -> LlamaLayer:
