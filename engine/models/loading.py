@@ -68,6 +68,7 @@ class LoadedModel:
     template: ChatTemplate
     notices: tuple[str, ...] = ()
     kv_budget_bytes: int | None = None  # what the KV block pool may take (``context_choice``); None: not planned
+    context_reason: str = ""  # why ``context_length``, in words (``LoadPlan.context_reason``)
     draft: LoadedModel | None = None  # a model with the same tokenizer drafting for this one (``draft_pairing``)
 
     def render(self, messages: Sequence[ChatMessage], tools: Sequence[str] = ()) -> str:
@@ -114,7 +115,8 @@ class LoadPlan:
     once it has read the model's config, with ``four_bit_source``: the file stores its
     layers in 4 bits, and ``eight_bit_source``: in Q8_0 (``ModelSource.eight_bit_layers``).
     ``kv_budget_bytes``: the KV cache the estimate counted for ``context_length``, which the
-    block pool may take (None: not planned, ``kv_pool_budget``'s default).
+    block pool may take (None: not planned, ``kv_pool_budget``'s default). ``context_reason``: why
+    ``context_length``, in words (``ContextChoice.reason``; "" where nothing chose it).
     """
 
     folder: Path
@@ -128,6 +130,7 @@ class LoadPlan:
     formats: FormatPlan | None = None
     eight_bit_source: bool = False
     kv_budget_bytes: int | None = None
+    context_reason: str = ""
 
 
 def is_gguf(plan: LoadPlan) -> bool:
@@ -167,7 +170,10 @@ def _fast_backend(config: Any, state: Any, formats: FormatPlan, plan: LoadPlan) 
     backend = open_gpu_backend(config, state, formats, plan.device, plan.context_length)
     return_freed_memory()
     notices = plan.notices + backend.notices(formats.layers, plan.context_length)
-    return backend.model, backend, replace(plan, context_length=min(plan.context_length, backend.capacity), notices=notices)
+    if backend.capacity >= plan.context_length:
+        return backend.model, backend, replace(plan, notices=notices)
+    reason = f"limited to {backend.capacity} tokens so its cache fits in GPU memory"
+    return backend.model, backend, replace(plan, context_length=backend.capacity, notices=notices, context_reason=reason)
 
 
 def load_model(plan: LoadPlan, progress: Progress, is_cancelled: Callable[[], bool]) -> LoadedModel:
@@ -260,6 +266,7 @@ def _assemble(
         template=plan.template,
         notices=plan.notices,
         kv_budget_bytes=plan.kv_budget_bytes,
+        context_reason=plan.context_reason,
     )
 
 

@@ -87,7 +87,7 @@ def _open_one(
         _notices(source, template) + remove_converted_copies() + notice + _context_notice(context)
         + ((formats.kv_notice,) if formats.kv_notice else ()),
         four_bit_source=source.four_bit_layers, formats=formats, eight_bit_source=source.eight_bit_layers,
-        kv_budget_bytes=kv_budget_bytes(source, formats, context.tokens),
+        kv_budget_bytes=kv_budget_bytes(source, formats, context.tokens), context_reason=context.reason,
     )
     if source.kind != "gguf":
         return load_model(plan, progress, is_cancelled)

@@ -249,6 +249,7 @@ class ModelLoaded:
     tool_format: str = "hermes"  # how the model writes tool calls (``engine.chat.tool_formats``)
     kv_cache: str = ""  # the KV cache's precision (``FormatPlan.kv_cache``: "bf16", "int8", …); "" for a remote model
     draft_model: str = ""  # the name of the model drafting for this one; "" for none (``LoadOptions.draft_model``)
+    context_reason: str = ""  # why ``context_length``, e.g. "32 768 of 131 072 tokens: the default for chat, …"
 
 
 @dataclass(frozen=True)

@@ -223,7 +223,7 @@ class ModelRuntime:
             load.request.request_id, loaded.name, loaded.path, loaded.device, loaded.precision_label,
             loaded.context_length, loaded.load_s, self._memory(0), notices, tool_format=loaded.template.tool_format,
             kv_cache=loaded.formats.kv_cache,
-            draft_model=loaded.draft.name if loaded.draft else "",
+            draft_model=loaded.draft.name if loaded.draft else "", context_reason=loaded.context_reason,
         ))
         self._admit_waiting()
 

@@ -47,6 +47,7 @@ class ServedModel:
     context_length: int
     tool_format: str = "hermes"  # how it writes tool calls (``tool_formats.FORMATS``)
     kv_cache: str = ""  # its KV cache's precision (``ModelLoaded.kv_cache``)
+    context_reason: str = ""  # why its context is as long as it is (``ModelLoaded.context_reason``)
 
 
 def conversation_key(ask: CompletionAsk) -> str:
@@ -142,7 +143,8 @@ class EngineLink:
         if isinstance(event, StatusChanged):
             self._state = event.state
         elif isinstance(event, ModelLoaded):
-            self._model = ServedModel(event.name, event.context_length, event.tool_format, event.kv_cache)
+            self._model = ServedModel(event.name, event.context_length, event.tool_format, event.kv_cache,
+                                      event.context_reason)
         elif isinstance(event, (MemorySampled, BatchSampled)):
             self._metrics.sampled(event)
         stream = self._streams.get(getattr(event, "request_id", ""))

@@ -64,13 +64,15 @@ async def metrics(request: Request) -> Response:
 
 async def models(request: Request) -> Response:
     """The model served; ``context_length`` and ``max_model_len`` (vLLM's name) tell clients the context window
-    it was loaded with, ``max_tokens_default`` how long a reply is when a request sets no ``max_tokens``,
-    ``kv_cache`` its KV cache's precision ("bf16", "int8", …)."""
+    it was loaded with and ``context_reason`` why it is that long ("4 096 of 131 072 tokens, as asked"),
+    ``max_tokens_default`` how long a reply is when a request sets no ``max_tokens``, ``kv_cache`` its KV cache's
+    precision ("bf16", "int8", …)."""
     link: EngineLink = request.app.state.link
     model = link.model
     listed = [] if model is None else [{
         "id": model.name, "object": "model", "created": 0, "owned_by": "hearth",
         "context_length": model.context_length, "max_model_len": model.context_length,
+        "context_reason": model.context_reason,
         "max_tokens_default": default_max_tokens(model.context_length), "kv_cache": model.kv_cache,
     }]
     return JSONResponse({"object": "list", "data": listed})

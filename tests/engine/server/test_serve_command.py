@@ -63,6 +63,7 @@ def test_serve_answers_and_stops_on_ctrl_c(tiny_model_dir) -> None:
     assert code == 0
     assert loaded.group(1) == "512"  # of the 1 024 it was trained for
     assert (listed["context_length"], listed["max_model_len"]) == (512, 512)
+    assert listed["context_reason"] == "512 of 1 024 tokens, as asked"
     assert loaded.group(2) == listed["kv_cache"] == "bf16"  # the CPU's, unless int8 is asked for
 
 
