@@ -52,10 +52,13 @@ class Family:
 
 
 def ties_embeddings(config: Mapping[str, Any]) -> bool:
-    """Whether a parsed config.json ties the output layer to the token table: its ``tie_word_embeddings`` (a
-    multimodal config's own before its ``text_config``'s, as transformers reads them), else the default of its
-    model type's config (``TIED_BY_DEFAULT``). Files saved by transformers 4 leave the flag out where it equals
-    that default, as Gemma 3's do."""
+    """Whether a checked model's config ties the output layer to the token table. A GGUF file's says so as
+    ``tied_embeddings`` (``gguf_check``: it has no ``output.weight``). A parsed config.json by its
+    ``tie_word_embeddings`` (a multimodal config's own before its ``text_config``'s, as transformers reads them),
+    else by the default of its model type's config (``TIED_BY_DEFAULT``): files saved by transformers 4 leave the
+    flag out where it equals that default, as Gemma 3's do."""
+    if "tied_embeddings" in config:
+        return bool(config["tied_embeddings"])
     parts = [config, config.get("text_config") or {}]
     for part in parts:
         if "tie_word_embeddings" in part:

@@ -335,15 +335,7 @@ def traits_of(source: ModelSource) -> ModelTraits:
     hidden = config.get("embedding_length") or (config.get("text_config") or config).get("hidden_size") or 0
     return ModelTraits(reads_fast(source), vocab, hidden, source.four_bit_layers, source.kept_table_bytes is not None,
                        source.n_params, source.eight_bit_layers, source.kept_expert_bytes is not None,
-                       _tied(source))
-
-
-def _tied(source: ModelSource) -> bool:
-    """Whether ``source``'s token table is its output layer's weight: a GGUF file without ``output.weight``, a
-    folder whose config ties them."""
-    if source.kind == "gguf":
-        return bool(source.config.get("tied_embeddings"))
-    return ties_embeddings(source.config)
+                       ties_embeddings(config))
 
 
 def formats_for_source(source: ModelSource, device: str, precision: str, note: str = "",

@@ -154,7 +154,7 @@ def model_shape(config: Mapping[str, Any]) -> ModelShape:
             kv_heads=config.get("head_count_kv") or heads,
             head_dim=config.get("key_length") or hidden // heads,
             vocab=config.get("vocab_size") or 0, intermediate=config.get("feed_forward_length") or 0,
-            tied_embeddings=bool(config.get("tied_embeddings", True)),
+            tied_embeddings=ties_embeddings(config),
             experts=config.get("expert_count") or 0, expert_intermediate=config.get("expert_feed_forward_length") or 0,
             moe_layers=config["block_count"] if config.get("expert_count") else 0,
         )

@@ -185,3 +185,13 @@ def test_a_folders_tie_is_read_as_transformers_reads_it(config: dict, tied: bool
     full = {**config, **shape} if "text_config" not in config else {
         **config, "text_config": {**config["text_config"], **shape}}
     assert ties_embeddings(full) == model_shape(full).tied_embeddings == tied
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_gguf_files_tie_is_its_lack_of_an_output_layer_to_the_plan_and_the_estimate_alike(tied: bool):
+    from engine.forward.family import ties_embeddings
+    from engine.models.memory_estimate import model_shape
+
+    checked = {"block_count": 2, "embedding_length": 64, "head_count": 4, "model_type": "gemma3_text",
+               "tied_embeddings": tied}  # ``gguf_check``'s: its own answer, whatever the type's default
+    assert ties_embeddings(checked) == model_shape(checked).tied_embeddings == tied
