@@ -105,11 +105,16 @@ class CudaLlamaBackend(BatchBackend):
         if not torch.allclose(eager, replayed, rtol=1e-2, atol=1e-2 * float(eager.abs().max())):
             self.runner.disable("the captured step's logits differ from the eager step's")
 
+    @property
+    def capacity_reason(self) -> str:
+        """Why a sequence's context is ``capacity`` where that is shorter than the one asked, in words."""
+        return f"limited to {self.capacity} tokens so its cache fits in GPU memory"
+
     def notices(self, fmt: str, context_length: int) -> tuple[str, ...]:
         """What the user should know about how this model runs here."""
         found = []
         if self.capacity < context_length:
-            found.append(f"The context is limited to {self.capacity} tokens so its cache fits in GPU memory.")
+            found.append(f"The context is {self.capacity_reason}.")
         if self.runner.disabled_reason:
             found.append(f"CUDA graphs are off, so replies are slower ({self.runner.disabled_reason}).")
         if self.device.type == "cuda" and self.decode_attention is not paged_decode_attention:

@@ -172,8 +172,8 @@ def _fast_backend(config: Any, state: Any, formats: FormatPlan, plan: LoadPlan) 
     notices = plan.notices + backend.notices(formats.layers, plan.context_length)
     if backend.capacity >= plan.context_length:
         return backend.model, backend, replace(plan, notices=notices)
-    reason = f"limited to {backend.capacity} tokens so its cache fits in GPU memory"
-    return backend.model, backend, replace(plan, context_length=backend.capacity, notices=notices, context_reason=reason)
+    return backend.model, backend, replace(plan, context_length=backend.capacity, notices=notices,
+                                           context_reason=backend.capacity_reason)
 
 
 def load_model(plan: LoadPlan, progress: Progress, is_cancelled: Callable[[], bool]) -> LoadedModel:
